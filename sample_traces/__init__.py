@@ -1,0 +1,1 @@
+"""The bundled sample dump (see README.md beside this file)."""

@@ -1,0 +1,34 @@
+"""Typed errors. The CLI maps each to a one-line message that names the fix (see cli/_errors.py)."""
+from __future__ import annotations
+
+
+class TraceToolsError(Exception):
+    """Base class: a user-facing problem with a clean message, never shown with a traceback."""
+
+    exit_code: int = 2
+
+
+class UnusableInput(TraceToolsError):
+    """The input cannot be read at all (no such path, not Parquet, truncated file)."""
+
+
+class UnknownName(TraceToolsError):
+    """A name (strategy, tokenizer, template, behaviour, model) that is not registered."""
+
+    def __init__(self, kind: str, name: str, available: list[str] | tuple[str, ...]):
+        self.kind, self.name, self.available = kind, name, list(available)
+        super().__init__(f"unknown {kind} {name!r}; choose one of: {', '.join(self.available)}")
+
+
+class TemplateNotFound(TraceToolsError):
+    """No chat template could be resolved for a tokenizer."""
+
+
+class MalformedRules(TraceToolsError):
+    """A gate rules file that cannot be used (message names the line)."""
+
+
+class ReplayError(TraceToolsError):
+    """A session could not be replayed; the engine quarantines it with reason `replay_error`."""
+
+    exit_code = 1
