@@ -1,0 +1,23 @@
+"""All CLI printing goes through here: rich for people, plain JSON for machines."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def error(message: str) -> None:
+    err_console.print(f"[bold red]Error:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def note(message: str) -> None:
+    err_console.print(message, highlight=False, soft_wrap=True)

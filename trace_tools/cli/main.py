@@ -1,0 +1,67 @@
+"""The `trace-tools` command line: thin typer commands over the library.
+
+Command modules import only typer/pathlib at top level; library code (and with it pandas,
+tokenizers, torch for rescore) loads inside each command, so `trace-tools --help` stays fast.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="trace-tools",
+    help="Offline trace replay and analysis for agent-RL rollout gateways: re-tokenization drift, forks, "
+         "loss-mask coverage by tool.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# (command name, module under trace_tools.cli, function) in the order `--help` lists them.
+COMMANDS = [
+    ("replay", "cmd_replay", "replay_cmd"),
+    ("report", "cmd_replay", "report_cmd"),
+    ("compare", "cmd_analysis", "compare_cmd"),
+    ("gate", "cmd_analysis", "gate_cmd"),
+    ("explain", "cmd_analysis", "explain_cmd"),
+    ("reconstruct", "cmd_reconstruct", "reconstruct_cmd"),
+    ("validate", "cmd_validate", "validate_cmd"),
+    ("simulate", "cmd_simulate", "simulate_cmd"),
+    ("rescore", "cmd_rescore", "rescore_cmd"),
+]
+
+
+def _register() -> None:
+    for name, module, func in COMMANDS:
+        try:
+            mod = importlib.import_module(f"trace_tools.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trace_tools.cli.{module}":
+                raise
+            continue
+        app.command(name)(getattr(mod, func))
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point: run the app, turning library errors into one-line messages and exit codes."""
+    from trace_tools.errors import TraceToolsError
+
+    try:
+        app()
+    except TraceToolsError as exc:
+        if os.environ.get("TRACE_TOOLS_DEBUG"):
+            raise
+        from trace_tools.cli._output import error
+
+        error(f"{exc} (set TRACE_TOOLS_DEBUG=1 for a traceback)")
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

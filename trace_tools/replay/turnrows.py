@@ -1,0 +1,98 @@
+"""Turn one strategy's ReplayResult into the DESIGN §5/§6 rows: per turn, per session, per sample."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from trace_tools.data import COUNTERS, ReplayResult, Session
+
+
+def trained_by_turn(result: ReplayResult) -> Counter:
+    """Loss-1 tokens per producing turn, counted by provenance over every emitted sample."""
+    trained: Counter = Counter()
+    for sample in result.samples:
+        region = sample.source_turn[len(sample.source_turn) - sample.response_length:]
+        for source, mask in zip(region, sample.loss_mask):
+            if mask and source >= 0:
+                trained[source] += 1
+    return trained
+
+
+def turn_event(generated: int, trained: int, strategy_event: str | None) -> str:
+    if generated and trained >= generated:
+        return "trained"
+    if trained > 0:
+        return "partly_trained"
+    return strategy_event or "untrained"
+
+
+def turn_rows(strategy: str, session: Session, result: ReplayResult, tool_names: dict[int, list[str]],
+              prompt_lengths: dict[int, int]) -> list[dict[str, Any]]:
+    trained = trained_by_turn(result)
+    rows = []
+    for turn in session.turns:
+        names = tool_names.get(turn.turn_index, [])
+        generated = len(turn.output_ids)
+        rows.append({
+            "strategy": strategy,
+            "session_id": session.session_id,
+            "turn_index": turn.turn_index,
+            "tool": names[0] if names else "text",
+            "tool_names": names,
+            "generated_tokens": generated,
+            "trained_tokens": trained.get(turn.turn_index, 0),
+            "event": turn_event(generated, trained.get(turn.turn_index, 0), result.turn_events.get(turn.turn_index)),
+            "prompt_event": result.prompt_events.get(turn.turn_index, "clean"),
+            "drift_position": result.drift_positions.get(turn.turn_index),
+            "prompt_tokens": prompt_lengths.get(turn.turn_index),
+            "genuine": _ground_truth(turn.metadata, "genuine"),
+        })
+    return rows
+
+
+def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s: float) -> dict[str, Any]:
+    generated = sum(len(t.output_ids) for t in session.turns)
+    trained = sum(trained_by_turn(result).values())
+    forwarded = sum(len(s.token_ids) for s in result.samples)
+    row: dict[str, Any] = {
+        "strategy": strategy,
+        "session_id": session.session_id,
+        "turns": len(session.turns),
+        "samples": len(result.samples),
+        "forks": max(len(result.samples) - 1, 0),
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "forwarded_tokens": forwarded,
+        "context_tokens": forwarded - trained,
+        "reward": session.reward,
+        "elapsed_s": elapsed_s,
+    }
+    row.update({name: int(result.counters.get(name, 0)) for name in COUNTERS})
+    first_meta = session.turns[0].metadata if session.turns else None
+    row["behaviours"] = list(_ground_truth(first_meta, "behaviours") or [])
+    row["ideal_samples"] = _ground_truth(first_meta, "ideal_samples")
+    row["ideal_forwarded_tokens"] = _ground_truth(first_meta, "ideal_forwarded_tokens")
+    return row
+
+
+def sample_rows(strategy: str, session: Session, result: ReplayResult) -> list[dict[str, Any]]:
+    return [{
+        "strategy": strategy,
+        "session_id": session.session_id,
+        "sample_index": i,
+        "token_ids": s.token_ids,
+        "response_length": s.response_length,
+        "loss_mask": s.loss_mask,
+        "logprobs": s.logprobs,
+        "source_turn": s.source_turn,
+        "reward": s.reward,
+    } for i, s in enumerate(result.samples)]
+
+
+def extra_counters(result: ReplayResult) -> dict[str, int]:
+    """Counters a strategy adds beyond the DESIGN §5 list (kept, so nothing it measured is lost)."""
+    return {k: int(v) for k, v in result.counters.items() if k not in COUNTERS}
+
+
+def _ground_truth(metadata: dict | None, key: str) -> Any:
+    return (metadata or {}).get(key) if isinstance(metadata, dict) else None

@@ -1,0 +1,126 @@
+"""Run-level metrics (DESIGN §5) computed from the run tables; `summary.json` is their JSON form."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from trace_tools.data import COUNTERS
+
+
+def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) -> dict[str, Any]:
+    quarantine = tables["quarantine"]
+    summary: dict[str, Any] = {
+        "sessions_total": len(loaded.sessions) + _distinct_sessions(quarantine, loader_only=True),
+        "turns_total": int(loaded.rows),
+        "quarantined": _distinct_sessions(quarantine),
+        "quarantined_by_reason": _quarantined_by_reason(quarantine),
+        "vocab_checked": bool(loaded.vocab_checked),
+        "prompt_fidelity": prompt_fidelity(tables["fidelity"]),
+        "strategies": {},
+    }
+    for name in strategies:
+        summary["strategies"][name] = strategy_summary(tables["turns"], tables["sessions"], name)
+    summary["token_savings"] = token_savings(summary["strategies"])
+    return summary
+
+
+def strategy_summary(turns: pd.DataFrame, sessions: pd.DataFrame, name: str) -> dict[str, Any]:
+    s = sessions[sessions["strategy"] == name] if len(sessions) else sessions
+    t = turns[turns["strategy"] == name] if len(turns) else turns
+    generated = _int_sum(s, "generated_tokens")
+    trained = _int_sum(s, "trained_tokens")
+    return {
+        "sessions": int(len(s)),
+        "samples": _int_sum(s, "samples"),
+        "samples_per_session": _distribution(s, "samples"),
+        "forks": {"total": _int_sum(s, "forks"), "mean": _mean(s, "forks"), "max": _max(s, "forks")},
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "forwarded_tokens": _int_sum(s, "forwarded_tokens"),
+        "context_tokens": _int_sum(s, "context_tokens"),
+        "coverage": trained / generated if generated else 0.0,
+        "coverage_by_tool": {tool: v["trained_tokens"] / v["generated_tokens"] if v["generated_tokens"] else 0.0
+                             for tool, v in tool_turns(t).items()},
+        "tool_turns": tool_turns(t),
+        "turn_events": _value_counts(t, "event"),
+        "prompt_events": _value_counts(t, "prompt_event"),
+        "counters": {c: _int_sum(s, c) for c in COUNTERS},
+    }
+
+
+def tool_turns(turns: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per tool (first call's name, or `text`): turns, dropped turns and token totals."""
+    if not len(turns):
+        return {}
+    out = {}
+    for tool, group in turns.groupby("tool", sort=True):
+        out[str(tool)] = {
+            "turns": int(len(group)),
+            "dropped_turns": int(((group["trained_tokens"] == 0) & (group["generated_tokens"] > 0)).sum()),
+            "generated_tokens": int(group["generated_tokens"].sum()),
+            "trained_tokens": int(group["trained_tokens"].sum()),
+        }
+    return out
+
+
+def prompt_fidelity(fidelity: pd.DataFrame) -> dict[str, Any]:
+    compared = int(len(fidelity))
+    exact = int(fidelity["exact"].sum()) if compared else 0
+    return {"turns_compared": compared, "exact": exact, "rate": exact / compared if compared else None}
+
+
+def token_savings(strategies: dict[str, dict[str, Any]], baseline: str = "tree") -> dict[str, Any]:
+    """`1 - forwarded_A / forwarded_B` against `tree`; savings only count when trained tokens do not fall."""
+    base = strategies.get(baseline)
+    if not base or not base["forwarded_tokens"]:
+        return {}
+    out = {}
+    for name, s in strategies.items():
+        if name == baseline:
+            continue
+        savings = 1 - s["forwarded_tokens"] / base["forwarded_tokens"]
+        trained_delta = s["trained_tokens"] - base["trained_tokens"]
+        out[name] = {"vs": baseline, "savings": savings, "samples_delta": s["samples"] - base["samples"],
+                     "forwarded_delta": s["forwarded_tokens"] - base["forwarded_tokens"],
+                     "trained_delta": trained_delta,
+                     "saves_by_training_less": bool(savings > 0 and trained_delta < 0)}
+    return out
+
+
+def _distinct_sessions(quarantine: pd.DataFrame, loader_only: bool = False) -> int:
+    if not len(quarantine):
+        return 0
+    frame = quarantine[quarantine["reason"] != "replay_error"] if loader_only else quarantine
+    return int(frame["session_id"].fillna("<file>").nunique())
+
+
+def _quarantined_by_reason(quarantine: pd.DataFrame) -> dict[str, int]:
+    if not len(quarantine):
+        return {}
+    grouped = quarantine.assign(session_id=quarantine["session_id"].fillna("<file>")).groupby("reason")
+    return {str(k): int(v) for k, v in grouped["session_id"].nunique().items()}
+
+
+def _int_sum(frame: pd.DataFrame, col: str) -> int:
+    return int(frame[col].sum()) if len(frame) and col in frame else 0
+
+
+def _mean(frame: pd.DataFrame, col: str) -> float:
+    return float(frame[col].mean()) if len(frame) else 0.0
+
+
+def _max(frame: pd.DataFrame, col: str) -> int:
+    return int(frame[col].max()) if len(frame) else 0
+
+
+def _distribution(frame: pd.DataFrame, col: str) -> dict[str, int]:
+    if not len(frame):
+        return {}
+    return {str(int(k)): int(v) for k, v in frame[col].value_counts().sort_index().items()}
+
+
+def _value_counts(frame: pd.DataFrame, col: str) -> dict[str, int]:
+    if not len(frame):
+        return {}
+    return {str(k): int(v) for k, v in frame[col].value_counts().sort_index().items()}

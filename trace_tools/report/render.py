@@ -1,0 +1,116 @@
+"""report.md and plots for a run directory, rebuilt from its tables (never from live objects)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trace_tools.io.write import write_text_atomic
+
+COUNTERFACTUAL_NOTE = (
+    "Strategies marked *counterfactual* act before generation (they change the ids the engine would "
+    "have seen). Replay reuses the recorded `output_ids` and logprobs as if the model had produced them "
+    "on the healed/restored/re-encoded context, which is the reconstruction method of seed 000's validation."
+)
+
+
+def write_report(run_dir: Path, summary: dict[str, Any], tables: dict[str, pd.DataFrame]) -> None:
+    from trace_tools.report.plots import write_plots
+
+    plots = write_plots(run_dir / "plots", tables)
+    write_text_atomic(markdown_report(summary, plots), run_dir / "report.md")
+
+
+def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
+    lines = ["# trace-tools replay report", ""]
+    lines += _overview(summary)
+    lines += ["", "## Strategies", "", *_strategy_table(summary), ""]
+    lines += ["## Coverage by tool (token coverage; dropped turns in parentheses)", "", *_tool_table(summary), ""]
+    lines += ["## Token savings against `tree`", "", *_savings_table(summary), ""]
+    lines += ["## Counters", "", *_counter_table(summary), ""]
+    causes = summary.get("drift_causes")
+    if causes:
+        lines += ["## Drift causes", "", *_causes_table(causes), ""]
+    lines += ["## Counterfactual replay", "", COUNTERFACTUAL_NOTE, "",
+              "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".", ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def counterfactual_names(summary: dict[str, Any]) -> list[str]:
+    from trace_tools.strategies.base import get_strategy
+
+    names = []
+    for name in summary["strategies"]:
+        try:
+            if get_strategy(name).counterfactual:
+                names.append(name)
+        except Exception:  # a run written by a build that had a strategy this one lacks
+            continue
+    return names
+
+
+def _overview(summary: dict[str, Any]) -> list[str]:
+    fidelity = summary["prompt_fidelity"]
+    rate = "n/a (no recorded prompt ids)" if fidelity["rate"] is None else f"{fidelity['rate']:.1%}"
+    by_reason = ", ".join(f"{k}: {v}" for k, v in summary["quarantined_by_reason"].items()) or "none"
+    vocab = "" if summary.get("vocab_checked") else " Token ids were NOT checked against a vocabulary (no tokenizer known)."
+    return [f"- sessions: {summary['sessions_total']} ({summary['quarantined']} quarantined: {by_reason})",
+            f"- turns: {summary['turns_total']}",
+            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns.{vocab}"]
+
+
+def _strategy_table(summary: dict[str, Any]) -> list[str]:
+    rows = ["| strategy | sessions | samples | samples/session | forks max | coverage | trained | forwarded | context |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in summary["strategies"].items():
+        per = s["samples"] / s["sessions"] if s["sessions"] else 0
+        rows.append(f"| {name} | {s['sessions']} | {s['samples']} | {per:.2f} | {s['forks']['max']} | "
+                    f"{s['coverage']:.1%} | {s['trained_tokens']} | {s['forwarded_tokens']} | {s['context_tokens']} |")
+    return rows
+
+
+def _tool_table(summary: dict[str, Any]) -> list[str]:
+    tools = sorted({t for s in summary["strategies"].values() for t in s["tool_turns"]})
+    rows = ["| tool | turns | " + " | ".join(summary["strategies"]) + " |",
+            "|---|---:|" + "---:|" * len(summary["strategies"])]
+    for tool in tools:
+        cells, turns = [], 0
+        for s in summary["strategies"].values():
+            tt = s["tool_turns"].get(tool)
+            turns = max(turns, tt["turns"] if tt else 0)
+            cells.append(f"{s['coverage_by_tool'][tool]:.1%} ({tt['dropped_turns']})" if tt else "–")
+        rows.append(f"| {tool} | {turns} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _savings_table(summary: dict[str, Any]) -> list[str]:
+    savings = summary.get("token_savings") or {}
+    if not savings:
+        return ["(no `tree` baseline in this run)"]
+    rows = ["| strategy | samples Δ | forwarded Δ | trained Δ | savings | flag |", "|---|---:|---:|---:|---:|---|"]
+    for name, v in savings.items():
+        flag = "saves tokens by training fewer" if v["saves_by_training_less"] else ""
+        rows.append(f"| {name} | {v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d} | "
+                    f"{v['savings']:.1%} | {flag} |")
+    return rows
+
+
+def _counter_table(summary: dict[str, Any]) -> list[str]:
+    names = [c for c in next(iter(summary["strategies"].values()), {}).get("counters", {})
+             if any(s["counters"].get(c) for s in summary["strategies"].values())]
+    if not names:
+        return ["(all counters zero)"]
+    rows = ["| counter | " + " | ".join(summary["strategies"]) + " |", "|---|" + "---:|" * len(summary["strategies"])]
+    rows += [f"| {c} | " + " | ".join(str(s["counters"][c]) for s in summary["strategies"].values()) + " |" for c in names]
+    return rows
+
+
+def _causes_table(causes: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+    rows = ["| strategy | cause | drifted turns | tokens lost |", "|---|---|---:|---:|"]
+    for strategy, by_cause in causes.items():
+        for cause, v in by_cause.items():
+            rows.append(f"| {strategy} | {cause} | {v['turns']} | {v['tokens_lost']} |")
+    return rows

@@ -1,0 +1,27 @@
+"""Rebuild report.md and plots of a finished run from its files."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trace_tools.replay.rundir import load_summary, require_run
+
+
+def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
+    """The run's tables as DataFrames (samples only when present)."""
+    path = require_run(Path(run))
+    tables = {}
+    for name in ("turns", "sessions", "samples", "quarantine"):
+        file = path / f"{name}.parquet"
+        tables[name] = pd.read_parquet(file) if file.exists() else pd.DataFrame()
+    return tables
+
+
+def rerender(run: str | Path) -> dict[str, Any]:
+    from trace_tools.report.render import write_report
+
+    summary = load_summary(Path(run))
+    write_report(Path(run), summary, read_run(run))
+    return summary
