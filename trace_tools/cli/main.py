@@ -5,9 +5,9 @@ tokenizers, torch for rescore) loads inside each command, so `trace-tools --help
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-import sys
 
 import typer
 
@@ -42,25 +42,35 @@ def _register() -> None:
             if exc.name != f"trace_tools.cli.{module}":
                 raise
             continue
-        app.command(name)(getattr(mod, func))
+        if hasattr(mod, func):  # TODO(lead): remove once every command exists
+            app.command(name)(_guard(getattr(mod, func)))
+
+
+def _guard(command):
+    """Turn library errors into a one-line message and the DESIGN §10 exit code, never a traceback."""
+
+    @functools.wraps(command)
+    def guarded(*args, **kwargs):
+        from trace_tools.errors import TraceToolsError
+
+        try:
+            return command(*args, **kwargs)
+        except TraceToolsError as exc:
+            if os.environ.get("TRACE_TOOLS_DEBUG"):
+                raise
+            from trace_tools.cli._output import error
+
+            error(f"{exc} (set TRACE_TOOLS_DEBUG=1 for a traceback)")
+            raise typer.Exit(exc.exit_code) from None
+
+    return guarded
 
 
 _register()
 
 
 def main() -> None:
-    """Entry point: run the app, turning library errors into one-line messages and exit codes."""
-    from trace_tools.errors import TraceToolsError
-
-    try:
-        app()
-    except TraceToolsError as exc:
-        if os.environ.get("TRACE_TOOLS_DEBUG"):
-            raise
-        from trace_tools.cli._output import error
-
-        error(f"{exc} (set TRACE_TOOLS_DEBUG=1 for a traceback)")
-        sys.exit(exc.exit_code)
+    app()
 
 
 if __name__ == "__main__":

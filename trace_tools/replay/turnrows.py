@@ -29,6 +29,7 @@ def turn_event(generated: int, trained: int, strategy_event: str | None) -> str:
 def turn_rows(strategy: str, session: Session, result: ReplayResult, tool_names: dict[int, list[str]],
               prompt_lengths: dict[int, int]) -> list[dict[str, Any]]:
     trained = trained_by_turn(result)
+    behaviour = behaviour_label(_ground_truth(session.turns[0].metadata, "behaviours") if session.turns else None)
     rows = []
     for turn in session.turns:
         names = tool_names.get(turn.turn_index, [])
@@ -46,6 +47,7 @@ def turn_rows(strategy: str, session: Session, result: ReplayResult, tool_names:
             "drift_position": result.drift_positions.get(turn.turn_index),
             "prompt_tokens": prompt_lengths.get(turn.turn_index),
             "genuine": _ground_truth(turn.metadata, "genuine"),
+            "behaviour": behaviour,
         })
     return rows
 
@@ -96,3 +98,9 @@ def extra_counters(result: ReplayResult) -> dict[str, int]:
 
 def _ground_truth(metadata: dict | None, key: str) -> Any:
     return (metadata or {}).get(key) if isinstance(metadata, dict) else None
+
+
+def behaviour_label(behaviours: Any) -> str:
+    """Simulator behaviour labels of a session as one string (e.g. `claude-code+retry`)."""
+    names = [str(b) for b in list(behaviours if behaviours is not None else []) if b]
+    return "+".join(sorted(names)) or "unlabelled"

@@ -1,0 +1,22 @@
+"""Shared fixtures: real runs over real dumps (the bundled sample and small simulated ones)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def sample_run(tmp_path_factory):
+    """One replay of the bundled sample_traces/ through every strategy (shared by report/gate/compare tests)."""
+    from trace_tools.replay.engine import replay
+
+    return replay(None, out=tmp_path_factory.mktemp("runs") / "sample")
+
+
+@pytest.fixture(scope="session")
+def simulated_dump(tmp_path_factory):
+    """A small simulated qwen3 dump mixing every behaviour."""
+    from trace_tools.simulate import simulate
+
+    path = tmp_path_factory.mktemp("dumps") / "sim.parquet"
+    simulate(sessions=12, seed=3, template="qwen3", out=str(path))
+    return path

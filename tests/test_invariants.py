@@ -1,0 +1,89 @@
+"""DESIGN §5 invariants for every registered strategy, on simulated sessions of both templates."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from trace_tools.strategies.base import ReplayContext, available_strategies, get_strategy
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3.5"])
+def loaded(request, tmp_path_factory):
+    from trace_tools.io.load import load
+    from trace_tools.simulate import simulate
+
+    path = tmp_path_factory.mktemp("inv") / f"{request.param}.parquet"
+    simulate(sessions=14, seed=11, template=request.param, out=str(path))
+    return load(path)
+
+
+@pytest.fixture(scope="module")
+def renderer(loaded):
+    from trace_tools.render.renderer import Renderer
+
+    return Renderer.from_spec(loaded.meta.tokenizer, None, dump_meta=loaded.meta)
+
+
+def _results(loaded, renderer, name, params=None):
+    ctx = ReplayContext(renderer, params=params or {})
+    strategy = get_strategy(name)(ctx)
+    return [(s, strategy.replay(s)) for s in loaded.sessions]
+
+
+def _check_session(session, result):
+    outputs = {t.turn_index: t for t in session.turns}
+    trained = Counter()
+    for sample in result.samples:
+        assert len(sample.loss_mask) == len(sample.logprobs) == sample.response_length
+        assert len(sample.source_turn) == len(sample.token_ids)
+        assert 0 <= sample.response_length <= len(sample.token_ids)
+        start = len(sample.token_ids) - sample.response_length
+        for pos, (mask, lp) in enumerate(zip(sample.loss_mask, sample.logprobs)):
+            source = sample.source_turn[start + pos]
+            if not mask:
+                continue
+            assert source >= 0, "a trained token must be a generated token"
+            trained[source] += 1
+            _assert_recorded_logprob(sample, start + pos, outputs[source], lp)
+    for index, count in trained.items():
+        assert count <= len(outputs[index].output_ids), f"turn {index} trained more tokens than it generated"
+
+
+def _assert_recorded_logprob(sample, position, turn, logprob):
+    """The trained token is one of the turn's output tokens and carries its recorded logprob."""
+    run_start = position
+    while run_start > 0 and sample.source_turn[run_start - 1] == turn.turn_index:
+        run_start -= 1
+    offset = position - run_start
+    span = sample.token_ids[run_start:position + 1]
+    for shift in range(len(turn.output_ids)):
+        if turn.output_ids[shift:shift + len(span)] == span and shift + offset < len(turn.output_ids):
+            assert sample.token_ids[position] == turn.output_ids[shift + offset]
+            if turn.output_logprobs is not None:
+                assert logprob == pytest.approx(turn.output_logprobs[shift + offset], abs=1e-6)
+            return
+    raise AssertionError(f"trained span of turn {turn.turn_index} is not a slice of its output ids")
+
+
+@pytest.mark.parametrize("name", available_strategies())
+def test_invariants_hold_for_every_strategy(loaded, renderer, name):
+    for session, result in _results(loaded, renderer, name):
+        _check_session(session, result)
+
+
+@pytest.mark.parametrize("params", [{"fork_threshold": 0}, {"fork_threshold": 1},
+                                    {"realign_gate": "drift", "realign_from": "divergence"}])
+def test_tree_invariants_under_other_parameters(loaded, renderer, params):
+    for session, result in _results(loaded, renderer, "tree", params):
+        _check_session(session, result)
+
+
+@pytest.mark.parametrize("name", available_strategies())
+def test_byte_exact_sessions_train_everything_in_one_sample(loaded, renderer, name):
+    exact = [s for s in loaded.sessions if s.turns[0].metadata.get("behaviours") == ["byte-exact"]]
+    assert exact, "the simulated dump has byte-exact sessions"
+    for session, result in _results(type("L", (), {"sessions": exact})(), renderer, name):
+        assert len(result.samples) == 1, f"{session.session_id}: {len(result.samples)} samples"
+        trained = sum(result.samples[0].loss_mask)
+        assert trained == sum(len(t.output_ids) for t in session.turns)

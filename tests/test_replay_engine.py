@@ -1,0 +1,125 @@
+"""The replay engine and the run directory contract (DESIGN §6)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from trace_tools.cli.main import app
+from trace_tools.data import COUNTERS, ReplayResult
+from trace_tools.replay.engine import replay
+from trace_tools.strategies.base import REGISTRY, Strategy, register
+
+SESSION_COLUMNS = ["strategy", "session_id", "samples", "forks", "generated_tokens", "trained_tokens",
+                   "forwarded_tokens", "context_tokens", *COUNTERS]
+TURN_COLUMNS = ["strategy", "session_id", "turn_index", "tool", "tool_names", "generated_tokens", "trained_tokens",
+                "event", "prompt_event"]
+SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "token_ids", "response_length", "loss_mask", "logprobs",
+                  "source_turn", "reward"]
+
+
+def test_run_directory_contract(sample_run):
+    run = sample_run.run_dir
+    for name in ("run.json", "turns.parquet", "sessions.parquet", "samples.parquet", "quarantine.parquet",
+                 "summary.json", "report.md"):
+        assert (run / name).is_file(), name
+    assert list((run / "plots").glob("*.png"))
+    assert set(SESSION_COLUMNS) <= set(pd.read_parquet(run / "sessions.parquet").columns)
+    assert set(TURN_COLUMNS) <= set(pd.read_parquet(run / "turns.parquet").columns)
+    assert set(SAMPLE_COLUMNS) <= set(pd.read_parquet(run / "samples.parquet").columns)
+    assert list(pd.read_parquet(run / "quarantine.parquet").columns) == ["session_id", "turn_index", "reason", "detail"]
+
+
+def test_summary_numbers_match_the_tables(sample_run):
+    run = sample_run.run_dir
+    summary = json.loads((run / "summary.json").read_text())
+    sessions = pd.read_parquet(run / "sessions.parquet")
+    turns = pd.read_parquet(run / "turns.parquet")
+    for name, block in summary["strategies"].items():
+        s = sessions[sessions["strategy"] == name]
+        t = turns[turns["strategy"] == name]
+        assert block["samples"] == s["samples"].sum()
+        assert block["trained_tokens"] == t["trained_tokens"].sum() == s["trained_tokens"].sum()
+        assert block["forks"]["max"] == s["forks"].max()
+        assert 0.0 <= block["coverage"] <= 1.0
+        for tool, frac in block["coverage_by_tool"].items():
+            g = t[t["tool"] == tool]
+            assert frac == pytest.approx(g["trained_tokens"].sum() / g["generated_tokens"].sum())
+
+
+def test_every_session_is_accounted_for(sample_run):
+    summary = sample_run.summary
+    sessions = pd.read_parquet(sample_run.run_dir / "sessions.parquet")
+    for name in summary["strategies"]:
+        assert sessions[sessions["strategy"] == name]["session_id"].nunique() + summary["quarantined"] >= summary["sessions_total"]
+
+
+def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
+    out = tmp_path / "run"
+    first = replay(simulated_dump, out=out, strategies=["tree"])
+    shard = out / "shards" / "00000.sessions.parquet"
+    stamp = shard.stat().st_mtime_ns
+    second = replay(simulated_dump, out=out, strategies=["tree"])
+    assert shard.stat().st_mtime_ns == stamp
+    assert second.summary == first.summary
+    third = replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": 0})
+    assert shard.stat().st_mtime_ns != stamp  # other options: the shard was recomputed
+    assert third.summary["strategies"]["tree"]["counters"]["rewrite_merges"] == 0
+
+
+class _Exploding(Strategy):
+    name = "test-exploding"
+
+    def replay(self, session):
+        if session.session_id.endswith("1"):
+            raise RuntimeError("boom")
+        return ReplayResult()
+
+
+def test_a_failing_session_is_quarantined_and_the_run_goes_on(simulated_dump, tmp_path):
+    register(_Exploding)
+    try:
+        result = replay(simulated_dump, out=tmp_path / "run", strategies=["tree", "test-exploding"])
+    finally:
+        REGISTRY.pop("test-exploding")
+    quarantine = pd.read_parquet(result.run_dir / "quarantine.parquet")
+    assert (quarantine["reason"] == "replay_error").any()
+    assert quarantine["detail"].str.contains("boom").all()
+    tree = result.summary["strategies"]["tree"]
+    assert tree["sessions"] == result.sessions_replayed  # tree still replayed every session
+
+
+def test_strict_exits_1_when_quarantined(tmp_path, simulated_dump):
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(simulated_dump)
+    meta = table.schema.metadata
+    broken = table.set_column(table.schema.get_field_index("messages"), "messages",
+                              table.column("messages").to_pylist()[:1] * 0 + ["not json"] + table.column("messages").to_pylist()[1:])
+    path = tmp_path / "broken.parquet"
+    pq.write_table(broken.replace_schema_metadata(meta), path)
+    runner = CliRunner()
+    args = ["replay", str(path), "--strategy", "tree", "--out", str(tmp_path / "run")]
+    assert runner.invoke(app, args).exit_code == 0
+    strict = runner.invoke(app, args + ["--strict"])
+    assert strict.exit_code == 1
+    assert "bad_json" in strict.output
+
+
+def test_replay_without_argument_runs_on_sample_traces(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["replay", "--strategy", "tree", "--no-samples"])
+    assert result.exit_code == 0, result.output
+    runs = list((tmp_path / "trace-tools-runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "summary.json").is_file()
+    assert "coverage" in result.output
+
+
+def test_report_rerenders_a_finished_run(sample_run):
+    (sample_run.run_dir / "report.md").unlink()
+    result = CliRunner().invoke(app, ["report", str(sample_run.run_dir), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.output) == sample_run.summary
+    assert (sample_run.run_dir / "report.md").read_text().startswith("# trace-tools replay report")

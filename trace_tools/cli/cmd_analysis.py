@@ -1,0 +1,65 @@
+"""`trace-tools compare`, `gate` and `explain`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run_b: Annotated[Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")] = None,
+    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help="Strategies to compare (two, with one run).")] = None,
+    by: Annotated[Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Compare two runs, two strategies of one run, or every strategy by simulated behaviour.
+
+    Example: trace-tools compare runs/before runs/after   |   trace-tools compare runs/r1 -s tree -s linear
+    """
+    from trace_tools.cli._output import console, print_json
+    from trace_tools.report import compare as lib
+    from trace_tools.report.compare_tables import behaviour_table, comparison_tables
+
+    if by is not None:
+        if by != "behaviour":
+            raise typer.BadParameter("--by accepts only `behaviour`")
+        frame = lib.compare_by_behaviour(run_a)
+        print_json(frame.to_dict("records")) if json_out else console.print(behaviour_table(frame))
+        return
+    result = lib.compare(run_a, run_b, strategy)
+    if json_out:
+        print_json({"a": result.label_a, "b": result.label_b, "metrics": result.metrics.to_dict("records"),
+                    "tools": result.tools.to_dict("records"), "sessions": result.sessions.to_dict("records")})
+        return
+    for table in comparison_tables(result):
+        console.print(table)
+
+
+def gate_cmd(
+    run: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    rules: Annotated[Path, typer.Option(help="Rules TOML file: one 'rule' table per rule with metric, strategy, op and value (or max_regression).")],
+    baseline: Annotated[Optional[Path], typer.Option(help="Baseline run for max_regression rules.")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here (one testcase per rule).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
+) -> None:
+    """Check a run against regression rules: exit 0 when all pass, 1 when one fails, 2 on a malformed file.
+
+    Example: trace-tools gate runs/r1 --rules docs/gate-rules.example.toml --baseline runs/main
+    """
+    from trace_tools.cli._output import console, print_json
+    from trace_tools.io.write import write_text_atomic
+    from trace_tools.report.gate import gate, junit_xml
+    from trace_tools.report.compare_tables import gate_table
+
+    results = gate(run, rules, baseline)
+    if junit is not None:
+        write_text_atomic(junit_xml(results), junit)
+    if json_out:
+        print_json([{"rule": r.label, "strategy": r.strategy, "actual": r.actual, "expected": r.expected,
+                     "passed": r.passed, "message": r.message} for r in results])
+    else:
+        console.print(gate_table(results))
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)

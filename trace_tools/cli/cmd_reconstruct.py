@@ -1,0 +1,54 @@
+"""`trace-tools reconstruct`: re-render every turn's prompt and report fidelity to the recorded ids."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def reconstruct_cmd(
+    dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="qwen3, qwen3.5 or a tokenizer directory; default: the dump's.")] = None,
+    chat_template: Annotated[Optional[Path], typer.Option("--chat-template", help="Jinja template file; default: the dump's, else the tokenizer's.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
+) -> None:
+    """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids."""
+    from trace_tools.reconstruct import reconstruct
+
+    result = reconstruct(dump, tokenizer=tokenizer, chat_template=str(chat_template) if chat_template else None)
+    if out is not None:
+        result.save(out)
+    if json_out:
+        typer.echo(json.dumps(result.summary, indent=2))
+        return
+    _print_table(result, out)
+
+
+def _print_table(result, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Prompt reconstruction fidelity")
+    for name in ("session", "turns", "compared", "exact", "rate"):
+        table.add_column(name, justify="left" if name == "session" else "right")
+    for row in result.sessions.itertuples(index=False):
+        table.add_row(str(row.session_id), str(row.turns), str(row.turns_compared), str(row.exact), _rate(row.rate))
+    summary = result.summary
+    table.add_section()
+    table.add_row("overall", str(summary["turns"]), str(summary["turns_compared"]), str(summary["exact"]),
+                  _rate(summary["rate"]), style="bold")
+    console = Console()
+    console.print(table)
+    if summary["turns_compared"] == 0:
+        console.print("no turn carries recorded prompt_ids: rendered lengths only, nothing to compare")
+    if summary.get("render_errors"):
+        console.print(f"[yellow]{summary['render_errors']} turn(s) failed to render; see the error column[/]")
+    if out is not None:
+        console.print(f"wrote {out / 'turns.parquet'} and {out / 'summary.json'}")
+
+
+def _rate(rate) -> str:
+    return "-" if rate is None or rate != rate else f"{rate:.1%}"

@@ -1,0 +1,93 @@
+"""`trace-tools rescore`: teacher-forced logprobs on a model vs the recorded sampling logprobs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+FLAGGED_SHOWN = 10
+
+
+def rescore_cmd(
+    dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory) with output_logprobs.")],
+    model: Annotated[str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")],
+    device: Annotated[str, typer.Option("--device", help="auto (cuda when visible) | cpu | cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32.")] = "auto",
+    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="Padded tokens per forward batch; longer sequences run alone.")] = 16384,
+    out: Annotated[Path, typer.Option("--out", help="Output directory: tokens/turns/sessions.parquet, summary.json, plots/.")] = ...,
+    threshold: Annotated[float, typer.Option("--threshold", help="Per-token |Δ| (nats) counted as a mismatch; a turn whose mean |Δ| exceeds it is flagged.")] = 0.05,
+    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context (default: the dump's, else the model's).")] = None,
+    chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's).")] = None,
+    max_threshold: Annotated[float, typer.Option("--max-threshold", help="A turn is also flagged when one token's |Δ| exceeds this.")] = 1.0,
+    tokens: Annotated[bool, typer.Option("--tokens/--no-tokens", help="Write tokens.parquet (one row per compared token).")] = True,
+) -> None:
+    """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
+
+    Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
+    """
+    from trace_tools.cli._output import console, note, print_json
+    from trace_tools.cli._progress import progress_bar
+    from trace_tools.rescore import rescore
+
+    with progress_bar("rescoring tokens", disable=json_out) as advance:
+        result = rescore(dump, model, device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, out=out,
+                         threshold=threshold, max_threshold=max_threshold, tokenizer=tokenizer,
+                         chat_template=chat_template, write_tokens=tokens, on_progress=advance)
+    if json_out:
+        print_json(result.summary)
+        return
+    console.print(_summary_table(result.summary))
+    if result.summary["flagged"]:
+        console.print(_flagged_table(result.summary["flagged"][:FLAGGED_SHOWN]))
+    note(f"output directory: {out}")
+
+
+def _summary_table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    model, turns, delta = summary["model"], summary["turns"], summary["delta"]
+    table = Table(title=f"Rescore on {model['model']} ({model['device']}, {model['dtype']})", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    reasons = ", ".join(f"{k} {v}" for k, v in turns["not_comparable_by_reason"].items())
+    rows = [
+        ("turns compared", f"{turns['comparable']} of {turns['total']}"),
+        ("not comparable", f"{turns['not_comparable']}" + (f" ({reasons})" if reasons else "")),
+        ("flagged turns", str(turns["flagged"])),
+        ("tokens compared", str(summary["tokens"])),
+        ("mean Δ (recorded − recomputed)", _num(delta["mean_delta"])),
+        ("mean |Δ| / p99 |Δ| / max |Δ|", " / ".join(_num(delta[k]) for k in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta"))),
+        (f"tokens with |Δ| > {summary['options']['threshold']:g}", _fraction(summary["frac_above_threshold"])),
+        ("KL(sampler‖model) k1 / k3", f"{_num(summary['kl']['k1'])} / {_num(summary['kl']['k3'])}"),
+        ("turn log-ratio min / max", f"{_num(summary['log_ratio']['min'])} / {_num(summary['log_ratio']['max'])}"),
+        ("throughput", f"{_num(summary['throughput']['tokens_per_s'])} tokens/s, prefix sharing saved "
+                       f"{_fraction(summary['throughput']['prefix_sharing_saving'])}"),
+    ]
+    if summary["quarantined"]:
+        rows.append(("quarantined sessions", str(summary["quarantined"])))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _flagged_table(flagged: list[dict[str, Any]]) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Flagged turns (largest max |Δ| first)")
+    for name in ("session", "turn", "max |Δ|", "mean |Δ|", "context around the worst token"):
+        table.add_column(name, justify="left" if name in ("session", "context around the worst token") else "right")
+    for row in flagged:
+        table.add_row(escape(str(row["session_id"])), str(row["turn_index"]), _num(row["max_abs_delta"]),
+                      _num(row["mean_abs_delta"]), escape(row["context"] or ""))
+    return table
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _fraction(value: Any) -> str:
+    return "-" if value is None else f"{value:.1%}"

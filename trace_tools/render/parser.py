@@ -1,0 +1,220 @@
+"""Parse generated text into an OpenAI-style assistant message.
+
+Two tool-call formats exist among the Qwen templates:
+
+* `json` (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
+* `xml` (Qwen3-Coder / Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
+  </function>\\n</tool_call>`. Values are text; the request's tool schemas give them types the way
+  the upstream Qwen3-Coder parser does (DESIGN §10).
+
+Reasoning sits in `<think>...</think>`; with `reasoning_open` the generation prompt already opened
+it (the Qwen3.5 think template), so the text starts inside the reasoning. A malformed call never
+raises: the message gets `ill_formed=True` and the raw call text stays in `content`.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any, Sequence
+
+from trace_tools.render.base import ParsedResponse
+
+STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_XML_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
+_INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
+
+
+def parse_response_text(text: str, *, fmt: str | None, tools: Sequence[dict] | None = None,
+                        reasoning_open: bool = False, stop_strings: Sequence[str] = STOP_STRINGS) -> ParsedResponse:
+    """Split `text` into reasoning, content and tool calls (`fmt` "json", "xml" or None for none)."""
+    text = strip_stop(text, stop_strings)
+    reasoning, rest = split_reasoning(text, reasoning_open)
+    errors: list[str] = []
+    if fmt in ("json", "xml"):
+        content, calls = _split_calls(rest, fmt, tools, errors)
+    else:
+        content, calls = rest, []
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return ParsedResponse(message=message, ill_formed=bool(errors), errors=errors)
+
+
+def strip_stop(text: str, stop_strings: Sequence[str] = STOP_STRINGS) -> str:
+    """Drop the stop token(s) the engine kept at the end of the output."""
+    changed = True
+    while changed:
+        changed = False
+        for stop in stop_strings:
+            if stop and text.endswith(stop):
+                text, changed = text[: -len(stop)], True
+    return text
+
+
+def split_reasoning(text: str, reasoning_open: bool) -> tuple[str, str]:
+    """(reasoning, remainder). The newlines the templates put around reasoning are removed."""
+    if reasoning_open:
+        if THINK_CLOSE not in text:
+            return text.strip("\n"), ""  # cut off while still thinking
+        inner, rest = text.split(THINK_CLOSE, 1)
+        return inner.strip("\n"), rest.lstrip("\n")
+    stripped = text.lstrip("\n")
+    if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
+        inner, rest = stripped[len(THINK_OPEN):].split(THINK_CLOSE, 1)
+        return inner.strip("\n"), rest.lstrip("\n")
+    return "", text
+
+
+def _split_calls(text: str, fmt: str, tools: Sequence[dict] | None, errors: list[str]) -> tuple[str, list[dict]]:
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return (text.strip() if fmt == "xml" else text), []
+    # The templates put one separator between content and the first call: "\n" (json) or
+    # "\n\n" after trimmed content (xml).
+    content = text[:start]
+    content = content.strip() if fmt == "xml" else _drop_one_newline(content)
+    calls, leftovers = [], []
+    position = start
+    for block in _CALL_BLOCK.finditer(text, start):
+        leftovers.append(text[position:block.start()])
+        call = _parse_json_call(block.group(1)) if fmt == "json" else _parse_xml_call(block.group(1), tools)
+        if isinstance(call, str):
+            errors.append(call)
+            leftovers.append(block.group(0))
+        else:
+            calls.append(call)
+        position = block.end()
+    leftovers.append(text[position:])
+    stray = "".join(leftovers)
+    if CALL_OPEN in stray or CALL_CLOSE in stray:
+        errors.append("unterminated <tool_call>")
+    if stray.strip():
+        # Keep whatever was not a well-formed call (raw text of a bad call included).
+        content = f"{content}\n{stray.strip()}" if content else stray.strip()
+    return content, calls
+
+
+def _drop_one_newline(text: str) -> str:
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _parse_json_call(body: str) -> dict | str:
+    try:
+        payload = json.loads(body.strip())
+    except ValueError as exc:
+        return f"tool call is not valid JSON: {exc}"
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return "tool call JSON has no string 'name'"
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return "tool call arguments are a string that is not JSON"
+    if not isinstance(arguments, dict):
+        return "tool call arguments are not a JSON object"
+    return _tool_call(payload["name"], arguments)
+
+
+def _parse_xml_call(body: str, tools: Sequence[dict] | None) -> dict | str:
+    match = _XML_FUNCTION.match(body)
+    if match is None:
+        return "tool call has no <function=...>...</function> block"
+    name, inner = match.group(1).strip(), match.group(2)
+    properties = schema_properties(tools, name)
+    arguments: dict[str, Any] = {}
+    for parameter in _XML_PARAMETER.finditer(inner):
+        key = parameter.group(1).strip()
+        arguments[key] = convert_parameter(_trim_format_newlines(parameter.group(2)), properties.get(key))
+    if _XML_PARAMETER.sub("", inner).strip():
+        return f"tool call {name!r} has text outside <parameter=...> blocks"
+    return _tool_call(name, arguments)
+
+
+def _trim_format_newlines(value: str) -> str:
+    # The format wraps every value in exactly one newline on each side; anything else is data.
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _tool_call(name: str, arguments: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def schema_properties(tools: Sequence[dict] | None, name: str) -> dict:
+    """The JSON-schema `properties` of tool `name` (OpenAI `{"type":"function","function":...}` or flat)."""
+    for tool in tools or ():
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        if function.get("name") != name:
+            continue
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        return properties if isinstance(properties, dict) else {}
+    return {}
+
+
+def convert_parameter(value: str, schema: Any) -> Any:
+    """Type an XML parameter value from its schema, as the upstream Qwen3-Coder parser does.
+
+    One deliberate difference: a string-typed (or undeclared) value is always kept verbatim, where
+    upstream turns the text `null` into None for every type.
+    """
+    kind = _schema_type(schema)
+    if kind is None or kind in _STRING_TYPES:
+        return value
+    if value.lower() == "null":
+        return None
+    if kind.startswith(_INT_PREFIXES):
+        return _or_raw(int, value)
+    if kind.startswith(("num", "float")):
+        number = _or_raw(float, value)
+        if isinstance(number, float) and number.is_integer():
+            return int(number)
+        return number
+    if kind in ("boolean", "bool", "binary"):
+        return value.lower() == "true"
+    return _loose_literal(value)
+
+
+def _schema_type(schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list):  # ["integer", "null"]: the non-null member decides
+        kind = next((k for k in kind if k != "null"), None)
+    if kind is None and ("anyOf" in schema or "oneOf" in schema):
+        return "object"
+    return str(kind).strip().lower() if kind is not None else "string"
+
+
+def _or_raw(convert: Any, value: str) -> Any:
+    try:
+        return convert(value)
+    except (TypeError, ValueError, OverflowError):
+        return value
+
+
+def _loose_literal(value: str) -> Any:
+    """Objects, arrays and unknown types: JSON first, then a Python literal, else the raw text."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value
+    return parsed if isinstance(parsed, (dict, list, str, int, float, bool)) or parsed is None else value

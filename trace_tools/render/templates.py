@@ -1,0 +1,131 @@
+"""Chat-template resolution: which Jinja text renders a dump, and a short identity for reports.
+
+Sources, by spec (DESIGN §10):
+* `qwen3` → TRL's `trl/chat_templates/qwen3.jinja`; `qwen3.5` → TRL's `qwen3_5_think.jinja`;
+* `trl:<stem>` → any template TRL ships (`trl:llama3_1`, `trl:qwen3_5_nothink.jinja`, ...);
+* a file path → that file; a tokenizer directory → its own `chat_template.jinja` /
+  `tokenizer_config.json` template;
+* `dump` (or no spec) → the template text the dump carries in its metadata.
+
+TRL's files are read from the installed package directory without importing `trl` (its import is
+slow and pulls torch). Templates are never copied into this source tree. When `trl` is missing,
+a dump's embedded template stands in for `qwen3` / `qwen3.5`.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from trace_tools.errors import TemplateNotFound
+
+# The template each built-in name means.
+NAMED_TEMPLATES = {"qwen3": "qwen3.jinja", "qwen3.5": "qwen3_5_think.jinja"}
+_INSTALL_HINT = "install the templates with `pip install trl==1.16.0` or pass `--chat-template FILE`"
+
+
+def resolve_template(spec: str | None, *, tokenizer_name: str | None = None,
+                     dump_template: str | None = None) -> tuple[str, str]:
+    """(template text, identity) for a spec; see the module docstring for the sources.
+
+    With no spec the dump's own template wins (it is what the recording used), then the
+    tokenizer's default (`qwen3`/`qwen3.5` names, or a tokenizer directory's own template).
+    """
+    if spec:
+        return _resolve_spec(spec, dump_template)
+    if dump_template:
+        if looks_like_template(dump_template):
+            return dump_template, identity("dump", dump_template)
+        return _resolve_spec(dump_template, None)
+    if tokenizer_name:
+        return _resolve_spec(tokenizer_name, None)
+    raise TemplateNotFound("no chat template: the dump carries none and no tokenizer was given; "
+                           "pass `--chat-template FILE` or `--tokenizer qwen3|qwen3.5|PATH`")
+
+
+def _resolve_spec(spec: str, dump_template: str | None) -> tuple[str, str]:
+    if spec in NAMED_TEMPLATES:
+        return _named(spec, dump_template)
+    if spec.startswith("trl:"):
+        return _trl(spec[4:])
+    if spec == "dump":
+        if dump_template and looks_like_template(dump_template):
+            return dump_template, identity("dump", dump_template)
+        raise TemplateNotFound("the dump carries no chat template (`trace_tools.chat_template`); pass `--chat-template FILE`")
+    if looks_like_template(spec):
+        return spec, identity("inline", spec)
+    return _from_path(Path(spec).expanduser(), spec)
+
+
+def _named(name: str, dump_template: str | None) -> tuple[str, str]:
+    directory = trl_template_dir()
+    if directory is not None:
+        return _trl(NAMED_TEMPLATES[name])
+    if dump_template and looks_like_template(dump_template):
+        return dump_template, identity("dump", dump_template)
+    raise TemplateNotFound(f"template {name!r} comes from the trl package, which is not installed; {_INSTALL_HINT}")
+
+
+def _trl(stem: str) -> tuple[str, str]:
+    directory = trl_template_dir()
+    if directory is None:
+        raise TemplateNotFound(f"template trl:{stem} needs the trl package; {_INSTALL_HINT}")
+    file_name = stem if stem.endswith(".jinja") else f"{stem}.jinja"
+    path = directory / file_name
+    if not path.is_file():
+        available = ", ".join(sorted(p.stem for p in directory.glob("*.jinja")))
+        raise TemplateNotFound(f"trl ships no template {file_name!r}; available: {available}")
+    text = path.read_text(encoding="utf-8")
+    return text, identity(f"trl:{file_name}", text)
+
+
+def _from_path(path: Path, spec: str) -> tuple[str, str]:
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        return text, identity(f"file:{path.resolve()}", text)
+    if path.is_dir():
+        text = tokenizer_dir_template(path)
+        if text is None:
+            raise TemplateNotFound(f"tokenizer directory {path} has no chat template "
+                                   "(chat_template.jinja or tokenizer_config.json); pass `--chat-template FILE`")
+        return text, identity(f"tokenizer:{path.resolve()}", text)
+    names = ", ".join([*NAMED_TEMPLATES, "trl:<name>", "dump"])
+    raise TemplateNotFound(f"chat template {spec!r} is neither a known name ({names}) nor an existing file; "
+                           "pass `--chat-template FILE`")
+
+
+def tokenizer_dir_template(directory: Path) -> str | None:
+    """A Hugging Face tokenizer directory's own default template, if it has one."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(template, list):  # the named-templates form: [{"name": "default", "template": ...}]
+        by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = by_name.get("default")
+    return template if isinstance(template, str) else None
+
+
+def trl_template_dir() -> Path | None:
+    """`trl/chat_templates/` of the installed trl, located without importing it."""
+    try:
+        spec = importlib.util.find_spec("trl")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(list(spec.submodule_search_locations)[0]) / "chat_templates"
+    return directory if directory.is_dir() else None
+
+
+def looks_like_template(text: str) -> bool:
+    """Jinja text rather than a name or a path."""
+    return "{%" in text or "{{" in text
+
+
+def identity(source: str, text: str) -> str:
+    return f"{source} sha256={hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
