@@ -63,3 +63,30 @@ def gate_cmd(
         console.print(gate_table(results))
     if not all(r.passed for r in results):
         raise typer.Exit(1)
+
+
+def explain_cmd(
+    dump: Annotated[Path, typer.Argument(help="Parquet file or directory.")],
+    session: Annotated[str, typer.Option(help="Session id to explain.")],
+    turn: Annotated[Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help="Also show what this strategy made of the turn.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
+    prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Show why a turn drifted: served vs re-rendered ids around the first divergence, the message diff, the cause.
+
+    Example: trace-tools explain dump.parquet --session s0003 --turn 4 --strategy tree
+    """
+    from trace_tools.cli._output import console, print_json
+    from trace_tools.report.explain import explain
+    from trace_tools.report.explain_view import explanation_renderables
+
+    result = explain(dump, session, turn=turn, strategy=strategy, tokenizer=tokenizer,
+                     chat_template=chat_template, prompt_source=prompt_source)
+    if json_out:
+        print_json(result.to_dict())
+        return
+    for renderable in explanation_renderables(result):
+        console.print(renderable)

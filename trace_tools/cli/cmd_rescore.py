@@ -62,7 +62,7 @@ def _summary_table(summary: dict[str, Any]) -> Any:
         (f"tokens with |Δ| > {summary['options']['threshold']:g}", _fraction(summary["frac_above_threshold"])),
         ("KL(sampler‖model) k1 / k3", f"{_num(summary['kl']['k1'])} / {_num(summary['kl']['k3'])}"),
         ("turn log-ratio min / max", f"{_num(summary['log_ratio']['min'])} / {_num(summary['log_ratio']['max'])}"),
-        ("throughput", f"{_num(summary['throughput']['tokens_per_s'])} tokens/s, prefix sharing saved "
+        ("throughput", f"{summary['throughput']['tokens_per_s'] or 0:,.0f} tokens/s, prefix sharing saved "
                        f"{_fraction(summary['throughput']['prefix_sharing_saving'])}"),
     ]
     if summary["quarantined"]:
@@ -81,8 +81,13 @@ def _flagged_table(flagged: list[dict[str, Any]]) -> Any:
         table.add_column(name, justify="left" if name in ("session", "context around the worst token") else "right")
     for row in flagged:
         table.add_row(escape(str(row["session_id"])), str(row["turn_index"]), _num(row["max_abs_delta"]),
-                      _num(row["mean_abs_delta"]), escape(row["context"] or ""))
+                      _num(row["mean_abs_delta"]), escape(_one_line(row["context"])))
     return table
+
+
+def _one_line(text: Any) -> str:
+    # Chat-template text is full of newlines; a table row reads better with them shown, not taken.
+    return text.replace("\n", "↵") if isinstance(text, str) else ""
 
 
 def _num(value: Any) -> str:

@@ -105,9 +105,26 @@ def _template_arg(chat_template: str | None) -> str | None:
 
 
 def _load(dump_path: Path, options: ReplayOptions):
-    from trace_tools.io.load import load
+    """Load the dump; files recorded with different tokenizers/templates load separately so each
+    session keeps its own recording metadata (a directory may mix qwen3 and qwen3.5 dumps)."""
+    from trace_tools.io.load import find_files, load, read_dump_meta
 
-    return load(dump_path, tokenizer=options.tokenizer)
+    files = find_files(dump_path)
+    groups: dict[tuple, list[Path]] = {}
+    for file in files:
+        meta = read_dump_meta(file)
+        groups.setdefault((meta.tokenizer, meta.chat_template), []).append(file)
+    if len(groups) <= 1:
+        return load(dump_path, tokenizer=options.tokenizer)
+    parts = [load(file, tokenizer=options.tokenizer) for file in files]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged.sessions += part.sessions
+        merged.quarantine += part.quarantine
+        merged.files += part.files
+        merged.rows += part.rows
+        merged.vocab_checked = merged.vocab_checked and part.vocab_checked
+    return merged
 
 
 class _Renderers:
@@ -169,7 +186,10 @@ def _run_strategy(name: str, session: Session, ctx: ReplayContext, facts: "_Sess
         rows.quarantine.append(QuarantineEntry(session.session_id, None, "replay_error", detail))
         return
     elapsed = time.perf_counter() - started
-    rows.turns.extend(turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths))
+    turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths)
+    for row in turns:
+        row["drift_cause"] = facts.drift_causes.get(row["turn_index"])
+    rows.turns.extend(turns)
     row = session_row(name, session, result, elapsed)
     row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
     rows.sessions.append(row)
@@ -183,20 +203,24 @@ class _SessionFacts:
     tool_names: dict[int, list[str]]
     prompt_lengths: dict[int, int]
     fidelity: list[dict[str, Any]]
+    drift_causes: dict[int, str]
 
 
 def _session_facts(session: Session, ctx: ReplayContext) -> _SessionFacts:
     from trace_tools.strategies.prepare import prepare_turn
 
+    from trace_tools.report.drift import find_drift
+
     rendered_ctx = ReplayContext(ctx.renderer, ctx.canonicalization, "rendered", ctx.params)
-    tool_names, lengths, fidelity = {}, {}, []
+    tool_names, lengths, fidelity, prepared = {}, {}, [], {}
     for turn in session.turns:
-        prepared = prepare_turn(turn, ctx)
-        message = prepared.response_message or {}
+        prepared[turn.turn_index] = prepare_turn(turn, ctx)
+        message = prepared[turn.turn_index].response_message or {}
         tool_names[turn.turn_index] = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or []]
-        lengths[turn.turn_index] = len(prepared.prompt_ids)
+        lengths[turn.turn_index] = len(prepared[turn.turn_index].prompt_ids)
         if turn.prompt_ids is not None and ctx.renderer is not None:
             rendered = prepare_turn(turn, rendered_ctx).prompt_ids
             fidelity.append({"session_id": session.session_id, "turn_index": turn.turn_index,
                              "exact": rendered == list(turn.prompt_ids)})
-    return _SessionFacts(tool_names, lengths, fidelity)
+    causes = {f.turn_index: f.cause for f in find_drift(session, prepared, ctx.renderer) if f.cause}
+    return _SessionFacts(tool_names, lengths, fidelity, causes)

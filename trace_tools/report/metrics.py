@@ -22,7 +22,21 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
     for name in strategies:
         summary["strategies"][name] = strategy_summary(tables["turns"], tables["sessions"], name)
     summary["token_savings"] = token_savings(summary["strategies"])
+    summary["drift_causes"] = drift_causes(tables["turns"])
     return summary
+
+
+def drift_causes(turns: pd.DataFrame) -> dict[str, dict[str, dict[str, int]]]:
+    """Per strategy and cause: drifted turns, turns that lost tokens, and the tokens lost."""
+    if not len(turns) or "drift_cause" not in turns:
+        return {}
+    drifted = turns.dropna(subset=["drift_cause"])
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for (strategy, cause), group in drifted.groupby(["strategy", "drift_cause"], sort=True):
+        lost = group["generated_tokens"] - group["trained_tokens"]
+        out.setdefault(str(strategy), {})[str(cause)] = {
+            "turns": int(len(group)), "turns_losing_tokens": int((lost > 0).sum()), "tokens_lost": int(lost.sum())}
+    return out
 
 
 def strategy_summary(turns: pd.DataFrame, sessions: pd.DataFrame, name: str) -> dict[str, Any]:

@@ -109,8 +109,8 @@ def _counter_table(summary: dict[str, Any]) -> list[str]:
 
 
 def _causes_table(causes: dict[str, dict[str, dict[str, int]]]) -> list[str]:
-    rows = ["| strategy | cause | drifted turns | tokens lost |", "|---|---|---:|---:|"]
+    rows = ["| strategy | cause | drifted turns | turns losing tokens | tokens lost |", "|---|---|---:|---:|---:|"]
     for strategy, by_cause in causes.items():
         for cause, v in by_cause.items():
-            rows.append(f"| {strategy} | {cause} | {v['turns']} | {v['tokens_lost']} |")
+            rows.append(f"| {strategy} | {cause} | {v['turns']} | {v['turns_losing_tokens']} | {v['tokens_lost']} |")
     return rows

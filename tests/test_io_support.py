@@ -1,0 +1,77 @@
+"""Shared builders for the io tests: a small, fully valid baseline dump and ways to spoil it.
+
+The baseline has three sessions (alpha, beta, gamma) of three turns each, every optional column
+filled, token ids below `VOCAB`, logprobs exactly representable in float32 (so a round trip
+through Parquet compares equal). Variants change one cell or one column of its Arrow table.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_tools.data import DumpMeta, Session, Turn
+from trace_tools.io.write import sessions_to_table
+
+VOCAB = 500
+SESSION_IDS = ("alpha", "beta", "gamma")
+META = DumpMeta(schema_version="1", tokenizer=None, harness="toy-harness", history_mode="tree")
+_START = datetime(2025, 3, 1, 9, 30, tzinfo=timezone.utc)
+_TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
+
+
+def _turn(session_id: str, index: int, salt: int) -> Turn:
+    messages = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": f"task {session_id}"}]
+    for earlier in range(index):
+        messages.append({"role": "assistant", "content": f"step {earlier} — ok"})
+        messages.append({"role": "tool", "content": "exit 0", "tool_call_id": f"c{earlier}"})
+    output_ids = [salt + index, 17 * (index + 1), 3, 499]
+    return Turn(
+        session_id=session_id, turn_index=index, messages=messages, output_ids=output_ids, tools=_TOOLS,
+        output_logprobs=[-0.5, -0.25, -1.0 * (index + 1), -0.125], prompt_ids=[11, 12, 13 + salt, 14 + index],
+        response={"role": "assistant", "content": f"step {index} — ok"}, finish_reason="stop",
+        request_id=f"{session_id}-{index}", started_at=_START + timedelta(minutes=salt + index),
+        finished_at=_START + timedelta(minutes=salt + index, seconds=7),
+        chat_template_kwargs={"enable_thinking": index % 2 == 0},
+        reward=1.0 if index == 2 else None, metadata={"note": "ünïcode", "salt": salt},
+    )
+
+
+def baseline_sessions() -> list[Session]:
+    return [Session(sid, [_turn(sid, i, 40 * n) for i in range(3)], META) for n, sid in enumerate(SESSION_IDS)]
+
+
+def baseline_table() -> pa.Table:
+    """Rows grouped by session: alpha 0-2 at rows 0-2, beta at 3-5, gamma at 6-8."""
+    return sessions_to_table(baseline_sessions(), META)
+
+
+def write_dump(path: Path, table: pa.Table | None = None, *, row_group_size: int | None = 2) -> Path:
+    """Write `table` (default: the baseline) as one Parquet file, small row groups by default."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(baseline_table() if table is None else table, path, row_group_size=row_group_size)
+    return path
+
+
+def with_cell(table: pa.Table, column: str, row: int, value: Any) -> pa.Table:
+    """The table with one cell replaced, the column keeping its type."""
+    values = table.column(column).to_pylist()
+    values[row] = value
+    index = table.schema.get_field_index(column)
+    return table.set_column(index, table.schema.field(index), pa.array(values, table.schema.field(index).type))
+
+
+def with_column(table: pa.Table, column: str, array: pa.Array) -> pa.Table:
+    """The table with a column replaced by `array` (any type), field metadata dropped."""
+    index = table.schema.get_field_index(column)
+    return table.set_column(index, pa.field(column, array.type), array)
+
+
+def distinct_session_ids(table: pa.Table) -> set[str]:
+    """Sessions in the input, counted independently of the loader."""
+    if "session_id" not in table.schema.names:
+        return set()
+    return {str(v) for v in table.column("session_id").to_pylist() if v is not None}

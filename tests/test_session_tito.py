@@ -1,0 +1,133 @@
+"""TITO tokenizer and request preparation (reference/miles_uniagent.md §2.2, §2.4) on the toy renderer."""
+from __future__ import annotations
+
+import pytest
+
+from test_session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
+from trace_tools.errors import UnknownName
+from trace_tools.strategies.session_core import (FAMILIES, RequestRejected, ServerError, TitoTokenizer, family_for,
+                                                 sglang_tools, template_messages)
+
+TOOLS = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object"}, "description": "read"}}]
+
+
+def tito(family: str = "qwen3", **renderer_options) -> TitoTokenizer:
+    renderer = ToyRenderer(family="qwen3", **renderer_options)
+    return TitoTokenizer(renderer, FAMILIES[family])
+
+
+def test_tools_take_the_sglang_model_shape():
+    bare = {"name": "Bash", "parameters": {"type": "object"}, "x-extra": 1}
+    shaped = sglang_tools([TOOLS[0], bare])
+    assert shaped[0] == {"type": "function", "function": {"description": "read", "name": "Read",
+                                                          "parameters": {"type": "object"}, "strict": False}}
+    assert list(shaped[0]["function"]) == ["description", "name", "parameters", "strict"]
+    assert shaped[1] == {"type": "function", "function": {"description": None, "name": "Bash",
+                                                          "parameters": {"type": "object"}, "strict": False}}
+    kept = sglang_tools([{"type": "function", "function": {"name": "W", "strict": "true"}}])
+    assert kept[0]["function"]["strict"] is True
+    assert sglang_tools([]) is None and sglang_tools(None) is None
+    with pytest.raises(ServerError):
+        sglang_tools([{"type": "function", "function": {"description": "no name"}}])
+
+
+def test_template_messages_fill_content_and_parse_arguments():
+    original = [user("q"), assistant(None, call("Read", '{"path":"a"}')), assistant(None)]
+    prepared = template_messages(original)
+    assert prepared[1]["content"] == "" and prepared[2]["content"] == ""
+    assert prepared[1]["tool_calls"][0]["function"]["arguments"] == {"path": "a"}
+    assert original[1]["content"] is None  # the caller's messages are untouched
+    assert original[1]["tool_calls"][0]["function"]["arguments"] == '{"path":"a"}'
+    with pytest.raises(ServerError, match="not JSON"):
+        template_messages([assistant("", call("Read", "{path: a}"))])
+
+
+def test_full_render_sees_prepared_messages_tools_and_family_kwargs():
+    t = tito()
+    ids = t.full_render([user("hi"), assistant(None), user("again")], TOOLS)
+    text = t.renderer.decode(ids)
+    assert "None" not in text  # content None was rendered as ""
+    assert '"strict":false' in text and text.index('"description"') < text.index('"name"')
+    assert t.renderer.calls[-1]["kwargs"] == {"clear_thinking": False}
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_incremental_prompt_equals_full_render_on_an_append_only_template():
+    t = tito()
+    first = [user("list files")]
+    answer = assistant("", call("Bash", '{"cmd":"ls"}', call_id="b1"))
+    checkpoint = t.full_render(first, TOOLS) + output_for(answer)
+    grown = first + [answer, tool("a.py")]
+    merged = t.merge_tokens(first + [answer], grown, checkpoint, TOOLS)
+    assert merged == t.full_render(grown, TOOLS)
+    assert merged[len(checkpoint)] == NEWLINE  # the boundary fix after the stop token
+
+
+def test_suffix_is_only_the_appended_messages_and_generation_prompt():
+    t = tito()
+    old = [user("q"), assistant("a")]
+    suffix = t.tokenize_additional(old, old + [user("more")], None)
+    assert t.renderer.decode(suffix) == "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    assert t.renderer.decode(t.tokenize_additional(old, old, None)) == "<|im_start|>assistant\n"
+
+
+def test_dummy_base_carries_the_last_stored_tool_calls():
+    t = tito()
+    calls = [call("Read", '{"p":"x"}', call_id="r")]
+    old = [user("q"), assistant("", *calls)]
+    t.tokenize_additional(old, old + [tool("data")], None)
+    base_assistant = t.renderer.calls[-1]["messages"][1]
+    assert base_assistant["tool_calls"][0]["function"]["arguments"] == {"p": "x"}
+    assert t.renderer.calls[-1]["messages"][0] == system("dummy system")
+    assert base_assistant["reasoning_content"] == " "
+
+
+def test_history_rewriting_template_fails_the_suffix_diff():
+    t = tito(reasoning="last_only")  # the base assistant's reasoning vanishes once it is not last
+    old = [user("q"), assistant("a")]
+    with pytest.raises(ServerError, match="rendered suffix diff failed"):
+        t.tokenize_additional(old, old + [tool("r")], None)
+
+
+def test_template_error_retries_with_bare_functions_then_fails():
+    t = tito(require_user=True)
+    old = [user("q"), assistant("a")]
+    with pytest.raises(ServerError, match="tool format fallback"):
+        t.tokenize_additional(old, old + [tool("r")], TOOLS)
+    assert t.renderer.calls[-1]["tools"] == [sglang_tools(TOOLS)[0]["function"]]
+    with pytest.raises(ServerError, match="rendering failed"):
+        t.tokenize_additional(old, old + [tool("r")], None)
+
+
+def test_qwen_boundary_fix_and_default_identity():
+    qwen, plain = tito("qwen3"), tito("default")
+    assert qwen.fix_boundary([5, IM_END]) == [5, IM_END, NEWLINE]
+    assert qwen.fix_boundary([5, 6]) == [5, 6]
+    assert qwen.fix_boundary([]) == []
+    assert plain.fix_boundary([5, IM_END]) == [5, IM_END]
+
+
+def test_family_table():
+    assert family_for(ToyRenderer(family="qwen3")).name == "qwen3"
+    assert family_for(ToyRenderer(family="qwen3.5")).name == "qwen35"
+    assert family_for(ToyRenderer(family="llama")).name == "default"
+    assert family_for(ToyRenderer(family="qwen3"), "default").name == "default"
+    with pytest.raises(UnknownName):
+        family_for(ToyRenderer(), "glm99")
+    assert all(f.max_trim_tokens == 0 for f in FAMILIES.values())
+    assert "system" not in FAMILIES["qwen35"].allowed_append_roles
+    assert "system" in FAMILIES["qwen3"].allowed_append_roles
+    assert dict(FAMILIES["qwen35"].extra_kwargs) == {"clear_thinking": False}
+    assert dict(FAMILIES["default"].extra_kwargs) == {}
+
+
+def test_request_kwargs_merge_but_cannot_override_family_constants():
+    t = tito()
+    assert t.for_request(None) is t and t.for_request({}) is t
+    merged = t.for_request({"enable_thinking": False, "clear_thinking": False})
+    assert merged.template_kwargs == {"clear_thinking": False, "enable_thinking": False}
+    with pytest.raises(RequestRejected, match="clear_thinking"):
+        t.for_request({"clear_thinking": True})
+    with pytest.raises(RequestRejected):
+        t.for_request(["not", "an", "object"])
+    assert tito("default").for_request({"clear_thinking": True}).template_kwargs == {"clear_thinking": True}

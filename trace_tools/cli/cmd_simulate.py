@@ -1,0 +1,54 @@
+"""`trace-tools simulate`: write simulated sessions with known harness behaviours and ground truth."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def simulate_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
+    sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
+    seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
+    template: Annotated[str, typer.Option("--template", help="qwen3 (JSON tool calls) | qwen3.5 (XML tool calls).")] = "qwen3",
+    behaviour: Annotated[Optional[list[str]], typer.Option(
+        "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
+                            "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,
+    recording: Annotated[str, typer.Option("--recording", help="How prompt_ids were recorded: tree | linear | none.")] = "tree",
+    max_turns: Annotated[int, typer.Option("--max-turns", help="Most model turns of a main conversation.")] = 40,
+    logprobs_model: Annotated[Optional[str], typer.Option(
+        "--logprobs-model", help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
+
+    Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed,
+    streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
+
+    Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
+    """
+    from trace_tools.cli._output import console, note, print_json
+    from trace_tools.simulate import simulate, summarize
+
+    table = simulate(sessions, seed, template=template, behaviours=behaviour, recording=recording, out=str(out),
+                     max_turns=max_turns, logprobs_model=logprobs_model)
+    rows = summarize(table)
+    if json_out:
+        print_json({"out": str(out), "recipes": rows})
+        return
+    console.print(_table(rows, template, recording))
+    note(f"wrote {table.num_rows} turns of {sum(r['sessions'] for r in rows)} sessions to {out}")
+
+
+def _table(rows: list[dict], template: str, recording: str):
+    from rich.table import Table
+
+    table = Table(title=f"simulated sessions ({template}, recording {recording})", title_justify="left")
+    table.add_column("behaviours", overflow="fold")
+    for name in ("sessions", "turns", "genuine", "ideal samples", "ideal tokens"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(row["behaviours"], str(row["sessions"]), str(row["turns"]), str(row["genuine_turns"]),
+                      str(row["ideal_samples"]), str(row["ideal_forwarded_tokens"]))
+    return table

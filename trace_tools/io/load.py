@@ -1,0 +1,476 @@
+"""Load and validate a trace dump (schema v1, DESIGN §2) into `Session` objects, quarantining bad ones.
+
+A dump is one Parquet file or a directory holding Parquet files (found recursively, read in
+sorted path order). A session may span row groups and files.
+
+How memory stays bounded
+------------------------
+Reading is two passes over the files, both by record batch (`ParquetFile.iter_batches`), never
+a whole file at once:
+
+1. **Index.** Only the `session_id` column is read. For each session the index keeps its input
+   order, where its last row is (file, row), and any file-level problem that condemns it (a
+   required column missing from, or a column of incompatible type in, a file holding its rows).
+2. **Sessions.** Every schema column is read in small batches in the same order. Each row is
+   validated and appended to its session's buffer; a session is finished (validated as a whole
+   and handed out) as soon as the batch holding its last row has been read, and its buffer is
+   released. Rows of a session already known to be bad are skipped, and a file with a schema
+   problem is not read at all (all its sessions are condemned already).
+
+Memory therefore holds the index (a few integers per session), one record batch, and the rows
+of the sessions that are *open* at the current read position: the largest session when a dump
+is grouped by session (as writers normally do), the sessions recorded concurrently when rows
+are in arrival order. Only a dump whose every session spans nearly all of it would make that
+the whole dump. `iter_sessions` streams (validation keeps no sessions); `load` collects.
+
+Validation (DESIGN §6, §10): a bad row quarantines its whole session. The session gets a
+`QuarantineEntry` for its first bad row (reason from the fixed vocabulary, detail naming file,
+row, column and value; its later rows are not examined), or one per schema problem of each file
+holding its rows, or one per duplicated `turn_index`. Every input session ends up either valid
+or quarantined. Rows that cannot be attributed to a session (null `session_id`, or a file
+without that column) get one entry per file with `session_id` None.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
+from trace_tools.errors import UnusableInput
+from trace_tools.io.schema import (
+    COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema,
+)
+
+INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
+ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
+_UTC_US = pa.timestamp("us", tz="UTC")
+
+
+@dataclass
+class LoadedDump:
+    """A loaded dump: valid sessions (turns sorted by `turn_index`), quarantine and provenance.
+
+    `vocab_checked` is False when no vocabulary size was known (no tokenizer, or one whose size
+    cannot be determined offline), so the `out_of_vocab` upper bound was not enforced.
+    `session_count` counts distinct session ids in the input: `len(sessions)` plus the sessions
+    named in `quarantine`.
+    """
+
+    sessions: list[Session]
+    quarantine: list[QuarantineEntry]
+    meta: DumpMeta
+    files: list[str]
+    rows: int
+    vocab_checked: bool
+    vocab_size: int | None = None
+    session_count: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def quarantined_sessions(self) -> list[str]:
+        """Ids of quarantined sessions, each once, in input order."""
+        return list(dict.fromkeys(e.session_id for e in self.quarantine if e.session_id is not None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and metadata
+
+def find_files(path: str | Path) -> list[Path]:
+    """The Parquet files of a dump: the file itself, or every `*.parquet` under a directory, sorted."""
+    root = Path(path).expanduser()
+    if root.is_file():
+        return [root]
+    if not root.exists():
+        raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
+    if not root.is_dir():
+        raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
+    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    if not files:
+        raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
+    return files
+
+
+def _unreadable(path: Path, error: Exception) -> UnusableInput:
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return UnusableInput(f"{path} is not a readable Parquet file ({reason}); "
+                         "re-export it or remove it from the dump")
+
+
+def _read_schema(path: Path) -> tuple[pa.Schema, int]:
+    """A file's Arrow schema and row count, from its footer only."""
+    try:
+        with open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            return parquet.schema_arrow, parquet.metadata.num_rows
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise _unreadable(path, error) from None
+
+
+def _iter_batches(path: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput."""
+    try:
+        with open(path, "rb") as handle:
+            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise _unreadable(path, error) from None
+
+
+def _trace_tools_keys(schema: pa.Schema) -> dict[str, str]:
+    """The file's `trace_tools.*` key-value metadata, prefix stripped."""
+    found = {}
+    for key, value in (schema.metadata or {}).items():
+        key = key.decode("utf-8", "replace")
+        if key.startswith(META_PREFIX):
+            found[key[len(META_PREFIX):]] = value.decode("utf-8", "replace")
+    return found
+
+
+def _short(value: str, limit: int = 40) -> str:
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value)} chars)"
+
+
+def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]]:
+    """Merge files' metadata: the first file that sets a key wins; one warning per disputed key."""
+    merged: dict[str, str] = {}
+    source: dict[str, str] = {}
+    warnings: dict[str, str] = {}
+    for label, keys in per_file:
+        for key, value in keys.items():
+            if key not in merged:
+                merged[key], source[key] = value, label
+            elif merged[key] != value and key not in warnings:
+                warnings[key] = (f"files disagree on {META_PREFIX}{key}: {source[key]} has {_short(merged[key])}, "
+                                 f"{label} has {_short(value)}; using {source[key]}'s")
+    return merged, list(warnings.values())
+
+
+def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMeta:
+    """A DumpMeta from merged `trace_tools.*` keys, with non-None keyword overrides applied."""
+    known = {name: keys.get(name) for name in META_FIELDS}
+    extra = {key: value for key, value in keys.items() if key not in META_FIELDS}
+    meta = DumpMeta(**known, extra=extra)
+    return dataclasses.replace(meta, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _schema_warnings(meta: DumpMeta) -> list[str]:
+    if meta.schema_version and meta.schema_version != SCHEMA_VERSION:
+        return [f"dump declares schema_version {meta.schema_version!r}; reading it as schema v{SCHEMA_VERSION}"]
+    return []
+
+
+def read_dump_meta(path: str | Path) -> DumpMeta:
+    """The dump's `trace_tools.*` metadata from the file footers alone (first file wins on conflicts)."""
+    files = find_files(path)
+    keys, _ = _merge_keys([(str(f), _trace_tools_keys(_read_schema(f)[0])) for f in files])
+    return _dump_meta(keys, {})
+
+
+def _vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
+    """The out-of-vocab bound: the explicit size, else the tokenizer's full size, else None (unknown)."""
+    if vocab_size is not None:
+        return int(vocab_size)
+    if not tokenizer:
+        return None
+    try:  # render owns tokenizers; io must still work where that module is absent or broken
+        from trace_tools.render.tokenizer import vocab_size_for
+    except ImportError:
+        return None
+    return vocab_size_for(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Row validation
+
+class _BadRow(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def _json_value(record: dict[str, Any], name: str, expected: type) -> Any:
+    """Parse a JSON column; None stays None; anything but `expected` (list or dict) is `bad_json`."""
+    text = record.get(name)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise _BadRow("bad_json", f"{name} is not valid JSON ({getattr(error, 'msg', error)} "
+                                  f"at char {getattr(error, 'pos', '?')}): {_short(text)}") from None
+    if value is not None and not isinstance(value, expected):
+        kind = "array" if expected is list else "object"
+        raise _BadRow("bad_json", f"{name} holds a JSON {type(value).__name__}, not a JSON {kind} or null")
+    return value
+
+
+def _messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = _json_value(record, "messages", list)
+    if not messages:
+        raise _BadRow("empty_messages", "messages is null" if messages is None else "messages is an empty array")
+    for position, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _BadRow("bad_json", f"messages[{position}] is a JSON {type(message).__name__}, not an object")
+    return messages
+
+
+def _token_ids(record: dict[str, Any], name: str, vocab_size: int | None) -> list[int] | None:
+    """Check ids against [0, vocab_size); without a vocabulary only against [0, int32 max]."""
+    ids = record.get(name)
+    if ids is None:
+        return None
+    if None in ids:
+        raise _BadRow("wrong_type", f"{name}[{ids.index(None)}] is null, not a token id")
+    bound = vocab_size if vocab_size is not None else INT32_MAX + 1
+    if ids and (min(ids) < 0 or max(ids) >= bound):
+        position, bad = next((i, t) for i, t in enumerate(ids) if t < 0 or t >= bound)
+        limit = f"vocabulary size {vocab_size}" if vocab_size is not None else "int32 range"
+        raise _BadRow("out_of_vocab", f"{name}[{position}] = {bad} is outside [0, {bound}) ({limit})")
+    return ids
+
+
+def _turn(record: dict[str, Any], vocab_size: int | None) -> Turn:
+    """Validate one row (already typed by Arrow) and build its Turn, or raise _BadRow."""
+    for name in REQUIRED:
+        if name != "messages" and record.get(name) is None:  # null messages is `empty_messages`
+            raise _BadRow("missing_column", f"null {name}")
+    if record["turn_index"] < 0:
+        raise _BadRow("negative_turn", f"turn_index is {record['turn_index']}")
+    messages = _messages(record)
+    output_ids = _token_ids(record, "output_ids", vocab_size)
+    logprobs = record.get("output_logprobs")
+    if logprobs is not None and len(logprobs) != len(output_ids):
+        raise _BadRow("logprobs_length", f"output_logprobs has {len(logprobs)} values for {len(output_ids)} output_ids")
+    reward = record.get("reward")
+    return Turn(
+        session_id=str(record["session_id"]), turn_index=int(record["turn_index"]), messages=messages,
+        output_ids=output_ids, tools=_json_value(record, "tools", list),
+        output_logprobs=logprobs,
+        prompt_ids=_token_ids(record, "prompt_ids", vocab_size),
+        response=_json_value(record, "response", dict),
+        finish_reason=record.get("finish_reason"), request_id=record.get("request_id"),
+        started_at=record.get("started_at"), finished_at=record.get("finished_at"),
+        chat_template_kwargs=_json_value(record, "chat_template_kwargs", dict),
+        reward=None if reward is None else float(reward),
+        metadata=_json_value(record, "metadata", dict),
+    )
+
+
+def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
+    """(turn_index, detail) for every turn_index that occurs more than once in a session."""
+    counts = Counter(turn.turn_index for turn in turns)
+    return [(index, f"{label}: turn_index {index} occurs {n} times") for index, n in sorted(counts.items()) if n > 1]
+
+
+def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
+    columns = [
+        column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column
+        for column in batch.columns
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two passes
+
+@dataclass
+class _FileInfo:
+    path: Path
+    label: str
+    rows: int
+    columns: list[str]  # schema-v1 columns present in the file
+    problems: list[tuple[str, str, str]]  # (column, reason, detail) from check_schema
+    keys: dict[str, str]  # trace_tools.* metadata, prefix stripped
+
+
+@dataclass(slots=True)
+class _Span:
+    """Where one session's rows are, and what is known to be wrong with it."""
+
+    order: int  # input order, by first row
+    last: tuple[int, int]  # (file number, row) of its last row: when pass 2 can finish it
+    problems: list[QuarantineEntry] = field(default_factory=list)
+
+
+class SessionStream(Iterator["Session | QuarantineEntry"]):
+    """Iterator over a dump's sessions: each valid `Session`, and each `QuarantineEntry`.
+
+    Construction finds the files, reads their footers and builds the session index (pass 1),
+    so unusable input raises `UnusableInput` at once and `meta`, `files`, `rows`,
+    `session_count`, `vocab_checked`, `vocab_size` and `warnings` are known before iterating.
+    Iteration (pass 2) yields entries for unattributable rows first, then each session as soon
+    as its last row has been read: a `Session`, or its `QuarantineEntry` objects.
+    """
+
+    def __init__(self, path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
+                 history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None):
+        root = Path(path).expanduser()
+        self._infos = [self._inspect(file, root) for file in find_files(root)]
+        self.files = [str(info.path) for info in self._infos]
+        self.rows = sum(info.rows for info in self._infos)
+        self._init_meta(tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode, harness=harness)
+        self.vocab_size = _vocab_bound(vocab_size, self.meta.tokenizer)
+        self.vocab_checked = self.vocab_size is not None
+        if not self.vocab_checked and self.meta.tokenizer:
+            self.warnings.append(f"vocabulary size of tokenizer {self.meta.tokenizer!r} is unknown; "
+                                 "out-of-vocab check skipped (pass vocab_size or a local tokenizer)")
+        self._spans: dict[str, _Span] = {}
+        self._unattributed: list[QuarantineEntry] = []
+        for number, info in enumerate(self._infos):
+            self._index_file(number, info)
+        self.session_count = len(self._spans)
+        self._items = self._generate()
+
+    def __next__(self) -> Session | QuarantineEntry:
+        return next(self._items)
+
+    def position(self, session_id: str) -> int:
+        """Input order of a session (by its first row); sorts `load`'s output."""
+        return self._spans[session_id].order
+
+    # -- setup ---------------------------------------------------------------------------------
+    @staticmethod
+    def _inspect(path: Path, root: Path) -> _FileInfo:
+        schema, rows = _read_schema(path)
+        label = path.relative_to(root).as_posix() if root.is_dir() else path.name
+        columns = [column.name for column in COLUMNS if column.name in schema.names]
+        return _FileInfo(path, label, rows, columns, check_schema(schema), _trace_tools_keys(schema))
+
+    def _init_meta(self, **overrides: str | None) -> None:
+        keys, self.warnings = _merge_keys([(info.label, info.keys) for info in self._infos])
+        self.meta = _dump_meta(keys, overrides)
+        self.warnings += _schema_warnings(self.meta)
+
+    def _index_file(self, number: int, info: _FileInfo) -> None:
+        """Pass 1 for one file: record each session's first/last row and the file's schema problems."""
+        if "session_id" not in info.columns:
+            self._unattributed.append(QuarantineEntry(
+                None, None, "missing_column",
+                f"{info.label}: required column session_id is missing; its {info.rows} rows belong to no session"))
+            return
+        seen_here: dict[str, None] = {}
+        null_rows: list[int] = []
+        row = 0
+        for batch in _iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
+            for session_id in batch.column(0).to_pylist():
+                if session_id is None:
+                    null_rows.append(row)
+                else:
+                    self._note_row(str(session_id), number, row, seen_here)
+                row += 1
+        self._note_file_problems(info, seen_here)
+        if null_rows:
+            shown = ", ".join(map(str, null_rows[:5])) + (", …" if len(null_rows) > 5 else "")
+            self._unattributed.append(QuarantineEntry(
+                None, None, "missing_column", f"{info.label}: null session_id in {len(null_rows)} rows (rows {shown})"))
+
+    def _note_row(self, session_id: str, number: int, row: int, seen_here: dict[str, None]) -> None:
+        span = self._spans.get(session_id)
+        if span is None:
+            self._spans[session_id] = _Span(len(self._spans), (number, row))
+        else:
+            span.last = (number, row)
+        seen_here[session_id] = None
+
+    def _note_file_problems(self, info: _FileInfo, session_ids: dict[str, None]) -> None:
+        """A missing or mistyped column in a file condemns every session with rows in it."""
+        for _column, reason, detail in info.problems:
+            for session_id in session_ids:
+                entry = QuarantineEntry(session_id, None, reason, f"{info.label}: {detail}")
+                self._spans[session_id].problems.append(entry)
+
+    # -- pass 2 --------------------------------------------------------------------------------
+    def _generate(self) -> Iterator[Session | QuarantineEntry]:
+        yield from self._unattributed
+        endings: list[list[tuple[int, str]]] = [[] for _ in self._infos]
+        for session_id, span in self._spans.items():
+            endings[span.last[0]].append((span.last[1], session_id))
+        buffers: dict[str, list[Turn]] = {}
+        for number, info in enumerate(self._infos):
+            due = sorted(endings[number], reverse=True)  # pop() from the end = lowest last row first
+            endings[number] = []
+            for rows_read in self._read_rows(info, buffers):
+                while due and due[-1][0] < rows_read:
+                    yield from self._finish(due.pop()[1], buffers)
+            while due:
+                yield from self._finish(due.pop()[1], buffers)
+
+    def _read_rows(self, info: _FileInfo, buffers: dict[str, list[Turn]]) -> Iterator[int]:
+        """Feed one file's rows into the session buffers; yields the number of rows read after each batch.
+
+        A file with schema problems is not read: all its sessions are already condemned.
+        """
+        if info.problems or "session_id" not in info.columns:
+            return
+        row = 0
+        for batch in _iter_batches(info.path, info.columns, ROW_BATCH_ROWS):
+            for record in _utc_batch(batch).to_pylist():
+                self._take_row(record, f"{info.label} row {row}", buffers)
+                row += 1
+            yield row
+
+    def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]]) -> None:
+        if record["session_id"] is None:
+            return  # reported per file by pass 1
+        session_id = str(record["session_id"])
+        span = self._spans[session_id]
+        if span.problems:
+            return
+        try:
+            buffers.setdefault(session_id, []).append(_turn(record, self.vocab_size))
+        except _BadRow as bad:
+            turn_index = record.get("turn_index")
+            span.problems.append(QuarantineEntry(session_id, turn_index, bad.reason, f"{where}: {bad.detail}"))
+            buffers.pop(session_id, None)
+
+    def _finish(self, session_id: str, buffers: dict[str, list[Turn]]) -> Iterator[Session | QuarantineEntry]:
+        """The session's last row has been read: hand it out, or its quarantine entries."""
+        span = self._spans[session_id]
+        turns = buffers.pop(session_id, [])
+        if not span.problems:
+            turns.sort(key=lambda turn: turn.turn_index)
+            span.problems = [QuarantineEntry(session_id, index, "duplicate_turn", detail)
+                             for index, detail in _duplicates(turns, f"session {session_id}")]
+        if span.problems:
+            yield from span.problems
+            span.problems = []  # the session is done; release its entries
+        else:
+            yield Session(session_id, turns, self.meta)
+
+
+def iter_sessions(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
+                  history_mode: str | None = None, harness: str | None = None,
+                  vocab_size: int | None = None) -> SessionStream:
+    """Stream a dump: yields each valid `Session` and each `QuarantineEntry` (see `SessionStream`).
+
+    Keyword options override the dump's `trace_tools.*` metadata (as command-line options do).
+    Raises `UnusableInput` for a path that is not a readable dump.
+    """
+    return SessionStream(path, tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode,
+                         harness=harness, vocab_size=vocab_size)
+
+
+def load(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
+         history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None) -> LoadedDump:
+    """Load a whole dump: valid sessions and quarantine entries, both in input order (first row).
+
+    The keyword options override the dump's metadata; `vocab_size` overrides the tokenizer's
+    vocabulary size for the out-of-vocab check. Raises `UnusableInput` for unusable input.
+    """
+    stream = iter_sessions(path, tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode,
+                           harness=harness, vocab_size=vocab_size)
+    sessions: list[Session] = []
+    quarantine: list[QuarantineEntry] = []
+    for item in stream:
+        (sessions if isinstance(item, Session) else quarantine).append(item)
+    sessions.sort(key=lambda session: stream.position(session.session_id))
+    quarantine.sort(key=lambda e: -1 if e.session_id is None else stream.position(e.session_id))
+    return LoadedDump(sessions, quarantine, stream.meta, stream.files, stream.rows, stream.vocab_checked,
+                      vocab_size=stream.vocab_size, session_count=stream.session_count, warnings=stream.warnings)

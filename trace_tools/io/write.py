@@ -1,0 +1,152 @@
+"""Atomic writers and the two tables io produces: quarantine lists and schema-v1 dumps.
+
+Every writer puts the bytes in a temporary file in the destination's directory and then
+`os.replace`s it onto the destination, so a reader (or a resumed run, DESIGN §6) sees either
+the old file or the complete new one, never a torn write. The temporary name starts with a dot
+and ends in `.tmp`, so a directory scan for `*.parquet` never picks up a half-written file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
+from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
+
+QUARANTINE_SCHEMA = pa.schema([
+    pa.field("session_id", pa.string()),
+    pa.field("turn_index", pa.int32()),
+    pa.field("reason", pa.string()),
+    pa.field("detail", pa.string()),
+])
+
+
+@contextmanager
+def _atomic(path: str | Path, mode: str) -> Iterator[IO]:
+    """Open a temp file next to `path`; on success fsync and rename it onto `path`, else delete it."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write a pyarrow Table (or pandas DataFrame, index dropped) as Parquet, atomically.
+
+    `metadata` is added to the file's key-value metadata (keeping what the table already has),
+    e.g. `{"trace_tools.tokenizer": "qwen3"}`.
+    """
+    table = table_or_df
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_pandas(table_or_df, preserve_index=False)
+    if metadata:
+        merged = dict(table.schema.metadata or {})
+        merged.update({str(k).encode(): str(v).encode() for k, v in metadata.items()})
+        table = table.replace_schema_metadata(merged)
+    with _atomic(path, "wb") as handle:
+        pq.write_table(table, handle)
+    return Path(path)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: NaN/±inf become null, numpy scalars and arrays become Python values."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalar or array
+        return _plain(value.tolist())
+    return value
+
+
+def _fallback(value: Any) -> Any:
+    """What json.dumps cannot encode by itself: datetimes (ISO 8601), paths, sets."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return _plain(sorted(value, key=repr))
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def write_json_atomic(obj: Any, path: str | Path) -> Path:
+    """Write `obj` as indented JSON (key order kept, NaN and infinities written as null), atomically."""
+    text = json.dumps(_plain(obj), indent=2, sort_keys=False, allow_nan=False, ensure_ascii=False, default=_fallback)
+    return write_text_atomic(text + "\n", path)
+
+
+def write_text_atomic(text: str, path: str | Path) -> Path:
+    """Write UTF-8 text, atomically."""
+    with _atomic(path, "w") as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def quarantine_table(entries: Iterable[QuarantineEntry]) -> pa.Table:
+    """The quarantine list as a table with DESIGN §6's `quarantine.parquet` columns."""
+    entries = list(entries)
+    return pa.table({
+        "session_id": [e.session_id for e in entries],
+        "turn_index": [e.turn_index for e in entries],
+        "reason": [e.reason for e in entries],
+        "detail": [e.detail for e in entries],
+    }, schema=QUARANTINE_SCHEMA)
+
+
+def meta_to_metadata(meta: DumpMeta) -> dict[str, str]:
+    """DumpMeta as `trace_tools.*` key-value metadata (unset fields omitted)."""
+    keys = {name: getattr(meta, name) for name in META_FIELDS}
+    keys.update(meta.extra)
+    return {f"{META_PREFIX}{name}": value for name, value in keys.items() if value is not None}
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """Naive datetimes are UTC by the schema's convention."""
+    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+
+
+def _row(turn: Turn) -> dict[str, Any]:
+    row = {name: getattr(turn, name) for name in ARROW_SCHEMA.names}
+    row.update({name: _json_text(row[name]) for name in JSON_COLUMNS})
+    row["started_at"], row["finished_at"] = _utc(turn.started_at), _utc(turn.finished_at)
+    return row
+
+
+def sessions_to_table(sessions: Iterable[Session], meta: DumpMeta | None = None) -> pa.Table:
+    """Sessions as a schema-v1 table with canonical types, one row per turn in session order.
+
+    JSON columns are serialized with `json.dumps(ensure_ascii=False)`. The schema carries
+    `trace_tools.*` metadata from `meta` (default: the first session's), so
+    `write_parquet_atomic(sessions_to_table(...), path)` writes a self-describing dump.
+    """
+    sessions = list(sessions)
+    if meta is None:
+        meta = sessions[0].meta if sessions else DumpMeta()
+    rows = [_row(turn) for session in sessions for turn in session.turns]
+    table = pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
+    metadata = {f"{META_PREFIX}schema_version": SCHEMA_VERSION, **meta_to_metadata(meta)}
+    return table.replace_schema_metadata({k.encode(): v.encode() for k, v in metadata.items()})

@@ -1,0 +1,270 @@
+"""Find drifted turns and name their cause.
+
+A turn N *drifts* when a later request M echoes N's response and M's prompt ids no longer
+extend what the engine served for N (`prompt_N + output_N`). The cause comes from a fixed,
+documented taxonomy (docs/drift_causes.md), decided from the message-level difference between
+the stored response and its echo, plus the token-level difference:
+
+* `whitespace`           trailing / per-line whitespace stripped from string arguments
+* `schema_default`       a tool-schema default the model omitted was filled in
+* `key_order_or_spacing` tool-argument key order or JSON spacing differs (same values)
+* `reasoning`            reasoning dropped from the echo, or re-keyed (other field, inlined)
+* `tool_call_id`         tool-call `index` / `id` changed (invisible to the template; breaks
+                         managers that compare raw messages, e.g. miles strict, uni-agent)
+* `template_rewrite`     same message, but the template renders it (or an earlier turn)
+                         differently in the longer conversation, e.g. reasoning stripped
+* `tokenizer_boundary`   same text, different token split (the model emitted a non-canonical
+                         split that re-tokenization merges)
+* `genuine_edit`         the echo changed what the turn says or does
+
+A cosmetic cause is only named when the corresponding normalisation makes the two messages
+equal; anything else is `genuine_edit`, so a real edit is never reported as cosmetic.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+CAUSES = ("whitespace", "schema_default", "key_order_or_spacing", "reasoning", "tool_call_id",
+          "template_rewrite", "tokenizer_boundary", "genuine_edit")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+@dataclass
+class DriftFinding:
+    """One echoed turn: where its served ids and the next prompt part, and why."""
+
+    turn_index: int                  # the generated turn whose response was echoed
+    echo_turn: int                   # the later turn whose request carries the echo
+    token_drift: bool                # served ids are not a prefix of the echo turn's prompt
+    divergence: int | None           # first differing position (LCP) when token_drift
+    served_len: int
+    prompt_len: int                  # length of turn N's own prompt (start of its response)
+    cause: str | None                # None when neither tokens nor raw messages differ
+    causes: list[str] = field(default_factory=list)
+    message_diff: list[str] = field(default_factory=list)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def echo_pairs(session) -> list[tuple[int, int, int]]:
+    """(N, M, position): turn M's request carries, at `position`, the echo of turn N's response.
+
+    M is the first later turn whose messages extend N's request by at least one message; its
+    message right after N's request is then N's echo when it is an assistant message.
+    """
+    pairs = []
+    turns = session.turns
+    for i, turn in enumerate(turns):
+        k = len(turn.messages)
+        for later in turns[i + 1:]:
+            if len(later.messages) > k and _same_prefix(later.messages[:k], turn.messages):
+                if later.messages[k].get("role") == "assistant":
+                    pairs.append((turn.turn_index, later.turn_index, k))
+                break
+    return pairs
+
+
+def _same_prefix(a: list[dict], b: list[dict]) -> bool:
+    from trace_tools.render.canonical import canonicalize_messages
+
+    return a == b or canonicalize_messages(a) == canonicalize_messages(b)
+
+
+def find_drift(session, prepared: dict[int, Any], renderer) -> list[DriftFinding]:
+    """Drift findings for every echoed turn of a session.
+
+    `prepared` maps turn_index → PreparedTurn (prompt ids recorded or rendered, canonical response).
+    """
+    findings = []
+    turns = {t.turn_index: t for t in session.turns}
+    for n, m, position in echo_pairs(session):
+        turn_n, turn_m = turns[n], turns[m]
+        served = list(prepared[n].prompt_ids) + list(turn_n.output_ids)
+        nxt = list(prepared[m].prompt_ids)
+        lcp = common_prefix_len(served, nxt)
+        token_drift = lcp < len(served)
+        stored = turn_n.response if turn_n.response is not None else prepared[n].response_message
+        echo = turn_m.messages[position]
+        causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt,
+                                len(prepared[n].prompt_ids), renderer)
+        findings.append(DriftFinding(n, m, token_drift, lcp if token_drift else None, len(served),
+                                     len(prepared[n].prompt_ids), causes[0] if causes else None, causes, diff))
+    return findings
+
+
+def classify(stored: dict | None, echo: dict, tools, token_drift: bool, lcp: int, served: list[int],
+             nxt: list[int], prompt_len: int, renderer) -> tuple[list[str], list[str]]:
+    """Causes (most specific first) and the message-level difference, as readable paths."""
+    from trace_tools.render.canonical import canonicalize_response
+
+    stored = stored or {"role": "assistant", "content": ""}
+    diff = message_diff(stored, echo)
+    if not token_drift:
+        if not diff:
+            return [], diff
+        return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
+    if lcp < prompt_len:
+        return ["template_rewrite"], diff  # divergence before this turn's response: an earlier turn re-rendered
+    if canonicalize_response(stored) == canonicalize_response(echo):
+        return [_same_message_cause(stored, echo, served, nxt, lcp, renderer)], diff
+    return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
+
+
+def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
+    """The messages agree; the tokens do not. Which layer produced the difference?"""
+    if _arguments_key_order_differs(stored, echo) or _raw_json_differs(stored, echo):
+        return "key_order_or_spacing"
+    if renderer is None:
+        return "template_rewrite"
+    served_text, next_text = renderer.decode(served[lcp:]), renderer.decode(nxt[lcp:])
+    if next_text.startswith(served_text):
+        return "tokenizer_boundary"  # same characters, another split
+    if _squeeze(next_text).startswith(_squeeze(served_text)) and "<tool_call>" in renderer.decode(served):
+        return "key_order_or_spacing"  # the model's JSON spacing differs from the template's
+    return "template_rewrite"
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def _cosmetic_message_causes(stored: dict, echo: dict, tools) -> list[str]:
+    """Name the normalisations under which the canonical messages become equal; [] when none do."""
+    from trace_tools.render.canonical import canonicalize_response
+    from trace_tools.strategies.restore_core import drop_schema_defaults, strip_trailing_ws, tool_defaults
+
+    a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
+    causes = []
+    if _reasoning_of(a) != _reasoning_of(b) or _reasoning_rekeyed(echo):
+        causes.append("reasoning")
+        a, b = _without_reasoning(a), _without_reasoning(b)
+    defaults = tool_defaults(tools)
+    da = _with_args(a, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
+    db = _with_args(b, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
+    if a != b and (da, db) != (a, b) and strip_trailing_ws(da) == strip_trailing_ws(db):
+        causes.append("schema_default")
+        a, b = da, db
+    if a != b and strip_trailing_ws(a) == strip_trailing_ws(b):
+        causes.append("whitespace")
+        a, b = a, a
+    if a != b:
+        return []
+    if not causes and _only_wire_ids(message_diff(stored, echo)):
+        causes.append("tool_call_id")
+    return causes
+
+
+def _reasoning_of(message: dict) -> str:
+    return (message.get("reasoning_content") or "").strip()
+
+
+def _reasoning_rekeyed(echo: dict) -> bool:
+    content = echo.get("content")
+    return any(k in echo for k in REASONING_KEYS[1:]) or (isinstance(content, str) and "<think>" in content)
+
+
+def _without_reasoning(message: dict) -> dict:
+    out = {k: v for k, v in message.items() if k not in REASONING_KEYS}
+    content = out.get("content")
+    if isinstance(content, str) and "</think>" in content:
+        out["content"] = content.split("</think>", 1)[1].lstrip("\n")
+    return out
+
+
+def _with_args(message: dict, fn) -> dict:
+    if not message.get("tool_calls"):
+        return message
+    calls = [{**c, "function": {**c["function"], "arguments": fn(c["function"]["name"], c["function"]["arguments"])}}
+             for c in message["tool_calls"]]
+    return {**message, "tool_calls": calls}
+
+
+def _arguments_key_order_differs(stored: dict, echo: dict) -> bool:
+    def orders(message):
+        out = []
+        for call in message.get("tool_calls") or []:
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    return None
+            out.append(_key_paths(args))
+        return out
+
+    return orders(stored) != orders(echo)
+
+
+def _key_paths(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [(k, _key_paths(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_key_paths(v) for v in value]
+    return None
+
+
+def _raw_json_differs(stored: dict, echo: dict) -> bool:
+    """Argument strings that differ as text but parse to the same JSON."""
+    def raw(message):
+        return [c.get("function", {}).get("arguments") for c in message.get("tool_calls") or []]
+
+    a, b = raw(stored), raw(echo)
+    if a == b or len(a) != len(b):
+        return False
+    try:
+        return all(json.loads(x) == json.loads(y) if isinstance(x, str) and isinstance(y, str) else x == y
+                   for x, y in zip(a, b))
+    except ValueError:
+        return False
+
+
+def message_diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Readable differences between two JSON-like values (`path: old → new`)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in list(a) + [k for k in b if k not in a]:
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in b:
+                out.append(f"{sub}: {_short(a[key])} → <missing>")
+            elif key not in a:
+                out.append(f"{sub}: <missing> → {_short(b[key])}")
+            else:
+                out += message_diff(_parsed(a[key]), _parsed(b[key]), sub)
+        if not out and list(a) != list(b):
+            out.append(f"{path or '<message>'}: key order {list(a)} → {list(b)}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in message_diff(x, y, f"{path}[{i}]")]
+    if a != b:
+        return [f"{path}: {_short(a)} → {_short(b)}"]
+    return []
+
+
+def _parsed(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _only_wire_ids(diff: list[str]) -> bool:
+    def wire(entry: str) -> bool:
+        head = entry.split(":", 1)[0]
+        return head.endswith(".id") or head.endswith(".index") or head.endswith(".type") or head == "tool_call_id"
+
+    return bool(diff) and all(wire(d) for d in diff)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,69 @@
+"""Rich rendering of an Explanation: colour-coded aligned tokens, message diff, cause."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+CAUSE_TEXT = {
+    "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
+    "schema_default": "schema default filled in: an argument the model omitted came back with its declared default",
+    "key_order_or_spacing": "tool-argument key order or JSON spacing differs (same values)",
+    "reasoning": "reasoning dropped or re-keyed on echo",
+    "tool_call_id": "tool-call index/id changed (invisible to the template; breaks raw-message matchers)",
+    "template_rewrite": "the template renders this (or an earlier) turn differently in the longer conversation",
+    "tokenizer_boundary": "tokenizer boundary: same text, another token split than the model emitted",
+    "genuine_edit": "genuine content change: the echo says or does something else",
+}
+
+
+def explanation_renderables(result) -> list:
+    out = [_findings_table(result)]
+    focus = result.focus
+    if focus is None:
+        out.append(Text("No turn of this session is echoed by a later request: nothing can drift."))
+        return out
+    out.append(Text.assemble(("turn ", "bold"), (str(focus.turn_index), "bold cyan"), " echoed by turn ",
+                             (str(focus.echo_turn), "bold cyan"), ": ",
+                             (CAUSE_TEXT.get(focus.cause, "no difference") if focus.cause else "no difference", "bold")))
+    if result.window is not None:
+        out.append(_aligned(result.window, focus.divergence))
+    if focus.message_diff:
+        diff = Table(title="Message-level difference (stored response → echo)", title_justify="left")
+        diff.add_column("path: stored → echo")
+        for line in focus.message_diff[:20]:
+            diff.add_row(line)
+        out.append(diff)
+    if result.strategy_turn:
+        v = result.strategy_turn
+        out.append(Text(f"{result.strategy}: turn {focus.turn_index} event={v['event']} "
+                        f"trained {v['trained_tokens']}/{v['generated_tokens']} tokens; "
+                        f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {v['samples']} sample(s)"))
+    return out
+
+
+def _prompt_event(result) -> str:
+    return result.strategy_turn.get("prompt_event", "?")
+
+
+def _findings_table(result) -> Table:
+    table = Table(title=f"Session {result.session_id}: echoed turns", title_justify="left")
+    for col in ("turn", "echo in", "token drift at", "cause"):
+        table.add_column(col)
+    for f in result.findings:
+        at = f"{f.divergence} / {f.served_len}" if f.token_drift else "–"
+        table.add_row(str(f.turn_index), str(f.echo_turn), at, f.cause or "none")
+    return table
+
+
+def _aligned(window, divergence: int) -> Table:
+    table = Table(title=f"Tokens around the first divergence (position {divergence})", title_justify="left")
+    table.add_column("side")
+    table.add_column("ids")
+    table.add_column("text")
+    shared_ids = " ".join(str(i) for i, _ in window.shared)
+    shared_text = "".join(t for _, t in window.shared)
+    for side, tokens, style in (("served", window.served, "red"), ("re-rendered", window.rendered, "green")):
+        ids = Text(shared_ids + " ", style="dim") + Text(" ".join(str(i) for i, _ in tokens), style=f"bold {style}")
+        text = Text(repr(shared_text)[1:-1], style="dim") + Text(repr("".join(t for _, t in tokens))[1:-1], style=f"bold {style}")
+        table.add_row(side, ids, text)
+    return table

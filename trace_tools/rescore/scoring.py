@@ -1,0 +1,184 @@
+"""Teacher-forced token logprobs with bounded memory: length-bucketed batches and a chunked head.
+
+The naive recipe -- `model(ids).logits` -> float32 `log_softmax` -> `gather` -- materialises
+three [L, V] tensors per sequence (V = 151,936 for Qwen): at L = 32k that is 10 GB of bf16
+logits plus 2 x 20 GB of float32, for a model whose weights are 1.2 GB. Here the base model runs
+once per batch and yields hidden states [B, L, H] (H = 1,024 for Qwen3-0.6B, so 64 MB at 32k);
+the output head then runs over at most `chunk_positions` positions at a time, and only over the
+positions whose next token is scored. Per chunk the float32 logits are reduced to one
+log-normaliser and one target logit per position, so the vocabulary-sized working set is
+`chunk_positions x V x (model dtype + 4) bytes` (1,024 x 151,936 x 6 B = 0.9 GB in bf16),
+independent of the sequence length.
+
+Batching: sequences are sorted by length and packed greedily into batches whose padded size
+(count x longest) stays within `max_batch_tokens`; a longer sequence runs alone. Padding goes on
+the right and no attention mask is passed: in a causal model a real token only attends to
+earlier positions, which are all real, so padding cannot change any scored logprob, and without
+a mask SDPA keeps its `is_causal` flash/memory-efficient kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from trace_tools.errors import TraceToolsError
+from trace_tools.rescore.models import ScoringModel
+
+DEFAULT_MAX_BATCH_TOKENS = 16384
+DEFAULT_CHUNK_POSITIONS = 1024
+_PAD_ID = 0  # any valid id: right padding is never attended to by a real token
+
+
+@dataclass
+class ScoreRequest:
+    """One sequence to run: `ids`, and the `positions` t (1 <= t < len(ids)) whose token ids[t] is scored."""
+
+    ids: Sequence[int]
+    positions: np.ndarray
+
+
+class OutputHead:
+    """The model's output layer as a function of final hidden states, logit adjustments included.
+
+    Most causal LMs end in a plain linear layer; a few scale or soft-cap the logits in their
+    forward (Cohere `logit_scale`, Granite `logits_scaling`, Gemma-2 `final_logit_softcapping`),
+    which a chunked head must repeat. `check_head` catches any other kind of head.
+    """
+
+    def __init__(self, model: Any):
+        self.linear = model.get_output_embeddings()
+        config = model.config
+        self.multiply = getattr(model, "logit_scale", None) or getattr(config, "logit_scale", None)
+        self.divide = getattr(config, "logits_scaling", None)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(hidden)
+        if self.multiply:
+            logits = logits * self.multiply
+        if self.divide:
+            logits = logits / self.divide
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
+                     chunk_positions: int = DEFAULT_CHUNK_POSITIONS) -> torch.Tensor:
+    """log p(targets[i] | hidden[rows[i]]) in float32, `chunk_positions` rows of logits at a time.
+
+    logprob = logit[target] - logsumexp(logits), both in float32: the same value as
+    `log_softmax(...)[target]` without writing the [chunk, V] log-softmax tensor.
+    """
+    out = torch.empty(rows.shape[0], dtype=torch.float32, device=hidden.device)
+    for start in range(0, rows.shape[0], chunk_positions):
+        stop = start + chunk_positions
+        logits = head(hidden.index_select(0, rows[start:stop])).float()
+        picked = logits.gather(1, targets[start:stop, None]).squeeze(1)
+        out[start:stop] = picked - torch.logsumexp(logits, dim=-1)
+        del logits  # free before the next chunk's allocation, keeping one chunk live
+    return out
+
+
+def length_buckets(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped longest first so that each batch's `count x longest` stays within the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for index in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+def score_requests(scoring_model: ScoringModel, requests: Sequence[ScoreRequest], *,
+                   max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                   chunk_positions: int = DEFAULT_CHUNK_POSITIONS,
+                   on_progress: Callable[[int, int], None] | None = None) -> list[np.ndarray]:
+    """The float64 logprobs of each request's positions, in request order.
+
+    `on_progress(done_tokens, total_tokens)` is called after every batch.
+    """
+    if max_batch_tokens < 1 or chunk_positions < 1:
+        raise TraceToolsError("--max-batch-tokens and the chunk size must be positive")
+    head = OutputHead(scoring_model.model)
+    results: list[np.ndarray] = [np.empty(0)] * len(requests)
+    lengths = [len(request.ids) for request in requests]
+    done, total = 0, sum(lengths)
+    with torch.inference_mode():
+        for batch in length_buckets(lengths, max_batch_tokens):
+            values = _score_batch(scoring_model, head, [requests[i] for i in batch], chunk_positions)
+            for index, value in zip(batch, values):
+                results[index] = value
+            done += sum(lengths[i] for i in batch)
+            if on_progress is not None:
+                on_progress(done, total)
+    return results
+
+
+def _score_batch(scoring_model: ScoringModel, head: OutputHead, requests: list[ScoreRequest],
+                 chunk_positions: int) -> list[np.ndarray]:
+    device = scoring_model.device
+    if not any(len(request.positions) for request in requests):
+        return [np.empty(0) for _ in requests]
+    ids = _right_padded(requests).to(device)
+    hidden = final_hidden_states(scoring_model.model, ids)
+    width = ids.shape[1]
+    rows = torch.cat([torch.as_tensor(r.positions - 1 + i * width, dtype=torch.long) for i, r in enumerate(requests)])
+    flat_ids = ids.reshape(-1)
+    rows = rows.to(device)
+    targets = flat_ids.index_select(0, rows + 1)
+    values = chunked_logprobs(head, hidden.reshape(-1, hidden.shape[-1]), rows, targets, chunk_positions)
+    counts = [len(request.positions) for request in requests]
+    return [part.numpy().astype(np.float64) for part in values.cpu().split(counts)]
+
+
+def _right_padded(requests: list[ScoreRequest]) -> torch.Tensor:
+    width = max(len(request.ids) for request in requests)
+    ids = torch.full((len(requests), width), _PAD_ID, dtype=torch.long)
+    for row, request in enumerate(requests):
+        ids[row, :len(request.ids)] = torch.as_tensor(list(request.ids), dtype=torch.long)
+    return ids
+
+
+def final_hidden_states(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The base model's last hidden states [B, L, H] (after the final norm), without a KV cache."""
+    return model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+
+
+def naive_logprobs(scoring_model: ScoringModel, ids: Sequence[int]) -> np.ndarray:
+    """The reference recipe: full logits, float32 log-softmax, gather; logprob of ids[t] for t = 1..L-1.
+
+    Memory grows as L x V; use it as ground truth on short inputs and as the benchmark baseline.
+    """
+    tensor = torch.as_tensor([list(ids)], dtype=torch.long, device=scoring_model.device)
+    with torch.inference_mode():
+        logits = scoring_model.model(input_ids=tensor, use_cache=False).logits[0, :-1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        picked = logprobs.gather(1, tensor[0, 1:, None]).squeeze(1)
+    return picked.cpu().numpy().astype(np.float64)
+
+
+def check_head(scoring_model: ScoringModel, probe_length: int = 16) -> float:
+    """Compare the chunked head with the model's own forward on a short probe; raise if they disagree.
+
+    Returns the max |difference|. Tolerances: 1e-3 in float32 (observed ~1e-6), 0.1 in 16-bit
+    types (a bf16 logit near 10 has a rounding step of 0.06; a missed soft-cap or scale moves
+    logprobs by far more).
+    """
+    vocab = scoring_model.vocab_size
+    ids = [(7919 * (i + 1)) % vocab for i in range(probe_length)]
+    request = ScoreRequest(ids, np.arange(1, probe_length))
+    ours = score_requests(scoring_model, [request])[0]
+    reference = naive_logprobs(scoring_model, ids)
+    difference = float(np.max(np.abs(ours - reference)))
+    tolerance = 1e-3 if scoring_model.dtype == torch.float32 else 0.1
+    if not difference <= tolerance:
+        raise TraceToolsError(
+            f"model {scoring_model.name!r}: the chunked output head disagrees with the model's own forward "
+            f"(max |diff| {difference:.3g} > {tolerance}); its head does something this tool does not repeat")
+    return difference

@@ -1,0 +1,135 @@
+"""Simulated agent sessions with known harness behaviours and ground truth (`trace-tools simulate`).
+
+`simulate(sessions, seed, ...)` writes SWE-agent-like sessions as a trace-schema-v1 dump: each
+model turn written the way the template family's model emits it and tokenized with the real
+tokenizer, each later request replaying history the way the session's harness behaviours say.
+Every row's `metadata` carries the ground truth an ideal manager would act on (see
+docs/simulator.md):
+
+* `behaviours`: the session's behaviour labels (sorted);
+* `genuine`: an ideal manager trains this turn's tokens (False only for a generation superseded
+  by its retry);
+* `branch`: the distinct conversation the turn belongs to (`main`, `subagent-1`,
+  `compaction-1`, `edit-1`, ...);
+* `ideal_samples`: how many genuinely distinct conversations the session holds (same on every
+  row), `ideal_forwarded_tokens`: their token sequences' total length, each forwarded once;
+* and per turn `kind`, `echo_of`, `rewritten_echoes`, `template_rewrite`,
+  `noncanonical_splits`, `superseded_by` / `retry_of`.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.simulate.behaviours import BEHAVIOURS, parse_recipes
+from trace_tools.simulate.formats import FAMILIES
+from trace_tools.simulate.gateway import RECORDINGS
+
+__all__ = ["BEHAVIOURS", "FAMILIES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
+
+HARNESS = "trace-tools simulate"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list[str] | None = None,
+             recording: str = "tree", out: str | None = None, *, max_turns: int = 40,
+             logprobs_model: str | None = None) -> Any:
+    """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
+
+    Args:
+        sessions: how many sessions (>= 1).
+        seed: everything is a function of (seed, arguments): same arguments, same rows.
+        template: `qwen3` (JSON tool calls) or `qwen3.5` (XML tool calls).
+        behaviours: recipes; each entry is a behaviour name or several joined by `+` (one
+            session combines them). Sessions cycle through the entries. None cycles through
+            every behaviour alone and then a few mixes.
+        recording: how `prompt_ids` were recorded: `tree`, `linear` or `none`.
+        out: also write the table there as Parquet (atomically), with `trace_tools.*` metadata.
+        max_turns: the most model turns of a main conversation (3..40 by default; behaviours
+            that need room raise the floor).
+        logprobs_model: replace the seeded logprobs by a model's teacher-forced ones
+            (`trace_tools.rescore.fill_logprobs`; needs torch).
+    """
+    from trace_tools.io.write import sessions_to_table, write_parquet_atomic
+
+    family, recipes = _family(template), parse_recipes(behaviours)
+    _check(sessions, recording, max_turns)
+    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns)
+    table = sessions_to_table(session_objects, meta)
+    if logprobs_model:
+        from trace_tools.rescore import fill_logprobs
+
+        table = fill_logprobs(table, logprobs_model)
+    if out:
+        write_parquet_atomic(table, out)
+    return table
+
+
+def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]],
+                      recording: str, max_turns: int = 40) -> tuple[list[Any], Any]:
+    """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
+    from trace_tools.data import DumpMeta, Session
+    from trace_tools.render.renderer import Renderer
+    from trace_tools.simulate.session import SessionBuilder, SimContext
+
+    family = _family(template)
+    renderer = Renderer.from_spec(family.tokenizer, family.template)
+    ctx = SimContext(seed, family, renderer, recording, max_turns)
+    built = []
+    for index in range(sessions):
+        rows = SessionBuilder(ctx, index, recipes[index % len(recipes)]).build()
+        built.append(Session(rows[0]["session_id"], [_turn(row) for row in rows]))
+    arguments = {"sessions": sessions, "seed": seed, "template": family.name, "recipes": ["+".join(r) for r in recipes],
+                 "recording": recording, "max_turns": max_turns}
+    meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
+                    history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
+                    extra={"simulator": json.dumps(arguments), "recording": recording})
+    for session in built:
+        session.meta = meta
+    return built, meta
+
+
+def summarize(table: Any) -> list[dict[str, Any]]:
+    """Per behaviour recipe (in first-seen order): sessions, turns, genuine turns, ideal totals."""
+    out: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for text, session_id in zip(table.column("metadata").to_pylist(), table.column("session_id").to_pylist()):
+        truth = json.loads(text)
+        label = "+".join(truth["behaviours"])
+        row = out.setdefault(label, {"behaviours": label, "sessions": 0, "turns": 0, "genuine_turns": 0,
+                                     "ideal_samples": 0, "ideal_forwarded_tokens": 0})
+        row["turns"] += 1
+        row["genuine_turns"] += bool(truth["genuine"])
+        if session_id not in seen:
+            seen.add(session_id)
+            row["sessions"] += 1
+            row["ideal_samples"] += truth["ideal_samples"]
+            row["ideal_forwarded_tokens"] += truth["ideal_forwarded_tokens"]
+    return list(out.values())
+
+
+def _turn(row: dict[str, Any]) -> Any:
+    from trace_tools.data import Turn
+
+    fields = dict(row)
+    fields["started_at"] = _EPOCH + timedelta(microseconds=row["started_at"])
+    fields["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])
+    return Turn(**fields)
+
+
+def _family(template: str) -> Any:
+    if template not in FAMILIES:
+        raise UnknownName("template", template, list(FAMILIES))
+    return FAMILIES[template]
+
+
+def _check(sessions: int, recording: str, max_turns: int) -> None:
+    if recording not in RECORDINGS:
+        raise UnknownName("recording mode", recording, RECORDINGS)
+    if sessions < 1:
+        raise TraceToolsError(f"--sessions must be at least 1 (got {sessions})")
+    if max_turns < 3:
+        raise TraceToolsError(f"--max-turns must be at least 3 (got {max_turns})")
+

@@ -1,0 +1,86 @@
+"""The `echo-restore` strategy: slime PR #2282's pre-render restore, then slime's tree (DESIGN §4).
+
+For every turn, the canonical prompt messages are walked against the session's message tree
+*before* the prompt is rendered; a harness echo recognised as a re-rendered copy of a generated
+assistant (schema defaults filled in, lines right-stripped) is swapped back for the stored dict.
+The prompt is then rendered from the restored messages and the turn recorded with them, so both
+routing and token prefix see the generated message and the turn stays trainable.
+
+Counterfactual: a restored turn's prompt ids are ids the engine never saw; the recorded
+`output_ids` / logprobs are reused as if the model had sampled them on that context (DESIGN §3).
+A turn where nothing was restored keeps its prepared prompt ids (recorded or rendered, per
+`prompt_source`), which is what a restoring gateway would have fed as well.
+
+Options: everything `tree` takes (`fork_threshold` 1024 by default, ...). Counters:
+`restored_echoes` (substitutions, per turn), `unrecognized_echoes` (see restore_core) and the
+extra `restored_distinct_echoes` (generated turns restored at least once, comparable with
+`unrecognized_echoes`) on top of the tree's. Prompt event
+`restored` marks a turn whose prompt needed a restore and then extended the held tokens cleanly;
+if it still forked or realigned, the tree's event is kept.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from trace_tools.data import ReplayResult
+from trace_tools.strategies.base import register
+from trace_tools.strategies.prepare import render_prompt
+from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
+from trace_tools.strategies.tree import TreeStrategy
+from trace_tools.strategies.tree_core import TrajectoryManager
+
+
+@dataclass
+class RestoreLog:
+    """Per-turn restore outcomes of one session, folded into the ReplayResult at the end."""
+
+    restored: Counter = field(default_factory=Counter)
+    unrecognized: Counter = field(default_factory=Counter)
+    nodes: set = field(default_factory=set)
+
+    def note(self, source: int, outcome: RestoreOutcome) -> None:
+        self.restored[source] += outcome.restored
+        self.unrecognized[source] += outcome.unrecognized
+        self.nodes.update(id(node) for node in outcome.restored_nodes)
+
+    def apply(self, result: ReplayResult) -> ReplayResult:
+        result.counters["restored_echoes"] += sum(self.restored.values())
+        result.counters["unrecognized_echoes"] += sum(self.unrecognized.values())
+        result.counters["restored_distinct_echoes"] += len(self.nodes)
+        for source, count in self.restored.items():
+            if count and result.prompt_events.get(source, "clean") == "clean":
+                result.prompt_events[source] = "restored"
+        return result
+
+
+def restore_prepared(manager: TrajectoryManager, session_id: str, prepared: Any, log: RestoreLog) -> tuple[Any, bool]:
+    """The prepared turn with its messages restored against the tree; True when something was swapped."""
+    outcome = restore_walk(manager, session_id, prepared.messages, prepared.tools)
+    log.note(prepared.turn.turn_index, outcome)
+    if not outcome.restored:
+        return prepared, False
+    return replace(prepared, messages=outcome.messages), True
+
+
+@register
+class EchoRestoreStrategy(TreeStrategy):
+    name = "echo-restore"
+    counterfactual = True
+    description = "slime PR #2282: restore re-rendered assistant echoes before rendering, then the slime tree"
+
+    def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
+                        manager: TrajectoryManager | None = None) -> ReplayResult:
+        self.restore_log = RestoreLog()
+        return super().replay_prepared(session_id, prepared_turns, reward, manager)
+
+    def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
+        restored, changed = restore_prepared(manager, session_id, prepared, self.restore_log)
+        if changed:  # render from our own bytes, as the adapter does between translate and render
+            ids = render_prompt(self.ctx, restored.messages, restored.tools, restored.turn)
+            restored = replace(restored, prompt_ids=list(ids), prompt_origin="rendered")
+        super().record_prepared(manager, session_id, restored)
+
+    def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
+        return self.restore_log.apply(super().finish(manager, session_id, reward))

@@ -1,0 +1,48 @@
+"""`session-v1`: miles' linear TITO session server with one-step rollback (reference/miles_uniagent.md §2.5).
+
+Each recorded request is served as the server would: rollback of at most one generation when the
+request disagrees with the stored history, an append-only check under the configured matcher
+(`strict`, `loose_tool_call`, `role_content_only`), the TITO prompt (checkpoint + boundary fix +
+the appended messages' ids), then the RECORDED generation is committed in place of an engine
+call. At the end the samples op assembles one sample. Refused requests store nothing and replay
+continues with the next recorded request.
+"""
+from __future__ import annotations
+
+from trace_tools.data import ReplayResult, Session
+from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.session_core import (AssemblyError, assemble_v1, record_outcomes, replay_v1,
+                                                 resolve_matcher, session_requests, tito_from_context)
+
+
+@register
+class SessionV1(Strategy):
+    name = "session-v1"
+    # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
+    counterfactual = True
+    description = "miles v1 session server: linear TITO trajectory, one-step rollback, one merged sample"
+
+    def replay(self, session: Session) -> ReplayResult:
+        tito = tito_from_context(self.ctx)
+        state, outcomes = replay_v1(session_requests(session, self.ctx), tito,
+                                    resolve_matcher(self.ctx.param("matcher", "strict")))
+        result = ReplayResult()
+        record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
+        _record_rollbacks(result, outcomes)
+        try:
+            result.samples = assemble_v1(state, tito.family.max_trim_tokens, self.ctx.param("max_seq_len", None),
+                                         session.reward)
+        except AssemblyError:
+            result.counters["assembly_errors"] += 1
+        return result
+
+
+def _record_rollbacks(result: ReplayResult, outcomes: list) -> None:
+    result.counters["rollbacks"] += 0
+    result.counters["rollback_dropped_tokens"] += 0
+    for outcome in outcomes:
+        if outcome.rolled_back:
+            result.counters["rollbacks"] += 1
+            result.counters["rollback_dropped_tokens"] += outcome.dropped_tokens
+        for index in outcome.rolled_back:
+            result.turn_events[index] = "rolled_back"

@@ -1,0 +1,49 @@
+"""`session-v2`: miles' trajectory forest (reference/miles_uniagent.md §2.7, HEAD behaviour).
+
+Every request attaches to the node whose whole path it repeats and consumes the most messages
+(none: a new root); the recorded generation becomes a child there. The samples op merges each
+leaf's path into one sample, trims leaves that a later sibling retried (`drop_retries`) and
+masks every shared completion so it trains in exactly one sample (`default_postprocess`).
+"""
+from __future__ import annotations
+
+from trace_tools.data import ReplayResult, Session
+from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.session_core import (AssemblyError, LeafSample, record_outcomes, replay_v2,
+                                                 resolve_matcher, samples_v2, session_requests, tito_from_context)
+
+
+@register
+class SessionV2(Strategy):
+    name = "session-v2"
+    # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
+    counterfactual = True
+    description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
+
+    def replay(self, session: Session) -> ReplayResult:
+        tito = tito_from_context(self.ctx)
+        state, outcomes = replay_v2(session_requests(session, self.ctx), tito,
+                                    resolve_matcher(self.ctx.param("matcher", "strict")))
+        result = ReplayResult()
+        record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
+        result.counters["tree_branches"] += state.tree.branches
+        result.counters["trimmed_leaves"] += 0
+        try:
+            kept, trimmed = samples_v2(state.tree, tito.family.max_trim_tokens, self.ctx.param("max_seq_len", None),
+                                       session.reward)
+        except AssemblyError:
+            result.counters["assembly_errors"] += 1
+            return result
+        result.samples = [item.sample for item in kept]
+        _record_trims(result, kept, trimmed)
+        return result
+
+
+def _record_trims(result: ReplayResult, kept: list[LeafSample], trimmed: list[LeafSample]) -> None:
+    """A trimmed leaf loses the generations that no surviving path carries."""
+    result.counters["trimmed_leaves"] += len(trimmed)
+    surviving = {node.seq for item in kept for node in item.path}
+    for item in trimmed:
+        for node in item.path:
+            if node.seq not in surviving:
+                result.turn_events[node.record.turn_index] = "trimmed"
