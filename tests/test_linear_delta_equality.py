@@ -26,7 +26,7 @@ def simulated(request, tmp_path_factory):
     simulate(sessions=20, seed=5, template=request.param, out=str(path), max_turns=10)
     dump = load(path)
     renderer = Renderer.from_spec(dump.meta.tokenizer, None, dump_meta=dump.meta)
-    ctx = ReplayContext(renderer, prompt_source="recorded")
+    ctx = ReplayContext(renderer)
     return renderer, [(s.session_id, prepare_turns(s, ctx)) for s in dump.sessions]
 
 

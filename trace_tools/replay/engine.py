@@ -123,6 +123,7 @@ def _load(dump_path: Path, options: ReplayOptions):
         merged.quarantine += part.quarantine
         merged.files += part.files
         merged.rows += part.rows
+        merged.session_count += part.session_count
         merged.vocab_checked = merged.vocab_checked and part.vocab_checked
     return merged
 

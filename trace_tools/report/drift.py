@@ -54,50 +54,69 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
-def echo_pairs(session) -> list[tuple[int, int, int]]:
-    """(N, M, position): turn M's request carries, at `position`, the echo of turn N's response.
+def continuation_pairs(session) -> list[tuple[int, int, int | None]]:
+    """(N, M, p): turn M is the next request of N's conversation; p is the first message of N's
+    request that M changed (None when M extends N's request unchanged).
 
-    M is the first later turn whose messages extend N's request by at least one message; its
-    message right after N's request is then N's echo when it is an assistant message.
+    M is the first later turn that opens with the same first message (the same conversation, not a
+    subagent) and is longer than N's request. A turn re-issued with the same request (a retry)
+    supersedes N, which then has no continuation of its own.
     """
+    from trace_tools.render.canonical import canonicalize_messages
+
     pairs = []
     turns = session.turns
     for i, turn in enumerate(turns):
-        k = len(turn.messages)
+        mine = canonicalize_messages(turn.messages)
         for later in turns[i + 1:]:
-            if len(later.messages) > k and _same_prefix(later.messages[:k], turn.messages):
-                if later.messages[k].get("role") == "assistant":
-                    pairs.append((turn.turn_index, later.turn_index, k))
-                break
+            theirs = canonicalize_messages(later.messages)
+            if theirs == mine:
+                break  # retried: the later generation supersedes this one
+            if theirs[:1] != mine[:1] or len(theirs) <= len(mine):
+                continue
+            changed = next((p for p, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+            pairs.append((turn.turn_index, later.turn_index, changed))
+            break
     return pairs
 
 
-def _same_prefix(a: list[dict], b: list[dict]) -> bool:
-    from trace_tools.render.canonical import canonicalize_messages
-
-    return a == b or canonicalize_messages(a) == canonicalize_messages(b)
-
-
 def find_drift(session, prepared: dict[int, Any], renderer) -> list[DriftFinding]:
-    """Drift findings for every echoed turn of a session.
+    """Drift findings for every continued turn of a session.
 
     `prepared` maps turn_index → PreparedTurn (prompt ids recorded or rendered, canonical response).
     """
     findings = []
     turns = {t.turn_index: t for t in session.turns}
-    for n, m, position in echo_pairs(session):
+    for n, m, changed in continuation_pairs(session):
         turn_n, turn_m = turns[n], turns[m]
         served = list(prepared[n].prompt_ids) + list(turn_n.output_ids)
         nxt = list(prepared[m].prompt_ids)
         lcp = common_prefix_len(served, nxt)
         token_drift = lcp < len(served)
-        stored = turn_n.response if turn_n.response is not None else prepared[n].response_message
-        echo = turn_m.messages[position]
-        causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt,
-                                len(prepared[n].prompt_ids), renderer)
-        findings.append(DriftFinding(n, m, token_drift, lcp if token_drift else None, len(served),
-                                     len(prepared[n].prompt_ids), causes[0] if causes else None, causes, diff))
+        prompt_len = len(prepared[n].prompt_ids)
+        if changed is not None:
+            causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools)
+        else:
+            stored = turn_n.response if turn_n.response is not None else prepared[n].response_message
+            echo = turn_m.messages[len(turn_n.messages)]
+            if echo.get("role") != "assistant":
+                continue
+            causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt, prompt_len, renderer)
+        findings.append(DriftFinding(n, m, token_drift, lcp if token_drift else None, len(served), prompt_len,
+                                     causes[0] if causes else None, causes, diff))
     return findings
+
+
+def _history_change(before: dict, after: dict, tools) -> tuple[list[str], list[str]]:
+    """A message earlier than the echo changed: cosmetic only if a normalisation explains it."""
+    from trace_tools.strategies.restore_core import strip_trailing_ws
+
+    diff = message_diff(before, after)
+    if before.get("role") == "assistant" == after.get("role"):
+        return _cosmetic_message_causes(before, after, tools) or ["genuine_edit"], diff
+    if strip_trailing_ws(before) == strip_trailing_ws(after):
+        return ["whitespace"], diff
+    return ["genuine_edit"], diff
 
 
 def classify(stored: dict | None, echo: dict, tools, token_drift: bool, lcp: int, served: list[int],
@@ -111,11 +130,21 @@ def classify(stored: dict | None, echo: dict, tools, token_drift: bool, lcp: int
         if not diff:
             return [], diff
         return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
-    if lcp < prompt_len:
-        return ["template_rewrite"], diff  # divergence before this turn's response: an earlier turn re-rendered
+    if lcp < prompt_len - _generation_prompt_len(renderer):
+        return ["template_rewrite"], diff  # divergence before this turn's block: an earlier turn re-rendered
     if canonicalize_response(stored) == canonicalize_response(echo):
         return [_same_message_cause(stored, echo, served, nxt, lcp, renderer)], diff
     return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
+
+
+def _generation_prompt_len(renderer) -> int:
+    """Tokens the generation prompt adds (e.g. `<|im_start|>assistant\n<think>\n`): a divergence
+    inside them belongs to this turn's block, since re-rendering can merge across its end."""
+    if renderer is None:
+        return 0
+    probe = [{"role": "user", "content": "x"}]
+    with_prompt, without = renderer.render(probe, None, True), renderer.render(probe, None, False)
+    return max(len(with_prompt) - len(without), 0)
 
 
 def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:

@@ -11,7 +11,7 @@ from trace_tools.data import COUNTERS
 def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) -> dict[str, Any]:
     quarantine = tables["quarantine"]
     summary: dict[str, Any] = {
-        "sessions_total": len(loaded.sessions) + _distinct_sessions(quarantine, loader_only=True),
+        "sessions_total": int(loaded.session_count),
         "turns_total": int(loaded.rows),
         "quarantined": _distinct_sessions(quarantine),
         "quarantined_by_reason": _quarantined_by_reason(quarantine),
@@ -102,11 +102,10 @@ def token_savings(strategies: dict[str, dict[str, Any]], baseline: str = "tree")
     return out
 
 
-def _distinct_sessions(quarantine: pd.DataFrame, loader_only: bool = False) -> int:
+def _distinct_sessions(quarantine: pd.DataFrame) -> int:
     if not len(quarantine):
         return 0
-    frame = quarantine[quarantine["reason"] != "replay_error"] if loader_only else quarantine
-    return int(frame["session_id"].fillna("<file>").nunique())
+    return int(quarantine["session_id"].fillna("<file>").nunique())
 
 
 def _quarantined_by_reason(quarantine: pd.DataFrame) -> dict[str, int]:
