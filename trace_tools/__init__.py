@@ -1,2 +1,46 @@
-"""trace-tools: offline trace replay and analysis for agent-RL rollout gateways."""
+"""trace-tools: offline trace replay and analysis for agent-RL rollout gateways.
+
+The Python API (everything returns pandas DataFrames or plain objects holding them):
+
+    import trace_tools as tt
+    dump = tt.load("dump.parquet")                 # sessions + quarantine
+    result = tt.replay("dump.parquet", out="runs/r1", strategies=["tree", "linear"])
+    run = tt.open_run("runs/r1")                   # run.turns, run.sessions, run.coverage_by_tool()
+    tt.explain("dump.parquet", "session-id")       # drift findings of one session
+    tt.compare("runs/r1", strategies=["tree", "linear"])
+    tt.simulate(sessions=8, seed=0, out="sim.parquet")
+
+Attributes load lazily, so `import trace_tools` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "load": ("trace_tools.io.load", "load"),
+    "iter_sessions": ("trace_tools.io.load", "iter_sessions"),
+    "validate": ("trace_tools.io.validate", "validate"),
+    "replay": ("trace_tools.replay.engine", "replay"),
+    "open_run": ("trace_tools.api", "open_run"),
+    "explain": ("trace_tools.report.explain", "explain"),
+    "compare": ("trace_tools.report.compare", "compare"),
+    "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),
+    "gate": ("trace_tools.report.gate", "gate"),
+    "reconstruct": ("trace_tools.reconstruct", "reconstruct"),
+    "simulate": ("trace_tools.simulate", "simulate"),
+    "Renderer": ("trace_tools.render.renderer", "Renderer"),
+    "available_strategies": ("trace_tools.strategies.base", "available_strategies"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trace_tools' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

@@ -94,7 +94,7 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
         done += len(shard)
         if progress:
             progress(done, len(loaded.sessions))
-    summary = rundir.finalize(run_dir, loaded, options, renderers.identities(), len(shards))
+    summary = rundir.finalize(run_dir, dump_path, loaded, options, renderers.identities(), len(shards))
     return RunResult(run_dir, summary, len(loaded.sessions), summary["quarantined"])
 
 

@@ -63,7 +63,7 @@ def read_tables(run_dir: Path, shards: int) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def finalize(run_dir: Path, loaded, options, renderer_identities: list[dict], shards: int) -> dict[str, Any]:
+def finalize(run_dir: Path, dump: Path, loaded, options, renderer_identities: list[dict], shards: int) -> dict[str, Any]:
     """Merge shards into the DESIGN §6 files, then write summary.json, run.json, report.md and plots."""
     from trace_tools.io.write import write_json_atomic, write_parquet_atomic
     from trace_tools.report.metrics import summarize
@@ -77,7 +77,7 @@ def finalize(run_dir: Path, loaded, options, renderer_identities: list[dict], sh
         write_parquet_atomic(_typed(name, tables[name]), run_dir / f"{name}.parquet")
     summary = summarize(tables, loaded, options.strategies)
     write_json_atomic(summary, run_dir / "summary.json")
-    write_json_atomic(_run_info(loaded, options, renderer_identities), run_dir / "run.json")
+    write_json_atomic(_run_info(dump, loaded, options, renderer_identities), run_dir / "run.json")
     write_report(run_dir, summary, tables)
     return summary
 
@@ -99,13 +99,13 @@ def _typed(name: str, frame: pd.DataFrame) -> pd.DataFrame:
                          "reason": pd.Series(dtype="string"), "detail": pd.Series(dtype="string")})
 
 
-def _run_info(loaded, options, renderer_identities: list[dict]) -> dict[str, Any]:
+def _run_info(dump: Path, loaded, options, renderer_identities: list[dict]) -> dict[str, Any]:
     from trace_tools import __version__
 
     return {
         "trace_tools_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": {"files": [str(f) for f in loaded.files], "rows": loaded.rows,
+        "inputs": {"dump": str(Path(dump).resolve()), "files": [str(f) for f in loaded.files], "rows": loaded.rows,
                    "vocab_checked": loaded.vocab_checked, "dump_meta": _meta_dict(loaded.meta)},
         "options": asdict(options),
         "renderers": renderer_identities,

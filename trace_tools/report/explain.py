@@ -59,16 +59,18 @@ def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strat
 
 
 def _find_session(dump, session_id: str, tokenizer: str | None):
+    """The session, read from its own file so it keeps that file's recording metadata."""
     from trace_tools.data import QuarantineEntry
-    from trace_tools.io.load import iter_sessions
+    from trace_tools.io.load import find_files, iter_sessions
 
-    for item in iter_sessions(dump, tokenizer=tokenizer):
-        if item.session_id != session_id:
-            continue
-        if isinstance(item, QuarantineEntry):
-            raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
-                                  "run `trace-tools validate` for details")
-        return item
+    for file in find_files(dump):
+        for item in iter_sessions(file, tokenizer=tokenizer):
+            if item.session_id != session_id:
+                continue
+            if isinstance(item, QuarantineEntry):
+                raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
+                                      "run `trace-tools validate` for details")
+            return item
     raise TraceToolsError(f"no session {session_id!r} in {dump}; list them with `trace-tools validate {dump} --json`")
 
 
