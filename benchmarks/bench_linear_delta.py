@@ -4,7 +4,7 @@ Simulates N sessions, prepares their turns once, then heals every session twice 
 with the delta path (render text, encode only the closer and the new tail) and with the full path
 (render and tokenize the stored history and the extended history every turn). Each path gets a
 fresh renderer so neither benefits from the other's caches; each is timed `--repeat` times and
-the best run is kept. Prints per-path time, healed prompt tokens per second and the speed ratio
+the best run is kept. Prints per-path time, prompt tokens fed per second and the speed ratio
 (baseline = full path), and checks that both paths fed identical ids on every turn.
 
     python benchmarks/bench_linear_delta.py --sessions 40 --template qwen3.5
@@ -57,9 +57,9 @@ def best_of(meta, sessions, delta: bool, repeat: int):
 
 
 def summarize(outcomes) -> tuple[int, int]:
-    """(healed prompt tokens fed, healed turns)."""
-    healed = [o for session in outcomes for o in session if o.event == "healed"]
-    return sum(len(o.ids) for o in healed), len(healed)
+    """(prompt tokens fed over all turns, healed turns)."""
+    every = [o for session in outcomes for o in session]
+    return sum(len(o.ids) for o in every), sum(o.event == "healed" for o in every)
 
 
 def differing_turns(delta_outcomes, full_outcomes) -> int:
@@ -80,7 +80,7 @@ def main() -> None:
     full_s, full = best_of(meta, sessions, False, args.repeat)
     delta_s, delta = best_of(meta, sessions, True, args.repeat)
     tokens, healed = summarize(full)
-    print(f"{args.sessions} sessions, {turns} turns, {healed} healed turns, {tokens} healed prompt tokens "
+    print(f"{args.sessions} sessions, {turns} turns, {healed} healed turns, {tokens} prompt tokens fed "
           f"(template {args.template}, best of {args.repeat})")
     for name, seconds in (("full", full_s), ("delta", delta_s)):
         print(f"  {name:<5} {seconds * 1000:9.1f} ms  {tokens / seconds:12,.0f} tokens/s")

@@ -137,31 +137,43 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(run: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, Any]:
-    """Median wall time of `repeats` runs after `warmup` runs, and the last run's result."""
+def measure(run: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int, Any]:
+    """(median wall time of `repeats` runs after `warmup` runs, peak memory over the timed runs, last result)."""
     result = None
     for _ in range(warmup):
         result = run()
     _sync(device)
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    with PeakMemory(device) as meter:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = run()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), meter.peak_bytes, result
 
 
-def peak_memory(run: Callable[[], Any], device: torch.device) -> int:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        run()
-        _sync(device)
-        return int(torch.cuda.max_memory_allocated(device))
-    with PeakRSS() as meter:
-        run()
-    return meter.growth
+class PeakMemory:
+    """CUDA: `max_memory_allocated` over the block (weights included). CPU: `PeakRSS` growth."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak_bytes, self._rss = device, 0, None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._rss = PeakRSS().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            _sync(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            self._rss.__exit__(*exc)
+            self.peak_bytes = self._rss.growth
 
 
 def naive_bytes(model: ScoringModel, length: int) -> int:
@@ -224,17 +236,15 @@ def _compare(scenario: str, model: ScoringModel, length: int, tokens: int, flops
              ours: Callable[[], Any], naive: Callable[[], Any], args: argparse.Namespace,
              naive_length: int | None = None) -> list[Measurement]:
     results = []
-    ours_time, ours_values = timed(ours, model.device, args.warmup, args.repeats)
-    results.append(_measurement(scenario, "ours", length, tokens, ours_time, peak_memory(ours, model.device),
-                                flops, args))
+    ours_time, ours_peak, ours_values = measure(ours, model.device, args.warmup, args.repeats)
+    results.append(_measurement(scenario, "ours", length, tokens, ours_time, ours_peak, flops, args))
     reason = "--no-naive" if args.no_naive else naive_fits(model, naive_length or length)
     if reason:
         results.append(Measurement(scenario, "naive", length, tokens, float("nan"), float("nan"), None, None, None,
                                    skipped=reason))
         return results
-    naive_time, naive_values = timed(naive, model.device, min(args.warmup, 1), args.repeats)
-    results.append(_measurement(scenario, "naive", length, tokens, naive_time, peak_memory(naive, model.device),
-                                flops, args))
+    naive_time, naive_peak, naive_values = measure(naive, model.device, args.warmup, args.repeats)
+    results.append(_measurement(scenario, "naive", length, tokens, naive_time, naive_peak, flops, args))
     results[0].max_abs_diff_vs_naive = float(max(np.max(np.abs(a - b)) for a, b in zip(ours_values, naive_values)))
     return results
 
@@ -331,7 +341,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=8, help="turns of the session scenario")
     parser.add_argument("--max-batch-tokens", type=int, default=32768)
     parser.add_argument("--chunk-positions", type=int, default=None, help="positions per head chunk (default: 4096 on cuda, 1024 on cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default: 5 on cuda, 2 on cpu)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default: 5 on cuda, 1 on cpu)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--peak-tflops", type=float, default=None, help=f"for MFU (default: {H200_BF16_TFLOPS:g} on cuda)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the base model (both recipes)")
@@ -348,7 +358,7 @@ def apply_device_defaults(args: argparse.Namespace, device: torch.device) -> Non
     args.preset = args.preset or ("qwen3-0.6b" if gpu else "tiny")
     args.lengths = args.lengths or ([8192, 32768] if gpu else [512, 2048])
     args.chunk_positions = args.chunk_positions or (4096 if gpu else DEFAULT_CHUNK_POSITIONS)
-    args.repeats = args.repeats or (5 if gpu else 2)
+    args.repeats = args.repeats or (5 if gpu else 1)
     args.peak_tflops = args.peak_tflops or (H200_BF16_TFLOPS if gpu else None)
     if not gpu and max(args.lengths) > 2048 and not args.allow_large_cpu:
         raise SystemExit("on the CPU the benchmark runs at <= 2048 tokens (DESIGN §10); pass --allow-large-cpu to insist")

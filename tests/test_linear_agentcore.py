@@ -79,11 +79,12 @@ def test_healed_does_not_duplicate_the_closer_in_served_output(delta):
 def test_healed_three_turns_one_sample(delta):
     pipeline = Pipeline(delta=delta)
     outputs = [[SERVED_BASE + 1, SERVED_BASE + 2], [SERVED_BASE + 3], [SERVED_BASE + 4, SERVED_BASE + 5, SERVED_BASE + 6]]
-    history = TURN1
     replies = [REPLY1, assistant("ran it"), assistant("all green")]
-    for output, reply, follow_up in zip(outputs, replies, [tool_result("FAILED"), tool_result("passed"), None]):
+    history = TURN1
+    pipeline.drive(history, outputs[0], replies[0])
+    for output, reply, previous, result in zip(outputs[1:], replies[1:], replies, ["FAILED", "passed"]):
+        history = history + [previous, tool_result(result)]
         pipeline.drive(history, output, reply)
-        history = history + [reply, follow_up]
     (record,) = pipeline.records()
     assert sum(record.loss_mask) == sum(map(len, outputs))
     assert pipeline.healer.pop_stats("s")["healed_turns"] == 2

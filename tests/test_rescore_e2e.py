@@ -232,3 +232,20 @@ def test_results_are_dataframes_for_notebooks(sessions, tiny):
     assert session_row["turns"] == 3 and session_row["comparable_turns"] == 2
     assert session_row["tokens"] == 18
     assert result.flagged.empty
+
+
+def test_quarantined_sessions_and_turns_without_logprobs_are_accounted_for(sessions, tiny, tmp_path):
+    good = sessions[1]
+    bad_turn = dataclasses.replace(good.turns[0], session_id="broken", output_logprobs=[-1.0])  # length mismatch
+    no_logprobs = dataclasses.replace(good.turns[0], session_id="unscored", output_logprobs=None)
+    path = tmp_path / "mixed.parquet"
+    write_parquet_atomic(sessions_to_table([Session("broken", [bad_turn], good.meta),
+                                            Session("unscored", [no_logprobs], good.meta)]), path)
+    result = rescore(path, tiny, out=tmp_path / "run")
+    summary = result.summary
+    assert summary["quarantined"] == 1 and summary["quarantined_by_reason"] == {"logprobs_length": 1}
+    assert summary["turns"] == {**summary["turns"], "total": 1, "comparable": 0, "not_comparable": 1,
+                                "not_comparable_by_reason": {"no_logprobs": 1}}
+    assert summary["tokens"] == 0 and summary["delta"]["max_abs_delta"] is None
+    assert len(pq.read_table(tmp_path / "run" / "tokens.parquet")) == 0
+    assert (tmp_path / "run" / "plots" / "rescore_delta_hist.png").exists()

@@ -69,7 +69,7 @@ def report_cmd(
 
 
 def _print_summary(console, summary: dict) -> None:
-    from trace_tools.report.tables import headline_table, tool_table
+    from trace_tools.report.tables import dropped_table, headline_table, tool_table
 
     fidelity = summary["prompt_fidelity"]
     if summary["quarantined"]:
@@ -78,3 +78,4 @@ def _print_summary(console, summary: dict) -> None:
         console.print(f"prompt fidelity: {fidelity['exact']}/{fidelity['turns_compared']} turns re-render exactly")
     console.print(headline_table(summary))
     console.print(tool_table(summary))
+    console.print(dropped_table(summary))

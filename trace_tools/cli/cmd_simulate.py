@@ -45,9 +45,9 @@ def _table(rows: list[dict], template: str, recording: str):
     from rich.table import Table
 
     table = Table(title=f"simulated sessions ({template}, recording {recording})", title_justify="left")
-    table.add_column("behaviours", overflow="fold")
-    for name in ("sessions", "turns", "genuine", "ideal samples", "ideal tokens"):
-        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("behaviours", no_wrap=True)
+    for name in ("sessions", "turns", "genuine", "ideal\nsamples", "ideal\ntokens"):
+        table.add_column(name, justify="right")
     for row in rows:
         table.add_row(row["behaviours"], str(row["sessions"]), str(row["turns"]), str(row["genuine_turns"]),
                       str(row["ideal_samples"]), str(row["ideal_forwarded_tokens"]))

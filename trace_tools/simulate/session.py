@@ -123,6 +123,8 @@ class SessionBuilder:
         spread = self.ctx.max_turns - 3
         turns = 3 + int(self.plan_rng.betavariate(1.4, 3.2) * spread)
         needed = max([MIN_TURNS.get(name, 3) for name in self.recipe] + [3])
+        if "compaction" in self.recipe and "history-edit" in self.recipe:
+            needed += 1
         return max(turns, needed)
 
     def _events(self, steps: list[Step]) -> dict[str, int]:
@@ -134,10 +136,12 @@ class SessionBuilder:
         if "retry" in self.recipe:
             choices = [i for i in range(1, last + 1) if i != events.get("truncation")]
             events["retry"] = self.plan_rng.choice(choices)
-        for name in ("compaction", "history-edit"):
-            if name in self.recipe:
-                taken = {events.get("compaction")}
-                events[name] = self.plan_rng.choice([i for i in range(3, last + 1) if i not in taken] or [last])
+        # An edit needs old tool results to clear, so it comes first when both happen (a compacted
+        # history has none yet); both need three earlier turns.
+        if "history-edit" in self.recipe:
+            events["history-edit"] = self.plan_rng.randint(3, last - ("compaction" in self.recipe))
+        if "compaction" in self.recipe:
+            events["compaction"] = self.plan_rng.randint(events.get("history-edit", 2) + 1, last)
         return events
 
     def _run_step(self, conv: Conversation, step: Step, ws: Any, retry: bool = False, truncate: bool = False) -> None:
@@ -177,8 +181,9 @@ class SessionBuilder:
 
     def _edit_history(self, conv: Conversation) -> Conversation:
         edited = conv.fork(self._new_branch("edit"))
-        for history in (edited.wire, edited.pristine):
-            clear_old_tool_results(history, KEEP_RECENT_RESULTS, prose.CLEARED_RESULT)
+        cleared = [clear_old_tool_results(h, KEEP_RECENT_RESULTS, prose.CLEARED_RESULT) for h in (edited.wire, edited.pristine)]
+        if not all(cleared):
+            raise AssertionError("simulator bug: a history edit found no old tool result to clear")
         return edited
 
     def _new_branch(self, kind: str) -> str:

@@ -1,0 +1,166 @@
+"""`checkpoint-tree`: our token-checkpoint tree (DESIGN §4; rules in docs/checkpoint_tree.md).
+
+Each recorded turn attaches at the deepest node whose path its canonical messages repeat (up to
+cosmetic echo rewrites), reuses that node's exact ids, renders only the appended messages and
+becomes a child; a request that extends nothing starts a new root from a full render. Linear
+sessions give one sample; subagents and genuine edits give real branches; a retry supersedes its
+earlier sibling while that is still a leaf. Recorded outputs are reused on the assembled prompts
+(counterfactual), and no generated token is zeroed or re-emitted because of drift.
+
+Options (`ReplayContext.params`):
+* `retries`: "supersede" (default) trims a leaf that a later sibling re-generated from the same
+  request; "keep" keeps every sibling as its own sample (e.g. n>1 sampling on purpose).
+* `echo_rules` (True): False matches messages by dict equality only (for comparison).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from trace_tools.data import ReplayResult, Session, Turn
+from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.strategies.base import ReplayContext, Strategy, register
+from trace_tools.strategies.checkpoint_core import (AssemblyFailed, AttachPoint, CheckpointTree, Node,
+                                                    PromptAssembler, build_samples)
+
+RETRY_POLICIES = ("supersede", "keep")
+# Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
+OWN_COUNTERS = ("tree_branches", "restored_echoes", "unrecognized_echoes", "trimmed_leaves", "resets",
+                "close_unresolved", "healed_turns", "healed_prefix_tokens")
+EXTRA_COUNTERS = ("new_roots", "boundary_fallbacks", "boundary_unverified", "restored_distinct_echoes",
+                  "truncated_extensions", "counterfactual_prompts")
+
+
+class UnknownRetryPolicy(UnknownName, ValueError):
+    """`retries` is not one of RETRY_POLICIES."""
+
+
+@dataclass(slots=True)
+class TurnInput:
+    """What the tree needs from one recorded turn, canonicalized like the other strategies."""
+
+    turn: Turn
+    messages: list[dict]
+    tools: list[dict] | None
+    response: dict
+    template_kwargs: dict[str, Any]
+
+
+@register
+class CheckpointTreeStrategy(Strategy):
+    name = "checkpoint-tree"
+    counterfactual = True  # prompts are assembled from checkpoints, not the recorded prompt ids
+    description = "token-checkpoint tree: deepest echo-equivalent checkpoint, delta render, exactly-once masks"
+
+    def replay(self, session: Session) -> ReplayResult:
+        replayer = CheckpointReplay(self.ctx)
+        for turn in session.turns:
+            replayer.step(turn_input(turn, self.ctx))
+        return replayer.finish(session.reward)
+
+
+def turn_input(turn: Turn, ctx: ReplayContext) -> TurnInput:
+    """Canonical request and response of a turn (the same translate step every strategy uses)."""
+    from trace_tools.render.canonical import canonicalize_messages
+    from trace_tools.strategies.prepare import response_message
+
+    response, _ = response_message(turn, ctx)
+    return TurnInput(turn, canonicalize_messages(turn.messages, ctx.canonicalization), turn.tools or None,
+                     response or {"role": "assistant", "content": ""}, dict(turn.chat_template_kwargs or {}))
+
+
+class CheckpointReplay:
+    """One session's tree, grown turn by turn, then turned into a ReplayResult."""
+
+    def __init__(self, ctx: ReplayContext):
+        if ctx.renderer is None:
+            raise ReplayError("checkpoint-tree renders prompts; pass --tokenizer (and --chat-template)")
+        self.ctx = ctx
+        self.retries = ctx.param("retries", "supersede")
+        if self.retries not in RETRY_POLICIES:
+            raise UnknownRetryPolicy("checkpoint-tree retries policy", str(self.retries), RETRY_POLICIES)
+        self.tree = CheckpointTree(echo_rules=bool(ctx.param("echo_rules", True)))
+        self.assembler = PromptAssembler(ctx.renderer)
+        self.result = ReplayResult()
+        self.counters: Counter = Counter({name: 0 for name in (*OWN_COUNTERS, *EXTRA_COUNTERS)})
+        self.restored_nodes: set[int] = set()
+
+    def step(self, item: TurnInput) -> Node:
+        """Attach one turn: extend the deepest matching checkpoint, or start a new root."""
+        attach = self.tree.find_attach(item.messages, item.tools, item.template_kwargs)
+        self.counters["unrecognized_echoes"] += int(attach.unrecognized)
+        if attach.node is None:
+            return self._new_root(item, "new_root")
+        appended, carried = self.tree.restore_carried(item.messages[len(attach.node.path):], item.tools)
+        try:
+            assembly = self.assembler.extend(attach.node, appended, item.tools, item.template_kwargs)
+        except AssemblyFailed as failure:
+            self.counters[failure.reason] += 1
+            self.counters["resets"] += 1
+            return self._new_root(item, "reset")
+        node = self._add(attach.node, item, [*attach.node.path, *appended], assembly.ids)
+        self._count_attach(item, attach, carried, assembly)
+        self.result.prompt_events[item.turn.turn_index] = _prompt_event(attach, carried, assembly.mode)
+        return node
+
+    def _new_root(self, item: TurnInput, event: str) -> Node:
+        """A full render of the request (carried echoes restored), or the recorded ids when the
+        prompt source allows: for a root they are exactly what the engine saw."""
+        from trace_tools.strategies.prepare import prompt_for
+
+        request, carried = self.tree.restore_carried(item.messages, item.tools)
+        self._count_echoes((), carried)
+        self.counters["new_roots"] += 1
+        prompt_ids, _ = prompt_for(item.turn, request, item.tools, self.ctx)
+        self.result.prompt_events[item.turn.turn_index] = event
+        return self._add(None, item, request, prompt_ids)
+
+    def _add(self, parent: Node | None, item: TurnInput, request: list[dict], prompt_ids: list[int]) -> Node:
+        turn = item.turn
+        return self.tree.add(parent, turn.turn_index, request, item.response, item.tools, item.template_kwargs,
+                             prompt_ids, turn.output_ids, turn.output_logprobs, turn.finish_reason)
+
+    def _count_echoes(self, echoed: tuple[int, ...], carried: list[Node], path_echoes: int = 0) -> None:
+        self.counters["restored_echoes"] += path_echoes + len(carried)
+        self.restored_nodes.update(echoed)
+        self.restored_nodes.update(node.seq for node in carried)
+
+    def _count_attach(self, item: TurnInput, attach: AttachPoint, carried: list[Node], assembly: Any) -> None:
+        parent, turn = attach.node, item.turn
+        self._count_echoes(attach.echoed_nodes, carried, attach.echoes)
+        self.counters["healed_turns"] += 1
+        self.counters["healed_prefix_tokens"] += len(parent.token_ids) + len(assembly.glue)
+        self.counters["boundary_fallbacks"] += assembly.mode == "anchored"
+        self.counters["truncated_extensions"] += parent.truncated
+        if turn.prompt_ids is not None and list(turn.prompt_ids) != assembly.ids:
+            self.counters["counterfactual_prompts"] += 1
+            self.result.drift_positions[turn.turn_index] = _first_difference(turn.prompt_ids, assembly.ids)
+
+    def finish(self, reward: float) -> ReplayResult:
+        """Trim superseded retries, emit one sample per surviving leaf, fill counters and events."""
+        trimmed = self.tree.superseded_leaves() if self.retries == "supersede" else []
+        self.result.samples = [sample for _, sample in build_samples(self.tree, trimmed, reward)]
+        for node in trimmed:
+            self.result.turn_events[node.turn_index] = "trimmed"
+        self.counters["trimmed_leaves"] = len(trimmed)
+        self.counters["tree_branches"] = self.tree.branches
+        self.counters["restored_distinct_echoes"] = len(self.restored_nodes)
+        self.result.counters = self.counters
+        return self.result
+
+
+def _prompt_event(attach: AttachPoint, carried: list[Node], mode: str) -> str:
+    """forked (a new sibling) > anchored (template rewrote history) > restored (echo recognised) > clean."""
+    if len(attach.node.children) > 1:
+        return "forked"
+    if mode == "anchored":
+        return "anchored"
+    return "restored" if attach.echoes or carried else "clean"
+
+
+def _first_difference(a: Any, b: list[int]) -> int:
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return min(len(a), len(b))
