@@ -198,17 +198,12 @@ class SessionBuilder:
         messages = canonical(request)
         prompt_ids, prompt_event = self._prompt(messages, tools)
         output_ids, splits = self._output_ids(step, truncate)
-        if truncate:
-            parsed = self.ctx.renderer.parse_response(output_ids, tools).message
-            response, finish = wire_from_parsed(parsed, tools, self.gateway_rng), "length"
-        else:
-            response = response_message(step, tools, self.gateway_rng)
-            finish = "tool_calls" if step.calls else "stop"
+        response, finish = self._reply(step, output_ids, tools, truncate)
         stored = canonicalize_response(response, "slime")
         rewrite = self.ideal.turn(conv.branch, canonical(conv.pristine), tools, output_ids, stored,
                                   commit=kind != "superseded")
         if self.linear is not None:
-            self.linear.commit(prompt_ids or [], output_ids, messages, stored, tools)
+            self.linear.commit(prompt_ids, output_ids, messages, stored, tools)
         started, finished = self._timing(len(prompt_ids), len(output_ids), kind)
         self.rows.append({
             "session_id": self.session_id, "turn_index": turn, "messages": request, "tools": tools,
@@ -224,6 +219,13 @@ class SessionBuilder:
         if self.linear is not None:
             return self.linear.prompt(messages, tools)
         return self.ctx.renderer.render(messages, tools, True), "rendered"
+
+    def _reply(self, step: Step, output_ids: list[int], tools: list[dict], truncate: bool) -> tuple[dict, str]:
+        """(the gateway's response message, finish_reason). A cut-off reply is whatever the parser makes of it."""
+        if truncate:
+            parsed = self.ctx.renderer.parse_response(output_ids, tools).message
+            return wire_from_parsed(parsed, tools, self.gateway_rng), "length"
+        return response_message(step, tools, self.gateway_rng), "tool_calls" if step.calls else "stop"
 
     def _output_ids(self, step: Step, truncate: bool) -> tuple[list[int], list[int]]:
         renderer = self.ctx.renderer

@@ -1,0 +1,75 @@
+"""The seed documents' measurements, reproduced on simulated sessions.
+
+Seed 001 (slime PR #2282), first table: a byte-exact echo trains every generated turn in one
+sample; a Claude-Code-style re-rendered echo loses the Edit and Write turns (not Bash) under
+`tree`. Seed 000 (agentcore linear mode): healing collapses append-only sessions to one sample
+with the same trained tokens as the tree at `fork_threshold = 0`; the sessions that do not
+collapse are retries and history edits, counted as `nonlinear`.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from trace_tools.replay.engine import replay
+from trace_tools.simulate import simulate
+
+
+def _run(tmp_path, behaviour, strategies, params=None, sessions=3, template="qwen3"):
+    dump = tmp_path / f"{behaviour}-{template}.parquet"
+    simulate(sessions=sessions, seed=21, template=template, behaviours=[behaviour], out=str(dump))
+    result = replay(dump, out=tmp_path / f"run-{behaviour}-{template}", strategies=strategies, params=params)
+    turns = pd.read_parquet(result.run_dir / "turns.parquet")
+    sessions_frame = pd.read_parquet(result.run_dir / "sessions.parquet")
+    return result.summary, turns, sessions_frame
+
+
+def _trained_turns(turns, strategy, tool):
+    t = turns[(turns["strategy"] == strategy) & (turns["tool"] == tool)]
+    return int((t["trained_tokens"] > 0).sum()), len(t)
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen3.5"])
+def test_seed001_byte_exact_echo_trains_every_turn_in_one_sample(tmp_path, template):
+    summary, turns, sessions = _run(tmp_path, "byte-exact", ["tree"], template=template)
+    tree = summary["strategies"]["tree"]
+    assert tree["samples"] == tree["sessions"]
+    assert tree["trained_tokens"] == tree["generated_tokens"]
+    for tool in ("Edit", "Write", "Bash"):
+        trained, total = _trained_turns(turns, "tree", tool)
+        assert total and trained == total
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen3.5"])
+def test_seed001_claude_code_echo_loses_edit_and_write_not_bash(tmp_path, template):
+    summary, turns, _ = _run(tmp_path, "claude-code", ["tree", "echo-restore"], template=template)
+    edit_trained, edits = _trained_turns(turns, "tree", "Edit")
+    write_trained, writes = _trained_turns(turns, "tree", "Write")
+    bash_trained, bashes = _trained_turns(turns, "tree", "Bash")
+    assert edits and edit_trained < edits
+    assert writes and write_trained < writes
+    assert bashes and bash_trained == bashes
+    assert summary["strategies"]["tree"]["samples"] == summary["strategies"]["tree"]["sessions"]
+    restored = summary["strategies"]["echo-restore"]
+    assert restored["trained_tokens"] == restored["generated_tokens"]  # the fix recovers every turn
+
+
+APPEND_ONLY = ["byte-exact", "json-reserialize", "noncanonical-tokenization", "streaming"]
+
+
+@pytest.mark.parametrize("behaviour", APPEND_ONLY)
+def test_seed000_healing_collapses_append_only_sessions(tmp_path, behaviour):
+    summary, _, sessions = _run(tmp_path, behaviour, ["tree", "linear"], params={"fork_threshold": 0})
+    linear = sessions[sessions["strategy"] == "linear"].set_index("session_id")
+    tree = sessions[sessions["strategy"] == "tree"].set_index("session_id")
+    assert (linear["samples"] == 1).all()
+    assert (linear["nonlinear"] == 0).all()
+    assert (linear["trained_tokens"] == tree["trained_tokens"]).all()
+    assert linear["forwarded_tokens"].sum() <= tree["forwarded_tokens"].sum()
+
+
+@pytest.mark.parametrize("behaviour", ["retry", "history-edit"])
+def test_seed000_retries_and_history_edits_do_not_collapse_and_count_nonlinear(tmp_path, behaviour):
+    _, _, sessions = _run(tmp_path, behaviour, ["linear"], params={"fork_threshold": 0})
+    assert (sessions["samples"] > 1).all()
+    assert (sessions["nonlinear"] >= 1).all()
