@@ -7,7 +7,9 @@ there is reasoning), the content, then ` >name{json args}` per tool call with th
 their own key order, as order-sensitive real templates print them. `rewrite_history=True` drops
 the reasoning of assistants that precede the last user message (the Qwen behaviour that breaks
 prefix consistency). `tool_closer` changes the glue after a tool-calling assistant (a template
-whose closer depends on the message type), `leading_newline` starts every message with "\\n".
+whose closer depends on the message type), `leading_newline` starts every message with "\\n",
+`refuse_tool_calls` raises TypeError on an assistant with tool calls (as a Jinja filter does when
+a template meets arguments of a type it cannot iterate).
 
 Encoding is one id per character (100 + code point) except the specials and the pair "\\n\\n",
 which encodes as the single id 3 (the merge that makes boundaries matter). Served output ids in
@@ -33,8 +35,9 @@ class ToyTemplate:
     vocab_size = 200000
 
     def __init__(self, *, rewrite_history: bool = False, tool_closer: str | None = None,
-                 leading_newline: bool = False):
+                 leading_newline: bool = False, refuse_tool_calls: bool = False):
         self.rewrite_history = rewrite_history
+        self.refuse_tool_calls = refuse_tool_calls
         self.tool_closer = tool_closer
         self.leading_newline = leading_newline
         self.texts_rendered = 0
@@ -56,6 +59,8 @@ class ToyTemplate:
     def _message(self, message: dict, keep_reasoning: bool) -> str:
         if message["role"] != "assistant":
             return self._wrap(message["role"], message.get("content") or "")
+        if self.refuse_tool_calls and message.get("tool_calls"):
+            raise TypeError("cannot render these tool calls")
         body = ""
         if keep_reasoning and message.get("reasoning_content"):
             body += "[r]" + message["reasoning_content"] + "[/r]"

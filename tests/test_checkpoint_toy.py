@@ -13,6 +13,7 @@ import pytest
 from test_checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
                                    system, tool, user)
 from trace_tools.errors import ReplayError
+from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.checkpoint_tree import CheckpointTreeStrategy, UnknownRetryPolicy
 
@@ -20,8 +21,8 @@ TOY = ToyTemplate()
 GLUE = TOY.encode("\n")  # the closer is CLOSE "\n"; the served ids already end with CLOSE
 
 
-def replay(harness: Harness, template=None, **params):
-    ctx = ReplayContext(template or ToyTemplate(), params=params)
+def replay(harness: Harness, template=None, prompt_source="auto", **params):
+    ctx = ReplayContext(template or ToyTemplate(), prompt_source=prompt_source, params=params)
     return CheckpointTreeStrategy(ctx).replay(harness.session())
 
 
@@ -218,19 +219,20 @@ def test_history_edit_branches_at_the_deepest_shared_turn_and_renders_stored_spe
     assert len(result.samples) == 2 and result.prompt_events[3] == "forked"
     main, branch = result.samples
     # the branch reuses turn 0's checkpoint, then renders the rest from the stored messages:
-    # turn 1's reply in the model's own spelling (trailing spaces kept, no filled-in default)
-    stored_r1 = ("Tightening the check. >Patch" + json.dumps({"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();",
+    # turn 1's reply in the model's own spelling (reasoning and trailing spaces kept, no filled-in default)
+    stored_r1 = ("[r]It uses >=.[/r]Tightening the check. >Patch" + json.dumps({"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();",
                                                                "put": "if (t > 100)\n  stop();"}))
     root_prompt = TOY.render([system(), user(TASK)], TOOLS, True)
     expected = (root_prompt + served(h, 0) + GLUE
-                + tail(("tool", "[old tool result cleared]"), ("assistant", stored_r1), ("tool", "patched 1 hunk"),
-                       ("assistant", R2["content"]))
+                + tail(("tool", "[old tool result cleared]"), ("assistant", stored_r1), ("tool", "patched 1 hunk"))
                 + served(h, 3))
     assert branch.token_ids == expected
     assert branch.metadata["path_turns"] == [0, 3]
     assert sum(branch.loss_mask) == len(h.turns[3].output_ids)  # turn 0 trains in the main sample only
     assert sum(main.loss_mask) == sum(len(h.turns[t].output_ids) for t in (0, 1, 2))
-    assert result.counters["restored_echoes"] == 3 + 1  # linear turns' echoes, plus the carried turn-1 echo
+    # linear turns: 1 + 2 echoes; the branch: turn 0's echo on its attach path and turn 1's carried one
+    assert result.counters["restored_echoes"] == 3 + 2
+    assert result.counters["restored_distinct_echoes"] == 2
 
 
 def test_truncated_turn_is_extended_with_the_full_closer():
@@ -280,9 +282,8 @@ def test_type_dependent_closer_is_not_guessed():
     assert [result.prompt_events[i] for i in (0, 1, 2)] == ["new_root", "reset", "reset"]
     assert len(result.samples) == 3  # each reset root is a full render: nothing hidden, nothing lost
     assert sum(sum(s.loss_mask) for s in result.samples) == sum(len(t.output_ids) for t in h.turns)
-    assert template.render(h.turns[1].messages[:2] + [{"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "Shell", "arguments": {"cmd": "grep -n boil fw/*.c"}}}]}]
-        + [tool("fw/boil.c:12: if (t >= 100)")], TOOLS, True) == result.samples[1].token_ids[:-5]
+    full_render = template.render(canonicalize_messages(h.turns[1].messages), TOOLS, True)
+    assert result.samples[1].token_ids == full_render + served(h, 1)
 
 
 def test_a_tail_that_would_merge_across_the_boundary_resets():
@@ -290,6 +291,20 @@ def test_a_tail_that_would_merge_across_the_boundary_resets():
     result = replay(h, ToyTemplate(leading_newline=True))  # closer "\n" + tail "\n..." encodes as one "\n\n"
     assert result.counters["boundary_unverified"] == 2 and result.counters["resets"] == 2
     assert len(result.samples) == 3
+
+
+def test_a_template_that_cannot_render_the_stored_path_resets_onto_recorded_prompts():
+    h = linear_session()
+    template = ToyTemplate(refuse_tool_calls=True)
+    for turn in h.turns:
+        turn.prompt_ids = [7, len(turn.messages)]  # what the gateway fed, whatever it was
+    result = replay(h, template)
+    assert result.counters["render_failed"] == 2 and result.counters["resets"] == 2
+    assert [s.token_ids[:2] for s in result.samples] == [[7, 2], [7, 4], [7, 6]]
+    for turn in h.turns:
+        turn.prompt_ids = None
+    with pytest.raises(TypeError):  # no recorded prompt to fall back on: the engine quarantines the session
+        replay(h, template)
 
 
 def test_a_genuinely_edited_reply_is_unrecognised_and_branches():

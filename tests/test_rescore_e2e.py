@@ -23,9 +23,9 @@ from trace_tools.render.renderer import Renderer
 from trace_tools.rescore import fill_logprobs, load_model, rescore, sample_continuation
 
 # Recorded logprobs come from KV-cached one-token decoding, recomputed ones from a single
-# teacher-forced pass: in float32 they differ by reduction order only (observed <= 4e-6 on
-# tiny-qwen3). 1e-4 leaves a 25x margin and is still 500x below the smallest real mismatch
-# these tests provoke (mean |Δ| >= 0.05).
+# teacher-forced pass: in float32 they differ by reduction order only (observed max 1.9e-6 on
+# tiny-qwen3, two rounding steps of a logprob near -12). 1e-4 leaves a 50x margin and is still
+# 500x below the smallest real mismatch these tests provoke (mean |Δ| >= 0.05).
 TOLERANCE = 1e-4
 TITO_TAILS = ["Show me the assertion that fails.", "Now patch it."]
 
@@ -249,3 +249,15 @@ def test_quarantined_sessions_and_turns_without_logprobs_are_accounted_for(sessi
     assert summary["tokens"] == 0 and summary["delta"]["max_abs_delta"] is None
     assert len(pq.read_table(tmp_path / "run" / "tokens.parquet")) == 0
     assert (tmp_path / "run" / "plots" / "rescore_delta_hist.png").exists()
+
+
+def test_a_simulated_dump_with_model_logprobs_rescores_clean(tiny, tmp_path):
+    from trace_tools.simulate import simulate
+
+    path = tmp_path / "simulated.parquet"
+    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(path), max_turns=3,
+             logprobs_model="tiny-qwen3")
+    result = rescore(path, tiny)
+    turns = result.summary["turns"]
+    assert turns["total"] >= 3 and turns["comparable"] == turns["total"] == turns["prompt_rendered"]
+    assert result.summary["delta"]["max_abs_delta"] < TOLERANCE and turns["flagged"] == 0

@@ -73,3 +73,25 @@ def test_seed000_retries_and_history_edits_do_not_collapse_and_count_nonlinear(t
     _, _, sessions = _run(tmp_path, behaviour, ["linear"], params={"fork_threshold": 0})
     assert (sessions["samples"] > 1).all()
     assert (sessions["nonlinear"] >= 1).all()
+
+
+def test_seed001_four_configurations(tmp_path):
+    """Byte-exact; rewritten echo under tree; echo recognised without restoring the prompt; restore
+    before render. Only the last matches the ideal; recognising without restoring still loses the
+    Edit/Write turns (REALIGN zeroes the same span) while Bash is trained throughout."""
+    exact, _, _ = _run(tmp_path, "byte-exact", ["tree"])
+    rewritten, turns_tree, _ = _run(tmp_path, "claude-code", ["tree", "echo-restore"])
+    routed, turns_routed, _ = _run(tmp_path / "routing-only", "claude-code", ["echo-restore"],
+                                   params={"restore_prompt": False})
+    ideal = exact["strategies"]["tree"]
+    assert ideal["trained_tokens"] == ideal["generated_tokens"]
+    tree = rewritten["strategies"]["tree"]
+    only_routing = routed["strategies"]["echo-restore"]
+    restored = rewritten["strategies"]["echo-restore"]
+    assert tree["coverage"] < 1.0 and only_routing["coverage"] < 1.0
+    assert restored["coverage"] == 1.0
+    assert tree["counters"]["rewrite_merges"] > 0 and only_routing["counters"]["rewrite_merges"] == 0
+    assert only_routing["counters"]["drift_realign"] > 0  # layer 2 now zeroes the turn instead
+    for turns, name in ((turns_tree, "tree"), (turns_routed, "echo-restore")):
+        assert _trained_turns(turns, name, "Edit")[0] < _trained_turns(turns, name, "Edit")[1]
+        assert _trained_turns(turns, name, "Bash")[0] == _trained_turns(turns, name, "Bash")[1]

@@ -285,3 +285,22 @@ def test_ideal_forwarded_tokens_of_a_linear_session_is_its_last_sequence(dump):
     _, sessions = dump
     last = sessions["byte-exact"].turns[-1]
     assert last.metadata["ideal_forwarded_tokens"] == len(last.prompt_ids) + len(last.output_ids)
+
+
+def test_ideal_forwarded_tokens_keep_served_ids_across_a_template_rewrite(dump):
+    """Compaction: the main branch ends with the summary turn, whose recorded prompt lost the earlier
+    reasoning; the ideal sequence keeps the served ids and appends only the new messages (the last
+    tool results and the summary request)."""
+    renderer, sessions = dump
+    turns = sessions["compaction"].turns
+    summary = next(t for t in turns if t.metadata["kind"] == "summary")
+    served = turns[summary.turn_index - 1]
+    assert summary.metadata["template_rewrite"]
+    text = renderer.render_text(canonicalize_messages(summary.messages), summary.tools)
+    tail = text[text.rindex("<|im_start|>user\n<tool_response>"):]
+    main = len(served.prompt_ids) + len(served.output_ids) + len(renderer.encode("\n")) + len(renderer.encode(tail))
+    main += len(summary.output_ids)
+    assert main > len(summary.prompt_ids) + len(summary.output_ids)  # the recorded prompt is shorter
+    last = turns[-1]
+    assert last.metadata["branch"] == "compaction-1"
+    assert summary.metadata["ideal_forwarded_tokens"] == main + len(last.prompt_ids) + len(last.output_ids)

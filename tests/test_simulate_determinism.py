@@ -97,3 +97,14 @@ def test_cli_writes_the_dump_and_reports_it(tmp_path):
     assert [r["behaviours"] for r in report["recipes"]] == ["retry", "byte-exact"]
     assert report["recipes"][0]["turns"] == report["recipes"][0]["genuine_turns"] + 1
     assert read_dump_meta(out).tokenizer == "qwen3"
+
+
+def test_logprobs_model_replaces_the_seeded_logprobs():
+    pytest.importorskip("torch")
+    seeded = simulate(1, seed=6, behaviours=["byte-exact"], max_turns=3)
+    scored = simulate(1, seed=6, behaviours=["byte-exact"], max_turns=3, logprobs_model="tiny-qwen3")
+    assert scored.column("output_ids").to_pylist() == seeded.column("output_ids").to_pylist()
+    lengths = [len(x) for x in seeded.column("output_ids").to_pylist()]
+    values = scored.column("output_logprobs").to_pylist()
+    assert [len(v) for v in values] == lengths and values != seeded.column("output_logprobs").to_pylist()
+    assert all(v <= 0 for turn in values for v in turn)

@@ -23,8 +23,7 @@ def simulate_cmd(
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
 
-    Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed,
-    streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
+    Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
 
     Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
     """

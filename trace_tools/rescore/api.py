@@ -9,7 +9,6 @@ be compared are kept in the tables with a reason and counted, never dropped.
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,30 +75,22 @@ def rescore(dump: Any, model: Any = "tiny-qwen3", *, device: str = "auto", dtype
     """
     require_torch()
     from trace_tools.rescore.models import ScoringModel, load_model
-    from trace_tools.rescore.scoring import (
-        DEFAULT_CHUNK_POSITIONS, DEFAULT_MAX_BATCH_TOKENS, ScoreRequest, check_head, score_requests,
-    )
+    from trace_tools.rescore.scoring import DEFAULT_CHUNK_POSITIONS, DEFAULT_MAX_BATCH_TOKENS, check_head, score_turns
 
+    options = {"threshold": threshold, "max_threshold": max_threshold, "share_prefix": share_prefix,
+               "max_batch_tokens": max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+               "chunk_positions": chunk_positions or DEFAULT_CHUNK_POSITIONS}
     sessions, meta, quarantine = load_sessions(dump, tokenizer, chat_template)
     scoring_model = model if isinstance(model, ScoringModel) else load_model(model, device, dtype)
     check_head(scoring_model)
     prompts = PromptSource(tokenizer or meta.tokenizer or scoring_model.tokenizer, chat_template, meta,
                            canonicalization)
     inputs = [rescore_input(turn, prompts, scoring_model.vocab_size) for s in sessions for turn in s.turns]
-    plans = plan.plan_sequences(inputs, share_prefix)
-    started = time.perf_counter()
-    scored = score_requests(scoring_model, [ScoreRequest(p.ids, p.positions()) for p in plans],
-                            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
-                            chunk_positions=chunk_positions or DEFAULT_CHUNK_POSITIONS, on_progress=on_progress)
-    seconds = time.perf_counter() - started
-    recomputed = plan.read_spans(plans, scored, len(inputs))
-    tables = _Tables.build(inputs, recomputed, threshold, max_threshold, prompts.decoder())
+    scored = score_turns(scoring_model, inputs, share_prefix=share_prefix, max_batch_tokens=options["max_batch_tokens"],
+                         chunk_positions=options["chunk_positions"], on_progress=on_progress)
+    tables = _Tables.build(inputs, scored.recomputed, threshold, max_threshold, prompts.decoder())
     summary = _summary(tables, scoring_model.identity(), quarantine, len(sessions), top_k,
-                       options={"threshold": threshold, "max_threshold": max_threshold, "share_prefix": share_prefix,
-                                "max_batch_tokens": max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
-                                "chunk_positions": chunk_positions or DEFAULT_CHUNK_POSITIONS,
-                                "prompt_renderer": prompts.identity()},
-                       throughput=_throughput(plans, inputs, seconds))
+                       {**options, "prompt_renderer": prompts.identity()}, scored.throughput(inputs))
     result = RescoreResult(tables.tokens, tables.turns, tables.sessions, summary, threshold)
     if out is not None:
         result.save(out, write_tokens)
@@ -310,11 +301,3 @@ def _flagged_list(turns: pd.DataFrame, top_k: int) -> list[dict[str, Any]]:
 def _plain(value: Any) -> Any:
     """numpy scalars to JSON-able Python values."""
     return value.item() if isinstance(value, np.generic) else value
-
-
-def _throughput(plans: list[plan.SequencePlan], inputs: list[plan.TurnInput], seconds: float) -> dict[str, Any]:
-    scored = sum(len(p.ids) for p in plans)
-    separately = sum(len(t.sequence) for t in inputs if t.skip_reason is None)
-    return {"sequences": len(plans), "forwarded_tokens": scored, "turn_sequence_tokens": separately,
-            "prefix_sharing_saving": (1 - scored / separately) if separately else 0.0,
-            "seconds": seconds, "tokens_per_s": scored / seconds if seconds > 0 else None}

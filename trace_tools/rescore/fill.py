@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
-from trace_tools.data import DumpMeta, Session, Turn
+from trace_tools.data import DumpMeta, Turn
 from trace_tools.rescore import plan, require_torch
 
 
@@ -45,7 +45,7 @@ def teacher_forced(turns: Sequence[Turn], meta: DumpMeta, model_spec: Any, devic
     require_torch()
     from trace_tools.rescore.api import PromptSource
     from trace_tools.rescore.models import ScoringModel, load_model
-    from trace_tools.rescore.scoring import DEFAULT_MAX_BATCH_TOKENS, ScoreRequest, score_requests
+    from trace_tools.rescore.scoring import score_turns
 
     model = model_spec if isinstance(model_spec, ScoringModel) else load_model(model_spec, device, dtype)
     prompts = PromptSource(tokenizer or meta.tokenizer or model.tokenizer, chat_template, meta, "slime")
@@ -55,11 +55,8 @@ def teacher_forced(turns: Sequence[Turn], meta: DumpMeta, model_spec: Any, devic
         reason = plan.sequence_problem(prompt_ids, turn.output_ids, model.vocab_size)
         inputs.append(plan.TurnInput(turn.session_id, turn.turn_index, list(turn.output_ids), None, prompt_ids,
                                      origin, reason))
-    plans = plan.plan_sequences(inputs)
-    scored = score_requests(model, [ScoreRequest(p.ids, p.positions()) for p in plans],
-                            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS)
-    spans = plan.read_spans(plans, scored, len(inputs))
-    return [_as_list(turn, values) for turn, values in zip(inputs, spans)]
+    scored = score_turns(model, inputs, max_batch_tokens=max_batch_tokens)
+    return [_as_list(turn, values) for turn, values in zip(inputs, scored.recomputed)]
 
 
 def _as_list(turn: plan.TurnInput, values: Any) -> list[float] | None:

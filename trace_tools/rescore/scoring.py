@@ -22,10 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import time
+
 import numpy as np
 import torch
 
 from trace_tools.errors import TraceToolsError
+from trace_tools.rescore import plan
 from trace_tools.rescore.models import ScoringModel
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
@@ -123,6 +126,35 @@ def score_requests(scoring_model: ScoringModel, requests: Sequence[ScoreRequest]
     return results
 
 
+@dataclass
+class ScoredTurns:
+    """Per turn (in input order) the recomputed logprobs of its output, or None when it was skipped."""
+
+    recomputed: list[np.ndarray | None]
+    plans: list[plan.SequencePlan]
+    seconds: float
+
+    def throughput(self, inputs: Sequence[plan.TurnInput]) -> dict[str, Any]:
+        """Forwarded tokens, what prefix sharing saved against one sequence per turn, tokens/s."""
+        forwarded = sum(len(p.ids) for p in self.plans)
+        separately = sum(len(t.sequence) for t in inputs if t.skip_reason is None)
+        return {"sequences": len(self.plans), "forwarded_tokens": forwarded, "turn_sequence_tokens": separately,
+                "prefix_sharing_saving": (1 - forwarded / separately) if separately else 0.0,
+                "seconds": self.seconds, "tokens_per_s": forwarded / self.seconds if self.seconds > 0 else None}
+
+
+def score_turns(scoring_model: ScoringModel, inputs: Sequence[plan.TurnInput], *, share_prefix: bool = True,
+                max_batch_tokens: int | None = None, chunk_positions: int | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> ScoredTurns:
+    """Plan (with prefix sharing), score and split back per turn: the whole scoring step of rescore."""
+    plans = plan.plan_sequences(inputs, share_prefix)
+    started = time.perf_counter()
+    scored = score_requests(scoring_model, [ScoreRequest(p.ids, p.positions()) for p in plans],
+                            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+                            chunk_positions=chunk_positions or DEFAULT_CHUNK_POSITIONS, on_progress=on_progress)
+    return ScoredTurns(plan.read_spans(plans, scored, len(inputs)), plans, time.perf_counter() - started)
+
+
 def _score_batch(scoring_model: ScoringModel, head: OutputHead, requests: list[ScoreRequest],
                  chunk_positions: int) -> list[np.ndarray]:
     device = scoring_model.device
@@ -150,7 +182,11 @@ def _right_padded(requests: list[ScoreRequest]) -> torch.Tensor:
 
 def final_hidden_states(model: Any, ids: torch.Tensor) -> torch.Tensor:
     """The base model's last hidden states [B, L, H] (after the final norm), without a KV cache."""
-    return model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    base = model.base_model
+    if base is model:
+        raise TraceToolsError(f"{type(model).__name__} exposes no base model (`base_model_prefix`); "
+                              "rescore needs a Hugging Face *ForCausalLM model")
+    return base(input_ids=ids, use_cache=False).last_hidden_state
 
 
 def naive_logprobs(scoring_model: ScoringModel, ids: Sequence[int]) -> np.ndarray:

@@ -79,10 +79,10 @@ def summary_step(rng: random.Random, ws: Workspace, done: list[Step]) -> Step:
 
 
 def resample(rng: random.Random, step: Step) -> Step:
-    """Another sample of the same turn (a retry): new wording, the same calls and results."""
-    slots = step.slots
-    return replace(step, reasoning=prose.reasoning(rng, _prose_intent(step.intent), **slots),
-                   content=prose.visible(rng, _prose_intent(step.intent), **slots))
+    """Another sample of the same turn (a retry): new wording, the same calls, results and answer text."""
+    intent = _prose_intent(step.intent)
+    content = prose.visible(rng, intent, **step.slots) if step.calls else step.content
+    return replace(step, reasoning=prose.reasoning(rng, intent, **step.slots), content=content)
 
 
 def _done_line(step: Step) -> str:
@@ -92,7 +92,7 @@ def _done_line(step: Step) -> str:
 
 
 def _prose_intent(intent: str) -> str:
-    return {"read_other": "read", "tidy": "tidy"}.get(intent, intent)
+    return {"read_other": "read"}.get(intent, intent)
 
 
 def _slots(ws: Workspace, function: Function) -> dict[str, str]:

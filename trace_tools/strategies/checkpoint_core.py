@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trace_tools.data import Sample
+from trace_tools.errors import ReplayError
 from trace_tools.render.base import RendererLike
 from trace_tools.render.canonical import flatten_content
 from trace_tools.strategies.linear_core import trim_overlap
@@ -42,6 +43,9 @@ ANCHOR_USER = "checkpoint anchor question"
 ANCHOR_BODY = "checkpoint anchor reply 5e0c9d"
 
 EQUAL, ECHO = "equal", "echo"
+# What a renderer raises when a template cannot render some messages: our own wrapper, or the
+# TypeError / ValueError a Jinja filter throws (e.g. `|items` over string tool arguments).
+RENDER_ERRORS = (ReplayError, TypeError, ValueError)
 
 
 # -- echo equivalence ------------------------------------------------------------------------
@@ -384,6 +388,12 @@ class PromptAssembler:
                template_kwargs: dict | None = None) -> Assembly:
         """The prompt for `node.path + appended`; raises AssemblyFailed when nothing verifies."""
         kwargs = dict(template_kwargs or {})
+        try:
+            return self._extend(node, appended, tools, kwargs)
+        except RENDER_ERRORS as exc:  # a template that cannot render these messages verifies nothing
+            raise AssemblyFailed("render_failed", f"the template failed on the stored path: {exc}") from exc
+
+    def _extend(self, node: Node, appended: list[dict], tools: Sequence[dict] | None, kwargs: dict) -> Assembly:
         path = node.path
         before = self.renderer.render_text(path, tools, False, **kwargs)
         after = self.renderer.render_text([*path, *appended], tools, True, **kwargs)

@@ -28,8 +28,8 @@ RETRY_POLICIES = ("supersede", "keep")
 # Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
 OWN_COUNTERS = ("tree_branches", "restored_echoes", "unrecognized_echoes", "trimmed_leaves", "resets",
                 "close_unresolved", "healed_turns", "healed_prefix_tokens")
-EXTRA_COUNTERS = ("new_roots", "boundary_fallbacks", "boundary_unverified", "restored_distinct_echoes",
-                  "truncated_extensions", "counterfactual_prompts")
+EXTRA_COUNTERS = ("new_roots", "boundary_fallbacks", "boundary_unverified", "render_failed",
+                  "restored_distinct_echoes", "truncated_extensions", "counterfactual_prompts")
 
 
 class UnknownRetryPolicy(UnknownName, ValueError):

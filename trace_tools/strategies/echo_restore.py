@@ -11,7 +11,8 @@ Counterfactual: a restored turn's prompt ids are ids the engine never saw; the r
 A turn where nothing was restored keeps its prepared prompt ids (recorded or rendered, per
 `prompt_source`), which is what a restoring gateway would have fed as well.
 
-Options: everything `tree` takes (`fork_threshold` 1024 by default, ...). Counters:
+Options: everything `tree` takes (`fork_threshold` 1024 by default, ...), and `restore_prompt`
+(default true; false restores for routing only and keeps the harness's prompt ids). Counters:
 `restored_echoes` (substitutions, per turn), `unrecognized_echoes` (see restore_core) and the
 extra `restored_distinct_echoes` (generated turns restored at least once, comparable with
 `unrecognized_echoes`) on top of the tree's. Prompt event
@@ -77,7 +78,9 @@ class EchoRestoreStrategy(TreeStrategy):
 
     def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
         restored, changed = restore_prepared(manager, session_id, prepared, self.restore_log)
-        if changed:  # render from our own bytes, as the adapter does between translate and render
+        # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
+        # ids: seed 001's third configuration, which shows why the restore must precede the render.
+        if changed and self.ctx.param("restore_prompt", True) not in (False, "false", "0"):
             ids = render_prompt(self.ctx, restored.messages, restored.tools, restored.turn)
             restored = replace(restored, prompt_ids=list(ids), prompt_origin="rendered")
         super().record_prepared(manager, session_id, restored)
