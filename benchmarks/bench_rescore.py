@@ -76,15 +76,15 @@ class Measurement:
 
 # -- model --------------------------------------------------------------------------------------------
 def build_model(preset: str, device: torch.device, dtype: torch.dtype, attn: str, seed: int) -> ScoringModel:
-    """A randomly initialised Qwen3-shaped model of the preset, created directly on the device."""
+    """A randomly initialised Qwen3-shaped model of the preset (built on the CPU, then moved)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     config = Qwen3Config(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, max_position_embeddings=40960,
                          **PRESETS[preset])
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
-    return ScoringModel(model.eval(), f"random {preset}", device, dtype, None)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
+    model = model.to(device=device, dtype=dtype).eval()
+    return ScoringModel(model, f"random {preset}", device, dtype, None)
 
 
 def matmul_parameters(model: Any) -> int:

@@ -17,16 +17,22 @@ LINEAR_ONLY = {"byte-exact", "claude-code", "json-reserialize", "reasoning-dropp
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3.5"])
-def replayed(request, tmp_path_factory):
-    """Every behaviour alone and the default mixes (16 sessions), written to Parquet, loaded back,
-    replayed once: [(session, result)]."""
-    from trace_tools.io.load import load
-    from trace_tools.render.renderer import Renderer
+def dump_path(request, tmp_path_factory):
+    """Every behaviour alone and the default mixes (16 sessions, up to 14 turns) as Parquet."""
     from trace_tools.simulate import simulate
 
     path = tmp_path_factory.mktemp("ckpt") / f"{request.param}.parquet"
     simulate(sessions=16, seed=29, template=request.param, out=str(path), max_turns=14)
-    dump = load(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def replayed(dump_path):
+    """The dump loaded back and replayed once: [(session, result)]."""
+    from trace_tools.io.load import load
+    from trace_tools.render.renderer import Renderer
+
+    dump = load(dump_path)
     renderer = Renderer.from_spec(dump.meta.tokenizer, None, dump_meta=dump.meta)
     strategy = get_strategy("checkpoint-tree")(ReplayContext(renderer))
     return [(session, strategy.replay(session)) for session in dump.sessions]
@@ -185,3 +191,21 @@ def test_turns_the_simulated_linear_gateway_healed_get_its_exact_prompt_ids(temp
             assert node.token_ids[:node.output_span[0]] == turn.prompt_ids
             healed += turn.metadata["linear_event"] == "healed"
     assert healed >= 6
+
+
+def test_the_engine_writes_the_run_directory_columns(dump_path, tmp_path):
+    import pandas as pd
+
+    from trace_tools.replay.engine import replay
+
+    run = replay(dump_path, out=tmp_path / "run", strategies=["checkpoint-tree"])
+    assert run.quarantined == 0
+    sessions = pd.read_parquet(tmp_path / "run" / "sessions.parquet")
+    assert (sessions["samples"] == sessions["ideal_samples"]).all()
+    assert sessions["trimmed_leaves"].sum() == sessions["behaviours"].map(lambda b: "retry" in b).sum()
+    turns = pd.read_parquet(tmp_path / "run" / "turns.parquet")
+    genuine = turns[turns["genuine"]]
+    assert (genuine["event"] == "trained").all()
+    assert set(turns.loc[~turns["genuine"], "event"]) == {"trimmed"}
+    counters = run.summary["strategies"]["checkpoint-tree"]["counters"]
+    assert counters["resets"] == 0 and counters["tree_branches"] >= 4

@@ -19,10 +19,9 @@ a mask SDPA keeps its `is_causal` flash/memory-efficient kernels.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
-
-import time
 
 import numpy as np
 import torch

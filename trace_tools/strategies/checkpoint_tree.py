@@ -21,7 +21,7 @@ from typing import Any
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.strategies.base import ReplayContext, Strategy, register
-from trace_tools.strategies.checkpoint_core import (AssemblyFailed, AttachPoint, CheckpointTree, Node,
+from trace_tools.strategies.checkpoint_core import (Assembly, AssemblyFailed, AttachPoint, CheckpointTree, Node,
                                                     PromptAssembler, build_samples)
 
 RETRY_POLICIES = ("supersede", "keep")
@@ -126,7 +126,7 @@ class CheckpointReplay:
         self.restored_nodes.update(echoed)
         self.restored_nodes.update(node.seq for node in carried)
 
-    def _count_attach(self, item: TurnInput, attach: AttachPoint, carried: list[Node], assembly: Any) -> None:
+    def _count_attach(self, item: TurnInput, attach: AttachPoint, carried: list[Node], assembly: Assembly) -> None:
         parent, turn = attach.node, item.turn
         self._count_echoes(attach.echoed_nodes, carried, attach.echoes)
         self.counters["healed_turns"] += 1
