@@ -56,7 +56,8 @@ def test_identical_messages_are_equal_not_echoes():
     pytest.param({**rewritten(reasoning_content=None), "thinking": held_patch()["reasoning_content"]},
                  id="reasoning-as-thinking"),
     pytest.param(rewritten(reasoning_content=None,
-                           content="<think>\nThe boil check uses >= where it needs >.\n</think>\n\nSwapping the comparison."),
+                           content="<think>\nThe boil check uses >= where it needs >.\n</think>\n\n"
+                                   "Swapping the comparison."),
                  id="reasoning-inlined"),
     pytest.param(rewritten(content="Swapping the comparison.   \n"), id="content-trailing-space"),
 ])
@@ -71,9 +72,9 @@ def test_reordered_argument_keys_are_plain_dict_equality():
 
 def test_wire_form_with_ids_index_and_string_arguments_is_recognised():
     wire = held_patch()
+    compact = json.dumps({**ARGS, "everywhere": False}, sort_keys=True, separators=(",", ":"))
     wire["tool_calls"] = [{"id": "call_Zq81", "index": 3, "type": "function",
-                           "function": {"name": "Patch", "arguments": json.dumps({**ARGS, "everywhere": False},
-                                                                                 sort_keys=True, separators=(",", ":"))}}]
+                           "function": {"name": "Patch", "arguments": compact}}]
     assert message_match(held_patch(), wire, DEFAULTS) == ECHO
 
 

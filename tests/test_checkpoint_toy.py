@@ -47,8 +47,9 @@ def claude_like(message: dict) -> dict:
                 for k, v in args.items()}
         if call["function"]["name"] == "Patch":
             args.setdefault("everywhere", False)
+        compact = json.dumps(args, separators=(",", ":"))
         calls.append({"id": f"toolu_{n}{len(args)}", "type": "function",
-                      "function": {"name": call["function"]["name"], "arguments": json.dumps(args, separators=(",", ":"))}})
+                      "function": {"name": call["function"]["name"], "arguments": compact}})
     if calls:
         echo["tool_calls"] = calls
     return echo
@@ -220,8 +221,8 @@ def test_history_edit_branches_at_the_deepest_shared_turn_and_renders_stored_spe
     main, branch = result.samples
     # the branch reuses turn 0's checkpoint, then renders the rest from the stored messages:
     # turn 1's reply in the model's own spelling (reasoning and trailing spaces kept, no filled-in default)
-    stored_r1 = ("[r]It uses >=.[/r]Tightening the check. >Patch" + json.dumps({"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();",
-                                                               "put": "if (t > 100)\n  stop();"}))
+    stored_r1 = "[r]It uses >=.[/r]Tightening the check. >Patch" + json.dumps(
+        {"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();", "put": "if (t > 100)\n  stop();"})
     root_prompt = TOY.render([system(), user(TASK)], TOOLS, True)
     expected = (root_prompt + served(h, 0) + GLUE
                 + tail(("tool", "[old tool result cleared]"), ("assistant", stored_r1), ("tool", "patched 1 hunk"))

@@ -80,7 +80,11 @@ def test_tree_invariants_under_other_parameters(loaded, renderer, params):
 
 
 @pytest.mark.parametrize("name", available_strategies())
-def test_byte_exact_sessions_train_everything_in_one_sample(loaded, renderer, name):
+def test_byte_exact_sessions_train_everything_in_one_sample(loaded, renderer, name, request):
+    if name.startswith("session-") and loaded.meta.tokenizer == "qwen3.5":
+        # miles' incremental render uses a dummy system + assistant base; TRL's qwen3_5_think.jinja
+        # raises "No user query found" on it, so upstream answers HTTP 500 (docs/upstream_session.md).
+        request.applymarker(pytest.mark.xfail(strict=True, reason="TRL Qwen3.5 template rejects miles' dummy base"))
     exact = [s for s in loaded.sessions if s.turns[0].metadata.get("behaviours") == ["byte-exact"]]
     assert exact, "the simulated dump has byte-exact sessions"
     for session, result in _results(type("L", (), {"sessions": exact})(), renderer, name):

@@ -283,7 +283,7 @@ def test_file_metadata_and_keyword_overrides(tmp_path):
     assert meta.extra == {"recorder": "gw-7"}
     dump = load(path, tokenizer="other", history_mode="tree", vocab_size=VOCAB)
     assert (dump.meta.tokenizer, dump.meta.history_mode, dump.meta.harness) == ("other", "tree", "claude-code")
-    assert dump.sessions[0].meta is dump.meta
+    assert dump.sessions[0].meta == dump.meta
 
 
 def test_disagreeing_files_first_wins_and_is_reported(tmp_path):
@@ -359,3 +359,22 @@ def test_corrupt_data_page_found_while_reading(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(UnusableInput, match="is not a readable Parquet file"):
         load(path)
+
+
+def test_a_directory_mixing_recordings_keeps_each_files_metadata(tmp_path):
+    """Two files recorded with different tokenizers: each session keeps its own file's metadata and
+    vocabulary bound (ids valid for the larger vocabulary are not out of vocabulary)."""
+    small = _with_meta(baseline_table(), tokenizer="qwen3", chat_template="{{ a }}")
+    write_dump(tmp_path / "a.parquet", small)
+    big = baseline_table()
+    big = big.set_column(big.schema.get_field_index("session_id"), "session_id",
+                         pa.array([f"b-{x}" for x in big.column("session_id").to_pylist()]))
+    ids = [[200_000] * len(x) for x in big.column("output_ids").to_pylist()]
+    big = big.set_column(big.schema.get_field_index("output_ids"), "output_ids", pa.array(ids, pa.list_(pa.int32())))
+    write_dump(tmp_path / "b.parquet", _with_meta(big, tokenizer="qwen3.5", chat_template="{{ b }}"))
+    dump = load(tmp_path)
+    assert not dump.quarantine
+    metas = {s.session_id[:2] == "b-": s.meta for s in dump.sessions}
+    assert (metas[False].tokenizer, metas[False].chat_template) == ("qwen3", "{{ a }}")
+    assert (metas[True].tokenizer, metas[True].chat_template) == ("qwen3.5", "{{ b }}")
+    assert any("each session keeps its own file's value" in w for w in dump.warnings)

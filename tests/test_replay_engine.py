@@ -92,14 +92,15 @@ def test_a_failing_session_is_quarantined_and_the_run_goes_on(simulated_dump, tm
 
 
 def test_strict_exits_1_when_quarantined(tmp_path, simulated_dump):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(simulated_dump)
-    meta = table.schema.metadata
+    messages = table.column("messages").to_pylist()
     broken = table.set_column(table.schema.get_field_index("messages"), "messages",
-                              table.column("messages").to_pylist()[:1] * 0 + ["not json"] + table.column("messages").to_pylist()[1:])
+                              pa.array(["not json"] + messages[1:], pa.string()))
     path = tmp_path / "broken.parquet"
-    pq.write_table(broken.replace_schema_metadata(meta), path)
+    pq.write_table(broken.replace_schema_metadata(table.schema.metadata), path)
     runner = CliRunner()
     args = ["replay", str(path), "--strategy", "tree", "--out", str(tmp_path / "run")]
     assert runner.invoke(app, args).exit_code == 0
@@ -114,7 +115,7 @@ def test_replay_without_argument_runs_on_sample_traces(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     runs = list((tmp_path / "trace-tools-runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "summary.json").is_file()
-    assert "coverage" in result.output
+    assert "What each strategy would train" in result.output
 
 
 def test_report_rerenders_a_finished_run(sample_run):

@@ -16,8 +16,12 @@ def print_json(data: Any) -> None:
 
 
 def error(message: str) -> None:
-    err_console.print(f"[bold red]Error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def note(message: str) -> None:
-    err_console.print(message, highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(escape(message), highlight=False, soft_wrap=True)

@@ -137,7 +137,8 @@ def _short(value: str, limit: int = 40) -> str:
 
 
 def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]]:
-    """Merge files' metadata: the first file that sets a key wins; one warning per disputed key."""
+    """Merge files' metadata for dump-level reporting (the first file that sets a key wins); one
+    note per disputed key. Sessions keep their own file's metadata (see `SessionStream`)."""
     merged: dict[str, str] = {}
     source: dict[str, str] = {}
     warnings: dict[str, str] = {}
@@ -147,7 +148,8 @@ def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, s
                 merged[key], source[key] = value, label
             elif merged[key] != value and key not in warnings:
                 warnings[key] = (f"files disagree on {META_PREFIX}{key}: {source[key]} has {_short(merged[key])}, "
-                                 f"{label} has {_short(value)}; using {source[key]}'s")
+                                 f"{label} has {_short(value)}; each session keeps its own file's value "
+                                 f"(dump-level summaries show {source[key]}'s)")
     return merged, list(warnings.values())
 
 
@@ -296,6 +298,7 @@ class _Span:
 
     order: int  # input order, by first row
     last: tuple[int, int]  # (file number, row) of its last row: when pass 2 can finish it
+    first_file: int  # its first row's file: the recording metadata the session keeps
     problems: list[QuarantineEntry] = field(default_factory=list)
 
 
@@ -315,12 +318,19 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         self._infos = [self._inspect(file, root) for file in find_files(root)]
         self.files = [str(info.path) for info in self._infos]
         self.rows = sum(info.rows for info in self._infos)
-        self._init_meta(tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode, harness=harness)
+        overrides = dict(tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode, harness=harness)
+        self._init_meta(**overrides)
+        # Each file keeps its own recording metadata and vocabulary bound, so a directory may mix
+        # recordings (e.g. Qwen3 and Qwen3.5 dumps) and each session is checked and rendered as recorded.
+        self._file_meta = [_dump_meta(info.keys, overrides) for info in self._infos]
+        self._file_vocab = [_vocab_bound(vocab_size, meta.tokenizer) for meta in self._file_meta]
         self.vocab_size = _vocab_bound(vocab_size, self.meta.tokenizer)
-        self.vocab_checked = self.vocab_size is not None
-        if not self.vocab_checked and self.meta.tokenizer:
-            self.warnings.append(f"vocabulary size of tokenizer {self.meta.tokenizer!r} is unknown; "
-                                 "out-of-vocab check skipped (pass vocab_size or a local tokenizer)")
+        self.vocab_checked = all(bound is not None for bound in self._file_vocab)
+        for meta, bound in zip(self._file_meta, self._file_vocab):
+            if bound is None and meta.tokenizer:
+                self.warnings.append(f"vocabulary size of tokenizer {meta.tokenizer!r} is unknown; "
+                                     "out-of-vocab check skipped (pass vocab_size or a local tokenizer)")
+                break
         self._spans: dict[str, _Span] = {}
         self._unattributed: list[QuarantineEntry] = []
         for number, info in enumerate(self._infos):
@@ -374,7 +384,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def _note_row(self, session_id: str, number: int, row: int, seen_here: dict[str, None]) -> None:
         span = self._spans.get(session_id)
         if span is None:
-            self._spans[session_id] = _Span(len(self._spans), (number, row))
+            self._spans[session_id] = _Span(len(self._spans), (number, row), number)
         else:
             span.last = (number, row)
         seen_here[session_id] = None
@@ -396,13 +406,13 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         for number, info in enumerate(self._infos):
             due = sorted(endings[number], reverse=True)  # pop() from the end = lowest last row first
             endings[number] = []
-            for rows_read in self._read_rows(info, buffers):
+            for rows_read in self._read_rows(number, info, buffers):
                 while due and due[-1][0] < rows_read:
                     yield from self._finish(due.pop()[1], buffers)
             while due:
                 yield from self._finish(due.pop()[1], buffers)
 
-    def _read_rows(self, info: _FileInfo, buffers: dict[str, list[Turn]]) -> Iterator[int]:
+    def _read_rows(self, number: int, info: _FileInfo, buffers: dict[str, list[Turn]]) -> Iterator[int]:
         """Feed one file's rows into the session buffers; yields the number of rows read after each batch.
 
         A file with schema problems is not read: all its sessions are already condemned.
@@ -412,11 +422,12 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         row = 0
         for batch in _iter_batches(info.path, info.columns, ROW_BATCH_ROWS):
             for record in _utc_batch(batch).to_pylist():
-                self._take_row(record, f"{info.label} row {row}", buffers)
+                self._take_row(record, f"{info.label} row {row}", buffers, self._file_vocab[number])
                 row += 1
             yield row
 
-    def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]]) -> None:
+    def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]],
+                  vocab_size: int | None) -> None:
         if record["session_id"] is None:
             return  # reported per file by pass 1
         session_id = str(record["session_id"])
@@ -424,7 +435,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         if span.problems:
             return
         try:
-            buffers.setdefault(session_id, []).append(_turn(record, self.vocab_size))
+            buffers.setdefault(session_id, []).append(_turn(record, vocab_size))
         except _BadRow as bad:
             turn_index = record.get("turn_index")
             span.problems.append(QuarantineEntry(session_id, turn_index, bad.reason, f"{where}: {bad.detail}"))
@@ -442,7 +453,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             yield from span.problems
             span.problems = []  # the session is done; release its entries
         else:
-            yield Session(session_id, turns, self.meta)
+            yield Session(session_id, turns, self._file_meta[span.first_file])
 
 
 def iter_sessions(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,

@@ -105,27 +105,9 @@ def _template_arg(chat_template: str | None) -> str | None:
 
 
 def _load(dump_path: Path, options: ReplayOptions):
-    """Load the dump; files recorded with different tokenizers/templates load separately so each
-    session keeps its own recording metadata (a directory may mix qwen3 and qwen3.5 dumps)."""
-    from trace_tools.io.load import find_files, load, read_dump_meta
+    from trace_tools.io.load import load
 
-    files = find_files(dump_path)
-    groups: dict[tuple, list[Path]] = {}
-    for file in files:
-        meta = read_dump_meta(file)
-        groups.setdefault((meta.tokenizer, meta.chat_template), []).append(file)
-    if len(groups) <= 1:
-        return load(dump_path, tokenizer=options.tokenizer)
-    parts = [load(file, tokenizer=options.tokenizer) for file in files]
-    merged = parts[0]
-    for part in parts[1:]:
-        merged.sessions += part.sessions
-        merged.quarantine += part.quarantine
-        merged.files += part.files
-        merged.rows += part.rows
-        merged.session_count += part.session_count
-        merged.vocab_checked = merged.vocab_checked and part.vocab_checked
-    return merged
+    return load(dump_path, tokenizer=options.tokenizer)
 
 
 class _Renderers:
