@@ -16,7 +16,6 @@ def test_notebook_has_no_committed_outputs():
 
 def test_analysis_notebook_runs(sample_run, monkeypatch, tmp_path):
     monkeypatch.setenv("TRACE_TOOLS_RUN", str(sample_run.run_dir))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]

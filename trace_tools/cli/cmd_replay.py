@@ -22,6 +22,8 @@ def replay_cmd(
     on_nonlinear: Annotated[Optional[str], typer.Option(help="linear: reset | error | passthrough.")] = None,
     matcher: Annotated[Optional[str], typer.Option(help="session-v1/v2: strict | loose_tool_call | role_content_only.")] = None,
     rollback: Annotated[Optional[bool], typer.Option("--rollback/--no-rollback", help="chains: last-assistant rollback.")] = None,
+    retries: Annotated[Optional[str], typer.Option(help="checkpoint-tree: `supersede` an unanswered earlier attempt, or `keep` both.")] = None,
+    echo_rules: Annotated[Optional[bool], typer.Option("--echo-rules/--no-echo-rules", help="checkpoint-tree: look past cosmetic echo rewrites.")] = None,
     canonicalization: Annotated[str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")] = "slime",
     samples: Annotated[bool, typer.Option("--samples/--no-samples", help="Write samples.parquet (can be large).")] = True,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
@@ -36,7 +38,8 @@ def replay_cmd(
     from trace_tools.replay.engine import replay
 
     params = {"fork_threshold": fork_threshold, "realign_gate": realign_gate, "realign_from": realign_from,
-              "on_nonlinear": on_nonlinear, "matcher": matcher, "rollback": rollback}
+              "on_nonlinear": on_nonlinear, "matcher": matcher, "rollback": rollback, "retries": retries,
+              "echo_rules": echo_rules}
     with progress_bar("replaying sessions", disable=json_out) as advance:
         result = replay(dump, out=out, strategies=strategy, prompt_source=prompt_source, tokenizer=tokenizer,
                         chat_template=chat_template, canonicalization=canonicalization, params=params,
