@@ -36,14 +36,8 @@ COMMANDS = [
 
 def _register() -> None:
     for name, module, func in COMMANDS:
-        try:
-            mod = importlib.import_module(f"trace_tools.cli.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"trace_tools.cli.{module}":
-                raise
-            continue
-        if hasattr(mod, func):  # TODO(lead): remove once every command exists
-            app.command(name)(_guard(getattr(mod, func)))
+        mod = importlib.import_module(f"trace_tools.cli.{module}")
+        app.command(name)(_guard(getattr(mod, func)))
 
 
 def _guard(command):
