@@ -66,10 +66,10 @@ def continuation_pairs(session) -> list[tuple[int, int, int | None]]:
 
     pairs = []
     turns = session.turns
+    canonical = [canonicalize_messages(turn.messages) for turn in turns]
     for i, turn in enumerate(turns):
-        mine = canonicalize_messages(turn.messages)
-        for later in turns[i + 1:]:
-            theirs = canonicalize_messages(later.messages)
+        mine = canonical[i]
+        for later, theirs in zip(turns[i + 1:], canonical[i + 1:]):
             if theirs == mine:
                 break  # retried: the later generation supersedes this one
             if theirs[:1] != mine[:1] or len(theirs) <= len(mine):

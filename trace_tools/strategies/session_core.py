@@ -638,18 +638,13 @@ class LinearTrajectory:
 def check_append_only(stored: Sequence[dict], request: Sequence[dict], match: Matcher,
                       allowed_roles: Iterable[str]) -> None:
     """400 unless `request` extends `stored` under `match` with only allowed roles appended."""
-    allowed = sorted(allowed_roles)
     if len(request) < len(stored):
         raise RequestRejected(f"new messages ({len(request)}) are fewer than stored messages ({len(stored)})"
                               + _ROLE_GATE_SUFFIX)
     agreed = common_prefix_messages(stored, request, match)
     if agreed < len(stored):
         raise RequestRejected(f"message mismatch at index {agreed}" + _ROLE_GATE_SUFFIX)
-    for index in range(len(stored), len(request)):
-        role = request[index].get("role")
-        if role not in allowed:
-            raise RequestRejected(f"appended message at index {index} has role={role!r}, allowed={allowed}"
-                                  + _ROLE_GATE_SUFFIX)
+    gate_roles(request, len(stored), allowed_roles)
 
 
 def serve_v1(state: LinearTrajectory, request: SessionRequest, tito: TitoTokenizer, match: Matcher) -> TurnOutcome:

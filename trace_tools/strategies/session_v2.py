@@ -27,7 +27,6 @@ class SessionV2(Strategy):
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         result.counters["tree_branches"] += state.tree.branches
-        result.counters["trimmed_leaves"] += 0
         try:
             kept, trimmed = samples_v2(state.tree, tito.family.max_trim_tokens, self.ctx.param("max_seq_len", None),
                                        session.reward)
