@@ -114,11 +114,11 @@ def test_template_kwargs_default_and_override():
 def test_cache_hits_return_independent_copies():
     renderer = _renderer("qwen3.5")
     messages = CONVERSATION[:4]
-    before = renderer.cache_info()["ids_hits"]
+    before = renderer.cache_info().get("cache_hits", 0)
     first = renderer.render(messages, TOOLS)
     first.append(-1)
     second = renderer.render(messages, TOOLS)
-    assert second[-1] != -1 and renderer.cache_info()["ids_hits"] > before
+    assert second[-1] != -1 and renderer.cache_info()["cache_hits"] > before
     # Argument key order is part of what renders, so it is part of the key.
     swapped = copy.deepcopy(CONVERSATION[:6])
     swapped[4]["tool_calls"][0]["function"]["arguments"] = dict(reversed(list(

@@ -16,7 +16,11 @@ def simulate_cmd(
         "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
                             "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,
     recording: Annotated[str, typer.Option("--recording", help="How prompt_ids were recorded: tree | linear | none.")] = "tree",
-    max_turns: Annotated[int, typer.Option("--max-turns", help="Most model turns of a main conversation.")] = 40,
+    max_turns: Annotated[Optional[int], typer.Option(
+        "--max-turns", help="Most model turns of a main conversation (default: 40 for swe, 45 for swe-long).")] = None,
+    profile: Annotated[str, typer.Option(
+        "--profile", help="Session size: swe (short episodes) | swe-long (Claude-Code-sized prompts, 25-45 turns, "
+                          "contexts ending at 25k-60k tokens).")] = "swe",
     logprobs_model: Annotated[Optional[str], typer.Option(
         "--logprobs-model", help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -31,7 +35,7 @@ def simulate_cmd(
     from trace_tools.simulate import simulate, summarize
 
     table = simulate(sessions, seed, template=template, behaviours=behaviour, recording=recording, out=str(out),
-                     max_turns=max_turns, logprobs_model=logprobs_model)
+                     max_turns=max_turns, logprobs_model=logprobs_model, profile=profile)
     rows = summarize(table)
     if json_out:
         print_json({"out": str(out), "recipes": rows})

@@ -4,19 +4,24 @@
 template: the text comes from `apply_chat_template(tokenize=False)` on a `PreTrainedTokenizerFast`
 built from the same tokenizer.json (so transformers' input normalisation applies: None-valued keys
 dropped, reasoning fields aliased), and the ids from encoding that text without special-token
-additions, which is what `apply_chat_template` does. Results are memoised on a canonical JSON of
-the inputs because replay renders the same prefixes over and over.
+additions, which is what `apply_chat_template` does. Replay renders the same histories over and
+over, so both happen incrementally (`trace_tools.render.incremental`): a conversation that extends
+one already rendered renders only a short window around its new messages and encodes only the
+text after the last shared special token, with every shortcut checked and a full render where
+a check fails.
 """
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
+import os
 from typing import Any, Sequence
+
+import numpy as np
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.render.base import ParsedResponse
+from trace_tools.render.incremental import IncrementalRenderer
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import STOP_TOKENS, Tokenizer, load_tokenizer
@@ -35,49 +40,30 @@ def detect_tool_format(template: str) -> str | None:
     return None
 
 
-class _LRU:
-    """A small thread-safe LRU map (functools.lru_cache cannot key on unhashable messages)."""
-
-    def __init__(self, maxsize: int):
-        self.maxsize, self._data, self._lock = maxsize, OrderedDict(), threading.Lock()
-        self.hits = self.misses = 0
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                self.hits += 1
-                return self._data[key]
-            self.misses += 1
-            return None
-
-    def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-
 class Renderer:
     """Implements `trace_tools.render.base.RendererLike` for a real tokenizer and Jinja template."""
 
     def __init__(self, tokenizer: Tokenizer | str, chat_template: str, template_kwargs: dict | None = None,
-                 template_identity: str = "", parser: str | None = None, cache_size: int = 2048):
+                 template_identity: str = "", parser: str | None = None, verify_incremental: bool | None = None):
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.template_identity = template_identity
-        self._parser, self._cache_size = parser, cache_size
+        self._parser = parser
         self.tool_format = parser or detect_tool_format(chat_template)
         self.family = FAMILIES.get(self.tool_format or "", "unknown")
-        self._text_cache, self._ids_cache = _LRU(cache_size), _LRU(cache_size)
+        if verify_incremental is None:
+            verify_incremental = os.environ.get("TRACE_TOOLS_VERIFY_RENDER") == "1"
+        self._verify = verify_incremental
+        self.engine = IncrementalRenderer(self._apply_template, self.tokenizer.encode,
+                                          self.tokenizer.hard_boundaries, verify=verify_incremental)
         self._reasoning_open: dict[str, bool] = {}
+        self._jinja: Any = None
 
     def __reduce__(self):
         # Picklable for process pools: ship the recipe, not the caches and locks.
         return (Renderer, (self.tokenizer, self.chat_template, self.template_kwargs, self.template_identity,
-                           self._parser, self._cache_size))
+                           self._parser, self._verify))
 
     @classmethod
     def from_spec(cls, tokenizer: str | None, chat_template: str | None = None, dump_meta: DumpMeta | None = None,
@@ -98,24 +84,22 @@ class Renderer:
 
     def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
-        key = _cache_key(messages, tools, add_generation_prompt, {**self.template_kwargs, **template_kwargs})
-        cached = self._ids_cache.get(key) if key else None
-        if cached is None:
-            cached = tuple(self.encode(self.render_text(messages, tools, add_generation_prompt, **template_kwargs)))
-            if key:
-                self._ids_cache.put(key, cached)
-        return list(cached)
+        return self.render_array(messages, tools, add_generation_prompt, **template_kwargs).tolist()
+
+    def render_array(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                     add_generation_prompt: bool = True, **template_kwargs: Any) -> np.ndarray:
+        """`render` as an int32 array (shared with the cache: do not modify it)."""
+        kwargs = {**self.template_kwargs, **template_kwargs}
+        return self.engine.ids(messages, tools or None, add_generation_prompt, kwargs)
 
     def render_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                     add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
         kwargs = {**self.template_kwargs, **template_kwargs}
-        key = _cache_key(messages, tools, add_generation_prompt, kwargs)
-        text = self._text_cache.get(key) if key else None
-        if text is None:
-            text = self._apply_template(messages, tools, add_generation_prompt, kwargs)
-            if key:
-                self._text_cache.put(key, text)
-        return text
+        return self.engine.text(messages, tools or None, add_generation_prompt, kwargs)
+
+    def reset_caches(self) -> None:
+        """Drop the incremental render caches (the pipeline calls this between sessions)."""
+        self.engine.reset()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -133,41 +117,18 @@ class Renderer:
                      **template_kwargs: Any) -> list[int] | None:
         """Ids D with `render(prev, gen=False) + D == render(prev + new, gen=True)`, or None.
 
-        None when the extended text does not start with the prefix text (the template rewrites
-        history, e.g. Qwen3 dropping earlier reasoning) or when tokenizing the tail alone would
-        split differently at the boundary than tokenizing the whole text.
+        None when the extended render does not start with the prefix's (the template rewrites
+        history, e.g. Qwen3 dropping earlier reasoning) or when tokenizing the extension splits
+        differently at the boundary than the prefix alone.
         """
-        prefix_text = self.render_text(prev, tools, False, **template_kwargs)
-        full_text = self.render_text([*prev, *new], tools, True, **template_kwargs)
-        if not full_text.startswith(prefix_text):
+        prefix = self.render_array(prev, tools, False, **template_kwargs)
+        full = self.render_array([*prev, *new], tools, True, **template_kwargs)
+        if len(full) < len(prefix) or not np.array_equal(full[:len(prefix)], prefix):
             return None
-        tail = full_text[len(prefix_text):]
-        delta = self.encode(tail)
-        prefix_ids = self.render(prev, tools, False, **template_kwargs)
-        return delta if self._boundary_ok(prefix_text, prefix_ids, tail, delta) else None
-
-    def _boundary_ok(self, prefix_text: str, prefix_ids: list[int], tail: str, delta: list[int]) -> bool:
-        # Added tokens are hard boundaries for the tokenizer: text before one is tokenized
-        # independently of text after it. So it suffices to re-encode from the last added token of
-        # the prefix through the tail and compare; without one, compare the whole encoding.
-        start = self._last_hard_boundary(prefix_text)
-        if start is None:
-            return self.encode(prefix_text + tail) == prefix_ids + delta
-        window = self.encode(prefix_text[start:])
-        if prefix_ids[len(prefix_ids) - len(window):] != window:
-            return False
-        return self.encode(prefix_text[start:] + tail) == window + delta
-
-    def _last_hard_boundary(self, text: str) -> int | None:
-        positions = [text.rfind(token) for token in self._special_strings()]
-        best = max(positions, default=-1)
-        return best if best >= 0 else None
-
-    def _special_strings(self) -> tuple[str, ...]:
-        if not hasattr(self, "_specials"):
-            decoder = self.tokenizer.backend.get_added_tokens_decoder()
-            self._specials = tuple(t.content for t in decoder.values() if t.special)
-        return self._specials
+        prefix_text = self.render_text(prev, tools, False, **template_kwargs)
+        if not self.render_text([*prev, *new], tools, True, **template_kwargs).startswith(prefix_text):
+            return None
+        return full[len(prefix):].tolist()
 
     def reasoning_open(self, **template_kwargs: Any) -> bool:
         """True when the generation prompt ends inside `<think>` (e.g. Qwen3.5's think template)."""
@@ -201,24 +162,48 @@ class Renderer:
                 "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
 
     def cache_info(self) -> dict[str, int]:
-        return {"text_hits": self._text_cache.hits, "text_misses": self._text_cache.misses,
-                "ids_hits": self._ids_cache.hits, "ids_misses": self._ids_cache.misses}
+        """What the incremental engine did: renders by path, fallbacks by reason, tokens encoded/reused."""
+        return dict(self.engine.stats)
 
     def _apply_template(self, messages: Sequence[dict], tools: Sequence[dict] | None,
                         add_generation_prompt: bool, kwargs: dict) -> str:
         from jinja2 import TemplateError
 
+        if self._jinja is None:
+            self._jinja = _jinja_renderer(self.tokenizer.hf, self.chat_template)
         try:
-            return self.tokenizer.hf.apply_chat_template(
-                list(messages), tools=list(tools) if tools else None, chat_template=self.chat_template,
-                add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+            return self._jinja(list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
         except TemplateError as exc:
             raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
 
 
-def _cache_key(messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str | None:
-    # Key order is kept (templates serialise dicts in insertion order); non-JSON inputs skip the cache.
+def _jinja_renderer(hf: Any, chat_template: str):
+    """`apply_chat_template(tokenize=False)`'s text, without its per-call overhead.
+
+    Its steps are replayed with transformers' own functions (message normalisation, then
+    `render_jinja_template` with the special-token map as template variables); where this
+    transformers lacks them, or a probe renders differently, `apply_chat_template` itself is used.
+    """
+    def reference(messages, tools, generation, kwargs):
+        return hf.apply_chat_template(messages, tools=tools, chat_template=chat_template,
+                                      add_generation_prompt=generation, tokenize=False, **kwargs)
+
     try:
-        return json.dumps([messages, tools, generation, kwargs], ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return None
+        from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+    except ImportError:
+        return reference
+    specials = dict(hf.special_tokens_map)
+
+    def direct(messages, tools, generation, kwargs):
+        rendered, _ = render_jinja_template(
+            conversations=[_normalize_chat_messages(messages)], tools=tools, documents=None,
+            chat_template=chat_template, return_assistant_tokens_mask=False, continue_final_message=False,
+            add_generation_prompt=generation, **{**specials, **kwargs})
+        return rendered[0]
+
+    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
+    try:
+        same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))
+    except Exception:
+        return reference
+    return direct if same else reference

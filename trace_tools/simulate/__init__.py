@@ -26,16 +26,17 @@ from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.simulate.behaviours import BEHAVIOURS, parse_recipes
 from trace_tools.simulate.formats import FAMILIES
 from trace_tools.simulate.gateway import RECORDINGS
+from trace_tools.simulate.profiles import PROFILES, get_profile
 
-__all__ = ["BEHAVIOURS", "FAMILIES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
+__all__ = ["BEHAVIOURS", "FAMILIES", "PROFILES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
 HARNESS = "trace-tools simulate"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list[str] | None = None,
-             recording: str = "tree", out: str | None = None, *, max_turns: int = 40,
-             logprobs_model: str | None = None) -> Any:
+             recording: str = "tree", out: str | None = None, *, max_turns: int | None = None,
+             logprobs_model: str | None = None, profile: str = "swe") -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
     Args:
@@ -47,16 +48,20 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
             every behaviour alone and then a few mixes.
         recording: how `prompt_ids` were recorded: `tree`, `linear` or `none`.
         out: also write the table there as Parquet (atomically), with `trace_tools.*` metadata.
-        max_turns: the most model turns of a main conversation (3..40 by default; behaviours
-            that need room raise the floor).
+        max_turns: the most model turns of a main conversation (None: the profile's default, 40
+            for `swe`; behaviours that need room raise the floor).
         logprobs_model: replace the seeded logprobs by a model's teacher-forced ones
             (`trace_tools.rescore.fill_logprobs`; needs torch).
+        profile: session size, `swe` (short episodes) or `swe-long` (Claude-Code-sized prompts,
+            25–45 turns, contexts ending at 25k–60k tokens); see `simulate/profiles.py`.
     """
     from trace_tools.io.write import sessions_to_table, write_parquet_atomic
 
     family, recipes = _family(template), parse_recipes(behaviours)
+    size = get_profile(profile)
+    max_turns = size.default_max_turns if max_turns is None else max_turns
     _check(sessions, recording, max_turns)
-    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns)
+    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns, profile)
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
         from trace_tools.rescore import fill_logprobs
@@ -68,7 +73,7 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
 
 
 def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]],
-                      recording: str, max_turns: int = 40) -> tuple[list[Any], Any]:
+                      recording: str, max_turns: int = 40, profile: str = "swe") -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
     from trace_tools.render.renderer import Renderer
@@ -76,13 +81,15 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
 
     family = _family(template)
     renderer = Renderer.from_spec(family.tokenizer, family.template)
-    ctx = SimContext(seed, family, renderer, recording, max_turns)
+    ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile))
     built = []
     for index in range(sessions):
         rows = SessionBuilder(ctx, index, recipes[index % len(recipes)]).build()
         built.append(Session(rows[0]["session_id"], [_turn(row) for row in rows]))
     arguments = {"sessions": sessions, "seed": seed, "template": family.name, "recipes": ["+".join(r) for r in recipes],
                  "recording": recording, "max_turns": max_turns}
+    if profile != "swe":  # the default leaves the recorded arguments (and the bundled sample) unchanged
+        arguments["profile"] = profile
     meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
                     history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
                     extra={"simulator": json.dumps(arguments), "recording": recording})

@@ -127,7 +127,7 @@ def read_other(rng: random.Random, ws: Workspace) -> Step:
     function = rng.choice(ws.functions)
     start, lines = function_block(ws, function)
     arguments: dict[str, Any] = {"file_path": function.path}
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 and not ws.verbose:
         arguments.update(offset=max(start - 2, 1), limit=len(lines) + 6)
     call = Call("Read", arguments)
     return _step(rng, "read_other", _slots(ws, function), [call], [results.run(ws, call, rng)])

@@ -123,6 +123,9 @@ def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
     for path in files:
         count = ws.files[path].count("\ndef test_")
         total += count
+        if ws.verbose:
+            lines += _verbose_lines(ws, path, path == failing)
+            continue
         marks = "." * count if path != failing else "." * (count - 1) + "F"
         lines.append(f"{path[len(ws.root) + 1:]} {marks}".ljust(WIDTH - 7) + f"[{100 * (files.index(path) + 1) // len(files):3d}%]")
     seconds = f"{rng.uniform(0.04, 1.9):.2f}s"
@@ -137,6 +140,16 @@ def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
                _rule(" short test summary info "), f"FAILED {rel}::test_{ws.bug.name}_boundary - AssertionError",
                _rule(f" 1 failed, {total - 1} passed in {seconds} ")]
     return "\n".join(head + lines + [""] + failure)
+
+
+def _verbose_lines(ws: Workspace, path: str, failing: bool) -> list[str]:
+    """`pytest -v` lines of one test module: one per test, its outcome."""
+    rel = path[len(ws.root) + 1:]
+    names = [line[4:line.index("(")] for line in ws.files[path].split("\n") if line.startswith("def test_")]
+    outcomes = ["PASSED"] * len(names)
+    if failing and outcomes:
+        outcomes[-1] = "FAILED"
+    return [f"{rel}::{name} {outcome}" for name, outcome in zip(names, outcomes)]
 
 
 def _rule(title: str, char: str = "=") -> str:

@@ -19,11 +19,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trace_tools.render.canonical import canonicalize_response
-from trace_tools.simulate import episode, prose
+from trace_tools.simulate import episode, manual, prose
 from trace_tools.simulate.behaviours import Echo, clear_old_tool_results
 from trace_tools.simulate.episode import Step
 from trace_tools.simulate.formats import Family, response_message, wire_from_parsed
 from trace_tools.simulate.gateway import IdealSequences, LinearGateway, canonical
+from trace_tools.simulate.profiles import PROFILES, Profile
 from trace_tools.simulate.sampling import logprobs, split_merged_tokens, truncation_point
 from trace_tools.simulate.tools import MAIN_TOOLS, SUBAGENT_TOOLS, tool_schemas
 from trace_tools.simulate.workspace import build_workspace, plural
@@ -81,6 +82,7 @@ class SimContext:
     renderer: Any
     recording: str
     max_turns: int = 40
+    profile: Profile = PROFILES["swe"]
 
 
 class SessionBuilder:
@@ -102,14 +104,16 @@ class SessionBuilder:
 
     # -- the session --------------------------------------------------------------------------
     def build(self) -> list[dict[str, Any]]:
-        ws = build_workspace(self.plan_rng)
+        profile = self.ctx.profile
+        ws = build_workspace(self.plan_rng, profile.modules, profile.functions)
+        ws.verbose = profile.manual
         turns = self._turn_count()
         task_at = self.plan_rng.randint(1, turns - 2) if "subagent" in self.recipe else None
         steps = episode.plan_main(self.plan_rng, ws, turns, task_at=task_at)
         events = self._events(steps)
         bug = ws.bug
         task = prose.task_text(self.plan_rng, bug.name, bug.path, plural(bug.noun))
-        conv = Conversation.start("main", tool_schemas(MAIN_TOOLS), prose.MAIN_SYSTEM.format(root=ws.root), task)
+        conv = Conversation.start("main", self._tools(MAIN_TOOLS), self._system(prose.MAIN_SYSTEM, ws), task)
         for i, step in enumerate(steps):
             if events.get("compaction") == i:
                 conv = self._compact(conv, ws, steps[:i])
@@ -119,9 +123,17 @@ class SessionBuilder:
         self._finish()
         return self.rows
 
+    def _system(self, template: str, ws: Any) -> str:
+        base = template.format(root=ws.root)
+        return manual.system_prompt(base, ws) if self.ctx.profile.manual else base
+
+    def _tools(self, names: tuple[str, ...]) -> list[dict]:
+        tools = tool_schemas(names)
+        return manual.with_notes(tools) if self.ctx.profile.manual else tools
+
     def _turn_count(self) -> int:
-        spread = self.ctx.max_turns - 3
-        turns = 3 + int(self.plan_rng.betavariate(1.4, 3.2) * spread)
+        low = min(self.ctx.profile.min_turns, self.ctx.max_turns)
+        turns = low + int(self.plan_rng.betavariate(1.4, 3.2) * (self.ctx.max_turns - low))
         needed = max([MIN_TURNS.get(name, 3) for name in self.recipe] + [3])
         if "compaction" in self.recipe and "history-edit" in self.recipe:
             needed += 1
@@ -166,8 +178,8 @@ class SessionBuilder:
 
     def _run_subagent(self, step: Step, ws: Any) -> None:
         prompt = step.calls[0].arguments["prompt"]
-        sub = Conversation.start(self._new_branch("subagent"), tool_schemas(SUBAGENT_TOOLS),
-                                 prose.SUB_SYSTEM.format(root=ws.root), prompt)
+        sub = Conversation.start(self._new_branch("subagent"), self._tools(SUBAGENT_TOOLS),
+                                 self._system(prose.SUB_SYSTEM, ws), prompt)
         for sub_step in step.subagent:
             self._run_step(sub, sub_step, ws)
 

@@ -82,6 +82,7 @@ class Workspace:
     files: dict[str, str] = field(default_factory=dict)
     functions: list[Function] = field(default_factory=list)
     bug: Function | None = None
+    verbose: bool = False  # long profile: whole-file reads and per-test pytest lines
 
     def lines(self, path: str) -> list[str]:
         return self.files[path].split("\n")
@@ -103,14 +104,16 @@ class Workspace:
         return text[:at].count("\n") + 1
 
 
-def build_workspace(rng: random.Random) -> Workspace:
-    """A repository of 3-5 modules with 3-6 functions each; one function carries the planted bug."""
+def build_workspace(rng: random.Random, modules: tuple[int, int] = (3, 5),
+                    functions_per_module: tuple[int, int] = (3, 6)) -> Workspace:
+    """A repository of `modules` modules with `functions_per_module` functions each (inclusive
+    ranges); one function carries the planted bug."""
     project = rng.choice(PROJECTS)
     ws = Workspace(root=f"/repo/{project}", package=project)
     taken: set[str] = set()
-    for module in rng.sample(MODULES, rng.randint(3, 5)):
+    for module in rng.sample(MODULES, rng.randint(*modules)):
         path = f"{ws.root}/src/{project}/{module}.py"
-        functions = [_function(rng, path, taken) for _ in range(rng.randint(3, 6))]
+        functions = [_function(rng, path, taken) for _ in range(rng.randint(*functions_per_module))]
         ws.functions.extend(f for f, _ in functions)
         header = f'"""{module.replace("_", " ").capitalize()} helpers for {project}."""\nfrom __future__ import annotations\n\n\n'
         ws.files[path] = header + "\n\n".join(lines for _, lines in functions) + "\n"

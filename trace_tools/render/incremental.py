@@ -1,0 +1,426 @@
+"""Incremental rendering: a conversation that extends one already rendered costs only its new part.
+
+A gateway's replay renders the same history again and again: every turn re-sends the whole
+conversation, and every strategy renders it in its own variants. Rendering and tokenizing the
+whole conversation each time is what made replay as slow as a throwaway script. This engine
+keeps, per conversation prefix, the rendered text (`add_generation_prompt=False`) and its token
+ids, and extends them:
+
+**Text.** For `messages = prefix + delta`, the delta's text comes from rendering a short
+*window* instead of the whole conversation: the prefix's messages that are neither `assistant`
+nor `tool` (system prompts and user turns: what templates compute global state from, such as
+Qwen's "last user query" that decides where reasoning is shown), then the prefix from its last
+assistant message on, then the delta. With `A = render(window_context)` and
+`B = render(window_context + delta)`, the conversation's text is `text(prefix) + B[len(A):]`.
+Three rules keep that exact, each checked on every use:
+
+* the delta holds only `assistant` and `tool` messages (a new user or system message can make
+  a template rewrite earlier turns, e.g. Qwen3 drops old reasoning after a new user query);
+* the window renders the kept tail of the prefix exactly as the full render did (its text is a
+  suffix of `text(prefix)`), so the template's state at the boundary is the same;
+* `B` starts with `A` (the template does not rewrite history within the window).
+
+Anything else falls back to a full render and is counted by reason (`stats`). Each template is
+also checked once, on synthetic conversations, against full renders (`self_check`); a template
+that fails is always rendered in full.
+
+**Ids.** Added tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`, ...) are hard boundaries:
+the tokenizer splits them off before anything else, so the text on either side encodes
+independently. A new text that shares a prefix with a cached one reuses the cached ids up to
+the last such boundary inside the shared part and encodes only the rest. This holds for full
+renders too, so even a fallback tokenizes only what changed.
+
+Caches live for one session (`reset()` between sessions keeps memory bounded by the largest
+session); message digests are memoised by object identity, which is safe because messages are
+never mutated once built (canonicalization returns new objects).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+_DELTA_ROLES = ("assistant", "tool")
+_SCAN = 4096  # characters searched back for a boundary before widening the search
+_MAX_ENTRIES = 4096
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        import orjson
+
+        return orjson.dumps(value)
+    except (ImportError, TypeError):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr).encode("utf-8")
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How a template may be rendered incrementally, decided per template by `self_check`.
+
+    `tools`: pass the tools to window renders (False when they only shape the header, which the
+    window cuts off anyway). `suffix`: the generation prompt only appends to the plain render, so
+    one window render gives both.
+    """
+
+    tools: bool
+    suffix: bool
+
+
+# Cheapest first; the first that reproduces every probe conversation exactly is used.
+CANDIDATES = tuple(Rules(tools, suffix) for tools in (False, True) for suffix in (True, False))
+
+
+@dataclass(slots=True)
+class _Text:
+    """A rendered text and (lazily) its ids; `base` is a cached text this one extends or shares a
+    prefix with, `shared` the length of that common prefix."""
+
+    text: str
+    base: "_Text | None"
+    shared: int
+    ids: np.ndarray | None = None
+    # (message index, text offset) where the last incrementally appended messages start, so the
+    # next extension can read its context's text off this one instead of rendering it again.
+    tail: tuple[int, int] | None = None
+
+
+class IncrementalRenderer:
+    """Renders through `apply(messages, tools, add_generation_prompt, kwargs) -> str` incrementally.
+
+    `encode(text) -> list[int]` tokenizes; `boundaries` maps hard-boundary token strings to ids.
+    """
+
+    def __init__(self, apply: Callable[..., str], encode: Callable[[str], list[int]], boundaries: dict[str, int],
+                 verify: bool = False):
+        self._apply, self._encode, self.verify = apply, encode, verify
+        self._boundaries = _independent(boundaries)
+        self.rules: Rules | None = CANDIDATES[0]
+        self.stats: Counter = Counter()
+        self._checked = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every cached text (between sessions)."""
+        self._prefixes: OrderedDict[bytes, _Text] = OrderedDict()
+        self._results: OrderedDict[bytes, _Text] = OrderedDict()
+        self._windows: OrderedDict[bytes, str] = OrderedDict()
+        self._messages: dict[int, tuple[Any, bytes]] = {}
+        self._last: _Text | None = None
+
+    # -- public --------------------------------------------------------------------------------
+    def text(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str:
+        return self._render(list(messages), tools, generation, kwargs).text
+
+    def ids(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> np.ndarray:
+        return self._ids_of(self._render(list(messages), tools, generation, kwargs))
+
+    def encode_text(self, text: str) -> np.ndarray:
+        """Ids of an arbitrary text, reusing the ids of the cached text it shares most with."""
+        entry = _Text(text, self._last, _common_prefix(self._last.text, text) if self._last else 0)
+        return self._ids_of(entry)
+
+    # -- rendering -----------------------------------------------------------------------------
+    def _render(self, messages: list[dict], tools, generation: bool, kwargs: dict) -> _Text:
+        if not self._checked:
+            self._checked = True
+            self.self_check()
+        chain = self._chain(messages, tools, kwargs)
+        key = chain[-1] + (b"g" if generation else b"p")
+        cached = self._results.get(key)
+        if cached is not None:
+            self.stats["cache_hits"] += 1
+            return cached
+        entry = self._extend(messages, tools, generation, kwargs, chain) if self.rules and chain else None
+        if entry is None:
+            entry = self._full(messages, tools, generation, kwargs, chain)
+        elif self.verify:
+            self._verify(entry, messages, tools, generation, kwargs)
+        self._put(self._results, key, entry)
+        self._last = entry
+        return entry
+
+    def _extend(self, messages, tools, generation, kwargs, chain) -> _Text | None:
+        """The incremental path; None (with the reason counted) when a full render is needed."""
+        k = next((k for k in range(len(messages), 0, -1) if chain[k] in self._prefixes), 0)
+        if k == 0:
+            self.stats["full:no_cached_prefix"] += 1
+            return None
+        delta = messages[k:]
+        if any(m.get("role") not in _DELTA_ROLES for m in delta):
+            self.stats["full:appended_role"] += 1
+            return None
+        prefix = self._prefixes[chain[k]]
+        window = self._window(messages[:k])
+        if window is None:
+            self.stats["full:media_in_history"] += 1
+            return None
+        head, context, start = window
+        window_tools = tools if self.rules.tools else None
+        try:
+            head_text = self._window_text(head, window_tools, False, kwargs)
+            if context and prefix.tail is not None and prefix.tail[0] == start:
+                before = head_text + prefix.text[prefix.tail[1]:]  # the context as the full render has it
+            else:
+                before = self._window_text(head + context, window_tools, False, kwargs)
+                if not (before.startswith(head_text) and prefix.text.endswith(before[len(head_text):])):
+                    self.stats["full:context_mismatch"] += 1
+                    return None
+            plain, after = self._window_pair(head, head + context + delta, window_tools, generation, kwargs)
+        except Exception:  # a window the template refuses; the full render decides
+            self.stats["full:window_error"] += 1
+            return None
+        if not (after.startswith(before) and plain.startswith(before)):
+            self.stats["full:history_rewrite"] += 1
+            return None
+        self.stats["incremental"] += 1
+        grown = _Text(prefix.text + plain[len(before):], prefix, len(prefix.text), tail=(k, len(prefix.text)))
+        self._put(self._prefixes, chain[-1], grown)
+        if not generation:
+            return grown
+        return self._with_generation_prompt(grown, prefix.text + after[len(before):])
+
+    def _window_pair(self, head: list[dict], messages: list[dict], tools, generation: bool,
+                     kwargs: dict) -> tuple[str, str]:
+        """(plain render, render as asked) of a window: one render when the template's generation
+        prompt is a pure suffix (the head's own generation prompt tells which)."""
+        if not generation:
+            plain = self._apply(messages, tools, False, kwargs)
+            return plain, plain
+        after = self._apply(messages, tools, True, kwargs)
+        if self.rules.suffix:
+            prompt = self._generation_prompt(head, tools, kwargs)
+            if prompt is not None and after.endswith(prompt):
+                return after[:len(after) - len(prompt)], after
+        return self._apply(messages, tools, False, kwargs), after
+
+    def _generation_prompt(self, head: list[dict], tools, kwargs: dict) -> str | None:
+        plain = self._window_text(head, tools, False, kwargs)
+        prompted = self._window_text(head, tools, True, kwargs)
+        return prompted[len(plain):] if prompted.startswith(plain) else None
+
+    @staticmethod
+    def _with_generation_prompt(plain: _Text, text: str) -> _Text:
+        # Usually the generation prompt only appends, so the ids extend the plain render's.
+        if text.startswith(plain.text):
+            return _Text(text, plain, len(plain.text))
+        return _Text(text, plain, _common_prefix(plain.text, text))
+
+    def _full(self, messages, tools, generation: bool, kwargs: dict, chain) -> _Text:
+        self.stats["full"] += 1
+        text = self._apply(messages, tools, generation, kwargs)
+        plain = text if not generation else self._apply(messages, tools, False, kwargs)
+        base = self._last
+        shared = _common_prefix(base.text, plain) if base is not None else 0
+        state = _Text(plain, base if shared else None, shared)
+        if chain:
+            self._put(self._prefixes, chain[-1], state)
+        if not generation:
+            return state
+        return self._with_generation_prompt(state, text)
+
+    @staticmethod
+    def _window(prefix: list[dict]) -> tuple[list[dict], list[dict], int] | None:
+        """(kept head, context, context start): the prefix's messages before its last assistant
+        message that are neither assistant nor tool, then the prefix from that assistant on. None
+        when a dropped message carries media (templates count images across the conversation)."""
+        last = next((i for i in range(len(prefix) - 1, -1, -1) if prefix[i].get("role") == "assistant"), None)
+        if last is None:
+            return list(prefix), [], len(prefix)
+        head, dropped = [], []
+        for message in prefix[:last]:
+            (dropped if message.get("role") in _DELTA_ROLES else head).append(message)
+        if any(_has_media(m) for m in dropped):
+            return None
+        return head, prefix[last:], last
+
+    def _window_text(self, messages: list[dict], tools, generation: bool, kwargs: dict) -> str:
+        key = self._chain(messages, tools, kwargs)[-1] + (b"g" if generation else b"p")
+        text = self._windows.get(key)
+        if text is None:
+            text = self._apply(messages, tools, generation, kwargs)
+            self._put(self._windows, key, text)
+        return text
+
+    # -- ids -----------------------------------------------------------------------------------
+    def _ids_of(self, entry: _Text) -> np.ndarray:
+        pending = []
+        while entry.ids is None:
+            pending.append(entry)
+            if entry.base is None:
+                break
+            entry = entry.base
+        for item in reversed(pending):
+            item.ids = self._encode_after(item)
+        return pending[0].ids if pending else entry.ids
+
+    def _encode_after(self, entry: _Text) -> np.ndarray:
+        base = entry.base
+        cut = self._boundary(base, entry.shared) if base is not None and base.ids is not None else None
+        if cut is None:
+            ids = np.asarray(self._encode(entry.text), dtype=np.int32)
+            self.stats["tokens_encoded"] += len(ids)
+            return ids
+        text_at, token_at = cut
+        tail = np.asarray(self._encode(entry.text[text_at:]), dtype=np.int32)
+        self.stats["tokens_encoded"] += len(tail)
+        self.stats["tokens_reused"] += token_at
+        return np.concatenate([base.ids[:token_at], tail])
+
+    def _boundary(self, base: _Text, limit: int) -> tuple[int, int] | None:
+        """(text position, token index) in `base` of its last hard boundary starting before `limit`."""
+        text = base.text
+        start = max(0, limit - _SCAN)
+        while True:
+            found = max(((text.rfind(token, start, limit), token) for token in self._boundaries), default=(-1, ""))
+            if found[0] >= 0 or start == 0:
+                break
+            start = max(0, start - 16 * _SCAN)
+        position, token = found
+        if position < 0:
+            return None
+        # The boundary is the n-th occurrence of its token counting from the end of the text, and
+        # every occurrence of an added token's text is that token, so it is the n-th occurrence of
+        # its id counting from the end of the ids.
+        from_end = text.count(token, position)
+        hits = np.flatnonzero(base.ids == self._boundaries[token])
+        return position, int(hits[len(hits) - from_end])
+
+    # -- digests -------------------------------------------------------------------------------
+    def _chain(self, messages: list[dict], tools, kwargs: dict) -> list[bytes]:
+        """Running digests: [context, context+m0, context+m0+m1, ...]; [] when not JSON-like."""
+        link = _digest(_dumps([tools, kwargs]))
+        chain = [link]
+        for message in messages:
+            link = _digest(link + self._message_digest(message))
+            chain.append(link)
+        return chain
+
+    def _message_digest(self, message: Any) -> bytes:
+        hit = self._messages.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        digest = _digest(_dumps(message))
+        if len(self._messages) > 8 * _MAX_ENTRIES:
+            self._messages.clear()
+        self._messages[id(message)] = (message, digest)
+        return digest
+
+    @staticmethod
+    def _put(cache: OrderedDict, key: bytes, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        if len(cache) > _MAX_ENTRIES:
+            cache.popitem(last=False)
+
+    # -- checks --------------------------------------------------------------------------------
+    def _verify(self, entry: _Text, messages, tools, generation: bool, kwargs: dict) -> None:
+        expected = self._apply(messages, tools, generation, kwargs)
+        if entry.text != expected:
+            self.stats["verify_mismatch"] += 1
+            raise AssertionError(f"incremental render differs from the full render after {len(messages)} messages")
+
+    def self_check(self) -> Rules | None:
+        """Find the cheapest rules under which synthetic conversations render exactly as in full;
+        None (always render in full) when no candidate does."""
+        self._checked = True
+        verify, self.verify = self.verify, False
+        try:
+            self.rules = next((rules for rules in CANDIDATES if self._passes(rules)), None)
+        finally:
+            self.verify = verify
+            self.reset()
+        if self.rules is None:
+            self.stats["template_not_incremental"] += 1
+        return self.rules
+
+    def _passes(self, rules: Rules) -> bool:
+        self.rules = rules
+        try:
+            for conversation, tools in _probe_conversations():
+                self.reset()
+                if not self._probe(conversation, tools):
+                    return False
+        except Exception:
+            return False
+        return True
+
+    def _probe(self, conversation: list[dict], tools) -> bool:
+        for end in range(2, len(conversation) + 1):
+            messages = conversation[:end]
+            for generation in (False, True):
+                try:
+                    expected = self._apply(messages, tools, generation, {})
+                except Exception:
+                    continue  # the template refuses this shape; nothing to compare
+                if self._render(messages, tools, generation, {}).text != expected:
+                    return False
+        return True
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix, by bisection on C-speed slice comparisons."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _independent(boundaries: dict[str, int]) -> dict[str, int]:
+    """Boundary tokens whose text occurs inside no other added token (so every occurrence of it
+    in a text is that token)."""
+    return {token: i for token, i in boundaries.items()
+            if token and not any(token != other and token in other for other in boundaries)}
+
+
+def _has_media(message: dict) -> bool:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return False
+    return any(isinstance(part, dict) and part.get("type") not in ("text", "input_text", "output_text")
+               for part in content)
+
+
+def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
+    """Shapes every strategy renders: tools or not, reasoning or not, parallel calls, multi-tool
+    results, text turns, follow-up user turns."""
+    tools = [{"type": "function", "function": {
+        "name": "lookup", "description": "Look a key up.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
+                       "required": ["key"]}}}]
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "alpha", "n": 2}}}
+    with_tools = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Find alpha."},
+        {"role": "assistant", "content": "", "reasoning_content": "Need the tool.", "tool_calls": [call]},
+        {"role": "tool", "content": "alpha = 1"},
+        {"role": "assistant", "content": "Two more.", "tool_calls": [call, call]},
+        {"role": "tool", "content": "first"},
+        {"role": "tool", "content": "second\n"},
+        {"role": "assistant", "content": "Done: 1.", "reasoning_content": "All found."},
+        {"role": "user", "content": "Again?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Once more.", "tool_calls": [call]},
+        {"role": "tool", "content": "alpha = 1"},
+        {"role": "assistant", "content": "Still 1."},
+    ]
+    plain = [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye."},
+        {"role": "assistant", "content": "<think>\nshort\n</think>\n\nBye."},
+    ]
+    return [(with_tools, tools), (with_tools[1:], None), (plain, None)]
