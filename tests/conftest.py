@@ -1,13 +1,19 @@
 """Shared fixtures: real runs over real dumps (the bundled sample and small simulated ones)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Tests replay in-process (DESIGN §10: `--workers 1` is the plain path); the executor tests ask
+# for process pools and Ray explicitly.
+os.environ.setdefault("TRACE_TOOLS_WORKERS", "1")
 
 
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory):
     """One replay of the bundled sample_traces/ through every strategy (shared by report/gate/compare tests)."""
-    from trace_tools.replay.engine import replay
+    from trace_tools.api import replay
 
     return replay(None, out=tmp_path_factory.mktemp("runs") / "sample")
 

@@ -196,7 +196,7 @@ def test_turns_the_simulated_linear_gateway_healed_get_its_exact_prompt_ids(temp
 def test_the_engine_writes_the_run_directory_columns(dump_path, tmp_path):
     import pandas as pd
 
-    from trace_tools.replay.engine import replay
+    from trace_tools.api import replay
 
     run = replay(dump_path, out=tmp_path / "run", strategies=["checkpoint-tree"])
     assert run.quarantined == 0

@@ -19,15 +19,14 @@ def simulated(request, tmp_path_factory):
     from trace_tools.io.load import load
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate import simulate
-    from trace_tools.strategies.base import ReplayContext
-    from trace_tools.strategies.prepare import prepare_turns
+    from trace_tools.strategies.base import ReplayContext, prepare
 
     path = tmp_path_factory.mktemp("delta") / f"{request.param}.parquet"
     simulate(sessions=20, seed=5, template=request.param, out=str(path), max_turns=10)
     dump = load(path)
     renderer = Renderer.from_spec(dump.meta.tokenizer, None, dump_meta=dump.meta)
     ctx = ReplayContext(renderer)
-    return renderer, [(s.session_id, prepare_turns(s, ctx)) for s in dump.sessions]
+    return renderer, [(s.session_id, prepare(s, ctx).turns) for s in dump.sessions]
 
 
 def test_delta_and_full_paths_feed_identical_ids(simulated):

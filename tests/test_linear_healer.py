@@ -12,7 +12,7 @@ from test_linear_fakes import (A_CLOSE, A_OPEN, SERVED_BASE, U_CLOSE, U_OPEN, Fa
 from trace_tools.data import Turn
 from trace_tools.strategies.linear_core import (COUNTER_KEYS, LinearHealer, NonlinearHistory, heal_session,
                                                 linear_delta, path_differences, trim_overlap)
-from trace_tools.strategies.prepare import PreparedTurn
+from trace_tools.pipeline.prepared import PreparedTurn
 
 BASH = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 

@@ -169,3 +169,11 @@ def test_loading_and_rendering_never_import_torch():
     result = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.strip()) > 5
+
+
+def test_io_vocabulary_table_agrees_with_the_recipes():
+    """io checks ids against its own table (it must not import the render layer); the recipes
+    that build the tokenizers must give the same sizes."""
+    from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES
+
+    assert BUILTIN_VOCAB_SIZES == {name: recipe.vocab_size for name, recipe in tk.RECIPES.items()}

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.data import COUNTERS, ReplayResult
-from trace_tools.replay.engine import replay
+from trace_tools.api import replay
 from trace_tools.strategies.base import REGISTRY, Strategy, register
 
 SESSION_COLUMNS = ["strategy", "session_id", "samples", "forks", "generated_tokens", "trained_tokens",

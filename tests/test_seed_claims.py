@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from trace_tools.replay.engine import replay
+from trace_tools.api import replay
 from trace_tools.simulate import simulate
 
 

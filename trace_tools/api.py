@@ -1,18 +1,128 @@
-"""The notebook-facing API: a finished run as pandas DataFrames.
+"""The public API: replay a dump into a run directory, explain a session, open a finished run.
 
     import trace_tools as tt
-    run = tt.open_run("trace-tools-runs/sample_traces-...")
+    result = tt.replay("dump.parquet", out="runs/r1", strategies=["tree", "checkpoint-tree"])
+    run = tt.open_run("runs/r1")
     run.coverage_by_tool()          # tool × strategy token coverage
     run.drift_causes()              # strategy × cause: turns and tokens lost
     run.session("sim-qwen3-s7-0003")  # one session's turns under every strategy
+
+This module sits above both replay and report: `replay` runs the engine (`replay.engine`), then
+computes the summary and writes report.md and plots from the run's tables (`report`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import pandas as pd
+
+
+@dataclass
+class RunResult:
+    """A finished replay: where it wrote, its summary.json, and what it did."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    sessions_replayed: int
+    quarantined: int
+    resumed_shards: int = 0
+    reconstruction: dict[str, Any] = field(default_factory=dict)
+
+
+def replay(dump: str | Path | None = None, *, out: str | Path | None = None, strategies: Iterable[str] | None = None,
+           prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
+           canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
+           workers: int | None = None, executor: str = "local", address: str | None = None,
+           progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
+    write the run directory (DESIGN §6).
+
+    `workers` defaults to `$TRACE_TOOLS_WORKERS` or the machine's cores (1 replays in this
+    process); `executor="ray"` runs the same session function on Ray (`address` of a cluster, or
+    a local one). The output does not depend on either.
+    """
+    from trace_tools.replay.engine import run
+    from trace_tools.replay.session import ReplayOptions
+
+    options = ReplayOptions(list(strategies or []), prompt_source, tokenizer, chat_template, canonicalization,
+                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples)
+    engine = run(dump, options, out, workers=workers, executor=executor, address=address, progress=progress)
+    return _finish(engine)
+
+
+def _finish(engine: Any) -> RunResult:
+    """summary.json, run.json, report.md and plots from the merged tables."""
+    from trace_tools.io import rundir
+    from trace_tools.io.write import write_json_atomic
+    from trace_tools.report.metrics import reconstruction_summary, summarize
+    from trace_tools.report.render import write_report
+
+    run_dir = engine.run_dir
+    tables = {name: rundir.read_table(run_dir, name) for name in ("turns", "sessions", "quarantine", "fidelity")}
+    reconstruction = reconstruction_summary(engine.render_stats)
+    summary = summarize(tables, engine, engine.options.strategies)
+    summary["reconstruction"] = reconstruction
+    write_json_atomic(summary, run_dir / "summary.json")
+    write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
+    write_report(run_dir, summary, tables)
+    return RunResult(run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards,
+                     reconstruction)
+
+
+def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
+    import platform
+
+    from trace_tools import __version__
+
+    meta = asdict(engine.meta)
+    if meta.get("chat_template"):
+        meta["chat_template"] = f"<{len(meta['chat_template'])} chars>"
+    return {
+        "trace_tools_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": {"dump": str(Path(engine.dump).resolve()), "files": [str(f) for f in engine.files],
+                   "rows": engine.rows, "vocab_checked": engine.vocab_checked, "dump_meta": meta},
+        "options": asdict(engine.options),
+        "renderers": engine.renderers,
+        "reconstruction": reconstruction,
+        "versions": {"python": platform.python_version(), **_versions()},
+    }
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for package in ("pandas", "pyarrow", "tokenizers", "transformers", "jinja2", "tiktoken"):
+        try:
+            out[package] = md.version(package)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strategy: str | None = None,
+            tokenizer: str | None = None, chat_template: str | None = None, prompt_source: str = "auto",
+            canonicalization: str = "slime", context: int = 8) -> Any:
+    """`report.explain` for one session, plus (with `strategy`) what that strategy made of the focused turn."""
+    from trace_tools.pipeline import Pipeline
+    from trace_tools.report.explain import explain_prepared
+
+    pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
+                        prompt_source=prompt_source)
+    prepared = pipeline.session(session_id)
+    result = explain_prepared(prepared, turn=turn, context=context)
+    if strategy and result.focus:
+        from trace_tools.replay.session import strategy_turn_view
+        from trace_tools.strategies.base import ReplayContext
+
+        ctx = ReplayContext(prepared.renderer, canonicalization, prompt_source)
+        result.strategy, result.strategy_turn = strategy, strategy_turn_view(prepared, ctx, strategy,
+                                                                             result.focus.turn_index)
+    return result
 
 
 @dataclass
@@ -75,7 +185,7 @@ class Run:
 
 
 def open_run(path: str | Path) -> Run:
-    from trace_tools.replay.rundir import load_summary
+    from trace_tools.io.rundir import load_summary
     from trace_tools.report.rerender import read_run
 
     tables = read_run(path)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
-from trace_tools.data import DumpMeta, Session, Turn
+from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
 from trace_tools.render.canonical import canonicalize_messages
 
@@ -47,64 +47,105 @@ class ReconstructResult:
         return [out / "turns.parquet", out / "summary.json"]
 
 
+RECONSTRUCT_COLUMNS = ("session_id", "turn_index", "messages", "tools", "output_ids", "prompt_ids",
+                       "chat_template_kwargs")
+
+
 def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str | None = None,
-                canonicalization: str = "slime", renderer: Any = None) -> ReconstructResult:
+                canonicalization: str = "slime", renderer: Any = None,
+                progress: Callable[[int, int], None] | None = None) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
-    `dump` is a path (read with `trace_tools.io.load.load`), an already loaded dump (anything with
-    `.sessions` and `.meta`), or a list of `Session`s. `tokenizer` / `chat_template` override the
-    dump's metadata; `renderer` (any RendererLike) skips resolution altogether.
+    `dump` is a path (streamed through `trace_tools.pipeline`, each session rendered with its own
+    file's tokenizer and template, reading only the columns this needs), an already loaded dump
+    (anything with `.sessions`), or a list of `Session`s. `tokenizer` / `chat_template` override
+    the dump's metadata; `renderer` (any RendererLike) skips resolution altogether.
     """
-    sessions, meta, quarantined = _sessions_and_meta(dump, tokenizer, chat_template)
-    if renderer is None:
-        from trace_tools.render.renderer import Renderer
+    from trace_tools.pipeline import RendererPool
 
-        renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=meta)
-    rows = [turn_fidelity(renderer, turn, canonicalization) for session in sessions for turn in session.turns]
+    sessions, quarantined, total = _sessions(dump, tokenizer, chat_template, renderer)
+    pool = RendererPool(tokenizer, chat_template, renderer)
+    rows: list[dict[str, Any]] = []
+    identities: dict[str, Any] = {}
+    for done, session in enumerate(sessions, start=1):
+        rows += _session_rows(session, pool, canonicalization, identities)
+        if progress:
+            progress(done, total)
     turns = pd.DataFrame(rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
-    identity = dict(getattr(renderer, "identity", {}) or {})
-    summary = {**summarize(turns), "quarantined_sessions": quarantined}
+    summary = {**summarize(turns), "quarantined_sessions": len(quarantined)}
+    identity = next(iter(identities.values()), {}) if len(identities) <= 1 else {"renderers": list(identities.values())}
     return ReconstructResult(turns, session_table(turns), summary, identity)
 
 
-def _sessions_and_meta(dump: Any, tokenizer: str | None,
-                       chat_template: str | None) -> tuple[list[Session], DumpMeta, int]:
-    """(valid sessions, metadata, number of quarantined sessions) from any accepted input."""
+def _sessions(dump: Any, tokenizer: str | None, chat_template: str | None,
+              renderer: Any) -> tuple[Iterator[Session], set, int]:
+    """(valid sessions, quarantined session ids — filled while iterating for paths —, session count)."""
+    quarantined: set[str] = set()
     if isinstance(dump, (str, os.PathLike)):
-        from trace_tools.io.load import load
+        from trace_tools.pipeline import Pipeline
 
-        dump = load(dump, tokenizer=tokenizer, chat_template=chat_template)
+        pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, columns=RECONSTRUCT_COLUMNS,
+                            renderer=renderer)
+        stream = pipeline.stream
+
+        def valid() -> Iterator[Session]:
+            for item in pipeline:
+                if isinstance(item, Session):
+                    yield item
+                elif item.session_id is not None:
+                    quarantined.add(item.session_id)
+        return valid(), quarantined, stream.session_count
     if hasattr(dump, "sessions"):
         quarantined = {entry.session_id for entry in getattr(dump, "quarantine", None) or ()}
-        return list(dump.sessions), getattr(dump, "meta", None) or DumpMeta(), len(quarantined)
+        return iter(list(dump.sessions)), quarantined, len(dump.sessions)
     if isinstance(dump, Iterable):
         sessions = [s for s in dump if isinstance(s, Session)]
-        meta = sessions[0].meta if sessions else DumpMeta()
-        return sessions, meta, 0
+        return iter(sessions), quarantined, len(sessions)
     raise TraceToolsError(f"cannot reconstruct {type(dump).__name__}; pass a dump path, a loaded dump or sessions")
 
 
-def turn_fidelity(renderer: Any, turn: Turn, canonicalization: str = "slime") -> dict[str, Any]:
-    """One row of the turns table (see TURN_COLUMNS)."""
-    recorded = list(turn.prompt_ids) if turn.prompt_ids is not None else None
-    row: dict[str, Any] = {"session_id": turn.session_id, "turn_index": turn.turn_index, "rendered_len": None,
-                           "recorded_len": len(recorded) if recorded is not None else None, "exact": None,
-                           "first_divergence": None, "context": None, "error": None}
+def _session_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
+    from trace_tools.pipeline.prepared import prepare_session
+
     try:
-        rendered = render_turn(renderer, turn, canonicalization)
+        renderer = pool.for_session(session)
+        prepared = prepare_session(session, renderer, canonicalization, "auto")
     except TraceToolsError as exc:
-        row["error"] = str(exc)
-        if recorded is not None:
-            row["exact"] = False
-        return row
-    row["rendered_len"] = len(rendered)
+        return [_row(turn, None, error=str(exc)) for turn in session.turns]
+    identity = dict(getattr(renderer, "identity", {}) or {})
+    identities.setdefault(repr(sorted(identity.items())), identity)
+    rows = [turn_fidelity(renderer, p) for p in prepared.turns]
+    if hasattr(renderer, "reset_caches"):
+        renderer.reset_caches()
+    return rows
+
+
+def turn_fidelity(renderer: Any, prepared: Any) -> dict[str, Any]:
+    """One row of the turns table (see TURN_COLUMNS) for a prepared turn."""
+    turn = prepared.turn
+    try:
+        rendered = prepared.rendered_prompt_ids()
+    except TraceToolsError as exc:
+        return _row(turn, None, error=str(exc))
+    return _row(turn, rendered, renderer=renderer)
+
+
+def _row(turn: Turn, rendered: Sequence[int] | None, renderer: Any = None, error: str | None = None) -> dict[str, Any]:
+    recorded = turn.prompt_ids
+    row: dict[str, Any] = {"session_id": turn.session_id, "turn_index": turn.turn_index,
+                           "rendered_len": None if rendered is None else len(rendered),
+                           "recorded_len": None if recorded is None else len(recorded), "exact": None,
+                           "first_divergence": None, "context": None, "error": error}
     if recorded is None:
         return row
-    divergence = first_divergence(recorded, rendered)
-    row["exact"] = divergence is None
-    if divergence is not None:
-        row["first_divergence"] = divergence
-        row["context"] = divergence_context(renderer, recorded, rendered, divergence)
+    if rendered is None:
+        row["exact"] = False
+        return row
+    row["exact"] = recorded == rendered
+    if not row["exact"]:
+        at = first_divergence(recorded, rendered)
+        row["first_divergence"] = at
+        row["context"] = divergence_context(renderer, recorded, rendered, at)
     return row
 
 
@@ -116,10 +157,10 @@ def render_turn(renderer: Any, turn: Turn, canonicalization: str = "slime") -> l
 
 def first_divergence(recorded: Sequence[int], rendered: Sequence[int]) -> int | None:
     """Index of the first differing token; the shorter length when one is a prefix of the other."""
-    for index, (a, b) in enumerate(zip(recorded, rendered)):
-        if a != b:
-            return index
-    return None if len(recorded) == len(rendered) else min(len(recorded), len(rendered))
+    from trace_tools.ids import common_prefix_len
+
+    at = common_prefix_len(recorded, rendered)
+    return None if at == len(recorded) == len(rendered) else at
 
 
 def divergence_context(renderer: Any, recorded: Sequence[int], rendered: Sequence[int], at: int,

@@ -26,6 +26,9 @@ def replay_cmd(
     echo_rules: Annotated[Optional[bool], typer.Option("--echo-rules/--no-echo-rules", help="checkpoint-tree: look past cosmetic echo rewrites.")] = None,
     canonicalization: Annotated[str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")] = "slime",
     samples: Annotated[bool, typer.Option("--samples/--no-samples", help="Write samples.parquet (can be large).")] = True,
+    workers: Annotated[Optional[int], typer.Option(help="Processes replaying sessions (default: the machine's cores; 1 = in this process).")] = None,
+    executor: Annotated[str, typer.Option(help="local (this machine) | ray (the same session function on a Ray cluster; needs the ray extra).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="ray: cluster address (default: start a local Ray).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
 ) -> None:
@@ -35,7 +38,7 @@ def replay_cmd(
     """
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
-    from trace_tools.replay.engine import replay
+    from trace_tools.api import replay
 
     params = {"fork_threshold": fork_threshold, "realign_gate": realign_gate, "realign_from": realign_from,
               "on_nonlinear": on_nonlinear, "matcher": matcher, "rollback": rollback, "retries": retries,
@@ -43,7 +46,8 @@ def replay_cmd(
     with progress_bar("replaying sessions", disable=json_out) as advance:
         result = replay(dump, out=out, strategies=strategy, prompt_source=prompt_source, tokenizer=tokenizer,
                         chat_template=chat_template, canonicalization=canonicalization, params=params,
-                        write_samples=samples, progress=advance)
+                        write_samples=samples, workers=workers, executor=executor, address=address,
+                        progress=advance)
     if json_out:
         print_json(result.summary)
     else:

@@ -37,7 +37,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -178,12 +178,8 @@ def _vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
     """The out-of-vocab bound: the explicit size, else the tokenizer's full size, else None (unknown)."""
     if vocab_size is not None:
         return int(vocab_size)
-    if not tokenizer:
-        return None
-    try:  # render owns tokenizers; io must still work where that module is absent or broken
-        from trace_tools.render.tokenizer import vocab_size_for
-    except ImportError:
-        return None
+    from trace_tools.io.vocab import vocab_size_for
+
     return vocab_size_for(tokenizer)
 
 
@@ -196,13 +192,13 @@ class _BadRow(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _json_value(record: dict[str, Any], name: str, expected: type) -> Any:
+def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callable[[str], Any] = json.loads) -> Any:
     """Parse a JSON column; None stays None; anything but `expected` (list or dict) is `bad_json`."""
     text = record.get(name)
     if text is None:
         return None
     try:
-        value = json.loads(text)
+        value = parse(text)
     except ValueError as error:
         raise _BadRow("bad_json", f"{name} is not valid JSON ({getattr(error, 'msg', error)} "
                                   f"at char {getattr(error, 'pos', '?')}): {_short(text)}") from None
@@ -212,8 +208,52 @@ def _json_value(record: dict[str, Any], name: str, expected: type) -> Any:
     return value
 
 
-def _messages(record: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = _json_value(record, "messages", list)
+class HistoryParser:
+    """`json.loads` for one session's `messages` cells, reusing the previous row's parse.
+
+    Each request repeats the conversation so far. When a cell's text starts with the previous
+    cell's array minus its closing bracket, followed by a comma, only the appended elements are
+    parsed, and the earlier ones are the previous row's objects (shared, never mutated): parsing
+    and everything downstream (canonicalization, render caches) then work per new message.
+    """
+
+    def __init__(self) -> None:
+        self._body: str | None = None
+        self._value: list[Any] = []
+        self._tools: tuple[str, Any] | None = None
+
+    def tools(self, text: str) -> Any:
+        """`json.loads` for the `tools` cell, which a session usually repeats verbatim: parsed once."""
+        if self._tools is None or self._tools[0] != text:
+            self._tools = (text, json.loads(text))
+        return self._tools[1]
+
+    def __call__(self, text: str) -> Any:
+        value = self._extend(text)
+        if value is None:
+            value = json.loads(text)
+        if isinstance(value, list):
+            body = text.rstrip()
+            self._body = body[:-1].rstrip() if body.endswith("]") else None
+            self._value = value
+        return value
+
+    def _extend(self, text: str) -> list[Any] | None:
+        body = self._body
+        if not body or len(body) < 2 or not text.startswith(body):
+            return None
+        rest = text[len(body):].lstrip()
+        if not rest.startswith(","):
+            return None
+        try:
+            tail = json.loads("[" + rest[1:])
+        except ValueError:
+            return None  # the full parse reports the error
+        return self._value + tail if isinstance(tail, list) else None
+
+
+def _messages(record: dict[str, Any], parse: Callable[[str], Any] = json.loads) -> list[dict[str, Any]]:
+    messages = _json_value(record, "messages", list, parse)
     if not messages:
         raise _BadRow("empty_messages", "messages is null" if messages is None else "messages is an empty array")
     for position, message in enumerate(messages):
@@ -222,11 +262,14 @@ def _messages(record: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _token_ids(record: dict[str, Any], name: str, vocab_size: int | None) -> list[int] | None:
-    """Check ids against [0, vocab_size); without a vocabulary only against [0, int32 max]."""
+def _token_ids(record: dict[str, Any], name: str, vocab_size: int | None, checked: bool = False) -> list[int] | None:
+    """Check ids against [0, vocab_size); without a vocabulary only against [0, int32 max].
+
+    `checked`: the whole record batch was already found null-free and in range (`_batch_ids_ok`).
+    """
     ids = record.get(name)
-    if ids is None:
-        return None
+    if ids is None or checked:
+        return ids
     if None in ids:
         raise _BadRow("wrong_type", f"{name}[{ids.index(None)}] is null, not a token id")
     bound = vocab_size if vocab_size is not None else INT32_MAX + 1
@@ -237,24 +280,27 @@ def _token_ids(record: dict[str, Any], name: str, vocab_size: int | None) -> lis
     return ids
 
 
-def _turn(record: dict[str, Any], vocab_size: int | None) -> Turn:
-    """Validate one row (already typed by Arrow) and build its Turn, or raise _BadRow."""
+def _turn(record: dict[str, Any], vocab_size: int | None, parser: HistoryParser | None = None,
+          ids_checked: frozenset[str] = frozenset()) -> Turn:
+    """Validate one row (already typed by Arrow) and build its Turn, or raise _BadRow.
+
+    `parser` is the session's `HistoryParser` (history and tools parsed once per session)."""
     for name in REQUIRED:
         if name != "messages" and record.get(name) is None:  # null messages is `empty_messages`
             raise _BadRow("missing_column", f"null {name}")
     if record["turn_index"] < 0:
         raise _BadRow("negative_turn", f"turn_index is {record['turn_index']}")
-    messages = _messages(record)
-    output_ids = _token_ids(record, "output_ids", vocab_size)
+    messages = _messages(record, parser or json.loads)
+    output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked)
     logprobs = record.get("output_logprobs")
     if logprobs is not None and len(logprobs) != len(output_ids):
         raise _BadRow("logprobs_length", f"output_logprobs has {len(logprobs)} values for {len(output_ids)} output_ids")
     reward = record.get("reward")
     return Turn(
         session_id=str(record["session_id"]), turn_index=int(record["turn_index"]), messages=messages,
-        output_ids=output_ids, tools=_json_value(record, "tools", list),
+        output_ids=output_ids, tools=_json_value(record, "tools", list, parser.tools if parser else json.loads),
         output_logprobs=logprobs,
-        prompt_ids=_token_ids(record, "prompt_ids", vocab_size),
+        prompt_ids=_token_ids(record, "prompt_ids", vocab_size, "prompt_ids" in ids_checked),
         response=_json_value(record, "response", dict),
         finish_reason=record.get("finish_reason"), request_id=record.get("request_id"),
         started_at=record.get("started_at"), finished_at=record.get("finished_at"),
@@ -268,6 +314,26 @@ def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
     """(turn_index, detail) for every turn_index that occurs more than once in a session."""
     counts = Counter(turn.turn_index for turn in turns)
     return [(index, f"{label}: turn_index {index} occurs {n} times") for index, n in sorted(counts.items()) if n > 1]
+
+
+def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str]:
+    """Token-id columns of a batch whose every value is non-null and in range, checked at once."""
+    import pyarrow.compute as pc
+
+    bound = vocab_size if vocab_size is not None else INT32_MAX + 1
+    ok = []
+    for name in ("output_ids", "prompt_ids"):
+        index = batch.schema.get_field_index(name)
+        if index < 0 or not (pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)):
+            continue
+        values = batch.column(index).flatten()
+        if values.null_count or not pa.types.is_integer(values.type):
+            continue
+        low_high = pc.min_max(values)
+        low, high = low_high["min"].as_py(), low_high["max"].as_py()
+        if low is None or (low >= 0 and high < bound):
+            ok.append(name)
+    return frozenset(ok)
 
 
 def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -313,8 +379,11 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     """
 
     def __init__(self, path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
-                 history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None):
+                 history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None,
+                 columns: Iterable[str] | None = None):
         root = Path(path).expanduser()
+        # Only the columns a command needs are read (the required ones always); validation covers those.
+        self._wanted = None if columns is None else set(columns) | set(REQUIRED)
         self._infos = [self._inspect(file, root) for file in find_files(root)]
         self.files = [str(info.path) for info in self._infos]
         self.rows = sum(info.rows for info in self._infos)
@@ -332,6 +401,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                                      "out-of-vocab check skipped (pass vocab_size or a local tokenizer)")
                 break
         self._spans: dict[str, _Span] = {}
+        self._parsers: dict[str, HistoryParser] = {}  # per open session
         self._unattributed: list[QuarantineEntry] = []
         for number, info in enumerate(self._infos):
             self._index_file(number, info)
@@ -340,6 +410,11 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 
     def __next__(self) -> Session | QuarantineEntry:
         return next(self._items)
+
+    @property
+    def file_metas(self) -> list[DumpMeta]:
+        """Each file's recording metadata (options applied), in file order."""
+        return list(self._file_meta)
 
     def position(self, session_id: str) -> int:
         """Input order of a session (by its first row); sorts `load`'s output."""
@@ -419,23 +494,29 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         """
         if info.problems or "session_id" not in info.columns:
             return
+        columns = [c for c in info.columns if self._wanted is None or c in self._wanted]
+        vocab = self._file_vocab[number]
         row = 0
-        for batch in _iter_batches(info.path, info.columns, ROW_BATCH_ROWS):
+        for batch in _iter_batches(info.path, columns, ROW_BATCH_ROWS):
+            checked = _batch_ids_ok(batch, vocab)
             for record in _utc_batch(batch).to_pylist():
-                self._take_row(record, f"{info.label} row {row}", buffers, self._file_vocab[number])
+                self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked)
                 row += 1
             yield row
 
     def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]],
-                  vocab_size: int | None) -> None:
+                  vocab_size: int | None, ids_checked: frozenset[str] = frozenset()) -> None:
         if record["session_id"] is None:
             return  # reported per file by pass 1
         session_id = str(record["session_id"])
         span = self._spans[session_id]
         if span.problems:
             return
+        parser = self._parsers.get(session_id)
+        if parser is None:
+            parser = self._parsers[session_id] = HistoryParser()
         try:
-            buffers.setdefault(session_id, []).append(_turn(record, vocab_size))
+            buffers.setdefault(session_id, []).append(_turn(record, vocab_size, parser, ids_checked))
         except _BadRow as bad:
             turn_index = record.get("turn_index")
             span.problems.append(QuarantineEntry(session_id, turn_index, bad.reason, f"{where}: {bad.detail}"))
@@ -445,6 +526,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         """The session's last row has been read: hand it out, or its quarantine entries."""
         span = self._spans[session_id]
         turns = buffers.pop(session_id, [])
+        self._parsers.pop(session_id, None)
         if not span.problems:
             turns.sort(key=lambda turn: turn.turn_index)
             span.problems = [QuarantineEntry(session_id, index, "duplicate_turn", detail)
@@ -458,14 +540,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 
 def iter_sessions(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
                   history_mode: str | None = None, harness: str | None = None,
-                  vocab_size: int | None = None) -> SessionStream:
+                  vocab_size: int | None = None, columns: Iterable[str] | None = None) -> SessionStream:
     """Stream a dump: yields each valid `Session` and each `QuarantineEntry` (see `SessionStream`).
 
     Keyword options override the dump's `trace_tools.*` metadata (as command-line options do).
     Raises `UnusableInput` for a path that is not a readable dump.
     """
     return SessionStream(path, tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode,
-                         harness=harness, vocab_size=vocab_size)
+                         harness=harness, vocab_size=vocab_size, columns=columns)
 
 
 def load(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,

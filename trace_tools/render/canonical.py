@@ -164,6 +164,11 @@ def _policy(name: str | None) -> Callable[[Any], dict | None]:
     return _PER_MESSAGE[name]
 
 
+def message_translator(policy: str | None = "slime") -> Callable[[Any], dict | None]:
+    """The per-message translate function of a policy (None drops the message)."""
+    return _policy(policy)
+
+
 def canonicalize_messages(messages: Sequence[Any], policy: str | None = "slime") -> list[dict]:
     """The request messages as the named gateway would store and render them."""
     convert = _policy(policy)

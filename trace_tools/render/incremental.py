@@ -42,7 +42,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
+from trace_tools.ids import common_prefix_len
 
 _DELTA_ROLES = ("assistant", "tool")
 _SCAN = 4096  # characters searched back for a boundary before widening the search
@@ -87,7 +87,7 @@ class _Text:
     text: str
     base: "_Text | None"
     shared: int
-    ids: np.ndarray | None = None
+    ids: list[int] | None = None
     # (message index, text offset) where the last incrementally appended messages start, so the
     # next extension can read its context's text off this one instead of rendering it again.
     tail: tuple[int, int] | None = None
@@ -120,12 +120,13 @@ class IncrementalRenderer:
     def text(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str:
         return self._render(list(messages), tools, generation, kwargs).text
 
-    def ids(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> np.ndarray:
+    def ids(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> list[int]:
+        """The render's token ids: the cached list itself (callers must not modify it)."""
         return self._ids_of(self._render(list(messages), tools, generation, kwargs))
 
-    def encode_text(self, text: str) -> np.ndarray:
+    def encode_text(self, text: str) -> list[int]:
         """Ids of an arbitrary text, reusing the ids of the cached text it shares most with."""
-        entry = _Text(text, self._last, _common_prefix(self._last.text, text) if self._last else 0)
+        entry = _Text(text, self._last, common_prefix_len(self._last.text, text) if self._last else 0)
         return self._ids_of(entry)
 
     # -- rendering -----------------------------------------------------------------------------
@@ -212,14 +213,14 @@ class IncrementalRenderer:
         # Usually the generation prompt only appends, so the ids extend the plain render's.
         if text.startswith(plain.text):
             return _Text(text, plain, len(plain.text))
-        return _Text(text, plain, _common_prefix(plain.text, text))
+        return _Text(text, plain, common_prefix_len(plain.text, text))
 
     def _full(self, messages, tools, generation: bool, kwargs: dict, chain) -> _Text:
         self.stats["full"] += 1
         text = self._apply(messages, tools, generation, kwargs)
         plain = text if not generation else self._apply(messages, tools, False, kwargs)
         base = self._last
-        shared = _common_prefix(base.text, plain) if base is not None else 0
+        shared = common_prefix_len(base.text, plain) if base is not None else 0
         state = _Text(plain, base if shared else None, shared)
         if chain:
             self._put(self._prefixes, chain[-1], state)
@@ -251,7 +252,7 @@ class IncrementalRenderer:
         return text
 
     # -- ids -----------------------------------------------------------------------------------
-    def _ids_of(self, entry: _Text) -> np.ndarray:
+    def _ids_of(self, entry: _Text) -> list[int]:
         pending = []
         while entry.ids is None:
             pending.append(entry)
@@ -262,18 +263,18 @@ class IncrementalRenderer:
             item.ids = self._encode_after(item)
         return pending[0].ids if pending else entry.ids
 
-    def _encode_after(self, entry: _Text) -> np.ndarray:
+    def _encode_after(self, entry: _Text) -> list[int]:
         base = entry.base
         cut = self._boundary(base, entry.shared) if base is not None and base.ids is not None else None
         if cut is None:
-            ids = np.asarray(self._encode(entry.text), dtype=np.int32)
+            ids = self._encode(entry.text)
             self.stats["tokens_encoded"] += len(ids)
             return ids
         text_at, token_at = cut
-        tail = np.asarray(self._encode(entry.text[text_at:]), dtype=np.int32)
+        tail = self._encode(entry.text[text_at:])
         self.stats["tokens_encoded"] += len(tail)
         self.stats["tokens_reused"] += token_at
-        return np.concatenate([base.ids[:token_at], tail])
+        return base.ids[:token_at] + tail
 
     def _boundary(self, base: _Text, limit: int) -> tuple[int, int] | None:
         """(text position, token index) in `base` of its last hard boundary starting before `limit`."""
@@ -290,9 +291,12 @@ class IncrementalRenderer:
         # The boundary is the n-th occurrence of its token counting from the end of the text, and
         # every occurrence of an added token's text is that token, so it is the n-th occurrence of
         # its id counting from the end of the ids.
-        from_end = text.count(token, position)
-        hits = np.flatnonzero(base.ids == self._boundaries[token])
-        return position, int(hits[len(hits) - from_end])
+        from_end, token_id, ids = text.count(token, position), self._boundaries[token], base.ids
+        index = len(ids)
+        while from_end:
+            index -= 1
+            from_end -= ids[index] == token_id
+        return position, index
 
     # -- digests -------------------------------------------------------------------------------
     def _chain(self, messages: list[dict], tools, kwargs: dict) -> list[bytes]:
@@ -364,20 +368,6 @@ class IncrementalRenderer:
                 if self._render(messages, tools, generation, {}).text != expected:
                     return False
         return True
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix, by bisection on C-speed slice comparisons."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:

@@ -16,7 +16,6 @@ import json
 import os
 from typing import Any, Sequence
 
-import numpy as np
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TraceToolsError
@@ -84,11 +83,11 @@ class Renderer:
 
     def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
-        return self.render_array(messages, tools, add_generation_prompt, **template_kwargs).tolist()
+        return list(self.render_shared(messages, tools, add_generation_prompt, **template_kwargs))
 
-    def render_array(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                     add_generation_prompt: bool = True, **template_kwargs: Any) -> np.ndarray:
-        """`render` as an int32 array (shared with the cache: do not modify it)."""
+    def render_shared(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                      add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+        """`render` without the copy: the cached list itself, which callers must not modify."""
         kwargs = {**self.template_kwargs, **template_kwargs}
         return self.engine.ids(messages, tools or None, add_generation_prompt, kwargs)
 
@@ -121,14 +120,14 @@ class Renderer:
         history, e.g. Qwen3 dropping earlier reasoning) or when tokenizing the extension splits
         differently at the boundary than the prefix alone.
         """
-        prefix = self.render_array(prev, tools, False, **template_kwargs)
-        full = self.render_array([*prev, *new], tools, True, **template_kwargs)
-        if len(full) < len(prefix) or not np.array_equal(full[:len(prefix)], prefix):
+        prefix = self.render_shared(prev, tools, False, **template_kwargs)
+        full = self.render_shared([*prev, *new], tools, True, **template_kwargs)
+        if full[:len(prefix)] != prefix:
             return None
         prefix_text = self.render_text(prev, tools, False, **template_kwargs)
         if not self.render_text([*prev, *new], tools, True, **template_kwargs).startswith(prefix_text):
             return None
-        return full[len(prefix):].tolist()
+        return full[len(prefix):]
 
     def reasoning_open(self, **template_kwargs: Any) -> bool:
         """True when the generation prompt ends inside `<think>` (e.g. Qwen3.5's think template)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_tools.errors import UnknownName
+from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, vocab_size_for  # noqa: F401 (re-exported)
 
 # Bump when the recipe changes, so stale cached tokenizer.json files are not reused.
 RECIPE_VERSION = 1
@@ -198,6 +199,17 @@ def known_names() -> tuple[str, ...]:
     return tuple(RECIPES)
 
 
+def check_tokenizer_name(name_or_path: str) -> None:
+    """Raise `UnknownName` unless `load_tokenizer` would find this tokenizer (nothing is loaded)."""
+    if name_or_path in RECIPES:
+        return
+    path = Path(name_or_path).expanduser()
+    if (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json")):
+        return
+    raise UnknownName("tokenizer", name_or_path,
+                      [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+
+
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> Tokenizer:
     """`qwen3`, `qwen3.5`, or a local tokenizer directory / tokenizer.json file.
@@ -210,29 +222,8 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return Tokenizer(str(path), path / "tokenizer.json", source_dir=path)
-    if path.is_file() and path.name.endswith(".json"):
-        return Tokenizer(str(path), path, source_dir=path.parent)
-    raise UnknownName("tokenizer", name_or_path,
-                      [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
-
-
-def vocab_size_for(name_or_path: str | None) -> int | None:
-    """The vocabulary bound for out-of-vocab checks, without building anything; None if unknown."""
-    if not name_or_path:
-        return None
-    if name_or_path in RECIPES:
-        return RECIPES[name_or_path].vocab_size
-    path = Path(name_or_path).expanduser()
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not (file.is_file() and file.name.endswith(".json")):
-        return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ids = list((data.get("model") or {}).get("vocab", {}).values() or [])
-    ids += [t["id"] for t in data.get("added_tokens") or [] if "id" in t]
-    return max(ids) + 1 if ids else None
+    check_tokenizer_name(name_or_path)
+    return Tokenizer(str(path), path, source_dir=path.parent)
 
 
 def cache_dir() -> Path:

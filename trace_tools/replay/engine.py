@@ -1,51 +1,56 @@
-"""The replay engine: load a dump, run every strategy over every session, write the run directory.
+"""The replay engine: stream a dump's sessions through every strategy into a run directory.
 
-The engine owns iteration, timing, per-session error capture and the run directory (DESIGN §6).
-Sessions are processed in shards; each finished shard is written atomically with a completion
-marker, so a rerun into the same directory with the same options resumes where it stopped.
-Shards are independent, which is what a process-pool or Ray executor will distribute later.
+    pipeline pass 1 (index) → pass 2 (sessions as they complete) → executor (this process, a
+    process pool or Ray) → rows in stream order → shards of SHARD_SIZE sessions, each written
+    atomically → merged tables (`io.rundir`)
+
+Only the sessions in flight and the rows of the shard being filled are in memory. A shard that
+is already finished (same options, same inputs) is not replayed again, so a killed run resumes.
+The run-level summary, report.md and plots are computed from the merged tables by the caller
+(`trace_tools.api.replay`), which keeps this layer free of reporting.
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import time
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from trace_tools.data import QuarantineEntry, Session
-from trace_tools.errors import TraceToolsError, UnusableInput
-from trace_tools.replay import rundir
-from trace_tools.replay.turnrows import extra_counters, sample_rows, session_row, turn_rows
-from trace_tools.strategies.base import ReplayContext, available_strategies, get_strategy
+from trace_tools.errors import UnusableInput
+from trace_tools.io import rundir
+from trace_tools.replay.executors import default_workers, run_sessions
+from trace_tools.replay.session import ReplayOptions
+from trace_tools.strategies.base import available_strategies, get_strategy
 
-SHARD_SIZE = 16
+SHARD_SIZE = 16  # sessions per shard; `$TRACE_TOOLS_SHARD_SIZE` overrides it (part of the fingerprint)
 
 
-@dataclass
-class ReplayOptions:
-    """Everything that changes what a replay computes (hashed into run.json for resuming)."""
-
-    strategies: list[str] = field(default_factory=list)
-    prompt_source: str = "auto"
-    tokenizer: str | None = None
-    chat_template: str | None = None
-    canonicalization: str = "slime"
-    params: dict[str, Any] = field(default_factory=dict)
-    write_samples: bool = True
-
-    def fingerprint(self, dump: str) -> str:
-        blob = json.dumps({"dump": dump, **asdict(self)}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def shard_size() -> int:
+    value = os.environ.get("TRACE_TOOLS_SHARD_SIZE", "")
+    return max(1, int(value)) if value.isdigit() else SHARD_SIZE
 
 
 @dataclass
-class RunResult:
+class EngineResult:
+    """What the engine wrote, and what it read to do so."""
+
     run_dir: Path
-    summary: dict[str, Any]
+    dump: Path
+    options: ReplayOptions
+    files: list[str]
+    rows: int
+    session_count: int
     sessions_replayed: int
-    quarantined: int
+    vocab_checked: bool
+    meta: Any
+    warnings: list[str]
+    resumed_shards: int = 0
+    render_stats: dict[str, int] = field(default_factory=dict)
+    renderers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def default_dump() -> Path:
@@ -69,141 +74,110 @@ def default_run_dir(dump: Path) -> Path:
     return Path("trace-tools-runs") / f"{dump.stem if dump.is_file() else dump.name}-{stamp}"
 
 
-def replay(dump: str | Path | None = None, *, out: str | Path | None = None, strategies: Iterable[str] | None = None,
-           prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
-           canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
-           progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """Replay a dump through strategies and write the run directory; returns the run summary."""
+def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None = None, *,
+        workers: int | None = None, executor: str = "local", address: str | None = None,
+        progress: Callable[[int, int], None] | None = None) -> EngineResult:
+    """Replay `dump` under `options` into a run directory (tables only; see the module docstring)."""
+    from trace_tools.pipeline import Pipeline
+
     dump_path = Path(dump) if dump is not None else default_dump()
-    names = list(strategies or available_strategies())
-    for name in names:
-        get_strategy(name)  # fail fast on an unknown name, before any work
-    if prompt_source not in ("auto", "recorded", "rendered"):
-        raise TraceToolsError(f"--prompt-source must be auto, recorded or rendered, not {prompt_source!r}")
-    options = ReplayOptions(names, prompt_source, tokenizer, _template_arg(chat_template), canonicalization,
-                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples)
-    run_dir = Path(out) if out is not None else default_run_dir(dump_path)
-    loaded = _load(dump_path, options)
-    rundir.prepare(run_dir, options.fingerprint(str(dump_path.resolve())))
-    renderers = _Renderers(options)
-    shards = [loaded.sessions[i:i + SHARD_SIZE] for i in range(0, len(loaded.sessions), SHARD_SIZE)]
-    done = 0
-    for index, shard in enumerate(shards):
-        if not rundir.shard_done(run_dir, index):
-            rundir.write_shard(run_dir, index, _replay_shard(shard, options, renderers), write_samples)
-        done += len(shard)
-        if progress:
-            progress(done, len(loaded.sessions))
-    summary = rundir.finalize(run_dir, dump_path, loaded, options, renderers.identities(), len(shards))
-    return RunResult(run_dir, summary, len(loaded.sessions), summary["quarantined"])
-
-
-def _template_arg(chat_template: str | None) -> str | None:
-    if chat_template and Path(chat_template).is_file():
-        return str(Path(chat_template).resolve())
-    return chat_template
-
-
-def _load(dump_path: Path, options: ReplayOptions):
-    from trace_tools.io.load import load
-
-    return load(dump_path, tokenizer=options.tokenizer)
-
-
-class _Renderers:
-    """One renderer per distinct (tokenizer, template) recording, so a directory may mix templates."""
-
-    def __init__(self, options: ReplayOptions):
-        self.options = options
-        self._cache: dict[tuple, Any] = {}
-
-    def for_session(self, session: Session):
-        meta = session.meta
-        tokenizer = self.options.tokenizer or meta.tokenizer
-        key = (tokenizer, self.options.chat_template, meta.chat_template)
-        if key not in self._cache:
-            self._cache[key] = self._build(tokenizer, meta)
-        return self._cache[key]
-
-    def _build(self, tokenizer: str | None, meta):
-        if tokenizer is None:
-            return None
-        from trace_tools.render.renderer import Renderer
-
-        return Renderer.from_spec(tokenizer, self.options.chat_template, dump_meta=meta)
-
-    def identities(self) -> list[dict]:
-        return [r.identity for r in self._cache.values() if r is not None]
-
-
-def _replay_shard(sessions: list[Session], options: ReplayOptions, renderers: _Renderers) -> rundir.ShardRows:
-    rows = rundir.ShardRows()
-    for session in sessions:
-        _replay_session(session, options, renderers, rows)
-    return rows
-
-
-def _replay_session(session: Session, options: ReplayOptions, renderers: _Renderers, rows: rundir.ShardRows) -> None:
-    try:
-        renderer = renderers.for_session(session)
-        ctx = ReplayContext(renderer, options.canonicalization, options.prompt_source, options.params)
-        facts = _session_facts(session, ctx)
-    except TraceToolsError as exc:
-        rows.quarantine.append(QuarantineEntry(session.session_id, None, "replay_error", str(exc)))
-        return
-    except Exception as exc:  # a broken session must not stop the run; its reason is kept
-        rows.quarantine.append(QuarantineEntry(session.session_id, None, "replay_error", f"{type(exc).__name__}: {exc}"))
-        return
-    rows.fidelity.extend(facts.fidelity)
+    options.strategies = list(options.strategies or available_strategies())
     for name in options.strategies:
-        _run_strategy(name, session, ctx, facts, rows)
+        get_strategy(name)  # fail fast on an unknown name, before any work
+    pipeline = Pipeline(dump_path, tokenizer=options.tokenizer, chat_template=options.chat_template,
+                        canonicalization=options.canonicalization, prompt_source=options.prompt_source)
+    options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
+    run_dir = Path(out) if out is not None else default_run_dir(dump_path)
+    stream = pipeline.stream
+    size = shard_size()
+    resumed = rundir.prepare(run_dir, rundir.fingerprint({**asdict(options), "shard_size": size}, stream.files))
+    result = EngineResult(run_dir, dump_path, options, stream.files, stream.rows, stream.session_count, 0,
+                          stream.vocab_checked, stream.meta, list(stream.warnings), resumed)
+    load_quarantine: list[dict[str, Any]] = []
+    shards = _Shards(run_dir, size, options.write_samples, progress, stream.session_count)
+    in_flight: deque[int] = deque()
+    todo = _pending(_sessions(pipeline, load_quarantine, shards), shards, in_flight)
+    stats: Counter = Counter()
+    identities: dict[str, dict] = {}
+    for rows in run_sessions(todo, options, workers or default_workers(), executor, address):
+        stats.update(rows.render_stats)
+        if rows.renderer:
+            identities.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
+        shards.add(in_flight.popleft(), rows)
+    shards.finish()
+    result.sessions_replayed = shards.replayed
+    result.render_stats = dict(stats)
+    result.renderers = list(identities.values())
+    rundir.merge_shards(run_dir, shards.count, load_quarantine, options.write_samples)
+    return result
 
 
-def _run_strategy(name: str, session: Session, ctx: ReplayContext, facts: "_SessionFacts",
-                  rows: rundir.ShardRows) -> None:
-    started = time.perf_counter()
-    try:
-        result = get_strategy(name)(ctx).replay(session)
-    except Exception as exc:  # quarantined per strategy: the other strategies still replay it
-        detail = f"strategy {name}: {type(exc).__name__}: {exc}"
-        rows.quarantine.append(QuarantineEntry(session.session_id, None, "replay_error", detail))
-        return
-    elapsed = time.perf_counter() - started
-    turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths)
-    for row in turns:
-        row["drift_cause"] = facts.drift_causes.get(row["turn_index"])
-    rows.turns.extend(turns)
-    row = session_row(name, session, result, elapsed)
-    row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
-    rows.sessions.append(row)
-    rows.samples.extend(sample_rows(name, session, result))
+def _sessions(pipeline: Any, quarantine: list[dict[str, Any]], shards: "_Shards") -> Iterator[Session]:
+    """The stream's sessions; its quarantine entries are set aside for the quarantine table."""
+    seen: set[str] = set()
+    for item in pipeline:
+        if not isinstance(item, QuarantineEntry):
+            yield item
+            continue
+        quarantine.append(asdict(item))
+        if item.session_id is not None and item.session_id not in seen:
+            seen.add(item.session_id)
+            shards.tick()
 
 
-@dataclass
-class _SessionFacts:
-    """Strategy-independent facts of a session: tool names per turn, prompt lengths, fidelity."""
+def _pending(sessions: Iterator[Session], shards: "_Shards", in_flight: deque) -> Iterator[Session]:
+    """Sessions whose shard is not finished yet; their stream positions queue up in `in_flight`
+    (executors return results in submission order)."""
+    for position, session in enumerate(sessions):
+        if shards.skip(position):
+            continue
+        in_flight.append(position)
+        yield session
 
-    tool_names: dict[int, list[str]]
-    prompt_lengths: dict[int, int]
-    fidelity: list[dict[str, Any]]
-    drift_causes: dict[int, str]
+
+class _Shards:
+    """Shard i holds the sessions at stream positions [i·size, (i+1)·size)."""
+
+    def __init__(self, run_dir: Path, size: int, write_samples: bool, progress: Callable[[int, int], None] | None,
+                 total: int):
+        self.run_dir, self.size, self.write_samples, self.progress, self.total = run_dir, size, write_samples, progress, total
+        self.count = 0  # shards seen so far
+        self.replayed = 0
+        self._seen = 0
+        self._writer: rundir.ShardWriter | None = None
+        self._index = -1
+
+    def skip(self, position: int) -> bool:
+        """True for a session of an already finished shard (counted, not replayed again)."""
+        index = position // self.size
+        self.count = max(self.count, index + 1)
+        if rundir.shard_done(self.run_dir, index):
+            self.tick()
+            return True
+        return False
+
+    def add(self, position: int, rows: rundir.SessionRows) -> None:
+        index = position // self.size
+        if index != self._index:
+            self.finish()
+            self._writer, self._index = rundir.ShardWriter(self.run_dir, index, self.write_samples), index
+        self._writer.add(rows)
+        self.replayed += 1
+        self.tick()
+
+    def finish(self) -> None:
+        """Close the shard being filled: its last session has come back."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def tick(self) -> None:
+        """One more session accounted for (replayed, resumed or quarantined while loading)."""
+        self._seen += 1
+        if self.progress:
+            self.progress(self._seen, self.total)
 
 
-def _session_facts(session: Session, ctx: ReplayContext) -> _SessionFacts:
-    from trace_tools.strategies.prepare import prepare_turn
-
-    from trace_tools.report.drift import find_drift
-
-    rendered_ctx = ReplayContext(ctx.renderer, ctx.canonicalization, "rendered", ctx.params)
-    tool_names, lengths, fidelity, prepared = {}, {}, [], {}
-    for turn in session.turns:
-        prepared[turn.turn_index] = prepare_turn(turn, ctx)
-        message = prepared[turn.turn_index].response_message or {}
-        tool_names[turn.turn_index] = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or []]
-        lengths[turn.turn_index] = len(prepared[turn.turn_index].prompt_ids)
-        if turn.prompt_ids is not None and ctx.renderer is not None:
-            rendered = prepare_turn(turn, rendered_ctx).prompt_ids
-            fidelity.append({"session_id": session.session_id, "turn_index": turn.turn_index,
-                             "exact": rendered == list(turn.prompt_ids)})
-    causes = {f.turn_index: f.cause for f in find_drift(session, prepared, ctx.renderer) if f.cause}
-    return _SessionFacts(tool_names, lengths, fidelity, causes)
+def replay_sessions(sessions: Iterable[Session], options: ReplayOptions, workers: int = 1) -> list[rundir.SessionRows]:
+    """Rows for already loaded sessions (tests and notebooks), without a run directory."""
+    return list(run_sessions(sessions, options, workers))

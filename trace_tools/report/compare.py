@@ -27,7 +27,7 @@ class Comparison:
 
 def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list[str] | None = None) -> Comparison:
     """Two runs strategy by strategy, or (with one run and two strategy names) two strategies of it."""
-    from trace_tools.replay.rundir import load_summary
+    from trace_tools.io.rundir import load_summary
     from trace_tools.report.rerender import read_run
 
     summary_a, sessions_a = load_summary(Path(run_a)), read_run(run_a)["sessions"]

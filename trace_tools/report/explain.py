@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.errors import TraceToolsError
-from trace_tools.report.drift import DriftFinding, find_drift
+from trace_tools.pipeline.drift import DriftFinding
 
 
 @dataclass
@@ -37,41 +37,25 @@ class Explanation:
                 "strategy": self.strategy, "strategy_turn": self.strategy_turn}
 
 
-def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strategy: str | None = None,
-            tokenizer: str | None = None, chat_template: str | None = None, prompt_source: str = "auto",
-            canonicalization: str = "slime", context: int = 8) -> Explanation:
+def explain(dump: str | Path, session_id: str, *, turn: int | None = None, tokenizer: str | None = None,
+            chat_template: str | None = None, prompt_source: str = "auto", canonicalization: str = "slime",
+            context: int = 8) -> Explanation:
     """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted one)."""
-    from trace_tools.render.renderer import Renderer
-    from trace_tools.strategies.base import ReplayContext
-    from trace_tools.strategies.prepare import prepare_turn
+    from trace_tools.pipeline import Pipeline
 
-    session = _find_session(dump, session_id, tokenizer)
-    renderer = Renderer.from_spec(tokenizer or session.meta.tokenizer, chat_template, dump_meta=session.meta)
-    ctx = ReplayContext(renderer, canonicalization, prompt_source)
-    prepared = {t.turn_index: prepare_turn(t, ctx) for t in session.turns}
-    findings = find_drift(session, prepared, renderer)
+    pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
+                        prompt_source=prompt_source)
+    return explain_prepared(pipeline.session(session_id), turn=turn, context=context)
+
+
+def explain_prepared(prepared: Any, *, turn: int | None = None, context: int = 8) -> Explanation:
+    """`explain` for an already prepared session (`trace_tools.pipeline.PreparedSession`)."""
+    from trace_tools.pipeline.drift import find_drift
+
+    findings = find_drift(prepared)
     focus = _focus(findings, turn)
-    window = _window(focus, prepared, session, renderer, context) if focus and focus.token_drift else None
-    result = Explanation(session.session_id, findings, focus, window, strategy)
-    if strategy and focus:
-        result.strategy_turn = _strategy_view(strategy, session, ctx, focus.turn_index)
-    return result
-
-
-def _find_session(dump, session_id: str, tokenizer: str | None):
-    """The session, read from its own file so it keeps that file's recording metadata."""
-    from trace_tools.data import QuarantineEntry
-    from trace_tools.io.load import find_files, iter_sessions
-
-    for file in find_files(dump):
-        for item in iter_sessions(file, tokenizer=tokenizer):
-            if item.session_id != session_id:
-                continue
-            if isinstance(item, QuarantineEntry):
-                raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
-                                      "run `trace-tools validate` for details")
-            return item
-    raise TraceToolsError(f"no session {session_id!r} in {dump}; list them with `trace-tools validate {dump} --json`")
+    window = _window(focus, prepared, context) if focus and focus.token_drift else None
+    return Explanation(prepared.session_id, findings, focus, window)
 
 
 def _focus(findings: list[DriftFinding], turn: int | None) -> DriftFinding | None:
@@ -85,27 +69,14 @@ def _focus(findings: list[DriftFinding], turn: int | None) -> DriftFinding | Non
     return drifted[0] if drifted else (findings[0] if findings else None)
 
 
-def _window(focus: DriftFinding, prepared, session, renderer, context: int) -> TokenWindow:
-    turns = {t.turn_index: t for t in session.turns}
-    served = list(prepared[focus.turn_index].prompt_ids) + list(turns[focus.turn_index].output_ids)
-    rendered = list(prepared[focus.echo_turn].prompt_ids)
-    at = focus.divergence or 0
-    lo = max(0, at - context)
+def _window(focus: DriftFinding, prepared: Any, context: int) -> TokenWindow:
+    from trace_tools.pipeline.facts import token_window
 
-    def labelled(ids):
-        return [(i, renderer.decode([i])) for i in ids]
+    turns = {p.turn.turn_index: p for p in prepared.turns}
+    window = token_window(turns[focus.turn_index], turns[focus.echo_turn], focus, prepared.renderer,
+                          before=context, after=context)
 
-    return TokenWindow(lo, labelled(served[lo:at]), labelled(served[at:at + context]),
-                       labelled(rendered[at:at + context]))
+    def labelled(name: str) -> list[tuple[int, str]]:
+        return list(zip(window[f"{name}_ids"], window[f"{name}_tokens"]))
 
-
-def _strategy_view(name: str, session, ctx, turn_index: int) -> dict[str, Any]:
-    """What `name` made of the focused turn: its event, prompt event and trained tokens."""
-    from trace_tools.replay.turnrows import turn_rows
-    from trace_tools.strategies.base import get_strategy
-
-    result = get_strategy(name)(ctx).replay(session)
-    rows = turn_rows(name, session, result, {}, {})
-    row = next(r for r in rows if r["turn_index"] == turn_index)
-    return {k: row[k] for k in ("event", "prompt_event", "generated_tokens", "trained_tokens")} | {
-        "samples": len(result.samples)}
+    return TokenWindow(window["window_start"], labelled("shared"), labelled("served"), labelled("rendered"))

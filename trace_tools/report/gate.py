@@ -157,7 +157,7 @@ def _is_number(x: Any) -> bool:
 
 def gate(run: str | Path, rules_path: str | Path, baseline_run: str | Path | None = None) -> list[RuleResult]:
     """Evaluate a rules file against a finished run (and optionally a baseline run)."""
-    from trace_tools.replay.rundir import load_summary
+    from trace_tools.io.rundir import load_summary
 
     rules = parse_rules(rules_path)
     baseline = load_summary(Path(baseline_run)) if baseline_run is not None else None

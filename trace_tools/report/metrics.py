@@ -137,3 +137,16 @@ def _value_counts(frame: pd.DataFrame, col: str) -> dict[str, int]:
     if not len(frame):
         return {}
     return {str(k): int(v) for k, v in frame[col].value_counts().sort_index().items()}
+
+
+def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
+    """How the run's prompts were rendered: incrementally, or in full and why (`render.incremental`).
+
+    `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
+    the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
+    template re-renders earlier turns, `appended_role` for a new user or system message)."""
+    reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
+    return {"incremental_renders": int(stats.get("incremental", 0)), "full_renders": int(stats.get("full", 0)),
+            "full_renders_by_reason": reasons, "cache_hits": int(stats.get("cache_hits", 0)),
+            "tokens_encoded": int(stats.get("tokens_encoded", 0)), "tokens_reused": int(stats.get("tokens_reused", 0)),
+            "templates_not_incremental": int(stats.get("template_not_incremental", 0))}

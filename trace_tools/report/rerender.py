@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.replay.rundir import load_summary, require_run
+from trace_tools.io.rundir import load_summary, require_run
 
 
 def read_run(run: str | Path) -> dict[str, pd.DataFrame]:

@@ -1,7 +1,8 @@
 """`rescore`: teacher-forced logprobs of every recorded output on a model, compared with the recorded ones.
 
 Per turn the prompt is the recorded `prompt_ids` when the gateway kept them, else the prompt
-re-rendered from the turn's canonical messages (the same path as `trace-tools reconstruct`).
+re-rendered from the turn's canonical messages with the session's own renderer (the session
+pipeline's components, as `trace-tools reconstruct` and `replay` use them).
 Sequences are planned with prefix sharing (`plan.py`), scored in length-bucketed batches with a
 chunked output head (`scoring.py`) and compared token by token (`metrics.py`). Turns that cannot
 be compared are kept in the tables with a reason and counted, never dropped.
@@ -80,12 +81,11 @@ def rescore(dump: Any, model: Any = "tiny-qwen3", *, device: str = "auto", dtype
     options = {"threshold": threshold, "max_threshold": max_threshold, "share_prefix": share_prefix,
                "max_batch_tokens": max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
                "chunk_positions": chunk_positions or DEFAULT_CHUNK_POSITIONS}
-    sessions, meta, quarantine = load_sessions(dump, tokenizer, chat_template)
+    sessions, _meta, quarantine = load_sessions(dump, tokenizer, chat_template)
     scoring_model = model if isinstance(model, ScoringModel) else load_model(model, device, dtype)
     check_head(scoring_model)
-    prompts = PromptSource(tokenizer or meta.tokenizer or scoring_model.tokenizer, chat_template, meta,
-                           canonicalization)
-    inputs = [rescore_input(turn, prompts, scoring_model.vocab_size) for s in sessions for turn in s.turns]
+    prompts = PromptSource(tokenizer, chat_template, scoring_model.tokenizer, canonicalization)
+    inputs = [rescore_input(turn, s, prompts, scoring_model.vocab_size) for s in sessions for turn in s.turns]
     scored = score_turns(scoring_model, inputs, share_prefix=share_prefix, max_batch_tokens=options["max_batch_tokens"],
                          chunk_positions=options["chunk_positions"], on_progress=on_progress)
     tables = _Tables.build(inputs, scored.recomputed, threshold, max_threshold, prompts.decoder())
@@ -98,13 +98,22 @@ def rescore(dump: Any, model: Any = "tiny-qwen3", *, device: str = "auto", dtype
 
 
 # -- inputs -----------------------------------------------------------------------------------------
+RESCORE_COLUMNS = ("session_id", "turn_index", "messages", "tools", "output_ids", "output_logprobs", "prompt_ids",
+                   "chat_template_kwargs")
+
+
 def load_sessions(dump: Any, tokenizer: str | None = None,
                   chat_template: str | None = None) -> tuple[list[Session], DumpMeta, list[QuarantineEntry]]:
-    """Sessions, metadata and quarantine from a path, a loaded dump or a list of sessions."""
+    """Sessions, metadata and quarantine from a path (read through the session pipeline's stream,
+    only the columns rescoring needs; each session keeps its own file's metadata), a loaded dump or
+    a list of sessions."""
     if isinstance(dump, (str, os.PathLike)):
-        from trace_tools.io.load import load
+        from trace_tools.pipeline import Pipeline
 
-        dump = load(dump, tokenizer=tokenizer, chat_template=chat_template)
+        pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, columns=RESCORE_COLUMNS)
+        items = list(pipeline)
+        return ([i for i in items if isinstance(i, Session)], pipeline.stream.meta,
+                [i for i in items if isinstance(i, QuarantineEntry)])
     if hasattr(dump, "sessions"):
         return list(dump.sessions), getattr(dump, "meta", None) or DumpMeta(), list(getattr(dump, "quarantine", []))
     if isinstance(dump, Iterable):
@@ -116,63 +125,70 @@ def load_sessions(dump: Any, tokenizer: str | None = None,
 
 
 class PromptSource:
-    """Prompt ids per turn: recorded when present, else rendered (the renderer is built on first need).
+    """Prompt ids per turn: recorded when present, else rendered with the session's own renderer
+    (the pipeline's `RendererPool`: options, then the session's file metadata, then the model's
+    tokenizer), built on first need.
 
     A renderer that cannot be built (no tokenizer or template known) makes every unrecorded
-    prompt `prompt_unavailable`, with the reason in the turn's `detail`.
+    prompt of its sessions `prompt_unavailable`, with the reason in the turn's `detail`.
     """
 
-    def __init__(self, tokenizer: str | None, chat_template: str | None, meta: DumpMeta, canonicalization: str):
-        self.tokenizer, self.chat_template, self.meta = tokenizer, chat_template, meta
-        self.canonicalization = canonicalization
-        self._renderer: Any = None
-        self._error: str | None = None
+    def __init__(self, tokenizer: str | None, chat_template: str | None, default_tokenizer: str | None,
+                 canonicalization: str):
+        from trace_tools.pipeline import RendererPool
 
-    def renderer(self) -> Any:
-        if self._renderer is None and self._error is None:
-            from trace_tools.render.renderer import Renderer
+        self.pool = RendererPool(tokenizer or None, chat_template)
+        self.tokenizer, self.default_tokenizer, self.canonicalization = tokenizer, default_tokenizer, canonicalization
+        self._used: Any = None
+        self._translators: dict[str, Any] = {}
 
-            try:
-                self._renderer = Renderer.from_spec(self.tokenizer, self.chat_template, dump_meta=self.meta)
-            except TraceToolsError as exc:
-                self._error = str(exc)
-        if self._renderer is None:
-            raise TraceToolsError(self._error or "no renderer")
-        return self._renderer
+    def renderer(self, session: Session) -> Any:
+        if not (self.tokenizer or session.meta.tokenizer) and self.default_tokenizer:
+            from dataclasses import replace
 
-    def prompt(self, turn: Turn) -> tuple[list[int] | None, str | None, str | None]:
+            session = Session(session.session_id, session.turns, replace(session.meta, tokenizer=self.default_tokenizer))
+        renderer = self.pool.for_session(session)
+        if renderer is None:
+            raise TraceToolsError("no tokenizer: the dump names none; pass --tokenizer")
+        self._used = self._used or renderer
+        return renderer
+
+    def prompt(self, turn: Turn, session: Session) -> tuple[list[int] | None, str | None, str | None]:
         """(ids, origin, problem): origin is `recorded` or `rendered`; problem explains a None."""
         if turn.prompt_ids is not None:
             return list(turn.prompt_ids), "recorded", None
         if not turn.messages:
             return None, None, "no prompt_ids recorded and no messages to render"
-        from trace_tools.reconstruct import render_turn
+        from trace_tools.pipeline.prepared import Canonicalizer, render_prompt
 
+        translate = self._translators.setdefault(session.session_id, Canonicalizer(self.canonicalization))
         try:
-            return render_turn(self.renderer(), turn, self.canonicalization), "rendered", None
+            return render_prompt(self.renderer(session), translate.messages(turn.messages), turn.tools or None,
+                                 turn), "rendered", None
         except TraceToolsError as exc:
             return None, None, str(exc)
 
     def identity(self) -> Any:
-        return dict(getattr(self._renderer, "identity", {}) or {}) if self._renderer is not None else None
+        return dict(getattr(self._used, "identity", {}) or {}) if self._used is not None else None
 
     def decoder(self) -> Callable[[Sequence[int]], str] | None:
-        """A decode function for flagged contexts: the renderer's, else the tokenizer's, else None."""
-        if self._renderer is not None:
-            return self._renderer.decode
-        if not self.tokenizer:
+        """A decode function for flagged contexts: a renderer's, else the tokenizer's, else None."""
+        if self._used is not None:
+            return self._used.decode
+        name = self.tokenizer or self.default_tokenizer
+        if not name:
             return None
         from trace_tools.render.tokenizer import load_tokenizer
 
         try:
-            return load_tokenizer(self.tokenizer).decode
+            return load_tokenizer(name).decode
         except TraceToolsError:
             return None
 
 
-def rescore_input(turn: Turn, prompts: PromptSource, vocab_size: int) -> plan.TurnInput:
+def rescore_input(turn: Turn, session: Session, prompts: PromptSource, vocab_size: int) -> plan.TurnInput:
     """A turn with its prompt ids and, if it cannot be compared, the reason why."""
-    prompt_ids, origin, problem = prompts.prompt(turn)
+    prompt_ids, origin, problem = prompts.prompt(turn, session)
     reason = (plan.logprob_problem(turn.output_ids, turn.output_logprobs)
               or plan.sequence_problem(prompt_ids, turn.output_ids, vocab_size))
     return plan.TurnInput(turn.session_id, turn.turn_index, list(turn.output_ids),

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
-from trace_tools.data import DumpMeta, Turn
+from trace_tools.data import DumpMeta, Session, Turn
 from trace_tools.rescore import plan, require_torch
 
 
@@ -48,10 +48,10 @@ def teacher_forced(turns: Sequence[Turn], meta: DumpMeta, model_spec: Any, devic
     from trace_tools.rescore.scoring import score_turns
 
     model = model_spec if isinstance(model_spec, ScoringModel) else load_model(model_spec, device, dtype)
-    prompts = PromptSource(tokenizer or meta.tokenizer or model.tokenizer, chat_template, meta, "slime")
+    prompts = PromptSource(tokenizer, chat_template, model.tokenizer, "slime")
     inputs = []
     for turn in turns:
-        prompt_ids, origin, _ = prompts.prompt(turn)
+        prompt_ids, origin, _ = prompts.prompt(turn, Session(turn.session_id, [turn], meta))
         reason = plan.sequence_problem(prompt_ids, turn.output_ids, model.vocab_size)
         inputs.append(plan.TurnInput(turn.session_id, turn.turn_index, list(turn.output_ids), None, prompt_ids,
                                      origin, reason))

@@ -1,11 +1,12 @@
 """Strategy interface and registry.
 
 A strategy turns one recorded session into training samples the way one trajectory manager
-does. The engine (`trace_tools.replay`) owns iteration, timing, error capture and the run
-directory; a strategy only implements `replay(session) -> ReplayResult`.
+does. The pipeline (`trace_tools.pipeline`) prepares each session once (canonical messages,
+responses, prompt ids); the engine (`trace_tools.replay`) owns iteration, timing, error capture
+and the run directory; a strategy only implements `replay_session(prepared) -> ReplayResult`.
 
 To add one: subclass `Strategy`, set `name` (and `counterfactual` if it changes the ids the
-engine would have seen), implement `replay`, and decorate the class with `@register`.
+engine would have seen), implement `replay_session`, and decorate the class with `@register`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import UnknownName
+from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.base import RendererLike
 
 REGISTRY: dict[str, type["Strategy"]] = {}
@@ -54,9 +56,24 @@ class Strategy(ABC):
     def __init__(self, ctx: ReplayContext):
         self.ctx = ctx
 
+    def replay(self, session: Session | PreparedSession) -> ReplayResult:
+        """Replay one session; raise to have the engine quarantine it as `replay_error`.
+
+        The engine passes the pipeline's `PreparedSession`; a raw `Session` (tests, notebooks) is
+        prepared here first, with this context's renderer, canonicalization and prompt source.
+        """
+        if not isinstance(session, PreparedSession):
+            session = prepare(session, self.ctx)
+        return self.replay_session(session)
+
     @abstractmethod
-    def replay(self, session: Session) -> ReplayResult:
-        """Replay one session; raise to have the engine quarantine it as `replay_error`."""
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
+        """Replay one prepared session (canonical messages, responses and prompt ids per turn)."""
+
+
+def prepare(session: Session, ctx: ReplayContext) -> PreparedSession:
+    """A session prepared the way the engine prepares it, for this context."""
+    return prepare_session(session, ctx.renderer, ctx.canonicalization, ctx.prompt_source)
 
 
 def get_strategy(name: str) -> type[Strategy]:

@@ -28,11 +28,11 @@ from typing import Any
 
 from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.errors import ReplayError
+from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.strategies.base import ReplayContext, Strategy, register
 from trace_tools.strategies.chains_core import (
     CONTEXT, ChainCodec, ChainSession, ChainsSetupError, RequestRejected, ServerError, StepOutcome, Trajectory,
 )
-from trace_tools.strategies.prepare import PreparedTurn, prepare_turns
 
 @register
 class ChainsStrategy(Strategy):
@@ -46,15 +46,16 @@ class ChainsStrategy(Strategy):
         self.prompt_length = _optional_int(ctx.param("prompt_length", None))
         self.response_length = _optional_int(ctx.param("response_length", None))
 
-    def replay(self, session: Session) -> ReplayResult:
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         if self.ctx.renderer is None:
             raise ReplayError("the chains strategy renders its own prompts; pass --tokenizer (and --chat-template)")
+        session = prepared.session
         codec = ChainCodec(self.ctx.renderer, session_template_kwargs(session))
         chains = ChainSession(codec, self.prompt_length, self.response_length, self.rollback)
         wants_logprobs = any(turn.output_logprobs is not None for turn in session.turns)
         result = ReplayResult()
-        for prepared in prepare_turns(session, self.ctx):
-            self._replay_turn(chains, prepared, wants_logprobs, result)
+        for turn in prepared.turns:
+            self._replay_turn(chains, turn, wants_logprobs, result)
         chains.set_reward_info({"reward": session.reward})
         result.samples = [trajectory_to_sample(t) for t in chains.finalize()]
         _count(chains, result)

@@ -30,7 +30,7 @@ from trace_tools.errors import ReplayError
 from trace_tools.render.base import RendererLike
 from trace_tools.render.canonical import flatten_content
 from trace_tools.strategies.linear_core import trim_overlap
-from trace_tools.strategies.restore_core import drop_schema_defaults, strip_trailing_ws, tool_defaults
+from trace_tools.render.normalize import drop_schema_defaults, strip_trailing_ws, tool_defaults
 
 # Keys that carry an assistant's reasoning on the wire; an echo may use any of them, or none.
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")

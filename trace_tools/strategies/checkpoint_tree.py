@@ -20,7 +20,9 @@ from typing import Any
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import ReplayError, UnknownName
-from trace_tools.strategies.base import ReplayContext, Strategy, register
+from trace_tools.ids import common_prefix_len
+from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
+from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register
 from trace_tools.strategies.checkpoint_core import (Assembly, AssemblyFailed, AttachPoint, CheckpointTree, Node,
                                                     PromptAssembler, build_samples)
 
@@ -53,21 +55,20 @@ class CheckpointTreeStrategy(Strategy):
     counterfactual = True  # prompts are assembled from checkpoints, not the recorded prompt ids
     description = "token-checkpoint tree: deepest echo-equivalent checkpoint, delta render, exactly-once masks"
 
-    def replay(self, session: Session) -> ReplayResult:
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         replayer = CheckpointReplay(self.ctx)
-        for turn in session.turns:
-            replayer.step(turn_input(turn, self.ctx))
-        return replayer.finish(session.reward)
+        for turn in prepared.turns:
+            replayer.step(turn_input(turn))
+        return replayer.finish(prepared.reward)
 
 
-def turn_input(turn: Turn, ctx: ReplayContext) -> TurnInput:
-    """Canonical request and response of a turn (the same translate step every strategy uses)."""
-    from trace_tools.render.canonical import canonicalize_messages
-    from trace_tools.strategies.prepare import response_message
-
-    response, _ = response_message(turn, ctx)
-    return TurnInput(turn, canonicalize_messages(turn.messages, ctx.canonicalization), turn.tools or None,
-                     response or {"role": "assistant", "content": ""}, dict(turn.chat_template_kwargs or {}))
+def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) -> TurnInput:
+    """Canonical request and response of a prepared turn (the translate step every strategy
+    shares); a raw `Turn` is prepared with `ctx` first."""
+    if not isinstance(prepared, PreparedTurn):
+        prepared = prepare(Session(prepared.session_id, [prepared]), ctx or ReplayContext()).turns[0]
+    return TurnInput(prepared.turn, prepared.messages, prepared.tools,
+                     prepared.response_message or {"role": "assistant", "content": ""}, prepared.template_kwargs)
 
 
 class CheckpointReplay:
@@ -107,12 +108,10 @@ class CheckpointReplay:
     def _new_root(self, item: TurnInput, event: str) -> Node:
         """A full render of the request (carried echoes restored), or the recorded ids when the
         prompt source allows: for a root they are exactly what the engine saw."""
-        from trace_tools.strategies.prepare import prompt_for
-
         request, carried = self.tree.restore_carried(item.messages, item.tools)
         self._count_echoes((), carried)
         self.counters["new_roots"] += 1
-        prompt_ids, _ = prompt_for(item.turn, request, item.tools, self.ctx)
+        prompt_ids, _ = prompt_for(item.turn, request, item.tools, self.ctx.renderer, self.ctx.prompt_source)
         self.result.prompt_events[item.turn.turn_index] = event
         return self._add(None, item, request, prompt_ids)
 
@@ -135,7 +134,7 @@ class CheckpointReplay:
         self.counters["truncated_extensions"] += parent.truncated
         if turn.prompt_ids is not None and list(turn.prompt_ids) != assembly.ids:
             self.counters["counterfactual_prompts"] += 1
-            self.result.drift_positions[turn.turn_index] = _first_difference(turn.prompt_ids, assembly.ids)
+            self.result.drift_positions[turn.turn_index] = common_prefix_len(turn.prompt_ids, assembly.ids)
 
     def finish(self, reward: float) -> ReplayResult:
         """Trim superseded retries, emit one sample per surviving leaf, fill counters and events."""
@@ -157,10 +156,3 @@ def _prompt_event(attach: AttachPoint, carried: list[Node], mode: str) -> str:
     if mode == "anchored":
         return "anchored"
     return "restored" if attach.echoes or carried else "clean"
-
-
-def _first_difference(a: Any, b: list[int]) -> int:
-    for position, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return position
-    return min(len(a), len(b))

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
 from trace_tools.strategies.base import register
-from trace_tools.strategies.prepare import render_prompt
+from trace_tools.pipeline.prepared import render_prompt
 from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
 from trace_tools.strategies.tree import TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
@@ -81,8 +81,8 @@ class EchoRestoreStrategy(TreeStrategy):
         # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
         # ids: seed 001's third configuration, which shows why the restore must precede the render.
         if changed and self.ctx.param("restore_prompt", True) not in (False, "false", "0"):
-            ids = render_prompt(self.ctx, restored.messages, restored.tools, restored.turn)
-            restored = replace(restored, prompt_ids=list(ids), prompt_origin="rendered")
+            ids = render_prompt(self.ctx.renderer, restored.messages, restored.tools, restored.turn, shared=True)
+            restored = replace(restored, prompt_ids=ids, prompt_origin="rendered")
         super().record_prepared(manager, session_id, restored)
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from trace_tools.data import Sample
 from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.ids import common_prefix_len
 from trace_tools.render.base import RendererLike
 
 
@@ -724,17 +725,10 @@ def chain_provenance(records: Sequence[Record]) -> list[int]:
     for i in range(start, len(records)):
         record = records[i]
         previous, inherited = (records[i - 1].all_ids, records[i - 1].provenance) if i else ([], [])
-        kept = _common_prefix_length(previous, record.prompt_ids)
+        kept = common_prefix_len(previous, record.prompt_ids)
         record.provenance = (inherited[:kept] + [-1] * (len(record.prompt_ids) - kept)
                              + [record.turn_index] * len(record.output_ids))
     return list(records[-1].provenance) if records else []
-
-
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
 
 
 def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim: int) -> list[TurnSample]:
@@ -1069,12 +1063,11 @@ def samples_v2(tree: SessionTree, max_trim: int, max_seq_len: int | None = None,
 # ---------------------------------------------------------------------------------------------
 # From a recorded session to requests, and from outcomes to a ReplayResult
 # ---------------------------------------------------------------------------------------------
-def session_requests(session: Any, ctx: Any) -> list[SessionRequest]:
-    """One request per recorded turn: the RAW messages and tools (miles normalizes only through its
-    matchers and template preparation) and the recorded generation as the engine's reply."""
-    from trace_tools.strategies.prepare import prepare_turns
-
-    return [request_from_turn(p.turn, p.response_message) for p in prepare_turns(session, ctx)]
+def session_requests(prepared: Any) -> list[SessionRequest]:
+    """One request per recorded turn of a `PreparedSession`: the RAW messages and tools (miles
+    normalizes only through its matchers and template preparation) and the recorded generation
+    as the engine's reply."""
+    return [request_from_turn(p.turn, p.response_message) for p in prepared.turns]
 
 
 def request_from_turn(turn: Any, parsed_response: dict | None = None) -> SessionRequest:
@@ -1131,4 +1124,4 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
         result.prompt_events[index] = prompt_event(outcome, recorded.get(index))
         prompt = recorded.get(index)
         if prompt is not None and outcome.prompt_ids is not None and list(prompt) != outcome.prompt_ids:
-            result.drift_positions[index] = _common_prefix_length(prompt, outcome.prompt_ids)
+            result.drift_positions[index] = common_prefix_len(prompt, outcome.prompt_ids)

@@ -9,7 +9,8 @@ continues with the next recorded request.
 """
 from __future__ import annotations
 
-from trace_tools.data import ReplayResult, Session
+from trace_tools.data import ReplayResult
+from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
 from trace_tools.strategies.session_core import (AssemblyError, assemble_v1, record_outcomes, replay_v1,
                                                  resolve_matcher, session_requests, tito_from_context)
@@ -22,9 +23,10 @@ class SessionV1(Strategy):
     counterfactual = True
     description = "miles v1 session server: linear TITO trajectory, one-step rollback, one merged sample"
 
-    def replay(self, session: Session) -> ReplayResult:
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
+        session = prepared.session
         tito = tito_from_context(self.ctx)
-        state, outcomes = replay_v1(session_requests(session, self.ctx), tito,
+        state, outcomes = replay_v1(session_requests(prepared), tito,
                                     resolve_matcher(self.ctx.param("matcher", "strict")))
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})

@@ -7,7 +7,8 @@ masks every shared completion so it trains in exactly one sample (`default_postp
 """
 from __future__ import annotations
 
-from trace_tools.data import ReplayResult, Session
+from trace_tools.data import ReplayResult
+from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
 from trace_tools.strategies.session_core import (AssemblyError, LeafSample, record_outcomes, replay_v2,
                                                  resolve_matcher, samples_v2, session_requests, tito_from_context)
@@ -20,9 +21,10 @@ class SessionV2(Strategy):
     counterfactual = True
     description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
 
-    def replay(self, session: Session) -> ReplayResult:
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
+        session = prepared.session
         tito = tito_from_context(self.ctx)
-        state, outcomes = replay_v2(session_requests(session, self.ctx), tito,
+        state, outcomes = replay_v2(session_requests(prepared), tito,
                                     resolve_matcher(self.ctx.param("matcher", "strict")))
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})

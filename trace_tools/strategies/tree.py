@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from trace_tools.data import ReplayResult, Session
+from trace_tools.data import ReplayResult
+from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.base import Strategy, register
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TreeSample, TurnRecord
@@ -33,10 +34,8 @@ class TreeStrategy(Strategy):
     name = "tree"
     description = "slime TrajectoryManager: message tree, rewrite-merge, CLEAN/REALIGN/FORK, per-node dedup"
 
-    def replay(self, session: Session) -> ReplayResult:
-        from trace_tools.strategies.prepare import prepare_turns
-
-        return self.replay_prepared(session.session_id, prepare_turns(session, self.ctx), session.reward)
+    def replay_session(self, prepared: PreparedSession) -> ReplayResult:
+        return self.replay_prepared(prepared.session_id, prepared.turns, prepared.reward)
 
     def make_manager(self) -> TrajectoryManager:
         """A manager configured from the context's params (validated)."""
@@ -49,7 +48,7 @@ class TreeStrategy(Strategy):
 
     def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
                         manager: TrajectoryManager | None = None) -> ReplayResult:
-        """Record every prepared turn (objects shaped like `prepare.PreparedTurn`), then linearize."""
+        """Record every prepared turn (`pipeline.PreparedTurn` or alike), then linearize."""
         manager = manager or self.make_manager()
         for prepared in prepared_turns:
             self.record_prepared(manager, session_id, prepared)

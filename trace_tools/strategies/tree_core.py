@@ -143,7 +143,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], chunk: int = 4096) -> 
     matched = 0
     while matched < limit:
         end = min(matched + chunk, limit)
-        if list(a[matched:end]) == list(b[matched:end]):
+        if a[matched:end] == b[matched:end] if type(a) is type(b) else list(a[matched:end]) == list(b[matched:end]):
             matched = end
             continue
         while a[matched] == b[matched]:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+from trace_tools.ids import common_prefix_len
 
 CAUSES = ("whitespace", "schema_default", "key_order_or_spacing", "reasoning", "tool_call_id",
           "template_rewrite", "tokenizer_boundary", "genuine_edit")
@@ -46,70 +48,62 @@ class DriftFinding:
     message_diff: list[str] = field(default_factory=list)
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def continuation_pairs(session) -> list[tuple[int, int, int | None]]:
+def continuation_pairs(canonical: Sequence[list[dict]], turn_indices: Sequence[int]) -> list[tuple[int, int, int | None]]:
     """(N, M, p): turn M is the next request of N's conversation; p is the first message of N's
     request that M changed (None when M extends N's request unchanged).
 
-    M is the first later turn that opens with the same first message (the same conversation, not a
+    `canonical` holds each turn's request under slime's canonicalization, in turn order. M is the
+    first later turn that opens with the same first message (the same conversation, not a
     subagent) and is longer than N's request. A turn re-issued with the same request (a retry)
     supersedes N, which then has no continuation of its own.
     """
-    from trace_tools.render.canonical import canonicalize_messages
-
     pairs = []
-    turns = session.turns
-    canonical = [canonicalize_messages(turn.messages) for turn in turns]
-    for i, turn in enumerate(turns):
-        mine = canonical[i]
-        for later, theirs in zip(turns[i + 1:], canonical[i + 1:]):
+    for i, mine in enumerate(canonical):
+        for j in range(i + 1, len(canonical)):
+            theirs = canonical[j]
             if theirs == mine:
                 break  # retried: the later generation supersedes this one
             if theirs[:1] != mine[:1] or len(theirs) <= len(mine):
                 continue
-            changed = next((p for p, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
-            pairs.append((turn.turn_index, later.turn_index, changed))
+            changed = next((p for p, (a, b) in enumerate(zip(mine, theirs)) if a is not b and a != b), None)
+            pairs.append((turn_indices[i], turn_indices[j], changed))
             break
     return pairs
 
 
-def find_drift(session, prepared: dict[int, Any], renderer) -> list[DriftFinding]:
-    """Drift findings for every continued turn of a session.
-
-    `prepared` maps turn_index → PreparedTurn (prompt ids recorded or rendered, canonical response).
-    """
+def find_drift(prepared: Any) -> list[DriftFinding]:
+    """Drift findings for every continued turn of a `PreparedSession`."""
+    turns = {p.turn.turn_index: p for p in prepared.turns}
     findings = []
-    turns = {t.turn_index: t for t in session.turns}
-    for n, m, changed in continuation_pairs(session):
-        turn_n, turn_m = turns[n], turns[m]
-        served = list(prepared[n].prompt_ids) + list(turn_n.output_ids)
-        nxt = list(prepared[m].prompt_ids)
-        lcp = common_prefix_len(served, nxt)
-        token_drift = lcp < len(served)
-        prompt_len = len(prepared[n].prompt_ids)
-        if changed is not None:
-            causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools)
-        else:
-            stored = turn_n.response if turn_n.response is not None else prepared[n].response_message
-            echo = turn_m.messages[len(turn_n.messages)]
-            if echo.get("role") != "assistant":
-                continue
-            causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt, prompt_len, renderer)
-        findings.append(DriftFinding(n, m, token_drift, lcp if token_drift else None, len(served), prompt_len,
-                                     causes[0] if causes else None, causes, diff))
+    for n, m, changed in continuation_pairs(prepared.canonical("slime"), list(turns)):
+        finding = _finding(turns[n], turns[m], changed, prepared.renderer)
+        if finding is not None:
+            findings.append(finding)
     return findings
+
+
+def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> DriftFinding | None:
+    turn_n, turn_m = earlier.turn, later.turn
+    served = list(earlier.prompt_ids) + list(turn_n.output_ids)
+    nxt = later.prompt_ids
+    lcp = common_prefix_len(served, nxt)
+    token_drift = lcp < len(served)
+    prompt_len = len(earlier.prompt_ids)
+    if changed is not None:
+        causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools)
+    else:
+        stored = turn_n.response if turn_n.response is not None else earlier.response_message
+        echo = turn_m.messages[len(turn_n.messages)]
+        if echo.get("role") != "assistant":
+            return None
+        causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt, prompt_len, renderer)
+    return DriftFinding(turn_n.turn_index, turn_m.turn_index, token_drift, lcp if token_drift else None, len(served),
+                        prompt_len, causes[0] if causes else None, causes, diff)
 
 
 def _history_change(before: dict, after: dict, tools) -> tuple[list[str], list[str]]:
     """A message earlier than the echo changed: cosmetic only if a normalisation explains it."""
-    from trace_tools.strategies.restore_core import strip_trailing_ws
+    from trace_tools.render.normalize import strip_trailing_ws
 
     diff = message_diff(before, after)
     if before.get("role") == "assistant" == after.get("role"):
@@ -142,9 +136,16 @@ def _generation_prompt_len(renderer) -> int:
     inside them belongs to this turn's block, since re-rendering can merge across its end."""
     if renderer is None:
         return 0
-    probe = [{"role": "user", "content": "x"}]
-    with_prompt, without = renderer.render(probe, None, True), renderer.render(probe, None, False)
-    return max(len(with_prompt) - len(without), 0)
+    known = _GENERATION_PROMPT_LENGTHS.get(id(renderer))
+    if known is None or known[0] is not renderer:
+        probe = [{"role": "user", "content": "x"}]
+        with_prompt, without = renderer.render(probe, None, True), renderer.render(probe, None, False)
+        known = (renderer, max(len(with_prompt) - len(without), 0))
+        _GENERATION_PROMPT_LENGTHS[id(renderer)] = known
+    return known[1]
+
+
+_GENERATION_PROMPT_LENGTHS: dict[int, tuple[Any, int]] = {}
 
 
 def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
@@ -153,7 +154,10 @@ def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
         return "key_order_or_spacing"
     if renderer is None:
         return "template_rewrite"
-    served_text, next_text = renderer.decode(served[lcp:]), renderer.decode(nxt[lcp:])
+    # The next prompt goes on far past the served ids; the same number of tokens (plus margin)
+    # covers the served text, since re-tokenization only merges.
+    served_text = renderer.decode(served[lcp:])
+    next_text = renderer.decode(nxt[lcp:lcp + len(served) - lcp + 16])
     if next_text.startswith(served_text):
         return "tokenizer_boundary"  # same characters, another split
     if _squeeze(next_text).startswith(_squeeze(served_text)) and "<tool_call>" in renderer.decode(served):
@@ -168,7 +172,7 @@ def _squeeze(text: str) -> str:
 def _cosmetic_message_causes(stored: dict, echo: dict, tools) -> list[str]:
     """Name the normalisations under which the canonical messages become equal; [] when none do."""
     from trace_tools.render.canonical import canonicalize_response
-    from trace_tools.strategies.restore_core import drop_schema_defaults, strip_trailing_ws, tool_defaults
+    from trace_tools.render.normalize import drop_schema_defaults, strip_trailing_ws, tool_defaults
 
     a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
     causes = []

@@ -1,0 +1,240 @@
+"""Replay throughput and memory on long SWE sessions, against the naive method, in one run.
+
+    python benchmarks/bench_replay.py                 # 40 swe-long sessions, writes docs/performance.md
+    python benchmarks/bench_replay.py --sessions 8 --no-write   # a quick look
+
+The dump: `trace-tools simulate --profile swe-long` (Qwen3, byte-exact and claude-code
+behaviours, 25–45 turns a session, contexts ending between 25k and 60k tokens), cached under
+`$TRACE_TOOLS_CACHE/bench/`. Every measurement runs in a fresh subprocess on the same dump; wall
+time gives turns/s, and the process tree's resident memory is sampled every 20 ms for the peak.
+
+The baseline is the naive method of DESIGN §10, written out plainly below (`naive`): for every
+turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conversation with the
+dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
+against it, measured in the same run. The naive prompts are checked to equal ours token for token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = {
+    "naive": "naive method (full render + tokenize every turn, then tree)",
+    "reconstruct": "`reconstruct`",
+    "tree": "`replay -s tree`",
+    "all-w1": "`replay` (all 8 strategies), `--workers 1`",
+    "all-w2": "`replay` (all 8 strategies), `--workers 2`",
+}
+
+
+# -- the naive method, as seed 000's validation script replayed traces ---------------------------
+def naive(dump: Path) -> dict:
+    import pyarrow.parquet as pq
+    from transformers import PreTrainedTokenizerFast
+
+    from trace_tools.data import Turn
+    from trace_tools.io.load import read_dump_meta
+    from trace_tools.pipeline.prepared import PreparedTurn
+    from trace_tools.render.canonical import canonicalize_messages, canonicalize_response
+    from trace_tools.render.tokenizer import ensure_tokenizer_json
+    from trace_tools.strategies.base import ReplayContext
+    from trace_tools.strategies.tree import TreeStrategy
+
+    meta = read_dump_meta(dump)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(ensure_tokenizer_json(meta.tokenizer)), eos_token="<|im_end|>")
+    rows = pq.read_table(dump).to_pylist()
+    sessions: dict[str, list[dict]] = {}
+    for row in rows:
+        sessions.setdefault(row["session_id"], []).append(row)
+    prompts = {}
+    for session_id, turns in sessions.items():
+        prepared = []
+        for row in sorted(turns, key=lambda r: r["turn_index"]):
+            messages = canonicalize_messages(json.loads(row["messages"]))
+            tools = json.loads(row["tools"]) if row["tools"] else None
+            ids = tokenizer.apply_chat_template(messages, tools=tools, chat_template=meta.chat_template,
+                                                add_generation_prompt=True, tokenize=True, return_dict=False)
+            turn = Turn(session_id, row["turn_index"], messages, row["output_ids"], tools=tools,
+                        output_logprobs=row["output_logprobs"], response=json.loads(row["response"]),
+                        finish_reason=row["finish_reason"])
+            prepared.append(PreparedTurn(turn, messages, tools, canonicalize_response(turn.response), ids, "rendered"))
+            prompts[(session_id, row["turn_index"])] = ids
+        TreeStrategy(ReplayContext()).replay_prepared(session_id, prepared, 0.0)
+    return {"turns": len(rows), "prompts": prompts}
+
+
+# -- the project's commands ---------------------------------------------------------------------
+def project(task: str, dump: Path, out: Path) -> dict:
+    if task == "reconstruct":
+        from trace_tools.reconstruct import reconstruct
+
+        result = reconstruct(dump)
+        return {"turns": result.summary["turns"], "exact": result.summary["exact"]}
+    from trace_tools.api import replay
+
+    strategies = ["tree"] if task == "tree" else None
+    workers = 2 if task.endswith("w2") else 1
+    result = replay(dump, out=out, strategies=strategies, workers=workers)
+    return {"turns": result.summary["turns_total"], "reconstruction": result.reconstruction}
+
+
+def run_task(task: str, dump: Path, out: Path) -> None:
+    """Runs inside the measured subprocess; prints one JSON line."""
+    started = time.perf_counter()
+    result = naive(dump) if task == "naive" else project(task, dump, out)
+    elapsed = time.perf_counter() - started
+    if task == "naive":
+        check = out / "naive-prompts.json"
+        check.write_text(json.dumps({f"{s}/{t}": ids for (s, t), ids in result.pop("prompts").items()}))
+    print(json.dumps({"elapsed": elapsed, **result}))
+
+
+# -- measuring ------------------------------------------------------------------------------------
+def measure(task: str, dump: Path, scratch: Path) -> dict:
+    import psutil
+
+    out = scratch / task
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TRACE_TOOLS_WORKERS": "1"}
+    command = [sys.executable, __file__, "--task", task, "--dump", str(dump), "--scratch", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    peak = _sample_peak(psutil.Process(process.pid), process)
+    stdout, stderr = process.communicate()
+    if process.returncode:
+        raise SystemExit(f"{task} failed:\n{stderr[-3000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {**result, "peak_rss": peak}
+
+
+def _sample_peak(root, process) -> int:
+    peak = 0
+    while process.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except Exception:  # a child exiting between listing and reading
+            pass
+        time.sleep(0.02)
+    return peak
+
+
+def check_prompts(dump: Path, scratch: Path) -> int:
+    """Turns whose naive prompt differs from ours (0 expected)."""
+    from trace_tools.pipeline import Pipeline
+
+    naive_prompts = json.loads((scratch / "naive" / "naive-prompts.json").read_text())
+    pipeline = Pipeline(dump, prompt_source="rendered")
+    differing = 0
+    for prepared in pipeline.prepared():
+        for p in getattr(prepared, "turns", []):
+            differing += naive_prompts[f"{p.turn.session_id}/{p.turn.turn_index}"] != p.prompt_ids
+    return differing
+
+
+def dumps(sessions: int, seed: int) -> tuple[Path, Path]:
+    """The benchmark dump and the same dump with every session twice (new ids), cached."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trace_tools.render.tokenizer import cache_dir
+    from trace_tools.simulate import simulate
+
+    folder = cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    single, double = folder / f"swe-long-{sessions}-s{seed}.parquet", folder / f"swe-long-{sessions}x2-s{seed}.parquet"
+    if not single.exists():
+        simulate(sessions, seed, template="qwen3", behaviours=["byte-exact", "claude-code"], out=str(single),
+                 profile="swe-long")
+    if not double.exists():
+        table = pq.read_table(single)
+        copy = table.set_column(0, "session_id", pa.array([f"{s}-copy" for s in table.column("session_id").to_pylist()]))
+        pq.write_table(pa.concat_tables([table, copy]).replace_schema_metadata(table.schema.metadata), double,
+                       row_group_size=64)
+    return single, double
+
+
+def _shape(dump: Path) -> dict:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dump, columns=["session_id", "prompt_ids"])
+    lengths = pc.list_value_length(table.column("prompt_ids")).to_pylist()
+    by_session: dict[str, int] = {}
+    for session_id, length in zip(table.column("session_id").to_pylist(), lengths):
+        by_session[session_id] = max(by_session.get(session_id, 0), length)
+    lengths.sort()
+    return {"sessions": len(by_session), "turns": len(lengths), "median_prompt": lengths[len(lengths) // 2],
+            "context_min": min(by_session.values()), "context_max": max(by_session.values()),
+            "mb": dump.stat().st_size / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/performance.md")
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--dump", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.task:
+        run_task(args.task, Path(args.dump), Path(args.scratch))
+        return
+    import tempfile
+
+    single, double = dumps(args.sessions, args.seed)
+    shape = _shape(single)
+    print(f"dump: {shape['sessions']} sessions, {shape['turns']} turns, median prompt {shape['median_prompt']} tokens, "
+          f"contexts end at {shape['context_min']}–{shape['context_max']} tokens, {shape['mb']:.0f} MB", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        results = {}
+        for task in TASKS:
+            results[task] = measure(task, single, scratch)
+            print(f"  {task}: {results[task]['elapsed']:.1f} s, peak RSS {results[task]['peak_rss'] / 2**30:.2f} GiB",
+                  flush=True)
+        doubled = {task: measure(task, double, scratch / "double") for task in ("all-w1", "all-w2")}
+        differing = check_prompts(single, scratch)
+    table = report(shape, results, doubled, differing, args)
+    print(table)
+    if not args.no_write:
+        (ROOT / "docs" / "performance.md").write_text(table)
+
+
+def report(shape: dict, results: dict, doubled: dict, differing: int, args: argparse.Namespace) -> str:
+    base = shape["turns"] / results["naive"]["elapsed"]
+    lines = [
+        "# Replay performance", "",
+        "Measured by `python benchmarks/bench_replay.py"
+        + (f" --sessions {args.sessions}" if args.sessions != 40 else "") + "` on this machine "
+        f"({os.cpu_count()} cores), every row in the same run on the same dump: {shape['sessions']} simulated "
+        f"`swe-long` Qwen3 sessions (byte-exact and claude-code), {shape['turns']} turns, median prompt "
+        f"{shape['median_prompt']:,} tokens, contexts ending at {shape['context_min']:,}–{shape['context_max']:,} "
+        f"tokens, {shape['mb']:.0f} MB of Parquet. Peak RSS is the whole process tree's.", "",
+        "| | turns/s | vs the naive method | peak RSS | peak RSS, sessions doubled |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for task, label in TASKS.items():
+        rate = shape["turns"] / results[task]["elapsed"]
+        again = doubled.get(task)
+        growth = (f"{again['peak_rss'] / 2**30:.2f} GiB ({again['peak_rss'] / results[task]['peak_rss'] - 1:+.0%})"
+                  if again else "")
+        lines.append(f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |")
+    stats = results["all-w1"].get("reconstruction") or {}
+    lines += ["", f"The naive prompts equal the pipeline's on {shape['turns'] - differing} of {shape['turns']} turns.",
+              f"Reconstruction in the all-strategies run: {stats.get('incremental_renders', 0):,} incremental renders, "
+              f"{stats.get('full_renders', 0):,} full renders "
+              f"({', '.join(f'{k}: {v}' for k, v in (stats.get('full_renders_by_reason') or {}).items()) or 'none'}); "
+              f"{stats.get('tokens_encoded', 0):,} tokens encoded, {stats.get('tokens_reused', 0):,} reused.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The run directory (DESIGN §6): layout, fingerprint, resumable shards, merged tables, reading.
+
+Replay writes it and reports read it; both import this module and nothing of each other.
+
+    RUN/run.json            inputs, options, versions, renderer identities, reconstruction counters
+    RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
+    RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
+    RUN/summary.json        RUN/report.md          RUN/plots/*.png
+    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.done
+
+Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
+written atomically with a completion marker, so a rerun with the same options and inputs
+resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
+streams shard by shard (samples row group by row group), so it never holds a whole table.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_tools.errors import TraceToolsError, UnusableInput
+
+SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
+TABLES = (*SMALL_TABLES, "samples")
+SAMPLES_SCHEMA = pa.schema([
+    ("strategy", pa.string()), ("session_id", pa.string()), ("sample_index", pa.int32()),
+    ("token_ids", pa.list_(pa.int32())), ("response_length", pa.int32()), ("loss_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float64())), ("source_turn", pa.list_(pa.int32())), ("reward", pa.float64()),
+])
+QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reason": pa.string(), "detail": pa.string()}
+
+
+@dataclass
+class SessionRows:
+    """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
+    (compact, cheap to ship from a worker process)."""
+
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
+    fidelity: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    samples: pa.Table | None = None
+    render_stats: dict[str, int] = field(default_factory=dict)
+    renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
+
+
+def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
+    """Options plus each input file's path, size and modification time: what a resume must match."""
+    inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    blob = json.dumps({"options": options, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def prepare(run_dir: Path, stamp: str) -> int:
+    """Create the directory; keep finished shards only when the fingerprint matches. Returns how
+    many finished shards were kept."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UnusableInput(f"--out {run_dir} is a file, not a directory; pass a directory path")
+    shards = run_dir / "shards"
+    marker = shards / "FINGERPRINT"
+    if marker.exists() and marker.read_text().strip() != stamp:
+        shutil.rmtree(shards)
+    shards.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp)
+    return len(list(shards.glob("*.done")))
+
+
+def shard_done(run_dir: Path, index: int) -> bool:
+    return (run_dir / "shards" / f"{index:05d}.done").exists()
+
+
+class ShardWriter:
+    """Collects the rows of one shard; samples go to disk session by session (one row group each)."""
+
+    def __init__(self, run_dir: Path, index: int, write_samples: bool):
+        self.base = run_dir / "shards" / f"{index:05d}"
+        self.rows = {name: [] for name in SMALL_TABLES}
+        self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")
+        self._samples = pq.ParquetWriter(self._samples_tmp, SAMPLES_SCHEMA) if write_samples else None
+
+    def add(self, rows: SessionRows) -> None:
+        for name in SMALL_TABLES:
+            self.rows[name].extend(getattr(rows, name))
+        if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
+            self._samples.write_table(rows.samples)
+
+    def close(self) -> None:
+        from trace_tools.io.write import write_parquet_atomic
+
+        for name, records in self.rows.items():
+            write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
+        if self._samples is not None:
+            self._samples.close()
+            os.chmod(self._samples_tmp, 0o644)
+            os.replace(self._samples_tmp, Path(f"{self.base}.samples.parquet"))
+        Path(f"{self.base}.done").write_text("ok")
+
+
+def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
+    if name == "quarantine":
+        return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
+    return pa.Table.from_pylist(records)
+
+
+def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
+    """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table."""
+    for name in SMALL_TABLES:
+        parts = _shard_files(run_dir, name, shards)
+        if name == "quarantine":
+            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))),
+                     *parts]
+        _concat_write(parts, run_dir / f"{name}.parquet")
+    if write_samples:
+        _stream_samples(_shard_paths(run_dir, "samples", shards), run_dir / "samples.parquet")
+
+
+def _shard_paths(run_dir: Path, name: str, shards: int) -> list[Path]:
+    return [p for i in range(shards) if (p := run_dir / "shards" / f"{i:05d}.{name}.parquet").exists()]
+
+
+def _shard_files(run_dir: Path, name: str, shards: int) -> list[pa.Table]:
+    return [pq.read_table(p) for p in _shard_paths(run_dir, name, shards)]
+
+
+def _concat_write(parts: list[pa.Table], path: Path) -> None:
+    from trace_tools.io.write import write_parquet_atomic
+
+    parts = [p for p in parts if p.num_columns]
+    if not parts:
+        write_parquet_atomic(pa.table({}), path)
+        return
+    schema = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
+    table = pa.concat_tables([_conform(p, schema) for p in parts])
+    write_parquet_atomic(table, path)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    columns = []
+    for field_ in schema:
+        if field_.name in table.column_names:
+            columns.append(table.column(field_.name).cast(field_.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field_.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _stream_samples(paths: list[Path], target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.tmp")
+    with pq.ParquetWriter(tmp, SAMPLES_SCHEMA) as writer:
+        for path in paths:
+            source = pq.ParquetFile(path)
+            for group in range(source.num_row_groups):
+                writer.write_table(source.read_row_group(group))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+
+
+def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None) -> Any:
+    """One of the run's tables as a DataFrame (empty when absent); `columns` reads only those."""
+    import pandas as pd
+
+    path = Path(run_dir) / f"{name}.parquet"
+    if not path.exists():
+        return pd.DataFrame()
+    if columns is not None:
+        present = set(pq.read_schema(path).names)
+        columns = [c for c in columns if c in present]
+    return pq.read_table(path, columns=columns).to_pandas()
+
+
+def require_run(run_dir: str | Path) -> Path:
+    """A finished run directory, or a clear error naming the fix."""
+    path = Path(run_dir)
+    if not (path / "summary.json").is_file():
+        raise TraceToolsError(f"{path} is not a finished run directory (no summary.json); "
+                              f"run `trace-tools replay DUMP --out {path}` first")
+    return path
+
+
+def load_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((require_run(run_dir) / "summary.json").read_text())
+
+
+def load_run_info(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,31 @@
+"""Vocabulary bounds for the `out_of_vocab` check (DESIGN §10), known without loading a tokenizer.
+
+The io layer validates token ids before anything renders, so it owns this table; the render
+layer's tokenizer recipes must agree with it (tested).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Full size including added tokens: one past the largest id.
+BUILTIN_VOCAB_SIZES = {"qwen3": 151_669, "qwen3.5": 248_077}
+
+
+def vocab_size_for(name_or_path: str | None) -> int | None:
+    """The vocabulary bound of a built-in tokenizer name or a local tokenizer; None if unknown."""
+    if not name_or_path:
+        return None
+    if name_or_path in BUILTIN_VOCAB_SIZES:
+        return BUILTIN_VOCAB_SIZES[name_or_path]
+    path = Path(name_or_path).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not (file.is_file() and file.name.endswith(".json")):
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ids = list((data.get("model") or {}).get("vocab", {}).values() or [])
+    ids += [t["id"] for t in data.get("added_tokens") or [] if "id" in t]
+    return max(ids) + 1 if ids else None

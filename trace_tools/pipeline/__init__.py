@@ -1,0 +1,136 @@
+"""The session pipeline: the one road from a dump to prepared turns (DESIGN §8).
+
+    pass 1: session_id (and row position) of every row → where each session ends
+    pass 2: row groups in order → rows of open sessions buffered → a session is handed on when
+            its last row is read, then dropped → prepared with its own file's renderer
+
+`replay`, `reconstruct`, `rescore`, `explain` and the Python API all read sessions through
+`Pipeline`; strategies receive its `PreparedSession`s. Memory follows the sessions open at once,
+not the dump; within a session, history is parsed, canonicalized, rendered and tokenized once
+(`io.load.HistoryParser`, `prepared.Canonicalizer`, `render.incremental`).
+
+    from trace_tools.pipeline import Pipeline
+    pipeline = Pipeline("dump.parquet")
+    for prepared in pipeline.prepared():          # PreparedSession or QuarantineEntry
+        ...
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from trace_tools.data import QuarantineEntry, Session
+from trace_tools.errors import TraceToolsError
+from trace_tools.pipeline.facts import SessionFacts, session_facts
+from trace_tools.pipeline.prepared import PROMPT_SOURCES, PreparedSession, PreparedTurn, prepare_session
+
+__all__ = ["PROMPT_SOURCES", "Pipeline", "PreparedSession", "PreparedTurn", "RendererPool", "SessionFacts",
+           "prepare_session", "session_facts"]
+
+
+class RendererPool:
+    """One renderer per distinct recording: a directory may mix tokenizers and templates, and each
+    session is rendered with its own file's (command-line options override the dump's metadata)."""
+
+    def __init__(self, tokenizer: str | None = None, chat_template: str | None = None, renderer: Any = None):
+        self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
+        self._cache: dict[tuple, Any] = {}
+
+    def for_session(self, session: Session) -> Any:
+        """The session's renderer; None when no tokenizer is known (raises for a bad name)."""
+        if self.fixed is not None:
+            return self.fixed
+        meta = session.meta
+        tokenizer = self.tokenizer or meta.tokenizer
+        key = (tokenizer, self.chat_template, meta.chat_template)
+        if key not in self._cache:
+            self._cache[key] = self._build(tokenizer, meta)
+        return self._cache[key]
+
+    def _build(self, tokenizer: str | None, meta: Any) -> Any:
+        if tokenizer is None:
+            return None
+        from trace_tools.render.renderer import Renderer
+
+        return Renderer.from_spec(tokenizer, self.chat_template, dump_meta=meta)
+
+    def check(self, metas: Iterable[Any]) -> None:
+        """Resolve every recording's tokenizer name and chat template up front (no loading), so a
+        wrong name fails before the first session instead of quarantining all of them."""
+        from trace_tools.render.templates import resolve_template
+        from trace_tools.render.tokenizer import check_tokenizer_name
+
+        if self.fixed is not None:
+            return
+        for meta in {(m.tokenizer, m.chat_template): m for m in metas}.values():
+            name = self.tokenizer or meta.tokenizer
+            if name:
+                check_tokenizer_name(name)
+            if name or self.chat_template:
+                resolve_template(self.chat_template, tokenizer_name=name, dump_template=meta.chat_template)
+
+    def identities(self) -> list[dict]:
+        return [r.identity for r in self._cache.values() if r is not None]
+
+    def __getstate__(self) -> dict:
+        # Shipped to worker processes as a recipe: each builds its own renderers.
+        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "fixed": self.fixed, "_cache": {}}
+
+
+class Pipeline:
+    """A dump opened for streaming: pass 1 runs on construction (so unusable input fails at once
+    and `stream.files`, `rows`, `session_count`, `meta` and `warnings` are known), pass 2 on iteration."""
+
+    def __init__(self, dump: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
+                 canonicalization: str = "slime", prompt_source: str = "auto", columns: Iterable[str] | None = None,
+                 renderer: Any = None, vocab_size: int | None = None):
+        from trace_tools.io.load import iter_sessions
+
+        self.dump = Path(dump)
+        self.stream = iter_sessions(dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
+        self.renderers = RendererPool(tokenizer, chat_template, renderer)
+        self.renderers.check(self.stream.file_metas)
+        self.canonicalization, self.prompt_source = canonicalization, prompt_source
+
+    def __iter__(self) -> Iterator[Session | QuarantineEntry]:
+        """Raw sessions and quarantine entries, each session as soon as its last row is read."""
+        return iter(self.stream)
+
+    def prepare(self, session: Session) -> PreparedSession:
+        renderer = self.renderers.for_session(session)
+        return prepare_session(session, renderer, self.canonicalization, self.prompt_source)
+
+    def prepared(self) -> Iterator[PreparedSession | QuarantineEntry]:
+        """Prepared sessions in stream order; a session that cannot be prepared becomes a
+        `replay_error` quarantine entry. Each session's render caches are dropped after it."""
+        for item in self:
+            if isinstance(item, QuarantineEntry):
+                yield item
+                continue
+            try:
+                prepared = self.prepare(item)
+            except TraceToolsError as exc:
+                yield QuarantineEntry(item.session_id, None, "replay_error", str(exc))
+                continue
+            yield prepared
+            if prepared.renderer is not None and hasattr(prepared.renderer, "reset_caches"):
+                prepared.renderer.reset_caches()
+
+    def session(self, session_id: str) -> PreparedSession:
+        """One session, prepared (the others are read past, not prepared)."""
+        for item in self:
+            if item.session_id != session_id:
+                continue
+            if isinstance(item, QuarantineEntry):
+                raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
+                                      f"run `trace-tools validate {self.dump}` for details")
+            return self.prepare(item)
+        raise TraceToolsError(f"no session {session_id!r} in {self.dump}; "
+                              f"list them with `trace-tools reconstruct {self.dump} --json`")
+
+
+def _template_arg(chat_template: str | None) -> str | None:
+    """A template file is resolved to an absolute path, so workers and resumes find the same file."""
+    if chat_template and Path(chat_template).is_file():
+        return str(Path(chat_template).resolve())
+    return chat_template

@@ -1,0 +1,126 @@
+"""Replaying one session: the unit of work that executors (in-process, process pool, Ray) run.
+
+`SessionReplayer(options)(session)` prepares the session through the pipeline with its own
+file's renderer, computes its strategy-independent facts once, runs every strategy on the same
+prepared turns, and returns run-directory rows. Nothing here depends on where it runs, so the
+output is the same for any worker count and executor.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from trace_tools.data import ReplayResult, Session
+from trace_tools.errors import TraceToolsError
+from trace_tools.io.rundir import SAMPLES_SCHEMA, SessionRows
+from trace_tools.pipeline import RendererPool
+from trace_tools.pipeline.facts import drift_rows, session_facts
+from trace_tools.pipeline.prepared import PreparedSession, prepare_session
+from trace_tools.replay.turnrows import extra_counters, session_row, turn_rows
+from trace_tools.strategies.base import ReplayContext, get_strategy
+
+
+@dataclass
+class ReplayOptions:
+    """Everything that changes what a replay computes (hashed into the run's fingerprint)."""
+
+    strategies: list[str] = field(default_factory=list)
+    prompt_source: str = "auto"
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    canonicalization: str = "slime"
+    params: dict[str, Any] = field(default_factory=dict)
+    write_samples: bool = True
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class SessionReplayer:
+    """Replays sessions under fixed options; each process builds one (and its renderers) once."""
+
+    def __init__(self, options: ReplayOptions):
+        self.options = options
+        self.renderers = RendererPool(options.tokenizer, options.chat_template)
+
+    def __call__(self, session: Session) -> SessionRows:
+        rows = SessionRows()
+        try:
+            prepared = self.prepare(session)
+            facts = session_facts(prepared)
+        except Exception as exc:  # a broken session must not stop the run; its reason is kept
+            rows.quarantine.append(_quarantine(session.session_id, _describe(exc)))
+            return rows
+        rows.fidelity = facts.fidelity
+        rows.drift = drift_rows(prepared, facts.drift)
+        ctx = ReplayContext(prepared.renderer, self.options.canonicalization, self.options.prompt_source,
+                            self.options.params)
+        samples = []
+        for name in self.options.strategies:
+            samples += self._run_strategy(name, prepared, ctx, facts, rows)
+        if self.options.write_samples:
+            rows.samples = pa.Table.from_pylist(samples, schema=SAMPLES_SCHEMA)
+        rows.render_stats = self._render_stats(prepared.renderer)
+        rows.renderer = dict(getattr(prepared.renderer, "identity", None) or {})
+        return rows
+
+    def prepare(self, session: Session) -> PreparedSession:
+        renderer = self.renderers.for_session(session)
+        return prepare_session(session, renderer, self.options.canonicalization, self.options.prompt_source)
+
+    def _run_strategy(self, name: str, prepared: PreparedSession, ctx: ReplayContext, facts: Any,
+                      rows: SessionRows) -> list[dict[str, Any]]:
+        started = time.perf_counter()
+        try:
+            result = get_strategy(name)(ctx).replay(prepared)
+        except Exception as exc:  # quarantined per strategy: the other strategies still replay it
+            rows.quarantine.append(_quarantine(prepared.session_id, f"strategy {name}: {_describe(exc)}"))
+            return []
+        elapsed = time.perf_counter() - started
+        session = prepared.session
+        turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths)
+        causes = facts.drift_causes
+        for row in turns:
+            row["drift_cause"] = causes.get(row["turn_index"])
+        rows.turns.extend(turns)
+        row = session_row(name, session, result, elapsed)
+        row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
+        rows.sessions.append(row)
+        return sample_records(name, session.session_id, result) if self.options.write_samples else []
+
+    @staticmethod
+    def _render_stats(renderer: Any) -> dict[str, int]:
+        """The renderer's counters for this session (then reset with its caches)."""
+        if renderer is None or not hasattr(renderer, "cache_info"):
+            return {}
+        stats = {k: int(v) for k, v in renderer.cache_info().items()}
+        renderer.reset_caches()
+        renderer.engine.stats.clear()
+        return stats
+
+
+def sample_records(strategy: str, session_id: str, result: ReplayResult) -> list[dict[str, Any]]:
+    return [{"strategy": strategy, "session_id": session_id, "sample_index": i, "token_ids": s.token_ids,
+             "response_length": s.response_length, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
+             "source_turn": s.source_turn, "reward": s.reward} for i, s in enumerate(result.samples)]
+
+
+def strategy_turn_view(prepared: PreparedSession, ctx: ReplayContext, name: str, turn_index: int) -> dict[str, Any]:
+    """What strategy `name` made of one turn: its event, prompt event, tokens, and the session's samples."""
+    result = get_strategy(name)(ctx).replay(prepared)
+    row = next(r for r in turn_rows(name, prepared.session, result, {}, {}) if r["turn_index"] == turn_index)
+    return {k: row[k] for k in ("event", "prompt_event", "generated_tokens", "trained_tokens")} | {
+        "samples": len(result.samples)}
+
+
+def _quarantine(session_id: str, detail: str) -> dict[str, Any]:
+    return {"session_id": session_id, "turn_index": None, "reason": "replay_error", "detail": detail}
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, TraceToolsError) else f"{type(exc).__name__}: {exc}"
