@@ -177,3 +177,12 @@ def test_io_vocabulary_table_agrees_with_the_recipes():
     from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES
 
     assert BUILTIN_VOCAB_SIZES == {name: recipe.vocab_size for name, recipe in tk.RECIPES.items()}
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
+def test_builtin_special_tokens_map_is_what_transformers_gives(name):
+    """Templates see the special-token map as variables; the built-ins' map is known without
+    building a transformers tokenizer, and must be exactly transformers'."""
+    tok = load_tokenizer(name)
+    assert tok.builtin
+    assert tok.special_tokens_map == dict(tok.hf.special_tokens_map)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -84,20 +85,27 @@ class ShardWriter:
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
         self.rows = {name: [] for name in SMALL_TABLES}
+        self.render_stats: Counter = Counter()
+        self.renderers: dict[str, dict] = {}
         self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")
         self._samples = pq.ParquetWriter(self._samples_tmp, SAMPLES_SCHEMA) if write_samples else None
 
     def add(self, rows: SessionRows) -> None:
         for name in SMALL_TABLES:
             self.rows[name].extend(getattr(rows, name))
+        self.render_stats.update(rows.render_stats)
+        if rows.renderer:
+            self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
         if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
             self._samples.write_table(rows.samples)
 
     def close(self) -> None:
-        from trace_tools.io.write import write_parquet_atomic
+        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 
         for name, records in self.rows.items():
             write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
+        write_json_atomic({"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
+                          Path(f"{self.base}.meta.json"))
         if self._samples is not None:
             self._samples.close()
             os.chmod(self._samples_tmp, 0o644)
@@ -121,6 +129,20 @@ def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, An
         _concat_write(parts, run_dir / f"{name}.parquet")
     if write_samples:
         _stream_samples(_shard_paths(run_dir, "samples", shards), run_dir / "samples.parquet")
+
+
+def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Render counters summed over every shard (resumed ones included) and the distinct renderers."""
+    stats: Counter = Counter()
+    renderers: dict[str, dict] = {}
+    for index in range(shards):
+        path = run_dir / "shards" / f"{index:05d}.meta.json"
+        if path.exists():
+            meta = json.loads(path.read_text())
+            stats.update(meta["render_stats"])
+            for identity in meta["renderers"]:
+                renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
+    return dict(stats), list(renderers.values())
 
 
 def _shard_paths(run_dir: Path, name: str, shards: int) -> list[Path]:

@@ -136,16 +136,14 @@ def _generation_prompt_len(renderer) -> int:
     inside them belongs to this turn's block, since re-rendering can merge across its end."""
     if renderer is None:
         return 0
-    known = _GENERATION_PROMPT_LENGTHS.get(id(renderer))
-    if known is None or known[0] is not renderer:
-        probe = [{"role": "user", "content": "x"}]
-        with_prompt, without = renderer.render(probe, None, True), renderer.render(probe, None, False)
-        known = (renderer, max(len(with_prompt) - len(without), 0))
-        _GENERATION_PROMPT_LENGTHS[id(renderer)] = known
-    return known[1]
+    known = getattr(renderer, "generation_prompt_tokens", None)
+    if known is not None:
+        return known
+    probe = [{"role": "user", "content": "x"}]
+    return max(len(renderer.render(probe, None, True)) - len(renderer.render(probe, None, False)), 0)
 
 
-_GENERATION_PROMPT_LENGTHS: dict[int, tuple[Any, int]] = {}
+
 
 
 def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:

@@ -16,7 +16,7 @@ from trace_tools.ids import common_prefix_len
 from trace_tools.pipeline.drift import DriftFinding, find_drift
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 
-WINDOW_BEFORE, WINDOW_AFTER = 12, 32  # tokens shown around a divergence
+WINDOW_BEFORE, WINDOW_AFTER = 16, 40  # tokens shown around a divergence (enough to show a filled-in argument)
 
 
 @dataclass

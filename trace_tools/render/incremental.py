@@ -336,11 +336,11 @@ class IncrementalRenderer:
         """Find the cheapest rules under which synthetic conversations render exactly as in full;
         None (always render in full) when no candidate does."""
         self._checked = True
-        verify, self.verify = self.verify, False
+        verify, stats, self.verify = self.verify, Counter(self.stats), False
         try:
             self.rules = next((rules for rules in CANDIDATES if self._passes(rules)), None)
         finally:
-            self.verify = verify
+            self.verify, self.stats = verify, stats  # the probes' renders are not the run's
             self.reset()
         if self.rules is None:
             self.stats["template_not_incremental"] += 1

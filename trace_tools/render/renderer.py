@@ -129,6 +129,15 @@ class Renderer:
             return None
         return full[len(prefix):]
 
+    @property
+    def generation_prompt_tokens(self) -> int:
+        """How many tokens the generation prompt adds (e.g. `<|im_start|>assistant\n<think>\n`)."""
+        if not hasattr(self, "_generation_prompt_tokens"):
+            with_prompt = self.encode(self._apply_template(_PROBE, None, True, self.template_kwargs))
+            without = self.encode(self._apply_template(_PROBE, None, False, self.template_kwargs))
+            self._generation_prompt_tokens = max(len(with_prompt) - len(without), 0)
+        return self._generation_prompt_tokens
+
     def reasoning_open(self, **template_kwargs: Any) -> bool:
         """True when the generation prompt ends inside `<think>` (e.g. Qwen3.5's think template)."""
         kwargs = {**self.template_kwargs, **template_kwargs}
@@ -169,29 +178,31 @@ class Renderer:
         from jinja2 import TemplateError
 
         if self._jinja is None:
-            self._jinja = _jinja_renderer(self.tokenizer.hf, self.chat_template)
+            self._jinja = _jinja_renderer(self.tokenizer, self.chat_template)
         try:
             return self._jinja(list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
         except TemplateError as exc:
             raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
 
 
-def _jinja_renderer(hf: Any, chat_template: str):
+def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
     """`apply_chat_template(tokenize=False)`'s text, without its per-call overhead.
 
     Its steps are replayed with transformers' own functions (message normalisation, then
-    `render_jinja_template` with the special-token map as template variables); where this
-    transformers lacks them, or a probe renders differently, `apply_chat_template` itself is used.
+    `render_jinja_template` with the special-token map as template variables). Where this
+    transformers lacks them, `apply_chat_template` itself is used; so is it for a tokenizer
+    directory whose own special-token map a probe shows is not reproduced (the built-in
+    tokenizers' map is known, which spares building a transformers tokenizer in every worker).
     """
     def reference(messages, tools, generation, kwargs):
-        return hf.apply_chat_template(messages, tools=tools, chat_template=chat_template,
-                                      add_generation_prompt=generation, tokenize=False, **kwargs)
+        return tokenizer.hf.apply_chat_template(messages, tools=tools, chat_template=chat_template,
+                                                add_generation_prompt=generation, tokenize=False, **kwargs)
 
     try:
         from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
     except ImportError:
         return reference
-    specials = dict(hf.special_tokens_map)
+    specials = tokenizer.special_tokens_map
 
     def direct(messages, tools, generation, kwargs):
         rendered, _ = render_jinja_template(
@@ -200,6 +211,8 @@ def _jinja_renderer(hf: Any, chat_template: str):
             add_generation_prompt=generation, **{**specials, **kwargs})
         return rendered[0]
 
+    if tokenizer.builtin:
+        return direct
     probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
     try:
         same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))

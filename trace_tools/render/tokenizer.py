@@ -136,6 +136,19 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
     @property
+    def builtin(self) -> bool:
+        """One of the recipes (`qwen3`, `qwen3.5`), not a user's tokenizer directory."""
+        return self.name in RECIPES and self.source_dir is None
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The special-token variables a chat template sees (`eos_token`, ...), as transformers
+        gives them; for the built-in tokenizers known without building a transformers tokenizer."""
+        if self.builtin:
+            return {"eos_token": next(t for t in STOP_TOKENS if self.token_to_id(t) is not None)}
+        return dict(self.hf.special_tokens_map)
+
+    @property
     def hf(self) -> Any:
         """A transformers `PreTrainedTokenizerFast` over the same tokenizer.json (built lazily)."""
         with self._hf_lock:

@@ -11,10 +11,9 @@ The run-level summary, report.md and plots are computed from the merged tables b
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -97,17 +96,11 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
     shards = _Shards(run_dir, size, options.write_samples, progress, stream.session_count)
     in_flight: deque[int] = deque()
     todo = _pending(_sessions(pipeline, load_quarantine, shards), shards, in_flight)
-    stats: Counter = Counter()
-    identities: dict[str, dict] = {}
     for rows in run_sessions(todo, options, workers or default_workers(), executor, address):
-        stats.update(rows.render_stats)
-        if rows.renderer:
-            identities.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
         shards.add(in_flight.popleft(), rows)
     shards.finish()
     result.sessions_replayed = shards.replayed
-    result.render_stats = dict(stats)
-    result.renderers = list(identities.values())
+    result.render_stats, result.renderers = rundir.shard_meta(run_dir, shards.count)
     rundir.merge_shards(run_dir, shards.count, load_quarantine, options.write_samples)
     return result
 

@@ -61,18 +61,24 @@ def _replay_in_worker(session: Session) -> SessionRows:
 def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,)) as pool:
-        pending: deque = deque()
-        for session in sessions:
-            pending.append(pool.submit(_replay_in_worker, session))
-            if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,)) as pool:
+            pending: deque = deque()
+            for session in sessions:
+                pending.append(pool.submit(_replay_in_worker, session))
+                if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
+                    yield pending.popleft().result()
+            while pending:
                 yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise TraceToolsError("a worker process died (out of memory, or a program started from stdin that "
+                              "worker processes cannot re-import); rerun with --workers 1, or fewer workers; "
+                              "finished shards are kept and the rerun resumes") from None
 
 
 # -- Ray -------------------------------------------------------------------------------------------

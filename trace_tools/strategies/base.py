@@ -10,7 +10,7 @@ engine would have seen), implement `replay_session`, and decorate the class with
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -66,9 +66,11 @@ class Strategy(ABC):
             session = prepare(session, self.ctx)
         return self.replay_session(session)
 
-    @abstractmethod
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        """Replay one prepared session (canonical messages, responses and prompt ids per turn)."""
+        """Replay one prepared session (canonical messages, responses and prompt ids per turn).
+
+        Every strategy implements this (a strategy may instead override `replay` itself)."""
+        raise NotImplementedError(f"strategy {self.name} implements neither replay_session nor replay")
 
 
 def prepare(session: Session, ctx: ReplayContext) -> PreparedSession:

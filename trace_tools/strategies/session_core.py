@@ -91,6 +91,8 @@ def strict_match(stored: dict, new: dict) -> bool:
 
     Tool-call `id` and raw `arguments` are compared as they are; only `index` is ignored.
     """
+    if stored is new:  # the same message object (replayed history shares them): equal by definition
+        return True
     for key in TEMPLATE_KEYS:
         left, right = collapse_empty(stored.get(key)), collapse_empty(new.get(key))
         if key == "tool_calls":
