@@ -1,0 +1,2 @@
+def audit_template_cmd():
+    """todo"""

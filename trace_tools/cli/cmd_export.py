@@ -1,0 +1,2 @@
+def export_cmd():
+    """todo"""
