@@ -99,15 +99,21 @@ def _from_path(path: Path, spec: str) -> tuple[str, str]:
                            "pass `--chat-template FILE`")
 
 
-def embedded_template(dump_file: Path) -> str:
-    """The template text a dump file carries in its `trace_tools.chat_template` metadata (footer only)."""
+def embedded_metadata(dump_file: Path, key: str) -> str | None:
+    """A dump file's `trace_tools.<key>` metadata (read from the footer only), or None."""
     import pyarrow.parquet as pq
 
     try:
         metadata = pq.ParquetFile(dump_file).schema_arrow.metadata or {}
     except Exception as error:  # pyarrow raises several types for a file that is not Parquet
         raise TemplateNotFound(f"{dump_file} is not a readable Parquet dump ({error}); pass a .jinja file") from None
-    text = metadata.get(b"trace_tools.chat_template", b"").decode("utf-8", "replace")
+    value = metadata.get(f"trace_tools.{key}".encode())
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def embedded_template(dump_file: Path) -> str:
+    """The template text a dump file carries in its `trace_tools.chat_template` metadata."""
+    text = embedded_metadata(dump_file, "chat_template") or ""
     if not looks_like_template(text):
         raise TemplateNotFound(f"{dump_file} carries no chat template (trace_tools.chat_template); pass a .jinja file")
     return text
