@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,7 @@ def _steps() -> dict[str, list[tuple[list[dict], dict]]]:
 
 def conversations(renderer) -> list[Session]:
     """The two sessions, with the ids a Qwen3 gateway would have served (byte-exact echoes)."""
-    from datetime import datetime, timedelta, timezone
-
-    start = datetime(2025, 5, 1, 9, 0, tzinfo=timezone.utc)
+    start = datetime(2025, 5, 1, 9, 0, tzinfo=UTC)
     sessions = []
     for number, (sid, steps) in enumerate(_steps().items()):
         history, turns = [], []

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from import_fixtures import FIXTURES, conversations, miles_document, write_fixtures
 from typer.testing import CliRunner
 
-from import_fixtures import FIXTURES, conversations, miles_document, write_fixtures
 from trace_tools.cli.main import app
 from trace_tools.io.importers import import_traces, quarantine_path
 from trace_tools.io.load import load
@@ -154,7 +154,7 @@ def test_streams_many_files_and_row_groups(tmp_path):
         (source / f"part-{number:02d}.jsonl").write_text(json.dumps(record) + "\n")
     report, out = _import(tmp_path, "miles", [source], row_group_rows=1)
     assert report.files == 4 and pq.ParquetFile(out).metadata.num_row_groups == 4
-    whole, whole_out = _import(tmp_path / "whole", "miles", [FIXTURES / "miles_requests.jsonl"])
+    _, whole_out = _import(tmp_path / "whole", "miles", [FIXTURES / "miles_requests.jsonl"])
     assert [(t.session_id, t.turn_index, t.output_ids) for s in load(out).sessions for t in s.turns] == \
            [(t.session_id, t.turn_index, t.output_ids) for s in load(whole_out).sessions for t in s.turns]
 
@@ -199,3 +199,14 @@ def test_cli_imports_and_reports(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert (data["turns"], data["rejected_requests"], data["vocab_checked"]) == (4, 1, True)
+
+
+def test_strict_exits_1_when_a_record_is_quarantined(tmp_path):
+    records = _lines("gateway_traces.jsonl")
+    del records[0]["messages"]
+    source = tmp_path / "source.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ["import", "gateway-traces", str(source), "--out", str(tmp_path / "d.parquet")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    result = CliRunner().invoke(app, [*args, "--strict"])
+    assert result.exit_code == 1 and "empty_messages" in result.output

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_linear_fakes import FakeRenderer, assistant, user
+
 from trace_tools.strategies.linear_core import LinearHealer
 
 

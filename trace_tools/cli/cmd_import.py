@@ -19,6 +19,7 @@ def import_cmd(
     session_key: Annotated[Optional[str], typer.Option(
         "--session-key", help="Header or field naming the session (openai: required), e.g. x-session-id or "
                               "request.metadata.session_id.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any record was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the import report as JSON.")] = False,
 ) -> None:
     """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
@@ -37,11 +38,13 @@ def import_cmd(
                                session_key=session_key, progress=advance)
     if json_out:
         print_json(report.to_dict())
-        return
-    console.print(_table(report))
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    console.print(f"wrote {report.out} and {report.quarantine_file}", highlight=False)
+    else:
+        console.print(_table(report))
+        for warning in report.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"wrote {report.out} and {report.quarantine_file}", highlight=False)
+    if strict and not report.clean:
+        raise typer.Exit(1)
 
 
 def _table(report):

@@ -479,7 +479,12 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
     from pathlib import Path
 
     from trace_tools.errors import TemplateNotFound, TraceToolsError
-    from trace_tools.render.templates import NAMED_TEMPLATES, embedded_metadata, resolve_template, trl_template_dir
+    from trace_tools.render.templates import (
+        NAMED_TEMPLATES,
+        embedded_metadata,
+        resolve_template,
+        trl_template_dir,
+    )
 
     if spec == ALL_TRL:
         directory = trl_template_dir()

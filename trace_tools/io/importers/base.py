@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trace_tools.data import Turn
 
-# Why a source record did not become a turn. The first eight mirror the loader's row reasons
+# Why a source record did not become a turn. Most mirror the loader's row reasons
 # (DESIGN §6) for the same faults; the rest exist only before schema v1.
 IMPORT_REASONS = (
     "bad_json",            # a line or file that is not JSON, or JSON of the wrong shape
@@ -223,13 +224,13 @@ def timestamp(value: Any, label: str) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+        return datetime.fromtimestamp(float(value), tz=UTC)
     if isinstance(value, str):
         try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            moment = datetime.fromisoformat(value)
         except ValueError:
             raise BadRecord("wrong_type", f"{label} is {value!r}, not a timestamp") from None
-        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     raise BadRecord("wrong_type", f"{label} is a {type(value).__name__}, not a timestamp")
 
 

@@ -24,11 +24,23 @@ without `messages` cannot be replayed (the strategies route on messages) and is 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from trace_tools.io.importers.base import (
-    BadRecord, Options, Outcome, attempt, finish_reason, first_of, logprobs, make_turn, messages, optional, scalars,
-    session_of, timestamp, token_ids,
+    BadRecord,
+    Options,
+    Outcome,
+    attempt,
+    finish_reason,
+    first_of,
+    logprobs,
+    make_turn,
+    messages,
+    optional,
+    scalars,
+    session_of,
+    timestamp,
+    token_ids,
 )
 
 NAME = "gateway-traces"

@@ -18,9 +18,16 @@ other than 200 is a rejected request. Records miles itself would refuse with a 5
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
-from trace_tools.io.importers.base import BadRecord, Options, Outcome, attempt, need, session_of
+from trace_tools.io.importers.base import (
+    BadRecord,
+    Options,
+    Outcome,
+    attempt,
+    need,
+    session_of,
+)
 from trace_tools.io.importers.openai import exchange_turn, first_choice, sglang_output
 
 NAME = "miles"

@@ -19,14 +19,27 @@ Sessions are whatever the header or field named by `--session-key` says (see
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from trace_tools.data import Turn
-
 from trace_tools.io.importers.base import (
-    BadRecord, Options, Outcome, attempt, dotted, finish_reason, logprobs, make_turn, messages, need, optional,
-    scalars, session_of, timestamp, token_ids,
+    BadRecord,
+    Options,
+    Outcome,
+    attempt,
+    dotted,
+    finish_reason,
+    logprobs,
+    make_turn,
+    messages,
+    need,
+    optional,
+    scalars,
+    session_of,
+    timestamp,
+    token_ids,
 )
 
 NAME = "openai"
@@ -48,7 +61,7 @@ def _turn(exchange: dict, session_id: str, where: str, options: Options) -> Turn
 
 
 def exchange_turn(request: dict, response: dict, session_id: str, where: str, options: Options, *, fmt: str,
-                  started: Any, finished: Any, output_of: Callable[..., "EngineOutput"] | None = None) -> Turn:
+                  started: Any, finished: Any, output_of: Callable[..., EngineOutput] | None = None) -> Turn:
     """The turn one chat-completion exchange describes (miles records are such exchanges too)."""
     choice = first_choice(response)
     output = (output_of or engine_output)(choice, response, options.vocab_size)

@@ -20,14 +20,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import UnusableInput
 from trace_tools.io.importers.base import (
-    IMPORT_REASONS, REJECTED, BadRecord, Options, Outcome, json_values, source_files,
+    IMPORT_REASONS,
+    REJECTED,
+    BadRecord,
+    Options,
+    Outcome,
+    json_values,
+    source_files,
 )
 from trace_tools.io.write import atomic_open, dump_writer
 
@@ -96,15 +103,14 @@ def import_traces(fmt: str, sources: list[str | Path], out: str | Path, *, token
     if module.NEEDS_SESSION_KEY and not session_key:
         raise UnusableInput(f"{fmt} logs carry no session id of their own; pass --session-key NAME "
                             "(a request header such as x-session-id, or a field such as request.user)")
-    files = source_files(sources)
     out = Path(out)
+    files = [f for f in source_files(sources) if f.resolve() != quarantine_path(out).resolve()]  # an earlier run's
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
     meta = _recording_meta(report, tokenizer, chat_template)
     options = Options(session_key=session_key, vocab_size=report.vocab_size)
-    outcomes = lambda: _outcomes(module, files, options)  # noqa: E731 — each pass reads the sources afresh
-    sessions = _census(outcomes(), report)
+    sessions = _census(_outcomes(module, files, options), report)
     meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
-    _write(outcomes(), sessions, out, meta, report, row_group_rows, progress)
+    _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
     return report
 
 
@@ -114,10 +120,9 @@ def quarantine_path(out: Path) -> Path:
 
 
 def _recording_meta(report: ImportReport, tokenizer: str | None, chat_template: str | None) -> DumpMeta:
+    from trace_tools.errors import TemplateNotFound
     from trace_tools.render.templates import resolve_template
     from trace_tools.render.tokenizer import vocab_size_for
-
-    from trace_tools.errors import TemplateNotFound
 
     report.vocab_size = vocab_size_for(tokenizer)
     if tokenizer and report.vocab_size is None:
@@ -190,7 +195,7 @@ def _write(outcomes: Iterator[Outcome], sessions: dict[str, _SessionCount], out:
     with dump_writer(out, meta, row_group_rows=row_group_rows) as dump, \
             atomic_open(report.quarantine_file, "w") as quarantine:
         for outcome in outcomes:
-            count = sessions.get(outcome.session_id) if outcome.session_id is not None else None
+            count = sessions.get(outcome.session_id)
             position = None
             if count is not None:
                 position, count.seen = count.seen, count.seen + 1
