@@ -84,7 +84,8 @@ class Audit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"template": self.template, "tokenizer": self.tokenizer, "tokenizer_note": self.tokenizer_note,
-                "notes": self.notes, "ok": self.ok, "checks": [asdict(c) for c in self.checks], "failing_by_strategy": self.failing}
+                "notes": self.notes, "ok": self.ok, "checks": [asdict(c) for c in self.checks],
+                "failing_by_strategy": self.failing}
 
 
 # -- conversations -------------------------------------------------------------------------------
@@ -198,8 +199,9 @@ class _Shape:
         if self.parts and isinstance(message.get("content"), str):
             message["content"] = [{"type": "text", "text": message["content"]}]
         if self.string_arguments and message.get("tool_calls"):
-            message["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _json_text(c["function"]["arguments"])}}
-                                     for c in message["tool_calls"]]
+            message["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": _json_text(c["function"]["arguments"])}}
+                for c in message["tool_calls"]]
         return message
 
     def notes(self) -> list[str]:
@@ -378,7 +380,8 @@ class _Auditor:
         def content(more: bool):
             def render(body: str) -> str:
                 tail = [{"role": "user", "content": "Go on."}] if more else []
-                return self.text([{"role": "user", "content": "Summarise."}, _assistant(body, None), *tail], more, False)
+                messages = [{"role": "user", "content": "Summarise."}, _assistant(body, None), *tail]
+                return self.text(messages, more, False)
             where = "in history" if more else "as the last message"
             return render(EDGE_WHITESPACE) == render(core).replace(core, EDGE_WHITESPACE, 1), (
                 f"edge whitespace of assistant content is changed {where}")
@@ -491,7 +494,8 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
         if directory is None:
             raise TemplateNotFound("trl:all audits the templates the trl package ships; install it with "
                                    "`pip install trl==1.16.0` or pass --chat-template FILE")
-        return [(*resolve_template(f"trl:{path.stem}"), *((tokenizer, "") if tokenizer else template_tokenizer(path.stem)))
+        return [(*resolve_template(f"trl:{path.stem}"),
+                 *((tokenizer, "") if tokenizer else template_tokenizer(path.stem)))
                 for path in sorted(directory.glob("*.jinja"))]
     if not spec and not tokenizer:
         raise TraceToolsError("nothing to audit; pass --chat-template (qwen3, qwen3.5, trl:<name>, trl:all, a .jinja "
@@ -501,7 +505,8 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
         tokenizer = embedded_metadata(Path(spec), "tokenizer")
     if tokenizer is None:
         stem = spec[4:] if spec.startswith("trl:") else NAMED_TEMPLATES.get(spec)
-        tokenizer, note = template_tokenizer(stem) if stem else (STAND_IN, f"{STAND_IN} stands in: no --tokenizer given")
+        stand_in = (STAND_IN, f"{STAND_IN} stands in: no --tokenizer given")
+        tokenizer, note = template_tokenizer(stem) if stem else stand_in
     return [(*resolve_template(spec, tokenizer_name=tokenizer), tokenizer, note)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,7 +125,8 @@ def _parse(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as error:
-        return BadRecord("bad_json", f"not valid JSON ({getattr(error, 'msg', error)} at char {getattr(error, 'pos', '?')})")
+        where = f"{getattr(error, 'msg', error)} at char {getattr(error, 'pos', '?')}"
+        return BadRecord("bad_json", f"not valid JSON ({where})")
 
 
 # -- field access ----------------------------------------------------------------------------------
@@ -239,7 +240,8 @@ def status_rejection(record: dict) -> str | None:
     status = record.get("status_code", 200)
     if status in (200, None):
         return None
-    error = dotted(record, "response.error.message") or dotted(record, "response.error") or dotted(record, "response.detail")
+    error = next((v for path in ("response.error.message", "response.error", "response.detail")
+                  if (v := dotted(record, path))), None)
     text = error if isinstance(error, str) else json.dumps(error) if error else ""
     return f"status {status}" + (f": {text}" if text else "")
 
@@ -270,6 +272,17 @@ def attempt(session_id: str | None, where: str, record: dict, build: Any) -> Out
         return Outcome(session_id, where, turn=build())
     except BadRecord as bad:
         return Outcome(session_id, where, reason=bad.reason, detail=bad.detail)
+
+
+def call_outcome(record: dict, where: str, options: Options, defaults: tuple[str, ...],
+                 build: Callable[[str], Turn]) -> Outcome:
+    """A per-call record's outcome: its session (`--session-key`, else the first of `defaults`), then `build`."""
+    session_id = session_of(record, options.session_key, defaults)
+    if session_id is None:
+        looked = f"header or field {options.session_key!r}" if options.session_key else f"fields {', '.join(defaults)}"
+        return Outcome(None, where, reason="no_session",
+                       detail=f"no session id ({looked}); pass --session-key naming it")
+    return attempt(session_id, where, record, lambda: build(session_id))
 
 
 def session_of(record: dict, key: str | None, defaults: tuple[str, ...]) -> str | None:

@@ -27,20 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from trace_tools.io.importers.base import (
-    BadRecord,
-    Options,
-    Outcome,
-    attempt,
-    finish_reason,
-    first_of,
-    logprobs,
-    make_turn,
-    messages,
-    optional,
-    scalars,
-    session_of,
-    timestamp,
-    token_ids,
+    BadRecord, Options, Outcome, call_outcome, finish_reason, first_of, logprobs, make_turn, messages,
+    optional, scalars, timestamp, token_ids,
 )
 
 NAME = "gateway-traces"
@@ -58,12 +46,7 @@ _KEPT = ("tools", "chat_template_kwargs", "reward", "request_id", "started_at", 
 
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
-    session_id = session_of(value, options.session_key, SESSION)
-    if session_id is None:
-        yield Outcome(None, where, reason="no_session",
-                      detail=f"no session id (fields {', '.join(SESSION)}); pass --session-key naming it")
-        return
-    yield attempt(session_id, where, value, lambda: _turn(value, session_id, where, options))
+    yield call_outcome(value, where, options, SESSION, lambda session_id: _turn(value, session_id, where, options))
 
 
 def _turn(call: dict, session_id: str, where: str, options: Options):

@@ -20,14 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trace_tools.io.importers.base import (
-    BadRecord,
-    Options,
-    Outcome,
-    attempt,
-    need,
-    session_of,
-)
+from trace_tools.io.importers.base import BadRecord, Options, Outcome, attempt, call_outcome, need, session_of
 from trace_tools.io.importers.openai import exchange_turn, first_choice, sglang_output
 
 NAME = "miles"
@@ -37,13 +30,9 @@ NEEDS_SESSION_KEY = False
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     if "records" in value:
         yield from _document(value, where, options)
-        return
-    session_id = session_of(value, options.session_key, ("session_id",))
-    if session_id is None:
-        yield Outcome(None, where, reason="no_session",
-                      detail="a per-request record needs its session id under session_id (or pass --session-key)")
-        return
-    yield _record(value, session_id, where, options)
+    else:
+        yield call_outcome(value, where, options, ("session_id",),
+                           lambda session_id: _turn(value, session_id, where, options))
 
 
 def _document(document: dict, where: str, options: Options) -> Iterator[Outcome]:
@@ -59,11 +48,7 @@ def _document(document: dict, where: str, options: Options) -> Iterator[Outcome]
         if not isinstance(record, dict):
             yield Outcome(session_id, here, reason="bad_json", detail="a record is not a JSON object")
         else:
-            yield _record(record, session_id, here, options)
-
-
-def _record(record: dict, session_id: str, where: str, options: Options) -> Outcome:
-    return attempt(session_id, where, record, lambda: _turn(record, session_id, where, options))
+            yield attempt(session_id, here, record, lambda: _turn(record, session_id, here, options))
 
 
 def _turn(record: dict, session_id: str, where: str, options: Options):

@@ -25,21 +25,8 @@ from typing import Any
 
 from trace_tools.data import Turn
 from trace_tools.io.importers.base import (
-    BadRecord,
-    Options,
-    Outcome,
-    attempt,
-    dotted,
-    finish_reason,
-    logprobs,
-    make_turn,
-    messages,
-    need,
-    optional,
-    scalars,
-    session_of,
-    timestamp,
-    token_ids,
+    BadRecord, Options, Outcome, call_outcome, dotted, finish_reason, logprobs, make_turn, messages, need,
+    optional, scalars, timestamp, token_ids,
 )
 
 NAME = "openai"
@@ -47,12 +34,7 @@ NEEDS_SESSION_KEY = True
 
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
-    session_id = session_of(value, options.session_key, ())
-    if session_id is None:
-        yield Outcome(None, where, reason="no_session",
-                      detail=f"no header or field {options.session_key!r}; pass --session-key naming the session")
-        return
-    yield attempt(session_id, where, value, lambda: _turn(value, session_id, where, options))
+    yield call_outcome(value, where, options, (), lambda session_id: _turn(value, session_id, where, options))
 
 
 def _turn(exchange: dict, session_id: str, where: str, options: Options) -> Turn:
