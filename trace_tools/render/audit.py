@@ -159,12 +159,12 @@ class _Cases:
         self.failures: list[str] = []
         self.error_text = ""
 
-    def run(self, case: Callable[[], tuple[bool, str] | None]) -> None:
+    def run(self, case: Callable[..., tuple[bool, str] | None], *args: Any) -> None:
         try:
-            outcome = case()
+            outcome = case(*args)
         except Exception as exc:  # a template may refuse any conversation shape (jinja raises freely)
             self.errors += 1
-            self.error_text = self.error_text or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.error_text = self.error_text or _error_text(exc)
             return
         if outcome is None:
             return  # not applicable to this case
@@ -224,6 +224,8 @@ class _Auditor:
         self.renderer, self.stand_in = renderer, stand_in
         self.shape, self.notes = _Shape(), []
         self.conversations = self._renderable()
+        self._reasoning_rendered = False  # set by reasoning_history's cases
+        self._closers: list[str] = []  # collected by closer's cases
 
     def text(self, messages: Sequence[dict], generation: bool, tools: bool = True) -> str:
         return self.renderer.render_text(self.shape.apply(messages), TOOLS if tools else None, generation)
@@ -237,7 +239,7 @@ class _Auditor:
                 elif end == len(messages) or messages[end]["role"] == "assistant":
                     self.text(messages[:end], True)
         except Exception as exc:  # jinja templates raise whatever they like
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return _error_text(exc)
         return None
 
     def _renderable(self) -> list[tuple[str, list[dict]]]:
@@ -271,129 +273,132 @@ class _Auditor:
                 out.append((label, messages, p, q))
         return out
 
-    # each check -------------------------------------------------------------------------------
+    # each check: a loop over the cases, and the case itself (True/False and why; None = not applicable)
     def generation_prompt(self) -> Check:
-        cases = _Cases("generation_prompt")
-        for label, messages, p, _ in self.steps():
-            def case(messages=messages, p=p, label=label):
-                prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
-                return full.startswith(prompt), f"{label}: {_divergence(prompt, full)}"
-            cases.run(case)
-        return cases.result()
+        return self._cases("generation_prompt", self._generation_case).result()
+
+    def _generation_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str]:
+        prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
+        return full.startswith(prompt), f"{label}: {_divergence(prompt, full)}"
 
     def prefix_stability(self) -> Check:
-        cases = _Cases("prefix_stability")
-        for label, messages, p, q in self.steps():
-            def case(messages=messages, p=p, q=q, label=label):
-                history, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
-                return after.startswith(history), f"{label}: {_divergence(history, after)}"
-            cases.run(case)
-        return cases.result()
+        return self._cases("prefix_stability", self._prefix_case).result()
+
+    def _prefix_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str]:
+        history, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
+        return after.startswith(history), f"{label}: {_divergence(history, after)}"
 
     def last_assistant(self) -> Check:
-        cases = _Cases("last_assistant")
-        for label, messages, p, _ in self.steps():
-            following = messages[p + 1] if p + 1 < len(messages) else None
-            if following is None or messages[p].get("reasoning_content") and following["role"] == "user":
-                continue  # there reasoning stripping is the cause: reasoning_history reports it
-            def case(messages=messages, p=p, label=label, following=following):
-                last, more = self.text(messages[:p + 1], False), self.text(messages[:p + 2], False)
-                kind = "tool-call" if messages[p].get("tool_calls") else "text"
-                return more.startswith(last), (f"{label}: a last {kind} assistant renders differently before a "
-                                               f"{following['role']} message ({_divergence(last, more)})")
-            cases.run(case)
-        return cases.result()
+        return self._cases("last_assistant", self._last_case).result()
+
+    def _last_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
+        following = messages[p + 1] if p + 1 < len(messages) else None
+        if following is None or messages[p].get("reasoning_content") and following["role"] == "user":
+            return None  # there reasoning stripping is the cause: reasoning_history reports it
+        last, more = self.text(messages[:p + 1], False), self.text(messages[:p + 2], False)
+        kind = "tool-call" if messages[p].get("tool_calls") else "text"
+        return more.startswith(last), (f"{label}: a last {kind} assistant renders differently before a "
+                                       f"{following['role']} message ({_divergence(last, more)})")
 
     def reasoning_history(self) -> Check:
-        cases = _Cases("reasoning_history")
-        rendered_anywhere = False
-        for label, messages, p, q in self.steps():
-            reasoning = messages[p].get("reasoning_content")
-            if not reasoning:
-                continue
-            def case(messages=messages, p=p, q=q, reasoning=reasoning):
-                nonlocal rendered_anywhere
-                rendered_anywhere |= reasoning in self.text(messages[:p + 1], False)
-                context = "a new user message" if messages[p + 1]["role"] == "user" else "a tool result"
-                return reasoning in self.text(messages[:q], True), f"stripped after {context}"
-            cases.run(case)
-        if not rendered_anywhere and cases.total:
+        self._reasoning_rendered = False
+        cases = self._cases("reasoning_history", self._reasoning_case)
+        if not self._reasoning_rendered and cases.total:
             return cases.result("the template never renders reasoning_content", status="n/a")
         result = cases.result("kept in every later render")
         if result.status == "fail":
             result.detail = f"earlier reasoning {result.detail}"
         return result
 
+    def _reasoning_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
+        reasoning = messages[p].get("reasoning_content")
+        if not reasoning:
+            return None
+        self._reasoning_rendered |= reasoning in self.text(messages[:p + 1], False)
+        context = "a new user message" if messages[p + 1]["role"] == "user" else "a tool result"
+        return reasoning in self.text(messages[:q], True), f"stripped after {context}"
+
     def closer(self, kind: str) -> Check:
-        cases = _Cases(f"closer_{kind}")
-        closers: list[str] = []
-        for label, messages, p, _ in self.steps():
-            if bool(messages[p].get("tool_calls")) != (kind == "tool"):
-                continue
-            def case(messages=messages, p=p, label=label):
-                a, b = (self.text(messages[:p] + [_assistant(body, None)], False) for body in PROBES)
-                closer = a[len(a) - _common_suffix(a, b):]
-                history = self.text(messages[:p + 1], False)
-                closers.append(closer)
-                return bool(closer) and history.endswith(closer), (
-                    f"{label}: closer {closer!r} " + ("is empty" if not closer else f"does not end {_tail(history)}"))
-            cases.run(case)
-        return cases.result(f"closer {closers[0]!r}" if closers else "")
+        self._closers = []
+        cases = self._cases(f"closer_{kind}", self._closer_case, kind == "tool")
+        return cases.result(f"closer {self._closers[0]!r}" if self._closers else "")
+
+    def _closer_case(self, label: str, messages: list[dict], p: int, q: int, tool: bool) -> tuple[bool, str] | None:
+        if bool(messages[p].get("tool_calls")) != tool:
+            return None
+        a, b = (self.text(messages[:p] + [_assistant(body, None)], False) for body in PROBES)
+        closer = a[len(a) - _common_suffix(a, b):]
+        history = self.text(messages[:p + 1], False)
+        self._closers.append(closer)
+        return bool(closer) and history.endswith(closer), (
+            f"{label}: closer {closer!r} " + ("is empty" if not closer else f"does not end {_tail(history)}"))
 
     def tokenizer_merges(self) -> Check:
-        cases = _Cases("tokenizer_merges")
         if self.stand_in:
-            return cases.result("needs the template's own tokenizer: a stand-in does not know its special tokens",
-                                status="n/a")
-        encode = self.renderer.encode
-        for label, messages, p, q in self.steps():
-            def served(messages=messages, p=p, label=label):
-                prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
-                if not full.startswith(prompt):
-                    return None
-                return encode(prompt) + encode(full[len(prompt):]) == encode(full), (
-                    f"{label}: prompt and output merge at {_tail(prompt)}")
-            def history(messages=messages, p=p, q=q, label=label):
-                before, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
-                if not after.startswith(before):
-                    return None
-                ids = encode(before)
-                return encode(after)[:len(ids)] == ids, f"{label}: history and next turn merge at {_tail(before)}"
-            cases.run(served)
-            cases.run(history)
+            return _Cases("tokenizer_merges").result(
+                "needs the template's own tokenizer: a stand-in does not know its special tokens", status="n/a")
+        cases = self._cases("tokenizer_merges", self._served_merge_case)
+        for step in self.steps():
+            cases.run(self._history_merge_case, *step)
         return cases.result()
+
+    def _served_merge_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
+        """The served split (prompt ids, then output ids) against the ids of the whole text."""
+        prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
+        if not full.startswith(prompt):
+            return None
+        encode = self.renderer.encode
+        return encode(prompt) + encode(full[len(prompt):]) == encode(full), (
+            f"{label}: prompt and output merge at {_tail(prompt)}")
+
+    def _history_merge_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
+        before, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
+        if not after.startswith(before):
+            return None
+        ids = self.renderer.encode(before)
+        return self.renderer.encode(after)[:len(ids)] == ids, f"{label}: history and next turn merge at {_tail(before)}"
 
     def key_order(self) -> Check:
         cases = _Cases("key_order")
-        reordered = dict(reversed(list(_EDIT_ARGS.items())))
-        for reasoning in [label.endswith("reasoning") for label, _ in self.conversations if label.startswith("tools")]:
-            def case(reasoning=reasoning):
-                one = self.text(conversation(True, reasoning), True)
-                two = self.text(conversation(True, reasoning, reordered), True)
-                return one == two, f"sensitive: reordered arguments render differently ({_divergence(one, two)})"
-            cases.run(case)
+        for label, _ in self.conversations:
+            if label.startswith("tools"):
+                cases.run(self._key_order_case, label.endswith("reasoning"))
         return cases.result("insensitive: arguments are rendered in a canonical key order")
+
+    def _key_order_case(self, reasoning: bool) -> tuple[bool, str]:
+        reordered = dict(reversed(list(_EDIT_ARGS.items())))
+        one = self.text(conversation(True, reasoning), True)
+        two = self.text(conversation(True, reasoning, reordered), True)
+        return one == two, f"sensitive: reordered arguments render differently ({_divergence(one, two)})"
 
     def whitespace(self) -> Check:
         cases = _Cases("whitespace")
-        core = EDGE_WHITESPACE.strip()
-        def content(more: bool):
-            def render(body: str) -> str:
-                tail = [{"role": "user", "content": "Go on."}] if more else []
-                messages = [{"role": "user", "content": "Summarise."}, _assistant(body, None), *tail]
-                return self.text(messages, more, False)
-            where = "in history" if more else "as the last message"
-            return render(EDGE_WHITESPACE) == render(core).replace(core, EDGE_WHITESPACE, 1), (
-                f"edge whitespace of assistant content is changed {where}")
-        def string_arguments():
-            compact = '{"command":"ls  -a"}'
-            messages = [{"role": "user", "content": "List."}, _assistant("", None, [_call(1, "Bash", compact)]),
-                        _tool(1, "Bash", "a.py")]
-            return compact in self.text(messages, True), "string tool arguments are re-serialized"
-        for case in (lambda: content(False), lambda: content(True), string_arguments):
-            cases.run(case)
+        cases.run(self._content_whitespace_case, False)
+        cases.run(self._content_whitespace_case, True)
+        cases.run(self._string_arguments_case)
         return cases.result("kept verbatim")
 
+    def _content_whitespace_case(self, more: bool) -> tuple[bool, str]:
+        """Content with edge and line-end whitespace renders as the same content stripped, whitespace put back."""
+        def render(body: str) -> str:
+            tail = [{"role": "user", "content": "Go on."}] if more else []
+            return self.text([{"role": "user", "content": "Summarise."}, _assistant(body, None), *tail], more, False)
+        core = EDGE_WHITESPACE.strip()
+        where = "in history" if more else "as the last message"
+        return render(EDGE_WHITESPACE) == render(core).replace(core, EDGE_WHITESPACE, 1), (
+            f"edge whitespace of assistant content is changed {where}")
+
+    def _string_arguments_case(self) -> tuple[bool, str]:
+        compact = '{"command":"ls  -a"}'
+        messages = [{"role": "user", "content": "List."}, _assistant("", None, [_call(1, "Bash", compact)]),
+                    _tool(1, "Bash", "a.py")]
+        return compact in self.text(messages, True), "string tool arguments are re-serialized"
+
+    def _cases(self, name: str, case: Callable[..., tuple[bool, str] | None], *extra: Any) -> _Cases:
+        cases = _Cases(name)
+        for step in self.steps():
+            cases.run(case, *step, *extra)
+        return cases
     def all(self) -> list[Check]:
         return [self.generation_prompt(), self.prefix_stability(), self.last_assistant(), self.reasoning_history(),
                 self.closer("text"), self.closer("tool"), self.tokenizer_merges(), self.key_order(), self.whitespace()]
@@ -411,6 +416,11 @@ def audit_template(renderer: Any, *, template: str = "", tokenizer: str = "", to
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+def _error_text(exc: Exception) -> str:
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
 
 def _common_suffix(a: str, b: str) -> int:
     n = 0
