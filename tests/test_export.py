@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -54,9 +55,10 @@ def test_a_trainer_reads_it_with_pandas(tmp_path, sample_run):
 
 def test_default_path_and_usage_errors(sample_run, tmp_path):
     runner = CliRunner()
-    result = runner.invoke(app, ["export", str(sample_run.run_dir), "--strategy", "chains", "--format", "jsonl"])
+    run = shutil.copytree(sample_run.run_dir, tmp_path / "run")  # the shared run stays untouched
+    result = runner.invoke(app, ["export", str(run), "--strategy", "chains", "--format", "jsonl"])
     assert result.exit_code == 0, result.output
-    assert (sample_run.run_dir / "export" / "chains.jsonl").is_file()
+    assert (run / "export" / "chains.jsonl").is_file()
     for args, message in [
         (["--strategy", "nope"], "unknown strategy in this run 'nope'"),
         (["--strategy", "tree", "--format", "csv"], "unknown export format"),
