@@ -146,7 +146,8 @@ def test_reset_feeds_the_client_render_and_reanchors(delta, edit):
     again = healer.heal_turn("s", messages + [assistant("fine"), user("next")])
     assert again.event == "healed" and again.ids[:len(outcome.ids) + 1] == outcome.ids + [SERVED_BASE + 5]
     assert {k: v for k, v in healer.pop_stats("s").items() if v} == {
-        "nonlinear": 1, "resets": 1, "healed_turns": 1, "healed_prefix_tokens": len(outcome.ids) + 2}
+        "nonlinear": 1, "nonlinear_history": 1, "resets": 1, "healed_turns": 1,
+        "healed_prefix_tokens": len(outcome.ids) + 2}
 
 
 def test_error_mode_raises_runtime_error_naming_append_only():

@@ -100,6 +100,7 @@ TURN_EVENTS = (
 COUNTERS = (
     "drift_clean", "drift_realign", "drift_fork", "tree_branches", "rewrite_merges",
     "restored_echoes", "unrecognized_echoes", "healed_turns", "healed_prefix_tokens", "nonlinear",
+    "nonlinear_history", "nonlinear_template",
     "close_unresolved", "resets", "chains_created", "rollbacks", "rollback_dropped_tokens",
     "rejected_requests", "server_errors", "trimmed_leaves",
 )

@@ -29,6 +29,9 @@ COMMANDS = [
     ("explain", "cmd_analysis", "explain_cmd"),
     ("reconstruct", "cmd_reconstruct", "reconstruct_cmd"),
     ("validate", "cmd_validate", "validate_cmd"),
+    ("import", "cmd_import", "import_cmd"),
+    ("export", "cmd_export", "export_cmd"),
+    ("audit-template", "cmd_audit", "audit_template_cmd"),
     ("simulate", "cmd_simulate", "simulate_cmd"),
     ("rescore", "cmd_rescore", "rescore_cmd"),
 ]

@@ -31,7 +31,7 @@ QUARANTINE_SCHEMA = pa.schema([
 
 
 @contextmanager
-def _atomic(path: str | Path, mode: str) -> Iterator[IO]:
+def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
     """Open a temp file next to `path`; on success fsync and rename it onto `path`, else delete it."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str,
         merged = dict(table.schema.metadata or {})
         merged.update({str(k).encode(): str(v).encode() for k, v in metadata.items()})
         table = table.replace_schema_metadata(merged)
-    with _atomic(path, "wb") as handle:
+    with atomic_open(path, "wb") as handle:
         pq.write_table(table, handle)
     return Path(path)
 
@@ -97,7 +97,7 @@ def write_json_atomic(obj: Any, path: str | Path) -> Path:
 
 def write_text_atomic(text: str, path: str | Path) -> Path:
     """Write UTF-8 text, atomically."""
-    with _atomic(path, "w") as handle:
+    with atomic_open(path, "w") as handle:
         handle.write(text)
     return Path(path)
 
@@ -129,7 +129,8 @@ def _utc(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
-def _row(turn: Turn) -> dict[str, Any]:
+def turn_row(turn: Turn) -> dict[str, Any]:
+    """One turn as a schema-v1 row: JSON columns serialized, timestamps in UTC."""
     row = {name: getattr(turn, name) for name in ARROW_SCHEMA.names}
     row.update({name: _json_text(row[name]) for name in JSON_COLUMNS})
     row["started_at"], row["finished_at"] = _utc(turn.started_at), _utc(turn.finished_at)
@@ -146,7 +147,51 @@ def sessions_to_table(sessions: Iterable[Session], meta: DumpMeta | None = None)
     sessions = list(sessions)
     if meta is None:
         meta = sessions[0].meta if sessions else DumpMeta()
-    rows = [_row(turn) for session in sessions for turn in session.turns]
-    table = pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
+    rows = [turn_row(turn) for session in sessions for turn in session.turns]
+    return pa.Table.from_pylist(rows, schema=dump_schema(meta))
+
+
+def dump_schema(meta: DumpMeta) -> pa.Schema:
+    """The schema-v1 Arrow schema carrying `meta` (and the schema version) as `trace_tools.*` metadata."""
     metadata = {f"{META_PREFIX}schema_version": SCHEMA_VERSION, **meta_to_metadata(meta)}
-    return table.replace_schema_metadata({k.encode(): v.encode() for k, v in metadata.items()})
+    return ARROW_SCHEMA.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
+
+
+class DumpWriter:
+    """Appends turns to a schema-v1 Parquet file one row group at a time, so memory holds one group.
+
+    Use `dump_writer(path, meta)`: the file appears (atomically) only when the block exits
+    cleanly. File metadata is fixed when the writer opens (readers take `trace_tools.*` keys from
+    the Arrow schema, which Parquet stores up front), so `meta` must be complete by then.
+    """
+
+    def __init__(self, handle: IO, meta: DumpMeta, row_group_rows: int):
+        self._schema = dump_schema(meta)
+        self._writer = pq.ParquetWriter(handle, self._schema)
+        self._pending: list[dict[str, Any]] = []
+        self._group = row_group_rows
+        self.rows = 0
+
+    def write(self, turn: Turn) -> None:
+        self._pending.append(turn_row(turn))
+        self.rows += 1
+        if len(self._pending) >= self._group:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.Table.from_pylist(self._pending, schema=self._schema))
+            self._pending = []
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+
+@contextmanager
+def dump_writer(path: str | Path, meta: DumpMeta, *, row_group_rows: int = 256) -> Iterator[DumpWriter]:
+    """A `DumpWriter` onto `path`; the complete file replaces `path` when the block exits cleanly."""
+    with atomic_open(path, "wb") as handle:
+        writer = DumpWriter(handle, meta, row_group_rows)
+        yield writer
+        writer.close()

@@ -3,8 +3,9 @@
 Sources, by spec (DESIGN §10):
 * `qwen3` → TRL's `trl/chat_templates/qwen3.jinja`; `qwen3.5` → TRL's `qwen3_5_think.jinja`;
 * `trl:<stem>` → any template TRL ships (`trl:llama3_1`, `trl:qwen3_5_nothink.jinja`, ...);
-* a file path → that file; a tokenizer directory → its own `chat_template.jinja` /
-  `tokenizer_config.json` template;
+* a file path → that file; a `.parquet` dump file → the template text it embeds (so a recording
+  can lend its template where `trl` is not installed); a tokenizer directory → its own
+  `chat_template.jinja` / `tokenizer_config.json` template;
 * `dump` (or no spec) → the template text the dump carries in its metadata.
 
 TRL's files are read from the installed package directory without importing `trl` (its import is
@@ -81,6 +82,9 @@ def _trl(stem: str) -> tuple[str, str]:
 
 
 def _from_path(path: Path, spec: str) -> tuple[str, str]:
+    if path.is_file() and path.suffix == ".parquet":
+        text = embedded_template(path)
+        return text, identity(f"dump:{path.resolve()}", text)
     if path.is_file():
         text = path.read_text(encoding="utf-8")
         return text, identity(f"file:{path.resolve()}", text)
@@ -93,6 +97,26 @@ def _from_path(path: Path, spec: str) -> tuple[str, str]:
     names = ", ".join([*NAMED_TEMPLATES, "trl:<name>", "dump"])
     raise TemplateNotFound(f"chat template {spec!r} is neither a known name ({names}) nor an existing file; "
                            "pass `--chat-template FILE`")
+
+
+def embedded_metadata(dump_file: Path, key: str) -> str | None:
+    """A dump file's `trace_tools.<key>` metadata (read from the footer only), or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(dump_file).schema_arrow.metadata or {}
+    except Exception as error:  # pyarrow raises several types for a file that is not Parquet
+        raise TemplateNotFound(f"{dump_file} is not a readable Parquet dump ({error}); pass a .jinja file") from None
+    value = metadata.get(f"trace_tools.{key}".encode())
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def embedded_template(dump_file: Path) -> str:
+    """The template text a dump file carries in its `trace_tools.chat_template` metadata."""
+    text = embedded_metadata(dump_file, "chat_template") or ""
+    if not looks_like_template(text):
+        raise TemplateNotFound(f"{dump_file} carries no chat template (trace_tools.chat_template); pass a .jinja file")
+    return text
 
 
 def tokenizer_dir_template(directory: Path) -> str | None:

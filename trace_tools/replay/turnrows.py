@@ -1,6 +1,7 @@
 """Turn one strategy's ReplayResult into the DESIGN §5/§6 rows: per turn, per session, per sample."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from itertools import compress
 from typing import Any
@@ -89,6 +90,7 @@ def sample_rows(strategy: str, session: Session, result: ReplayResult) -> list[d
         "logprobs": s.logprobs,
         "source_turn": s.source_turn,
         "reward": s.reward,
+        "metadata": json.dumps(s.metadata, sort_keys=True, default=str),
     } for i, s in enumerate(result.samples)]
 
 

@@ -24,7 +24,15 @@ on the plain render (the next commit starts a fresh linear segment), `"error"` r
 
 Counters per session (`pop_stats`) and run-cumulative (`counters`): healed_turns,
 healed_prefix_tokens, nonlinear, close_unresolved as upstream, plus `resets` (reset jumps;
-upstream has none). `paths` counts which path produced each healed turn (diagnostic only).
+upstream has none) and the cause of every nonlinear turn, `nonlinear = nonlinear_history +
+nonlinear_template`:
+* `nonlinear_history`: the request is not an append-only extension of the stored messages (an
+  edited or dropped message, a retry, changed tools or template kwargs);
+* `nonlinear_template`: it is, but the template does not render the stored history as a prefix
+  of the extended render (it rewrites history: Qwen3 drops earlier reasoning after a new user
+  message, or renders a last assistant differently once more messages follow), or the closer
+  after the last assistant cannot be resolved (also counted in `close_unresolved`).
+`paths` counts which path produced each healed turn (diagnostic only).
 """
 from __future__ import annotations
 
@@ -39,7 +47,8 @@ from trace_tools.render.base import RendererLike
 log = logging.getLogger(__name__)
 
 ON_NONLINEAR = ("reset", "error", "passthrough")
-COUNTER_KEYS = ("healed_turns", "healed_prefix_tokens", "nonlinear", "close_unresolved", "resets")
+COUNTER_KEYS = ("healed_turns", "healed_prefix_tokens", "nonlinear", "nonlinear_history", "nonlinear_template",
+                "close_unresolved", "resets")
 # Two probe bodies whose last characters differ, so the common suffix of their renders is
 # exactly the template glue after an assistant message, never a piece of the body.
 PROBE_A = "trace-tools closer probe, first body ends in A"
@@ -109,7 +118,7 @@ class LinearHealer:
             return HealOutcome(self._render(messages, tools, True, template_kwargs), "rendered")
         new = linear_delta(state, messages, tools, template_kwargs)
         if new is None:
-            return self._handle_nonlinear(sid, self._render(messages, tools, True, template_kwargs))
+            return self._handle_nonlinear(sid, self._render(messages, tools, True, template_kwargs), "history")
         if self.delta:
             pieces = self._delta_pieces(state, new)
             if pieces is not None:
@@ -152,11 +161,11 @@ class LinearHealer:
         r_prev = self._render(state.prev_messages, state.prev_tools, False, kwargs)
         r_ext = self._render(state.prev_messages + new, state.prev_tools, True, kwargs)
         if r_ext[:len(r_prev)] != r_prev:  # the template is not prefix-consistent here
-            return self._handle_nonlinear(sid, r_ext)
+            return self._handle_nonlinear(sid, r_ext, "template")
         close = self.assistant_close(state.prev_messages, state.prev_tools, r_prev, kwargs)
         if close is None:
             self._bump(sid, "close_unresolved")
-            return self._handle_nonlinear(sid, r_ext)
+            return self._handle_nonlinear(sid, r_ext, "template")
         return self._splice(sid, state, close, r_ext[len(r_prev):], path="full")
 
     def _delta_pieces(self, state: _State, new: list[dict]) -> tuple[list[int], list[int]] | None:
@@ -202,8 +211,10 @@ class LinearHealer:
         self.paths[path] += 1
         return HealOutcome(state.served_prefix + close + list(tail), "healed", path)
 
-    def _handle_nonlinear(self, sid: str, rendered: list[int]) -> HealOutcome:
+    def _handle_nonlinear(self, sid: str, rendered: list[int], cause: str) -> HealOutcome:
+        """A turn that cannot be healed; `cause` is "history" (not an append) or "template" (not a prefix)."""
         self._bump(sid, "nonlinear")
+        self._bump(sid, f"nonlinear_{cause}")
         if self.on_nonlinear == "error":
             raise NonlinearHistory(
                 f"linear history mode: session {sid!r} broke the append-only assumption (a prior "

@@ -1,0 +1,156 @@
+"""`export_samples`: the samples one strategy emitted in a run, in the layout trainers load (DESIGN §10).
+
+`RUN/samples.parquet` (DESIGN §6) keeps every strategy's samples in slime's layout: `token_ids`
+is the full sequence, `loss_mask` and `logprobs` cover only the response region (the last
+`response_length` tokens), `source_turn` has one entry per token. An export keeps that layout —
+it is what slime's `Sample` and miles' merged samples carry — under the trainers' names:
+
+| export column | from samples.parquet | length |
+|---|---|---|
+| `tokens` | `token_ids` | the sequence |
+| `loss_mask` | `loss_mask` | `response_length` |
+| `rollout_log_probs` | `logprobs`, with 0.0 wherever `loss_mask` is 0 | `response_length` |
+| `response_length`, `reward`, `session_id`, `strategy`, `sample_index` | same | — |
+| `turn_of_token` | `source_turn`: the producing turn, -1 for context | the sequence |
+| `metadata` | the strategy's sample metadata + `trace_tools` (run, trained turns), JSON | — |
+
+The prompt region is `tokens[:len(tokens) - response_length]`. Rows stream through a batch at a
+time; Parquet output is written row group by row group, JSON lines one sample a line (there
+`metadata` is an object, in Parquet a JSON string). Files appear atomically.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trace_tools.errors import UnknownName, UnusableInput
+from trace_tools.io.write import atomic_open
+
+FORMATS = ("parquet", "jsonl")
+SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "token_ids", "response_length", "loss_mask", "logprobs",
+                  "source_turn", "reward"]
+EXPORT_SCHEMA = pa.schema([
+    pa.field("tokens", pa.list_(pa.int32())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("rollout_log_probs", pa.list_(pa.float64())),
+    pa.field("response_length", pa.int32()),
+    pa.field("reward", pa.float64()),
+    pa.field("session_id", pa.string()),
+    pa.field("strategy", pa.string()),
+    pa.field("sample_index", pa.int32()),
+    pa.field("turn_of_token", pa.list_(pa.int32())),
+    pa.field("metadata", pa.string()),
+])
+BATCH_ROWS = 64
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    strategy: str
+    format: str
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+
+
+def export_samples(run: str | Path, strategy: str, fmt: str = "parquet", out: str | Path | None = None) -> ExportReport:
+    """Write `strategy`'s samples from `run` to `out` (default `RUN/export/<strategy>.<fmt>`).
+
+    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample) or UnknownName
+    (a format, or a strategy the run did not replay), both exit 2 on the command line.
+    """
+    if fmt not in FORMATS:
+        raise UnknownName("export format", fmt, FORMATS)
+    samples = _samples_file(Path(run))
+    _check_strategy(samples, strategy)
+    report = ExportReport(Path(out) if out else Path(run) / "export" / f"{strategy}.{fmt}", strategy, fmt)
+    rows = _export_rows(samples, strategy, Path(run).name, report)
+    (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, report.out)
+    return report
+
+
+def _samples_file(run: Path) -> Path:
+    if not run.is_dir():
+        raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
+    samples = run / "samples.parquet"
+    if not samples.is_file():
+        raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
+    return samples
+
+
+def _check_strategy(samples: Path, strategy: str) -> None:
+    present = pc.unique(pq.read_table(samples, columns=["strategy"]).column("strategy")).to_pylist()
+    if strategy not in present:
+        raise UnknownName("strategy in this run", strategy, sorted(present))
+
+
+def _export_rows(samples: Path, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
+    parquet = pq.ParquetFile(samples)
+    columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        chosen = batch.filter(pc.equal(batch.column("strategy"), strategy))
+        for sample in chosen.to_pylist():
+            row = export_row(sample, run_name)
+            report.samples += 1
+            report.tokens += len(row["tokens"])
+            report.trained_tokens += sum(row["loss_mask"])
+            yield row
+
+
+def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:
+    """One samples.parquet row in the export layout (see the module docstring)."""
+    tokens, mask, logprobs = sample["token_ids"], sample["loss_mask"], sample["logprobs"]
+    length = sample["response_length"]
+    if not (len(mask) == len(logprobs) == length <= len(tokens) == len(sample["source_turn"])):
+        raise UnusableInput(f"sample {sample['sample_index']} of session {sample['session_id']} is inconsistent "
+                            "(mask, logprobs, response_length and token counts disagree); replay the run again")
+    region = sample["source_turn"][len(tokens) - length:]
+    trained_turns = sorted({turn for turn, m in zip(region, mask) if m and turn >= 0})
+    metadata = json.loads(sample.get("metadata") or "{}")
+    metadata["trace_tools"] = {"run": run_name, "trained_turns": trained_turns}
+    return {
+        "tokens": tokens, "loss_mask": mask,
+        "rollout_log_probs": [lp if m else 0.0 for lp, m in zip(logprobs, mask)],
+        "response_length": length, "reward": sample["reward"], "session_id": sample["session_id"],
+        "strategy": sample["strategy"], "sample_index": sample["sample_index"],
+        "turn_of_token": sample["source_turn"], "metadata": json.dumps(metadata, sort_keys=True),
+    }
+
+
+def _write_parquet(rows: Iterator[dict[str, Any]], out: Path) -> None:
+    with atomic_open(out, "wb") as handle:
+        writer = pq.ParquetWriter(handle, EXPORT_SCHEMA)
+        pending: list[dict[str, Any]] = []
+        for row in rows:
+            pending.append(row)
+            if len(pending) == BATCH_ROWS:
+                writer.write_table(pa.Table.from_pylist(pending, schema=EXPORT_SCHEMA))
+                pending = []
+        writer.write_table(pa.Table.from_pylist(pending, schema=EXPORT_SCHEMA))
+        writer.close()
+
+
+def _write_jsonl(rows: Iterator[dict[str, Any]], out: Path) -> None:
+    with atomic_open(out, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps({**row, "metadata": json.loads(row["metadata"])}) + "\n")
+
+
+def read_export(path: str | Path) -> list[dict[str, Any]]:
+    """An export read back (either format) as plain rows, `metadata` parsed: for checks and notebooks."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = pq.read_table(path).to_pylist()
+    for row in rows:
+        row["metadata"] = json.loads(row["metadata"])
+    return rows
+

@@ -1,0 +1,223 @@
+"""`import_traces`: stream source logs into a schema-v1 dump, accounting for every record.
+
+Two passes over the sources, neither holding more than one record (or one `.json` document)
+and a few integers per session:
+
+1. **Census.** Convert every record and count: per session its records and whether any is
+   malformed; per reason the malformed records; rejected requests. The counts go into the dump's
+   `trace_tools.import` metadata, which Parquet fixes when the file is opened.
+2. **Write.** Convert again (conversion is deterministic) and write each turn of a sound session
+   as a row, a row group at a time, `turn_index` = the record's arrival position in its session.
+
+A malformed record quarantines its whole session, as a bad row does in `load` (a session with a
+hole cannot be replayed faithfully): its sound records are listed as `session_quarantined`. A
+rejected request (non-200) is not a turn; it keeps its arrival position, so the session's
+`turn_index` sequence has a gap exactly where it arrived (a gap is legal in schema v1). Both are
+written, one JSON object a line, to the *import quarantine* next to the dump
+(`<dump>.quarantine.jsonl`: `source`, `session_id`, `turn_index`, `reason`, `detail`).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_tools.data import DumpMeta
+from trace_tools.errors import UnusableInput
+from trace_tools.io.importers.base import (
+    IMPORT_REASONS,
+    REJECTED,
+    BadRecord,
+    Options,
+    Outcome,
+    json_values,
+    source_files,
+)
+from trace_tools.io.write import atomic_open, dump_writer
+
+META_KEY = "import"  # trace_tools.import: the JSON census below
+MAX_LISTED_FILES = 50
+PROGRESS_EVERY = 1000
+
+
+@dataclass
+class ImportReport:
+    """What an import read and wrote. Counts of `records` = turns + rejected + quarantined records."""
+
+    format: str
+    out: str
+    quarantine_file: str
+    files: int
+    records: int = 0
+    turns: int = 0
+    sessions: int = 0
+    rejected_requests: int = 0
+    quarantined_records: int = 0
+    quarantined_sessions: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    vocab_size: int | None = None
+    tokenizer: str | None = None
+    chat_template: str | None = None  # the template's identity (its text is in the dump)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.quarantined_records == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in (
+            "format", "out", "quarantine_file", "files", "records", "turns", "sessions", "rejected_requests",
+            "quarantined_records", "quarantined_sessions", "by_reason", "vocab_size", "tokenizer", "chat_template",
+            "warnings")} | {"vocab_checked": self.vocab_size is not None}
+
+
+@dataclass(slots=True)
+class _SessionCount:
+    records: int = 0
+    rejected: int = 0
+    malformed: int = 0
+    first_problem: str = ""  # where and why its first malformed record failed
+    seen: int = 0  # pass 2: records met so far, i.e. the next record's arrival position
+
+    @property
+    def sound(self) -> bool:
+        return self.malformed == 0
+
+
+def import_traces(fmt: str, sources: list[str | Path], out: str | Path, *, tokenizer: str | None = None,
+                  chat_template: str | None = None, session_key: str | None = None,
+                  row_group_rows: int = 256, progress: Callable[[int, int], None] | None = None) -> ImportReport:
+    """Convert `sources` in format `fmt` into the schema-v1 dump `out` (see the module docstring).
+
+    `tokenizer` and `chat_template` (a name, `trl:<name>`, a `.jinja` file or a dump that embeds
+    one) are written into the dump's metadata, the template as text; ids are checked against the
+    tokenizer's vocabulary. Raises `UnusableInput` / `UnknownName` / `TemplateNotFound` for
+    unusable input or options (exit 2); malformed records are reported, not raised.
+    """
+    from trace_tools.io.importers import get_format
+
+    module = get_format(fmt)
+    if module.NEEDS_SESSION_KEY and not session_key:
+        raise UnusableInput(f"{fmt} logs carry no session id of their own; pass --session-key NAME "
+                            "(a request header such as x-session-id, or a field such as request.user)")
+    out = Path(out)
+    files = [f for f in source_files(sources) if f.resolve() != quarantine_path(out).resolve()]  # an earlier run's
+    report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
+    meta = _recording_meta(report, tokenizer, chat_template)
+    options = Options(session_key=session_key, vocab_size=report.vocab_size)
+    sessions = _census(_outcomes(module, files, options), report)
+    meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
+    _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
+    return report
+
+
+def quarantine_path(out: Path) -> Path:
+    """`dump.parquet` -> `dump.quarantine.jsonl` (not `.parquet`, so a directory scan never takes it for a dump)."""
+    return out.with_name(out.name.removesuffix(".parquet") + ".quarantine.jsonl")
+
+
+def _recording_meta(report: ImportReport, tokenizer: str | None, chat_template: str | None) -> DumpMeta:
+    from trace_tools.errors import TemplateNotFound
+    from trace_tools.render.templates import resolve_template
+    from trace_tools.render.tokenizer import vocab_size_for
+
+    report.vocab_size = vocab_size_for(tokenizer)
+    if tokenizer and report.vocab_size is None:
+        report.warnings.append(f"vocabulary size of tokenizer {tokenizer!r} is unknown; out-of-vocab check skipped")
+    if not tokenizer:
+        report.warnings.append("no --tokenizer: out-of-vocab check skipped and the dump names no tokenizer")
+    text = None
+    if chat_template or tokenizer:
+        try:
+            text, report.chat_template = resolve_template(chat_template, tokenizer_name=tokenizer)
+        except TemplateNotFound as missing:
+            if chat_template:
+                raise
+            report.warnings.append(f"no chat template embedded ({missing}); replay will need --chat-template")
+    return DumpMeta(tokenizer=tokenizer, chat_template=text, extra={})
+
+
+def _outcomes(module: Any, files: list[Path], options: Options) -> Iterator[Outcome]:
+    for path in files:
+        for where, value in json_values(path):
+            if isinstance(value, BadRecord):
+                yield Outcome(None, where, reason=value.reason, detail=value.detail)
+            elif not isinstance(value, dict):
+                yield Outcome(None, where, reason="bad_json", detail=f"a JSON {type(value).__name__}, not an object")
+            else:
+                yield from module.outcomes(value, where, options)
+
+
+def _census(outcomes: Iterator[Outcome], report: ImportReport) -> dict[str, _SessionCount]:
+    """Pass 1: per-session counts, and the report's totals derived from them."""
+    sessions: dict[str, _SessionCount] = {}
+    reasons: Counter = Counter()
+    for outcome in outcomes:
+        report.records += 1
+        if outcome.malformed:
+            reasons[outcome.reason] += 1
+        if outcome.session_id is None:
+            continue
+        count = sessions.setdefault(outcome.session_id, _SessionCount())
+        count.records += 1
+        count.rejected += outcome.rejected is not None
+        if outcome.malformed:
+            count.malformed += 1
+            count.first_problem = count.first_problem or f"{outcome.where}: {outcome.reason}"
+    sound = [count for count in sessions.values() if count.sound]
+    bad = [count for count in sessions.values() if not count.sound]
+    reasons["session_quarantined"] = sum(count.records - count.malformed for count in bad)
+    report.by_reason = {reason: reasons[reason] for reason in IMPORT_REASONS if reasons[reason]}
+    report.sessions, report.quarantined_sessions = len(sound), len(bad)
+    report.rejected_requests = sum(count.rejected for count in sound)
+    report.turns = sum(count.records - count.rejected for count in sound)
+    report.quarantined_records = sum(report.by_reason.values())
+    return sessions
+
+
+def _census_meta(report: ImportReport, files: list[Path]) -> dict[str, Any]:
+    """What `trace_tools.import` records: the format, the sources and every count."""
+    shown = [str(f) for f in files[:MAX_LISTED_FILES]]
+    return {"format": report.format, "files": len(files), "sources": shown, "records": report.records,
+            "turns": report.turns, "sessions": report.sessions, "rejected_requests": report.rejected_requests,
+            "quarantined_records": report.quarantined_records, "quarantined_sessions": report.quarantined_sessions,
+            "quarantined_by_reason": report.by_reason, "vocab_checked": report.vocab_size is not None,
+            "quarantine_file": Path(report.quarantine_file).name}
+
+
+def _write(outcomes: Iterator[Outcome], sessions: dict[str, _SessionCount], out: Path, meta: DumpMeta,
+           report: ImportReport, row_group_rows: int, progress: Callable[[int, int], None] | None) -> None:
+    """Pass 2: rows of sound sessions into the dump, everything else into the import quarantine."""
+    done = 0
+    with dump_writer(out, meta, row_group_rows=row_group_rows) as dump, \
+            atomic_open(report.quarantine_file, "w") as quarantine:
+        for outcome in outcomes:
+            count = sessions.get(outcome.session_id)
+            position = None
+            if count is not None:
+                position, count.seen = count.seen, count.seen + 1
+            if outcome.turn is not None and count is not None and count.sound:
+                outcome.turn.turn_index = position
+                dump.write(outcome.turn)
+            else:
+                quarantine.write(json.dumps(_entry(outcome, position, count), ensure_ascii=False) + "\n")
+            done += 1
+            if progress and (done % PROGRESS_EVERY == 0 or done == report.records):
+                progress(done, report.records)
+        if dump.rows != report.turns:  # both passes convert the same bytes the same way; abort the write
+            raise UnusableInput(f"the sources changed while importing ({dump.rows} turns written, "
+                                f"{report.turns} counted); import again from a stable copy")
+
+
+def _entry(outcome: Outcome, position: int | None, count: _SessionCount | None) -> dict[str, Any]:
+    if outcome.malformed:
+        reason, detail = outcome.reason, outcome.detail
+    elif count is not None and not count.sound:
+        reason, detail = "session_quarantined", f"its session holds a malformed record ({count.first_problem})"
+    else:
+        reason, detail = REJECTED, outcome.rejected or ""
+    return {"source": outcome.where, "session_id": outcome.session_id, "turn_index": position,
+            "reason": reason, "detail": detail}
