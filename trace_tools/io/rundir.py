@@ -35,6 +35,7 @@ SAMPLES_SCHEMA = pa.schema([
     ("strategy", pa.string()), ("session_id", pa.string()), ("sample_index", pa.int32()),
     ("token_ids", pa.list_(pa.int32())), ("response_length", pa.int32()), ("loss_mask", pa.list_(pa.int8())),
     ("logprobs", pa.list_(pa.float64())), ("source_turn", pa.list_(pa.int32())), ("reward", pa.float64()),
+    ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
 ])
 QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reason": pa.string(), "detail": pa.string()}
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from trace_tools.data import ReplayResult, Session
+from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError
 from trace_tools.io.rundir import SAMPLES_SCHEMA, SessionRows
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
-from trace_tools.replay.turnrows import extra_counters, session_row, turn_rows
+from trace_tools.replay.turnrows import extra_counters, sample_rows, session_row, turn_rows
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
 
@@ -91,7 +91,7 @@ class SessionReplayer:
         row = session_row(name, session, result, elapsed)
         row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
         rows.sessions.append(row)
-        return sample_records(name, session.session_id, result) if self.options.write_samples else []
+        return sample_rows(name, session.session_id, result) if self.options.write_samples else []
 
     @staticmethod
     def _render_stats(renderer: Any) -> dict[str, int]:
@@ -102,12 +102,6 @@ class SessionReplayer:
         renderer.reset_caches()
         renderer.engine.stats.clear()
         return stats
-
-
-def sample_records(strategy: str, session_id: str, result: ReplayResult) -> list[dict[str, Any]]:
-    return [{"strategy": strategy, "session_id": session_id, "sample_index": i, "token_ids": s.token_ids,
-             "response_length": s.response_length, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
-             "source_turn": s.source_turn, "reward": s.reward} for i, s in enumerate(result.samples)]
 
 
 def strategy_turn_view(prepared: PreparedSession, ctx: ReplayContext, name: str, turn_index: int) -> dict[str, Any]:

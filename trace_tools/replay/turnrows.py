@@ -79,19 +79,12 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
     return row
 
 
-def sample_rows(strategy: str, session: Session, result: ReplayResult) -> list[dict[str, Any]]:
-    return [{
-        "strategy": strategy,
-        "session_id": session.session_id,
-        "sample_index": i,
-        "token_ids": s.token_ids,
-        "response_length": s.response_length,
-        "loss_mask": s.loss_mask,
-        "logprobs": s.logprobs,
-        "source_turn": s.source_turn,
-        "reward": s.reward,
-        "metadata": json.dumps(s.metadata, sort_keys=True, default=str),
-    } for i, s in enumerate(result.samples)]
+def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[dict[str, Any]]:
+    """`samples.parquet` rows (`io.rundir.SAMPLES_SCHEMA`); metadata as JSON."""
+    return [{"strategy": strategy, "session_id": session_id, "sample_index": i, "token_ids": s.token_ids,
+             "response_length": s.response_length, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
+             "source_turn": s.source_turn, "reward": s.reward,
+             "metadata": json.dumps(s.metadata, sort_keys=True, default=str)} for i, s in enumerate(result.samples)]
 
 
 def extra_counters(result: ReplayResult) -> dict[str, int]:
