@@ -24,6 +24,7 @@ _LAZY = {
     "validate": ("trace_tools.io.validate", "validate"),
     "replay": ("trace_tools.replay.engine", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
+    "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "explain": ("trace_tools.report.explain", "explain"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),

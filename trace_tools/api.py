@@ -5,6 +5,7 @@
     run.coverage_by_tool()          # tool × strategy token coverage
     run.drift_causes()              # strategy × cause: turns and tokens lost
     run.session("sim-qwen3-s7-0003")  # one session's turns under every strategy
+    run.html()                      # path of the run's report.html (written when missing)
 """
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ class Run:
         frame = turns.assign(tokens_lost=lost)
         return frame.groupby(["strategy", "drift_cause"]).agg(turns=("turn_index", "size"),
                                                               tokens_lost=("tokens_lost", "sum"))
+
+    def html(self, refresh: bool = False) -> Path:
+        """Path of the run's self-contained report.html, written first when missing (or `refresh`).
+
+        In a notebook: `import webbrowser; webbrowser.open(run.html().as_uri())`.
+        """
+        from trace_tools.report.html import REPORT_NAME, write_html_report
+
+        path = self.path / REPORT_NAME
+        if refresh or not path.exists():
+            write_html_report(self.path)
+        return path
 
     def session(self, session_id: str) -> pd.DataFrame:
         """One session's turns: tool, generated and trained tokens, and events, per strategy."""

@@ -95,7 +95,20 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
         if progress:
             progress(done, len(loaded.sessions))
     summary = rundir.finalize(run_dir, dump_path, loaded, options, renderers.identities(), len(shards))
+    _write_drift_and_html(run_dir, loaded.sessions, options, renderers)
     return RunResult(run_dir, summary, len(loaded.sessions), summary["quarantined"])
+
+
+def _write_drift_and_html(run_dir: Path, sessions: list[Session], options: ReplayOptions, renderers: "_Renderers") -> None:
+    """drift.parquet (issue 15 stand-in producer; the pipeline will write it per shard) and report.html."""
+    from trace_tools.report.drift_table import drift_table, write_drift_table
+    from trace_tools.report.html import write_html_report
+
+    def context_for(session: Session) -> ReplayContext:
+        return ReplayContext(renderers.for_session(session), options.canonicalization, options.prompt_source, options.params)
+
+    write_drift_table(drift_table(sessions, context_for), run_dir)
+    write_html_report(run_dir)
 
 
 def _template_arg(chat_template: str | None) -> str | None:
