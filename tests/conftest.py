@@ -19,6 +19,24 @@ def sample_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def chromium_binary():
+    """Headless Chromium for the report.html tests; skipped (with the reason) only where it is not installed.
+
+    .ci/run installs Debian's package and sets TRACE_TOOLS_REQUIRE_CHROMIUM, turning a missing browser into a failure.
+    """
+    import os
+
+    from trace_tools.report.html.chromium import find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        if os.environ.get("TRACE_TOOLS_REQUIRE_CHROMIUM"):
+            pytest.fail("TRACE_TOOLS_REQUIRE_CHROMIUM is set but no Chromium binary was found")
+        pytest.skip("Chromium is not installed (`apt-get install chromium`; .ci/run installs it)")
+    return binary
+
+
+@pytest.fixture(scope="session")
 def simulated_dump(tmp_path_factory):
     """A small simulated qwen3 dump mixing every behaviour."""
     from trace_tools.simulate import simulate

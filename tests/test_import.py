@@ -14,7 +14,7 @@ from trace_tools.cli.main import app
 from trace_tools.io.importers import import_traces, quarantine_path
 from trace_tools.io.load import load
 from trace_tools.io.validate import validate
-from trace_tools.replay.engine import replay
+from trace_tools.api import replay
 
 # (format, fixture, session key): every committed fixture and the option its format needs.
 CASES = [

@@ -25,6 +25,7 @@ _LAZY = {
     "replay": ("trace_tools.api", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
     "explain": ("trace_tools.api", "explain"),
+    "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),
     "gate": ("trace_tools.report.gate", "gate"),

@@ -6,9 +6,10 @@
     run.coverage_by_tool()          # tool × strategy token coverage
     run.drift_causes()              # strategy × cause: turns and tokens lost
     run.session("sim-qwen3-s7-0003")  # one session's turns under every strategy
+    run.html()                      # path of the run's report.html (written when missing)
 
 This module sits above both replay and report: `replay` runs the engine (`replay.engine`), then
-computes the summary and writes report.md and plots from the run's tables (`report`).
+computes the summary and writes report.md, plots and report.html from the run's tables (`report`).
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def _finish(engine: Any) -> RunResult:
     from trace_tools.io import rundir
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.metrics import reconstruction_summary, summarize
+    from trace_tools.report.html import write_html_report
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
@@ -68,6 +70,7 @@ def _finish(engine: Any) -> RunResult:
     write_json_atomic(summary, run_dir / "summary.json")
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     write_report(run_dir, summary, tables)
+    write_html_report(run_dir)
     return RunResult(run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards,
                      reconstruction)
 
@@ -176,6 +179,18 @@ class Run:
         frame = turns.assign(tokens_lost=lost)
         return frame.groupby(["strategy", "drift_cause"]).agg(turns=("turn_index", "size"),
                                                               tokens_lost=("tokens_lost", "sum"))
+
+    def html(self, refresh: bool = False) -> Path:
+        """Path of the run's self-contained report.html, written first when missing (or `refresh`).
+
+        In a notebook: `import webbrowser; webbrowser.open(run.html().as_uri())`.
+        """
+        from trace_tools.report.html import REPORT_NAME, write_html_report
+
+        path = self.path / REPORT_NAME
+        if refresh or not path.exists():
+            write_html_report(self.path)
+        return path
 
     def session(self, session_id: str) -> pd.DataFrame:
         """One session's turns: tool, generated and trained tokens, and events, per strategy."""

@@ -53,26 +53,30 @@ def replay_cmd(
     else:
         _print_summary(console, result.summary)
         note(f"run directory: {result.run_dir}")
+        note(f"report.html: {result.run_dir / 'report.html'}")
     if strict and result.quarantined:
         raise typer.Exit(1)
 
 
 def report_cmd(
     run: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    html: Annotated[bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
 ) -> None:
-    """Re-render the report (report.md, plots, terminal tables) of a finished run.
+    """Re-render the report (report.md, plots, terminal tables; report.html with --html) of a finished run.
 
-    Example: trace-tools report trace-tools-runs/sample_traces-20261130T120000Z
+    Example: trace-tools report trace-tools-runs/sample_traces-20261130T120000Z --html
     """
-    from trace_tools.cli._output import console, print_json
+    from trace_tools.cli._output import console, note, print_json
     from trace_tools.report.rerender import rerender
 
-    summary = rerender(run)
+    summary = rerender(run, html=html)
     if json_out:
         print_json(summary)
-    else:
-        _print_summary(console, summary)
+        return
+    _print_summary(console, summary)
+    if html:
+        note(f"report.html: {run / 'report.html'}")
 
 
 def _print_summary(console, summary: dict) -> None:

@@ -37,6 +37,15 @@ SAMPLES_SCHEMA = pa.schema([
     ("logprobs", pa.list_(pa.float64())), ("source_turn", pa.list_(pa.int32())), ("reward", pa.float64()),
     ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
 ])
+DRIFT_SCHEMA = pa.schema([
+    ("session_id", pa.string()), ("turn_index", pa.int32()), ("echo_turn", pa.int32()),
+    ("cause", pa.string()), ("causes", pa.list_(pa.string())), ("token_drift", pa.bool_()),
+    ("divergence", pa.int32()), ("served_len", pa.int32()), ("prompt_len", pa.int32()),
+    ("message_diff", pa.list_(pa.string())), ("window_start", pa.int32()),
+    ("shared_ids", pa.list_(pa.int32())), ("served_ids", pa.list_(pa.int32())), ("rendered_ids", pa.list_(pa.int32())),
+    ("shared_tokens", pa.list_(pa.string())), ("served_tokens", pa.list_(pa.string())),
+    ("rendered_tokens", pa.list_(pa.string())),
+])
 QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reason": pa.string(), "detail": pa.string()}
 
 
@@ -117,6 +126,8 @@ class ShardWriter:
 def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
     if name == "quarantine":
         return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
+    if name == "drift":
+        return pa.Table.from_pylist(records, schema=DRIFT_SCHEMA)
     return pa.Table.from_pylist(records)
 
 

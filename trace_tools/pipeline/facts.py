@@ -55,7 +55,8 @@ def fidelity_row(prepared: PreparedTurn) -> dict[str, Any]:
 
 
 def drift_rows(prepared: PreparedSession, findings: list[DriftFinding]) -> list[dict[str, Any]]:
-    """`drift.parquet` rows: every echoed turn, with the token window around a divergence."""
+    """`drift.parquet` rows (`io.rundir.DRIFT_SCHEMA`): every echoed turn, with the token window
+    around the first divergence where the ids drifted."""
     turns = {p.turn.turn_index: p for p in prepared.turns}
     rows = []
     for finding in findings:
@@ -63,7 +64,11 @@ def drift_rows(prepared: PreparedSession, findings: list[DriftFinding]) -> list[
                "cause": finding.cause, "causes": list(finding.causes), "token_drift": finding.token_drift,
                "divergence": finding.divergence, "served_len": finding.served_len, "prompt_len": finding.prompt_len,
                "message_diff": list(finding.message_diff)}
-        row.update(token_window(turns[finding.turn_index], turns[finding.echo_turn], finding, prepared.renderer))
+        if finding.token_drift:
+            row.update(token_window(turns[finding.turn_index], turns[finding.echo_turn], finding, prepared.renderer))
+        else:
+            row.update({"window_start": 0, **{f"{side}_{kind}": [] for side in ("shared", "served", "rendered")
+                                                 for kind in ("ids", "tokens")}})
         rows.append(row)
     return rows
 

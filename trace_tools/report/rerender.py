@@ -19,9 +19,14 @@ def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def rerender(run: str | Path) -> dict[str, Any]:
+def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:
+    """Rewrite report.md and the plots (and report.html when `html`) from the run's files."""
     from trace_tools.report.render import write_report
 
     summary = load_summary(Path(run))
     write_report(Path(run), summary, read_run(run))
+    if html:
+        from trace_tools.report.html import write_html_report
+
+        write_html_report(run)
     return summary

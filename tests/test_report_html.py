@@ -1,0 +1,312 @@
+"""report.html on the replayed bundled sample: contents, faithfulness to the run tables, and the
+page itself in headless Chromium (DOM text, a highlighted drift token, a non-blank screenshot,
+internal links and ids)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from trace_tools.cli.main import app
+from trace_tools.io.rundir import DRIFT_SCHEMA
+from trace_tools.report.html import write_html_report
+from trace_tools.report.html.chromium import Chromium
+from trace_tools.report.html.sessions import iter_chunk_sessions
+
+SCHEMA_DEFAULT_SESSION, SCHEMA_DEFAULT_TURN = "sim-qwen3-s7-0001", 3  # claude-code fills Edit's replace_all
+
+
+@pytest.fixture(scope="module")
+def run(sample_run) -> Path:
+    return sample_run.run_dir
+
+
+@pytest.fixture(scope="module")
+def page(run) -> str:
+    return (run / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def details(page) -> dict:
+    """Every session's embedded details, decoded as the page decodes them."""
+    out = {}
+    for chunk in re.findall(r'<script type="application/octet-stream" id="chunk-\d+">([^<]+)</script>', page):
+        out.update(iter_chunk_sessions(chunk.strip()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_binary):
+    with Chromium(chromium_binary) as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def quarantined_run(tmp_path_factory) -> Path:
+    """Three sample sessions replayed through `tree`, two of them spoiled: bad JSON and short logprobs."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from trace_tools.api import replay
+    from trace_tools.replay.engine import default_dump
+
+    table = pq.read_table(default_dump() / "qwen3.parquet")
+    keep = ["sim-qwen3-s7-0000", "sim-qwen3-s7-0001", "sim-qwen3-s7-0002"]
+    table = table.filter(pc.is_in(table["session_id"], pa.array(keep)))
+    messages, logprobs = table["messages"].to_pylist(), table["output_logprobs"].to_pylist()
+    sessions = table["session_id"].to_pylist()
+    messages[sessions.index(keep[1]) + 1] = '[{"role": "user"'
+    logprobs[sessions.index(keep[2])] = logprobs[sessions.index(keep[2])][:-1]
+    table = table.set_column(table.schema.get_field_index("messages"), "messages", pa.array(messages))
+    table = table.set_column(table.schema.get_field_index("output_logprobs"), "output_logprobs",
+                             pa.array(logprobs, table.schema.field("output_logprobs").type))
+    dump = tmp_path_factory.mktemp("spoiled") / "dump.parquet"
+    pq.write_table(table, dump)
+    return replay(dump, out=dump.parent / "run", strategies=["tree"]).run_dir
+
+
+@pytest.fixture(scope="module")
+def old_run(run, tmp_path_factory) -> Path:
+    """The sample run as an older trace-tools wrote it: no drift.parquet, no samples.parquet, no report.html."""
+    copy = tmp_path_factory.mktemp("old") / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("shards", "drift.parquet", "samples.parquet", "report.html"))
+    return copy
+
+
+def test_replay_writes_a_self_contained_report(run, page):
+    assert (run / "report.html").is_file()
+    external = re.findall(r'(?:src|href)="(?!data:|#)([^"]*)"', page)
+    assert external == [], f"report.html must not load anything: {external[:5]}"
+    assert "http://" not in page and "https://" not in page
+    images = re.findall(r'<img src="data:image/png;base64,', page)
+    assert len(images) == len(list((run / "plots").glob("*.png"))) > 0
+
+
+def test_html_parses_cleanly_with_unique_ids_and_resolving_anchors(page):
+    html5lib = pytest.importorskip("html5lib")
+    parser = html5lib.HTMLParser(strict=True, namespaceHTMLElements=False)
+    tree = parser.parse(page)  # raises on any HTML5 parse error
+    ids = [el.get("id") for el in tree.iter() if el.get("id")]
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    anchors = [el.get("href")[1:] for el in tree.iter("a") if (el.get("href") or "").startswith("#")]
+    static = [a for a in anchors if not a.startswith("/")]  # `#/...` are the page's own routes
+    assert static and all(a in ids for a in static), set(static) - set(ids)
+
+
+def test_overview_lists_every_strategy_with_its_summary_numbers(run, page):
+    summary = json.loads((run / "summary.json").read_text())
+    table = page[page.index('id="strategy-table"'):page.index("</table>", page.index('id="strategy-table"'))]
+    for name, block in summary["strategies"].items():
+        assert f"<code>{name}</code>" in table
+        assert f'data-v="{block["coverage"]}"' in table
+        assert f'data-v="{block["forwarded_tokens"]}"' in table
+
+
+def test_drift_table_has_the_contract_schema_and_a_visible_filled_argument(run):
+    table = pq.read_table(run / "drift.parquet")
+    assert table.schema.names == DRIFT_SCHEMA.names
+    frame = table.to_pandas()
+    row = frame[(frame.session_id == SCHEMA_DEFAULT_SESSION) & (frame.turn_index == SCHEMA_DEFAULT_TURN)].iloc[0]
+    assert row.cause == "schema_default" and row.token_drift
+    assert row.window_start + len(row.shared_ids) == row.divergence
+    rendered = "".join(row.rendered_tokens)
+    assert '"replace_all": false' in rendered  # the filled-in default shows past the divergence
+    turns = pd.read_parquet(run / "turns.parquet")
+    tree = turns[(turns.strategy == "tree") & turns.drift_cause.notna()]
+    drifted = frame[frame.cause.notna()]
+    assert sorted(zip(drifted.session_id, drifted.turn_index, drifted.cause)) == \
+        sorted(zip(tree.session_id, tree.turn_index, tree.drift_cause))
+
+
+def test_embedded_session_details_match_the_run_tables(run, details):
+    turns = pd.read_parquet(run / "turns.parquet")
+    sessions = pd.read_parquet(run / "sessions.parquet")
+    samples = pd.read_parquet(run / "samples.parquet", columns=["strategy", "session_id", "source_turn"])
+    assert set(details) == set(sessions.session_id)
+    for sid in (SCHEMA_DEFAULT_SESSION, "sim-qwen3.5-s7-0013"):
+        detail = details[sid]
+        for name, strategy in detail["strategies"].items():
+            rows = turns[(turns.session_id == sid) & (turns.strategy == name)].sort_values("turn_index")
+            assert [t[0] for t in strategy["turns"]] == rows.trained_tokens.tolist()
+            assert [t[1] for t in strategy["turns"]] == rows.event.tolist()
+            session = sessions[(sessions.session_id == sid) & (sessions.strategy == name)].iloc[0]
+            assert len(strategy["samples"]) == session.samples
+            assert sum(s["trained"] for s in strategy["samples"]) == session.trained_tokens
+            emitted = samples[(samples.session_id == sid) & (samples.strategy == name)]
+            assert [s["n"] for s in strategy["samples"]] == [len(x) for x in emitted.source_turn]
+            for bar, source in zip(strategy["samples"], emitted.source_turn):
+                assert sum(seg[2] for seg in bar["segs"]) == len(source)
+                assert sum(seg[2] for seg in bar["segs"] if seg[1]) == bar["trained"]
+
+
+def test_turn_fates_tell_context_only_from_dropped(details):
+    tree = details[SCHEMA_DEFAULT_SESSION]["strategies"]["tree"]
+    trained, event, _prompt, fate = tree["turns"][SCHEMA_DEFAULT_TURN]
+    assert (trained, event) == (0, "demoted_by_merge")
+    in_a_sample = any(seg[0] == SCHEMA_DEFAULT_TURN for s in tree["samples"] for seg in s["segs"])
+    assert fate == ("context" if in_a_sample else "dropped")
+
+
+def test_quarantine_summary_lists_reasons_and_sessions(quarantined_run):
+    page = (quarantined_run / "report.html").read_text()
+    section = page[page.index('id="quarantine"'):page.index('id="counterfactual"')]
+    assert "2 session(s) quarantined" in section
+    for sid, reason in (("sim-qwen3-s7-0001", "bad_json"), ("sim-qwen3-s7-0002", "logprobs_length")):
+        assert re.search(rf"<code>{sid}</code></td><td[^>]*>\d+</td><td[^>]*>{reason}</td>", section), (sid, reason)
+    index = json.loads(re.search(r'id="report-index">(.*?)</script>', page, re.DOTALL).group(1))
+    assert [e[0] for e in index["sessions"]] == ["sim-qwen3-s7-0000"]
+
+
+def test_report_command_writes_html_and_the_api_returns_its_path(old_run):
+    result = CliRunner().invoke(app, ["report", str(old_run), "--html"])
+    assert result.exit_code == 0, result.output
+    assert (old_run / "report.html").is_file()
+    assert "report.html" in result.output
+    import trace_tools as tt
+
+    assert tt.open_run(old_run).html() == old_run / "report.html"
+
+
+def test_report_command_on_a_non_run_names_the_fix(tmp_path):
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--html"])
+    assert result.exit_code == 2
+    assert "trace-tools replay" in result.output
+
+
+def test_a_run_with_every_session_quarantined_still_gets_a_page(old_run, tmp_path):
+    empty = tmp_path / "run"
+    shutil.copytree(old_run, empty)
+    for name in ("turns", "sessions"):
+        pd.DataFrame().to_parquet(empty / f"{name}.parquet")  # what replay writes when nothing was replayed
+    page = write_html_report(empty).read_text()
+    index = json.loads(re.search(r'id="report-index">(.*?)</script>', page, re.DOTALL).group(1))
+    assert index["sessions"] == [] and index["drifted"] == []
+
+
+def test_an_older_run_without_drift_table_says_so(old_run):
+    page = write_html_report(old_run).read_text()
+    assert 'id="drift-missing"' in page and "no <code>drift.parquet</code>" in page
+
+
+# ---- in the browser ----
+
+def _show(browser, hash_: str, ready: str) -> None:
+    browser.evaluate(f"location.hash = {json.dumps(hash_)}")
+    browser.wait_for(ready)
+
+
+def test_overview_renders_in_chromium_and_is_not_blank(browser, run, tmp_path):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    text = browser.evaluate("document.getElementById('strategy-table').innerText")
+    for name in json.loads((run / "summary.json").read_text())["strategies"]:
+        assert name in text
+    shot = browser.screenshot(tmp_path / "overview.png")
+    from PIL import Image, ImageStat
+
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (browser.width, browser.height)
+    assert len(image.getcolors(1 << 20) or []) > 50, "screenshot is (nearly) one colour"
+    assert max(ImageStat.Stat(image).stddev) > 20
+    assert browser.console_errors() == []
+
+
+def test_sorting_the_strategy_table_by_coverage(browser, run):
+    summary = json.loads((run / "summary.json").read_text())
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    browser.evaluate("[...document.querySelectorAll('#strategy-table th')].find(th => th.textContent === 'coverage').click()")
+    first = browser.evaluate("document.querySelector('#strategy-table tbody tr td code').textContent")
+    assert first == max(summary["strategies"], key=lambda n: summary["strategies"][n]["coverage"])
+
+
+def test_session_search_finds_a_known_session_and_its_behaviour(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, "#sessions", "!document.getElementById('sessions').hidden")
+    browser.evaluate("const s = document.getElementById('session-search'); s.value = 'claude-code';"
+                     "s.dispatchEvent(new Event('input'))")
+    rows = browser.evaluate("[...document.querySelectorAll('#session-rows tr')].map(r => r.innerText)")
+    turns = pd.read_parquet(run / "turns.parquet")
+    labelled = turns[turns.behaviour.str.contains("claude-code")].session_id.unique()
+    assert len(rows) == len(labelled) > 0
+    assert any(SCHEMA_DEFAULT_SESSION in r and "schema_default" in r for r in rows)
+
+
+def test_session_page_shows_timeline_and_sample_bars(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}",
+          f"document.getElementById('session-body').dataset.session === {json.dumps(SCHEMA_DEFAULT_SESSION)}")
+    strategies = browser.evaluate("[...document.querySelectorAll('table.timeline th.strategy')].map(t => t.textContent)")
+    assert strategies == list(json.loads((run / "summary.json").read_text())["strategies"])
+    turns = pd.read_parquet(run / "turns.parquet")
+    tree = turns[(turns.session_id == SCHEMA_DEFAULT_SESSION) & (turns.strategy == "tree")].sort_values("turn_index")
+    cells = browser.evaluate("[...document.querySelector('table.timeline tbody tr').querySelectorAll('td')]"
+                             ".map(td => td.firstChild.textContent)")
+    assert cells == [f"{t}/{g}" for t, g in zip(tree.trained_tokens, tree.generated_tokens)]
+    sessions = pd.read_parquet(run / "sessions.parquet")
+    for name, samples in sessions[sessions.session_id == SCHEMA_DEFAULT_SESSION][["strategy", "samples"]].values:
+        block = re.sub(r"[^a-z0-9]+", "-", name, flags=re.IGNORECASE)
+        assert browser.evaluate(f"document.querySelectorAll('#bars-{block} .bar').length") == samples
+    assert browser.evaluate("document.querySelectorAll('.bar .seg.trained').length") > 0
+
+
+def test_drift_view_highlights_the_filled_in_argument(browser, run, tmp_path):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}/drift/{SCHEMA_DEFAULT_TURN}",
+          "!!document.querySelector('.drift-card.focus')")
+    card = f"document.getElementById('drift-{SCHEMA_DEFAULT_TURN}')"
+    assert "schema_default" in browser.evaluate(f"{card}.querySelector('h4').innerText")
+    inserted = browser.evaluate(f"[...{card}.querySelectorAll('.tok.diff.rendered')].map(t => t.textContent).join('')")
+    assert '"replace_all": false' in inserted
+    assert browser.evaluate(f"{card}.querySelectorAll('.tok.diff.served').length") > 0
+    assert "replace_all: <missing> → false" in browser.evaluate(f"{card}.querySelector('.mdiff').innerText")
+    browser.screenshot(tmp_path / "drift.png")
+    assert browser.console_errors() == []
+
+
+def test_drift_tab_lists_drifted_turns_and_filters_by_cause(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, "#/drift/schema_default", "!document.getElementById('drift').hidden")
+    rows = browser.evaluate("[...document.querySelectorAll('#drift-rows tr')].map(r => r.innerText)")
+    drift = pd.read_parquet(run / "drift.parquet")
+    assert len(rows) == (drift.cause == "schema_default").sum()
+    assert all("schema_default" in r for r in rows)
+    assert any(r.startswith(SCHEMA_DEFAULT_SESSION) for r in rows)
+
+
+LINK_CHECK = """(() => {
+  const ids = [...document.querySelectorAll('[id]')].map(e => e.id);
+  const dup = ids.filter((id, i) => ids.indexOf(id) !== i);
+  const known = new Set(JSON.parse(document.getElementById('report-index').textContent).sessions.map(e => e[0]));
+  const bad = [];
+  for (const a of document.querySelectorAll('a[href]')) {
+    const h = a.getAttribute('href');
+    if (!h.startsWith('#')) { bad.push(h); continue; }
+    const m = h.match(/^#\\/session\\/([^/]+)/);
+    if (m) { if (!known.has(decodeURIComponent(m[1]))) bad.push(h); continue; }
+    if (h.startsWith('#/drift/')) continue;
+    if (!document.getElementById(h.slice(1))) bad.push(h);
+  }
+  return {dup, bad};
+})()"""
+
+
+def test_rendered_pages_have_no_broken_links_or_duplicate_ids(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    for hash_, ready in (("#sessions", "true"), ("#drift", "true"),
+                         (f"#/session/{SCHEMA_DEFAULT_SESSION}", "!!document.getElementById('session-body').dataset.session")):
+        _show(browser, hash_, ready)
+        assert browser.evaluate(LINK_CHECK) == {"dup": [], "bad": []}, hash_
+
+
+def test_session_page_of_an_older_run_explains_what_is_missing(browser, old_run):
+    page = write_html_report(old_run)
+    browser.open(page.as_uri(), ready="window.reportReady")
+    _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}", "!!document.getElementById('session-body').dataset.session")
+    text = browser.evaluate("document.getElementById('session-body').innerText")
+    assert "No drift.parquet" in text and "no samples.parquet" in text
+    assert browser.evaluate("document.querySelectorAll('table.timeline td').length") > 0

@@ -1,0 +1,105 @@
+"""`report.html`: one self-contained page per run directory (no network, no server).
+
+The overview (strategy tables, plots, quarantine) is static HTML rendered from summary.json with
+the Jinja2 templates shipped in `templates/`; the session list, the session pages and the drift
+view are drawn by the page's own script from an embedded index and lazily decompressed
+per-session chunks (see `sessions.py`). The page reads only the run directory's files.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REPORT_NAME = "report.html"
+
+
+def write_html_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path."""
+    from trace_tools.io.write import write_text_atomic
+    from trace_tools.io.rundir import require_run
+
+    run = require_run(Path(run_dir))
+    target = Path(out) if out is not None else run / REPORT_NAME
+    write_text_atomic(render_html(run), target)
+    return target
+
+
+def render_html(run_dir: Path) -> str:
+    """The page's HTML text for a finished run directory."""
+    import pandas as pd
+
+    from trace_tools.report.explain_view import CAUSE_TEXT
+    from trace_tools.report.html import overview
+    from trace_tools.report.html.sessions import build_sessions
+    from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    quarantine_path = run_dir / "quarantine.parquet"
+    quarantine = pd.read_parquet(quarantine_path) if quarantine_path.exists() else None
+    strategies = list(summary["strategies"])
+    data = build_sessions(run_dir, strategies, quarantine)
+    tools = overview.tool_columns(summary)
+    counter_names, counter_rows = overview.counter_rows(summary)
+    context = {
+        "run": _run_info(run_dir), "summary": summary, "strategies": strategies,
+        "strategy_rows": overview.strategy_rows(summary, counterfactual_names(summary)),
+        "tools": tools, "tool_rows": overview.tool_rows(summary, tools),
+        "counter_names": counter_names, "counter_rows": counter_rows,
+        "cause_rows": overview.cause_rows(summary, CAUSE_TEXT),
+        "quarantine": overview.quarantine_view(summary, quarantine),
+        "plots": overview.inline_plots(run_dir / "plots"),
+        "counterfactual_note": COUNTERFACTUAL_NOTE,
+        "has_drift_table": data.index["has_drift_table"],
+        "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
+        "chunks": data.chunks,
+    }
+    env = _environment()
+    return env.get_template("report.html.j2").render(**context, css=_asset(env, "report.css"),
+                                                     script=_asset(env, "report.js"))
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside a <script> element: `<`, `>` and `&` escaped (only strings can hold them)."""
+    from markupsafe import Markup
+
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+def _run_info(run_dir: Path) -> dict[str, Any]:
+    info_path = run_dir / "run.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    return {"name": run_dir.resolve().name, "created_at": info.get("created_at", ""),
+            "dump": (info.get("inputs") or {}).get("dump", ""), "version": info.get("trace_tools_version", "")}
+
+
+def _asset(env, name: str):
+    """A CSS/JS file from the templates folder, inlined verbatim (never parsed as a template)."""
+    from markupsafe import Markup
+
+    return Markup(env.loader.get_source(env, name)[0])
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("trace_tools.report.html", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
+    return env
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _signed_pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}%"
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"

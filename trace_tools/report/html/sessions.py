@@ -1,0 +1,257 @@
+"""Per-session data for the report: a small index the page reads at load, and compressed details.
+
+The index (one entry per session, one per drifted turn) is plain JSON. Each session's details
+(turn timeline per strategy, sample bars, drift windows) are grouped into chunks of roughly
+CHUNK_BYTES of JSON, gzip-compressed and base64-encoded; the page decompresses a chunk only when
+one of its sessions is opened, so the load time does not grow with the number of sessions.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CHUNK_BYTES = 256 * 1024
+TURN_COLUMNS = ["strategy", "session_id", "turn_index", "tool", "generated_tokens", "trained_tokens", "event",
+                "prompt_event"]
+OPTIONAL_TURN_COLUMNS = ["drift_cause", "behaviour", "genuine"]
+SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "response_length", "loss_mask", "source_turn"]
+
+
+@dataclass
+class SessionData:
+    index: dict[str, Any]
+    chunks: list[str] = field(default_factory=list)
+
+
+def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFrame | None) -> SessionData:
+    """The session index and the compressed per-session chunks of one run directory."""
+    turns = TurnTable(run_dir / "turns.parquet")
+    sessions = _read_columns(run_dir / "sessions.parquet", ["strategy", "session_id", "samples"])
+    samples = {(sid, name): n for sid, name, n in zip(sessions["session_id"], sessions["strategy"], sessions["samples"])}
+    bars = sample_bars(run_dir / "samples.parquet")
+    drift = read_drift(run_dir / "drift.parquet")
+    reasons = _quarantine_reasons(quarantine)
+    codes: dict[str, list[str]] = {"causes": [], "behaviours": []}
+    entries: list[list[Any]] = []
+    drifted: list[list[Any]] = []
+    chunks: list[str] = []
+    pending: list[str] = []
+    pending_bytes = 0
+    for position, sid in enumerate(dict.fromkeys(sessions["session_id"])):
+        detail = session_detail(sid, turns, strategies, bars, drift.get(sid, []) if drift is not None else None)
+        pending.append(_json(sid) + ":" + _json(detail))
+        pending_bytes += len(pending[-1])
+        entries.append(_index_entry(detail, [samples.get((sid, name)) for name in strategies], len(chunks),
+                                    reasons.get(sid), codes))
+        drifted += [[position, d["turn"], d["echo"], _code(d["cause"], codes["causes"]), d["divergence"], d["served_len"]]
+                    for d in detail["drift"] or [] if d["cause"]]
+        if pending_bytes >= CHUNK_BYTES:
+            chunks.append(_pack(pending))
+            pending, pending_bytes = [], 0
+    if pending:
+        chunks.append(_pack(pending))
+    index = {"strategies": strategies, **codes, "sessions": entries, "drifted": drifted,
+             "has_drift_table": drift is not None}
+    return SessionData(index, chunks)
+
+
+class TurnTable:
+    """turns.parquet as plain column lists, with row numbers grouped by session and strategy.
+
+    Plain lists rather than per-session DataFrame filtering: a 10,000-session run has close to
+    a million turn rows, and pandas' per-group overhead would dominate the report's build time.
+    """
+
+    def __init__(self, path: Path):
+        import pyarrow.parquet as pq
+
+        available = set(pq.read_schema(path).names)
+        self.cols = _read_columns(path, TURN_COLUMNS + [c for c in OPTIONAL_TURN_COLUMNS if c in available])
+        rows = len(self.cols["session_id"])
+        for column in OPTIONAL_TURN_COLUMNS:
+            self.cols.setdefault(column, [None] * rows)
+        self.rows: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        for i, (sid, name) in enumerate(zip(self.cols["session_id"], self.cols["strategy"])):
+            self.rows[sid][name].append(i)
+        turn_index = self.cols["turn_index"]
+        for by_strategy in self.rows.values():
+            for numbers in by_strategy.values():
+                numbers.sort(key=turn_index.__getitem__)
+
+
+def session_detail(sid: str, turns: TurnTable, strategies: list[str], bars: dict | None,
+                   drift: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Everything the session page shows: turns, each strategy's timeline and sample bars, drift."""
+    c = turns.cols
+    by_strategy = turns.rows.get(sid, {})
+    first = next(iter(by_strategy.values()), [])
+    detail: dict[str, Any] = {
+        "id": sid,
+        "behaviour": c["behaviour"][first[0]] if first else None,
+        "turns": [{"i": c["turn_index"][r], "tool": c["tool"][r], "gen": c["generated_tokens"][r],
+                   "cause": c["drift_cause"][r], "genuine": c["genuine"][r]} for r in first],
+        "strategies": {},
+        "drift": drift,
+    }
+    for name in strategies:
+        rows = by_strategy.get(name)
+        if not rows:
+            continue
+        sample_list = bars.get((name, sid), []) if bars is not None else None
+        seen = {seg[0] for sample in sample_list or [] for seg in sample["segs"]}
+        detail["strategies"][name] = {
+            "turns": [[c["trained_tokens"][r], c["event"][r], c["prompt_event"][r],
+                       _fate(c["event"][r], c["generated_tokens"][r], c["turn_index"][r], seen, sample_list is not None)]
+                      for r in rows],
+            "samples": sample_list,
+        }
+    return detail
+
+
+def sample_bars(path: Path) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
+    """Per (strategy, session): each sample (by `sample_index`) as run-length segments `[turn, trained, tokens]`.
+
+    `turn` is the producing turn (-1 for context); `trained` is 1 where the token carries loss.
+    Read in batches without the token ids and logprobs, so a large samples.parquet stays cheap.
+    """
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return None
+    out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for batch in pq.ParquetFile(path).iter_batches(columns=SAMPLE_COLUMNS, batch_size=4096):
+        keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
+        for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
+            out[key].append({"i": index, **bar})
+    return {key: sorted(bars, key=lambda bar: bar["i"]) for key, bars in out.items()}
+
+
+def _batch_bars(batch) -> list[dict[str, Any]]:
+    """Run-length segments of every sample of a record batch, computed on the flat token arrays."""
+    source_col, mask_col = batch.column("source_turn"), batch.column("loss_mask")
+    source = source_col.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    bounds = source_col.offsets.to_numpy()
+    mask = mask_col.values.to_numpy(zero_copy_only=False)
+    mask_bounds = mask_col.offsets.to_numpy()
+    trained = np.zeros(len(source), dtype=bool)
+    for row, response in enumerate(batch.column("response_length").to_numpy()):
+        # loss_mask covers the last `response_length` tokens (slime's layout); guard short masks
+        take = int(min(response, bounds[row + 1] - bounds[row], mask_bounds[row + 1] - mask_bounds[row]))
+        if take > 0:
+            trained[bounds[row + 1] - take:bounds[row + 1]] = mask[mask_bounds[row + 1] - take:mask_bounds[row + 1]] > 0
+    trained &= source >= 0
+    key = np.where(source >= 0, source * 2 + trained, -1)
+    starts = np.union1d(np.flatnonzero(np.diff(key)) + 1, bounds[:-1])
+    starts = starts[starts < len(source)]
+    counts = np.diff(np.append(starts, len(source)))
+    segments = np.stack([np.maximum(source[starts], -1), trained[starts], counts], axis=1)
+    cut = np.searchsorted(starts, bounds)
+    running = np.concatenate(([0], np.cumsum(trained)))
+    return [{"n": int(bounds[row + 1] - bounds[row]), "trained": int(running[bounds[row + 1]] - running[bounds[row]]),
+             "segs": segments[cut[row]:cut[row + 1]].tolist()} for row in range(len(bounds) - 1)]
+
+
+def read_drift(path: Path) -> dict[str, list[dict[str, Any]]] | None:
+    """drift.parquet grouped by session, each echoed turn ready for the page (None when absent)."""
+    if not path.exists():
+        return None
+    import pyarrow.parquet as pq
+
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in pq.read_table(path).to_pylist():
+        out[rec["session_id"]].append(_drift_entry(rec))
+    return dict(out)
+
+
+def _drift_entry(rec: dict[str, Any]) -> dict[str, Any]:
+    served, rendered = rec["served_ids"], rec["rendered_ids"]
+    served_to_end = rec["window_start"] + len(rec["shared_ids"]) + len(served) >= rec["served_len"]
+    return {"turn": rec["turn_index"], "echo": rec["echo_turn"], "cause": rec["cause"], "causes": rec["causes"],
+            "token_drift": rec["token_drift"], "divergence": rec["divergence"], "served_len": rec["served_len"],
+            "prompt_len": rec["prompt_len"], "diff": rec["message_diff"], "start": rec["window_start"],
+            "shared": [[i, t] for i, t in zip(rec["shared_ids"], rec["shared_tokens"])],
+            "served": [[i, t] for i, t in zip(served, rec["served_tokens"])],
+            "rendered": [[i, t] for i, t in zip(rendered, rec["rendered_tokens"])],
+            "blocks": align_blocks(served, rendered, served_to_end) if rec["token_drift"] else []}
+
+
+def align_blocks(served: list[int], rendered: list[int], served_to_end: bool) -> list[list[Any]]:
+    """The two sides after the divergence as aligned blocks `[tag, s0, s1, r0, r1]`.
+
+    Tags are difflib's (`equal`, `replace`, `insert`, `delete`), plus `next` for the echo's tokens
+    past the end of what was served (the following turn: context, not drift).
+    """
+    blocks = [list(op) for op in SequenceMatcher(None, served, rendered, autojunk=False).get_opcodes()]
+    if served_to_end and len(blocks) > 1 and blocks[-1][0] == "insert":
+        blocks[-1][0] = "next"
+    return blocks
+
+
+def _fate(event: str, generated: int, turn: int, seen: set[int], know_samples: bool) -> str:
+    """trained / partly / context (its tokens only travel as context) / dropped / empty / untrained."""
+    if event == "trained":
+        return "trained"
+    if event == "partly_trained":
+        return "partly"
+    if generated == 0:
+        return "empty"
+    if not know_samples:
+        return "untrained"
+    return "context" if turn in seen else "dropped"
+
+
+def _index_entry(detail: dict[str, Any], samples: list[int | None], chunk: int, quarantined: str | None,
+                 codes: dict[str, list[str]]) -> list[Any]:
+    """[id, behaviour code, turns, cause codes, samples per strategy, chunk, quarantine reason]."""
+    causes = sorted({_code(t["cause"], codes["causes"]) for t in detail["turns"] if t["cause"]})
+    return [detail["id"], _code(detail["behaviour"] or "", codes["behaviours"]), len(detail["turns"]), causes, samples,
+            chunk, quarantined]
+
+
+def _code(value: str, table: list[str]) -> int:
+    """Index of `value` in `table`, appended when new (keeps repeated strings out of the index)."""
+    if value not in table:
+        table.append(value)
+    return table.index(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _pack(members: list[str]) -> str:
+    """One chunk: the JSON object `{session_id: detail, ...}`, gzip-compressed, base64-encoded."""
+    raw = ("{" + ",".join(members) + "}").encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def _read_columns(path: Path, columns: list[str]) -> dict[str, list[Any]]:
+    """The columns as lists; a table written empty (every session quarantined) has none of them."""
+    import pyarrow.parquet as pq
+
+    present = set(pq.read_schema(path).names)
+    if not set(columns) <= present:
+        return {c: [] for c in columns}
+    return pq.read_table(path, columns=columns).to_pydict()
+
+
+def _quarantine_reasons(quarantine: pd.DataFrame) -> dict[str, str]:
+    if quarantine is None or not len(quarantine):
+        return {}
+    first = quarantine.dropna(subset=["session_id"]).drop_duplicates("session_id")
+    return dict(zip(first["session_id"], first["reason"]))
+
+
+def iter_chunk_sessions(chunk: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Decode one chunk the way the page does (used by tests and by readers of report.html)."""
+    yield from json.loads(gzip.decompress(base64.b64decode(chunk))).items()
