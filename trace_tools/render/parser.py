@@ -1,6 +1,8 @@
 """Parse generated text into an OpenAI-style assistant message.
 
-Two tool-call formats exist among the Qwen templates:
+The Qwen formats live here; GLM-4.5, DeepSeek V3, gpt-oss (harmony) and Llama 3.1 outputs are
+parsed by `family_parsers` (`parse_response_text` dispatches on `fmt`). Two tool-call formats exist
+among the Qwen templates:
 
 * `json` (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
 * `xml` (Qwen3-Coder / Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
@@ -32,14 +34,21 @@ _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 def parse_response_text(text: str, *, fmt: str | None, tools: Sequence[dict] | None = None,
                         reasoning_open: bool = False, stop_strings: Sequence[str] = STOP_STRINGS) -> ParsedResponse:
-    """Split `text` into reasoning, content and tool calls (`fmt` "json", "xml" or None for none)."""
-    text = strip_stop(text, stop_strings)
-    reasoning, rest = split_reasoning(text, reasoning_open)
+    """Split `text` into reasoning, content and tool calls.
+
+    `fmt` is a tool-call format (`families.TOOL_FORMATS`: json, xml, glm, deepseek, harmony,
+    llama) or None for a template without tool calls (then only reasoning is split off).
+    """
+    from trace_tools.render.family_parsers import PARSERS
+
     errors: list[str] = []
-    if fmt in ("json", "xml"):
-        content, calls = _split_calls(rest, fmt, tools, errors)
+    if fmt == "harmony":  # the stop token (<|call|> or <|return|>) is also the last message's terminator
+        reasoning, content, calls, errors = PARSERS[fmt](text, tools)
+    elif fmt in PARSERS:
+        reasoning, content, calls, errors = PARSERS[fmt](strip_stop(text, stop_strings), tools)
     else:
-        content, calls = rest, []
+        reasoning, rest = split_reasoning(strip_stop(text, stop_strings), reasoning_open)
+        content, calls = _split_calls(rest, fmt, tools, errors) if fmt in ("json", "xml") else (rest, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning_content"] = reasoning
@@ -121,7 +130,7 @@ def _parse_json_call(body: str) -> dict | str:
             return "tool call arguments are a string that is not JSON"
     if not isinstance(arguments, dict):
         return "tool call arguments are not a JSON object"
-    return _tool_call(payload["name"], arguments)
+    return tool_call(payload["name"], arguments)
 
 
 def _parse_xml_call(body: str, tools: Sequence[dict] | None) -> dict | str:
@@ -136,7 +145,7 @@ def _parse_xml_call(body: str, tools: Sequence[dict] | None) -> dict | str:
         arguments[key] = convert_parameter(_trim_format_newlines(parameter.group(2)), properties.get(key))
     if _XML_PARAMETER.sub("", inner).strip():
         return f"tool call {name!r} has text outside <parameter=...> blocks"
-    return _tool_call(name, arguments)
+    return tool_call(name, arguments)
 
 
 def _trim_format_newlines(value: str) -> str:
@@ -148,7 +157,8 @@ def _trim_format_newlines(value: str) -> str:
     return value
 
 
-def _tool_call(name: str, arguments: dict) -> dict:
+def tool_call(name: str, arguments: dict) -> dict:
+    """A parsed call in OpenAI form, arguments as a dict."""
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 

@@ -30,6 +30,8 @@ from trace_tools.simulate.gateway import RECORDINGS
 __all__ = ["BEHAVIOURS", "FAMILIES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
 HARNESS = "trace-tools simulate"
+# The day the simulated gateway renders on (gpt-oss's template stamps it into every prompt).
+RENDER_DATE = "2025-03-03"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -41,7 +43,8 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     Args:
         sessions: how many sessions (>= 1).
         seed: everything is a function of (seed, arguments): same arguments, same rows.
-        template: `qwen3` (JSON tool calls) or `qwen3.5` (XML tool calls).
+        template: a model family (`FAMILIES`): `qwen3` (JSON tool calls), `qwen3.5` (XML tool
+            calls), `glm4.5`, `deepseek-v3`, `gpt-oss` or `llama3.1`.
         behaviours: recipes; each entry is a behaviour name or several joined by `+` (one
             session combines them). Sessions cycle through the entries. None cycles through
             every behaviour alone and then a few mixes.
@@ -75,7 +78,7 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, family.template)
+    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
     ctx = SimContext(seed, family, renderer, recording, max_turns)
     built = []
     for index in range(sessions):
@@ -85,7 +88,7 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
                  "recording": recording, "max_turns": max_turns}
     meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
                     history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
-                    extra={"simulator": json.dumps(arguments), "recording": recording})
+                    extra={"simulator": json.dumps(arguments), "recording": recording, "render_date": RENDER_DATE})
     for session in built:
         session.meta = meta
     return built, meta
