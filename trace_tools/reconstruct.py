@@ -48,18 +48,19 @@ class ReconstructResult:
 
 
 def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str | None = None,
-                canonicalization: str = "slime", renderer: Any = None) -> ReconstructResult:
+                canonicalization: str = "slime", renderer: Any = None, tool_format: str | None = None) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
     `dump` is a path (read with `trace_tools.io.load.load`), an already loaded dump (anything with
     `.sessions` and `.meta`), or a list of `Session`s. `tokenizer` / `chat_template` override the
-    dump's metadata; `renderer` (any RendererLike) skips resolution altogether.
+    dump's metadata, `tool_format` the detected tool-call format; `renderer` (any RendererLike)
+    skips resolution altogether.
     """
     sessions, meta, quarantined = _sessions_and_meta(dump, tokenizer, chat_template)
     if renderer is None:
         from trace_tools.render.renderer import Renderer
 
-        renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=meta)
+        renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=meta, tool_format=tool_format)
     rows = [turn_fidelity(renderer, turn, canonicalization) for session in sessions for turn in session.turns]
     turns = pd.DataFrame(rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
     identity = dict(getattr(renderer, "identity", {}) or {})

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from trace_tools.data import QuarantineEntry, Session
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError, UnknownName, UnusableInput
+from trace_tools.render.families import TOOL_FORMATS
 from trace_tools.replay import rundir
 from trace_tools.replay.turnrows import extra_counters, sample_rows, session_row, turn_rows
 from trace_tools.strategies.base import ReplayContext, available_strategies, get_strategy
@@ -34,6 +35,7 @@ class ReplayOptions:
     canonicalization: str = "slime"
     params: dict[str, Any] = field(default_factory=dict)
     write_samples: bool = True
+    tool_format: str | None = None
 
     def fingerprint(self, dump: str) -> str:
         blob = json.dumps({"dump": dump, **asdict(self)}, sort_keys=True, default=str)
@@ -72,16 +74,21 @@ def default_run_dir(dump: Path) -> Path:
 def replay(dump: str | Path | None = None, *, out: str | Path | None = None, strategies: Iterable[str] | None = None,
            prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
            canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
-           progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """Replay a dump through strategies and write the run directory; returns the run summary."""
+           progress: Callable[[int, int], None] | None = None, tool_format: str | None = None) -> RunResult:
+    """Replay a dump through strategies and write the run directory; returns the run summary.
+
+    `tool_format` overrides the tool-call format detected from the chat template (`--tool-format`).
+    """
     dump_path = Path(dump) if dump is not None else default_dump()
     names = list(strategies or available_strategies())
     for name in names:
         get_strategy(name)  # fail fast on an unknown name, before any work
     if prompt_source not in ("auto", "recorded", "rendered"):
         raise TraceToolsError(f"--prompt-source must be auto, recorded or rendered, not {prompt_source!r}")
+    if tool_format is not None and tool_format not in TOOL_FORMATS:
+        raise UnknownName("tool-call format", tool_format, TOOL_FORMATS)
     options = ReplayOptions(names, prompt_source, tokenizer, _template_arg(chat_template), canonicalization,
-                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples)
+                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples, tool_format)
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     loaded = _load(dump_path, options)
     rundir.prepare(run_dir, options.fingerprint(str(dump_path.resolve())))
@@ -130,7 +137,8 @@ class _Renderers:
             return None
         from trace_tools.render.renderer import Renderer
 
-        return Renderer.from_spec(tokenizer, self.options.chat_template, dump_meta=meta)
+        return Renderer.from_spec(tokenizer, self.options.chat_template, dump_meta=meta,
+                                  tool_format=self.options.tool_format)
 
     def identities(self) -> list[dict]:
         return [r.identity for r in self._cache.values() if r is not None]

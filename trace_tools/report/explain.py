@@ -39,14 +39,15 @@ class Explanation:
 
 def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strategy: str | None = None,
             tokenizer: str | None = None, chat_template: str | None = None, prompt_source: str = "auto",
-            canonicalization: str = "slime", context: int = 8) -> Explanation:
+            canonicalization: str = "slime", context: int = 8, tool_format: str | None = None) -> Explanation:
     """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted one)."""
     from trace_tools.render.renderer import Renderer
     from trace_tools.strategies.base import ReplayContext
     from trace_tools.strategies.prepare import prepare_turn
 
     session = _find_session(dump, session_id, tokenizer)
-    renderer = Renderer.from_spec(tokenizer or session.meta.tokenizer, chat_template, dump_meta=session.meta)
+    renderer = Renderer.from_spec(tokenizer or session.meta.tokenizer, chat_template, dump_meta=session.meta,
+                                  tool_format=tool_format)
     ctx = ReplayContext(renderer, canonicalization, prompt_source)
     prepared = {t.turn_index: prepare_turn(t, ctx) for t in session.turns}
     findings = find_drift(session, prepared, renderer)

@@ -30,7 +30,8 @@ from trace_tools.simulate.gateway import RECORDINGS
 __all__ = ["BEHAVIOURS", "FAMILIES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
 HARNESS = "trace-tools simulate"
-# The day the simulated gateway renders on (gpt-oss's template stamps it into every prompt).
+# The day the simulated gateway renders on; a dump whose template stamps the date into its prompts
+# (gpt-oss) names it in `trace_tools.render_date`, so replay renders the same day.
 RENDER_DATE = "2025-03-03"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -74,11 +75,14 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
                       recording: str, max_turns: int = 40) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
+    from trace_tools.render.families import pin_clock
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
+    dated = {"render_date": RENDER_DATE}
+    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra=dated))
+    dated = dated if renderer.chat_template != pin_clock(renderer.chat_template, RENDER_DATE) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns)
     built = []
     for index in range(sessions):
@@ -88,7 +92,7 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
                  "recording": recording, "max_turns": max_turns}
     meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
                     history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
-                    extra={"simulator": json.dumps(arguments), "recording": recording, "render_date": RENDER_DATE})
+                    extra={"simulator": json.dumps(arguments), "recording": recording, **dated})
     for session in built:
         session.meta = meta
     return built, meta
