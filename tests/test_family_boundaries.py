@@ -43,6 +43,22 @@ def test_gpt_oss_closer_depends_on_what_ends_the_reply():
     assert closers.ending(continued[:continued.rindex("<|start|>user")]) == "<|end|>"
 
 
+def test_gpt_oss_rewrite_after_a_call_is_anchored_on_a_call():
+    """A final answer among the appended messages drops the stored call's analysis (a rewrite), and
+    gpt-oss refuses tool results after the plain text anchor: the anchor becomes a call to the same tool."""
+    from trace_tools.render.boundary import split_extension
+
+    renderer = _renderer("gpt-oss")
+    call = {"role": "assistant", "content": "", "reasoning_content": "Look at it first.", "tool_calls": [
+        {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "/r/a.py"}}}]}
+    path = [{"role": "user", "content": "fix it"}, call]
+    appended = [{"role": "tool", "content": "1: x = 1"}, {"role": "assistant", "content": "I was cut"},
+                {"role": "user", "content": "go on"}]
+    closer, tail, rewritten = split_extension(renderer, path, appended, None, {}, Closers.probe(renderer, None, {}))
+    assert rewritten and closer == "<|call|>"
+    assert tail.startswith("<|start|>functions.Read to=assistant") and tail.endswith("<|start|>assistant")
+
+
 def test_join_rules():
     im_end, newline, user, obs, ret, end = 1, 2, 3, 4, 5, 6
     # ChatML: the served <|im_end|> is the closer's head; only "\n" is added.

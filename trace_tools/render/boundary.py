@@ -19,7 +19,8 @@ and checked against the real render every time (`Closers.ending`):
 
 When the template re-renders earlier turns (the extended render does not start with the stored
 path's render), the tail comes from an *anchored* render: the appended messages after a minimal
-user question and a unique assistant reply, cut after that reply's closer, and checked to be
+user question and a unique assistant reply (a text reply, or a call to the stored reply's tool when
+the template wants a call before tool results), cut after that reply's closer, and checked to be
 exactly how the real extended render ends.
 """
 from __future__ import annotations
@@ -27,11 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from trace_tools.errors import ReplayError
+
 # Probe bodies whose last characters differ, so the common suffix of two renders is the closer.
 PROBE_A = "boundary probe, body one ends in A"
 PROBE_B = "boundary probe, body two ends in Z"
 ANCHOR_USER = "boundary anchor question"
 ANCHOR_BODY = "boundary anchor reply 5e0c9d"
+# What a renderer raises when a template refuses some messages: our wrapper of Jinja's errors, or
+# the TypeError / ValueError a filter throws.
+RENDER_ERRORS = (ReplayError, TypeError, ValueError)
 
 
 class BoundaryUnverified(Exception):
@@ -76,7 +82,7 @@ class Closers:
             followed = _common_suffix(*(renderer.render_text([*_probe_chat(body), {"role": "user", "content": ANCHOR_USER}],
                                                              tools, False, **kwargs) for body in (PROBE_A, PROBE_B)))
             ends.append(_first_token_text(renderer, followed))
-        except Exception:  # a template that refuses two user turns: the plain probe must do
+        except RENDER_ERRORS:  # a template that refuses two user turns: the plain probe must do
             pass
         ordered = sorted({token for token in ends if token}, key=len, reverse=True)
         return cls(True, tuple(ordered), last[len(first):])
@@ -96,20 +102,48 @@ class Closers:
 
 
 def anchored_tail(renderer: Any, appended: Sequence[dict], tools: Sequence[dict] | None, kwargs: dict,
-                  closers: Closers, after: str) -> str:
-    """The appended messages' text when the template rewrote earlier turns (see the module docstring)."""
-    base = [{"role": "user", "content": ANCHOR_USER}, {"role": "assistant", "content": ANCHOR_BODY}]
-    text = renderer.render_text([*base, *appended], tools, True, **kwargs)
+                  closers: Closers, after: str, last: dict | None = None) -> str:
+    """The appended messages' text when the template rewrote earlier turns (see the module docstring).
+
+    The anchor reply is plain text; where the template refuses tool results after a text reply
+    (gpt-oss) and the stored path ends with a call (`last`), the anchor reply is a call to the
+    same tool instead, its arguments carrying the anchor text.
+    """
+    for base in _anchors(appended, last):
+        try:
+            text = renderer.render_text([*base, *appended], tools, True, **kwargs)
+        except RENDER_ERRORS:
+            continue
+        tail = _after_anchor(text, closers)
+        if tail is not None and after.endswith(tail) and closers.ending(after[:len(after) - len(tail)]) is not None:
+            return tail
+    raise BoundaryUnverified("no anchored render ends the way the full render does")
+
+
+def _anchors(appended: Sequence[dict], last: dict | None) -> list[list[dict]]:
+    user = {"role": "user", "content": ANCHOR_USER}
+    anchors = [[user, {"role": "assistant", "content": ANCHOR_BODY}]]
+    calls = (last or {}).get("tool_calls") or []
+    if appended and appended[0].get("role") == "tool" and calls and isinstance(calls[0], dict):
+        name = (calls[0].get("function") or {}).get("name")
+        call = {"type": "function", "function": {"name": name, "arguments": {"anchor": ANCHOR_BODY}}}
+        anchors.append([user, {"role": "assistant", "content": "", "tool_calls": [call]}])
+    return anchors
+
+
+def _after_anchor(text: str, closers: Closers) -> str | None:
+    """The text after the closer that ends the anchor reply, or None."""
     if text.count(ANCHOR_BODY) != 1:
-        raise BoundaryUnverified("the anchor reply does not occur exactly once in the anchored render")
+        return None
     start = text.index(ANCHOR_BODY) + len(ANCHOR_BODY)
-    closer = closers.starting(text, start)
-    if closer is None:
-        raise BoundaryUnverified("the anchor reply is not followed by a closer")
-    tail = text[start + len(closer):]
-    if not after.endswith(tail) or closers.ending(after[:len(after) - len(tail)]) is None:
-        raise BoundaryUnverified("the anchored tail is not how the full render ends")
-    return tail
+    if not closers.writes_closer:
+        return text[start:]
+    found = [(text.find(end + closers.glue_after, start), end + closers.glue_after) for end in closers.end_tokens]
+    found = [(position, closer) for position, closer in found if position >= 0]
+    if not found:
+        return None
+    position, closer = min(found, key=lambda item: (item[0], -len(item[1])))
+    return text[position + len(closer):]
 
 
 def split_extension(renderer: Any, path: Sequence[dict], appended: Sequence[dict], tools: Sequence[dict] | None,
@@ -122,7 +156,8 @@ def split_extension(renderer: Any, path: Sequence[dict], appended: Sequence[dict
     before = renderer.render_text(list(path), tools, False, **kwargs)
     after = renderer.render_text([*path, *appended], tools, True, **kwargs)
     rewritten = not after.startswith(before)
-    tail = anchored_tail(renderer, appended, tools, kwargs, closers, after) if rewritten else after[len(before):]
+    tail = anchored_tail(renderer, appended, tools, kwargs, closers, after, path[-1] if path else None) \
+        if rewritten else after[len(before):]
     closer = closers.ending(after[:len(after) - len(tail)])
     if closer is None:
         raise BoundaryUnverified("the stored path does not end with a closer the template writes", "close_unresolved")

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trace_tools.data import Sample
-from trace_tools.errors import ReplayError
 from trace_tools.render.base import RendererLike
-from trace_tools.render.boundary import BoundaryUnverified, Closers, join, split_extension
+from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
 from trace_tools.strategies.restore_core import drop_schema_defaults, strip_trailing_ws, tool_defaults
 
@@ -38,9 +37,6 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _VIEW_KEYS = frozenset(("role", "content", "tool_calls", *REASONING_KEYS))
 
 EQUAL, ECHO = "equal", "echo"
-# What a renderer raises when a template cannot render some messages: our own wrapper, or the
-# TypeError / ValueError a Jinja filter throws (e.g. `|items` over string tool arguments).
-RENDER_ERRORS = (ReplayError, TypeError, ValueError)
 
 
 # -- echo equivalence ------------------------------------------------------------------------
