@@ -93,13 +93,18 @@ def _text_arguments(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+def stamps_date(template: str) -> bool:
+    """True when the template renders the current date (`strftime_now(...)`)."""
+    return bool(_CLOCK_CALL.search(template))
+
+
 def pin_clock(template: str, render_date: str | None) -> str:
     """`template` with every `strftime_now(FORMAT)` call replaced by `render_date` in that format.
 
     `render_date` is ISO (`YYYY-MM-DD`); None leaves the template alone (it renders today's date,
     as `apply_chat_template` does).
     """
-    if not render_date or "strftime_now" not in template:
+    if not render_date or not stamps_date(template):
         return template
     day = datetime.strptime(render_date, "%Y-%m-%d")
     return _CLOCK_CALL.sub(lambda match: json.dumps(day.strftime(match.group(2))), template)

@@ -37,7 +37,7 @@ from typing import Any, Iterator, Sequence
 from trace_tools.errors import UnknownName
 
 # Bump when the recipe changes, so stale cached tokenizer.json files are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 1
 
 _QWEN3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")

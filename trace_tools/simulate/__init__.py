@@ -75,14 +75,13 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
                       recording: str, max_turns: int = 40) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
-    from trace_tools.render.families import pin_clock
+    from trace_tools.render.families import stamps_date
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    dated = {"render_date": RENDER_DATE}
-    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra=dated))
-    dated = dated if renderer.chat_template != pin_clock(renderer.chat_template, RENDER_DATE) else {}
+    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
+    dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns)
     built = []
     for index in range(sessions):
