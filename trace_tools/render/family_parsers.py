@@ -30,7 +30,8 @@ import json
 import re
 from typing import Any, Sequence
 
-from trace_tools.render.parser import THINK_CLOSE, THINK_OPEN, convert_parameter, schema_properties, tool_call
+from trace_tools.render.parser import (THINK_CLOSE, THINK_OPEN, collect_calls, convert_parameter, schema_properties,
+                                      tool_call)
 
 Parsed = tuple[str, str, list[dict], list[str]]
 
@@ -44,19 +45,8 @@ def parse_glm(text: str, tools: Sequence[dict] | None) -> Parsed:
     start = rest.find("<tool_call>")
     if start < 0:
         return reasoning, rest.strip(), [], []
-    calls, errors, stray = [], [], [rest[:start]]
-    position = start
-    for block in _GLM_CALL.finditer(rest, start):
-        stray.append(rest[position:block.start()])
-        call = _glm_call(block.group(1), tools)
-        if isinstance(call, str):
-            errors.append(call)
-            stray.append(block.group(0))
-        else:
-            calls.append(call)
-        position = block.end()
-    stray.append(rest[position:])
-    return reasoning, _content_and_leftovers(stray, ("<tool_call>", "</tool_call>"), errors), calls, errors
+    calls, errors, stray = collect_calls(rest, _GLM_CALL, lambda body: _glm_call(body, tools), start)
+    return reasoning, _content(rest[:start], stray, ("<tool_call>", "</tool_call>"), errors), calls, errors
 
 
 def _glm_call(body: str, tools: Sequence[dict] | None) -> dict | str:
@@ -90,24 +80,13 @@ def parse_deepseek(text: str, tools: Sequence[dict] | None) -> Parsed:
     if start < 0:
         return reasoning, rest.strip(), [], []
     end = rest.find(DS_CALLS_END, start)
-    section = rest[start + len(DS_CALLS_BEGIN):end if end >= 0 else len(rest)]
-    calls, errors, stray = [], [], [rest[:start]]
-    position = 0
-    for block in _DS_CALL.finditer(section):
-        stray.append(section[position:block.start()].strip("\n"))
-        call = _deepseek_call(block.group(1))
-        if isinstance(call, str):
-            errors.append(call)
-            stray.append(block.group(0))
-        else:
-            calls.append(call)
-        position = block.end()
-    stray.append(section[position:])
+    calls, errors, stray = collect_calls(rest, _DS_CALL, _deepseek_call, start + len(DS_CALLS_BEGIN),
+                                         end if end >= 0 else None)
     if end < 0:
         errors.append("unterminated <｜tool▁calls▁begin｜>")
     else:
-        stray.append(rest[end + len(DS_CALLS_END):])
-    return reasoning, _content_and_leftovers(stray, _DS_MARKERS, errors), calls, errors
+        stray += rest[end + len(DS_CALLS_END):]
+    return reasoning, _content(rest[:start], stray, _DS_MARKERS, errors), calls, errors
 
 
 def _deepseek_reasoning(text: str) -> tuple[str, str]:
@@ -248,9 +227,9 @@ def _json_call(name: str, arguments_text: str, family: str) -> dict | str:
     return tool_call(name, arguments)
 
 
-def _content_and_leftovers(stray: list[str], markers: Sequence[str], errors: list[str]) -> str:
+def _content(head: str, stray: str, markers: Sequence[str], errors: list[str]) -> str:
     """The content: the text before the first call, plus whatever was not a well-formed call."""
-    content, rest = stray[0].strip(), "".join(stray[1:]).strip()
+    content, rest = head.strip(), stray.strip()
     if any(marker in rest for marker in markers) and not errors:
         errors.append("unterminated tool call")
     return f"{content}\n{rest}" if content and rest else content or rest

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.render.base import ParsedResponse
 
@@ -90,25 +90,37 @@ def _split_calls(text: str, fmt: str, tools: Sequence[dict] | None, errors: list
     # "\n\n" after trimmed content (xml).
     content = text[:start]
     content = content.strip() if fmt == "xml" else _drop_one_newline(content)
-    calls, leftovers = [], []
-    position = start
-    for block in _CALL_BLOCK.finditer(text, start):
-        leftovers.append(text[position:block.start()])
-        call = _parse_json_call(block.group(1)) if fmt == "json" else _parse_xml_call(block.group(1), tools)
-        if isinstance(call, str):
-            errors.append(call)
-            leftovers.append(block.group(0))
-        else:
-            calls.append(call)
-        position = block.end()
-    leftovers.append(text[position:])
-    stray = "".join(leftovers)
+    parse = _parse_json_call if fmt == "json" else (lambda body: _parse_xml_call(body, tools))
+    calls, bad, stray = collect_calls(text, _CALL_BLOCK, parse, start)
+    errors.extend(bad)
     if CALL_OPEN in stray or CALL_CLOSE in stray:
         errors.append("unterminated <tool_call>")
     if stray.strip():
         # Keep whatever was not a well-formed call (raw text of a bad call included).
         content = f"{content}\n{stray.strip()}" if content else stray.strip()
     return content, calls
+
+
+def collect_calls(text: str, block: re.Pattern, parse: Callable[[str], dict | str], start: int = 0,
+                  end: int | None = None) -> tuple[list[dict], list[str], str]:
+    """Parse every `block` match (its group 1) in `text[start:end]`.
+
+    Returns (calls, errors, stray): stray is the text between and around the calls, with the raw
+    text of each block that did not parse kept in place.
+    """
+    end = len(text) if end is None else end
+    calls, errors, stray, position = [], [], [], start
+    for match in block.finditer(text, start, end):
+        stray.append(text[position:match.start()])
+        call = parse(match.group(1))
+        if isinstance(call, str):
+            errors.append(call)
+            stray.append(match.group(0))
+        else:
+            calls.append(call)
+        position = match.end()
+    stray.append(text[position:end])
+    return calls, errors, "".join(stray)
 
 
 def _drop_one_newline(text: str) -> str:
