@@ -211,7 +211,8 @@ def test_the_engine_writes_the_run_directory_columns(dump_path, tmp_path):
     run = replay(dump_path, out=tmp_path / "run", strategies=["checkpoint-tree"])
     assert run.quarantined == 0
     fidelity = run.summary["prompt_fidelity"]  # every recorded prompt of every behaviour re-renders exactly
-    assert fidelity["turns_compared"] == len(pd.read_parquet(tmp_path / "run" / "turns.parquet")) and fidelity["rate"] == 1.0
+    assert fidelity["turns_compared"] == len(pd.read_parquet(tmp_path / "run" / "turns.parquet"))
+    assert fidelity["rate"] == 1.0
     sessions = pd.read_parquet(tmp_path / "run" / "sessions.parquet")
     assert (sessions["samples"] == sessions["ideal_samples"]).all()
     assert sessions["trimmed_leaves"].sum() == sessions["behaviours"].map(lambda b: "retry" in b).sum()

@@ -34,8 +34,8 @@ def test_gpt_oss_closer_depends_on_what_ends_the_reply():
     renderer = _renderer("gpt-oss")
     closers = Closers.probe(renderer, None, {})
     user = {"role": "user", "content": "u"}
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "Bash",
-                                                                                                  "arguments": {"command": "ls"}}}]}
+    bash = {"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}
+    call = {"role": "assistant", "content": "", "tool_calls": [bash]}
     answer = {"role": "assistant", "content": "done"}
     assert closers.ending(renderer.render_text([user, call], None, False)) == "<|call|>"
     assert closers.ending(renderer.render_text([user, answer], None, False)) == "<|return|>"

@@ -48,7 +48,8 @@ class ReconstructResult:
 
 
 def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str | None = None,
-                canonicalization: str = "slime", renderer: Any = None, tool_format: str | None = None) -> ReconstructResult:
+                canonicalization: str = "slime", renderer: Any = None,
+                tool_format: str | None = None) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
     `dump` is a path (read with `trace_tools.io.load.load`), an already loaded dump (anything with

@@ -64,7 +64,7 @@ class Closers:
     glue_after: str
 
     @classmethod
-    def probe(cls, renderer: Any, tools: Sequence[dict] | None, kwargs: dict) -> "Closers":
+    def probe(cls, renderer: Any, tools: Sequence[dict] | None, kwargs: dict) -> Closers:
         """Derive the closers from two pairs of renders that differ only in a reply's last character.
 
         The reply as the last message gives the closer the template writes there; followed by a
@@ -92,13 +92,6 @@ class Closers:
         if not self.writes_closer:
             return ""
         return next((end + self.glue_after for end in self.end_tokens if text.endswith(end + self.glue_after)), None)
-
-    def starting(self, text: str, position: int) -> str | None:
-        """The closer that starts at `position` in `text`, or None."""
-        if not self.writes_closer:
-            return ""
-        return next((end + self.glue_after for end in self.end_tokens
-                     if text.startswith(end + self.glue_after, position)), None)
 
 
 def anchored_tail(renderer: Any, appended: Sequence[dict], tools: Sequence[dict] | None, kwargs: dict,
@@ -156,8 +149,10 @@ def split_extension(renderer: Any, path: Sequence[dict], appended: Sequence[dict
     before = renderer.render_text(list(path), tools, False, **kwargs)
     after = renderer.render_text([*path, *appended], tools, True, **kwargs)
     rewritten = not after.startswith(before)
-    tail = anchored_tail(renderer, appended, tools, kwargs, closers, after, path[-1] if path else None) \
-        if rewritten else after[len(before):]
+    if rewritten:
+        tail = anchored_tail(renderer, appended, tools, kwargs, closers, after, path[-1] if path else None)
+    else:
+        tail = after[len(before):]
     closer = closers.ending(after[:len(after) - len(tail)])
     if closer is None:
         raise BoundaryUnverified("the stored path does not end with a closer the template writes", "close_unresolved")
