@@ -1,4 +1,4 @@
-"""checkpoint-tree with the real Qwen3 / Qwen3.5 renderers on simulated dumps, against the
+"""checkpoint-tree with every model family's real renderer on simulated dumps, against the
 simulator's ground truth (`genuine`, `ideal_samples`, `ideal_forwarded_tokens`, `branch`,
 `template_rewrite` in each row's metadata)."""
 from __future__ import annotations
@@ -9,14 +9,20 @@ import pytest
 
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
-# The target of the issue: every genuine generation trained, forwarded tokens within 10 % of the
-# ideal manager's (each genuine branch forwarded once) on every behaviour row.
-FORWARD_BOUND = 1.1
+# The target: every genuine generation trained, forwarded tokens within 5 % of the ideal manager's
+# (each genuine branch forwarded once) on every behaviour row, in every model family.
+FORWARD_BOUND = 1.05
+FAMILIES = ("qwen3", "qwen3.5", "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")
+# Which simulated events make each template re-render earlier turns (the anchored renders): a new
+# user message drops earlier reasoning (Qwen, GLM); a final answer in the history drops gpt-oss's
+# earlier analysis (a truncated reply parses as one); DeepSeek V3 and Llama 3.1 render every
+# message the same whatever follows.
+MIN_ANCHORED = {"qwen3": 2, "qwen3.5": 2, "glm4.5": 2, "gpt-oss": 1, "deepseek-v3": 0, "llama3.1": 0}
 LINEAR_ONLY = {"byte-exact", "claude-code", "json-reserialize", "reasoning-dropped", "reasoning-rekeyed",
                "streaming", "retry", "truncation", "noncanonical-tokenization"}
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3.5"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def dump_path(request, tmp_path_factory):
     """Every behaviour alone and the default mixes (16 sessions, up to 14 turns) as Parquet."""
     from trace_tools.simulate import simulate
@@ -149,7 +155,7 @@ def test_superseded_retries_are_the_trimmed_turns(replayed):
         assert not superseded & set(trained_by_turn(result))
 
 
-def test_anchored_renders_are_exactly_the_template_rewrites(replayed):
+def test_anchored_renders_are_exactly_the_template_rewrites(replayed, dump_path):
     anchored = 0
     for session, result in replayed:
         for turn in session.turns:
@@ -158,19 +164,23 @@ def test_anchored_renders_are_exactly_the_template_rewrites(replayed):
                 assert (event == "anchored") == turn.metadata["template_rewrite"], (session.session_id, turn.turn_index)
                 anchored += event == "anchored"
         assert result.counters["resets"] == 0
-    assert anchored >= 2  # truncation nudges and compaction requests both rewrite history
+    minimum = MIN_ANCHORED[dump_path.stem]
+    assert anchored >= minimum if minimum else anchored == 0
 
 
-def test_byte_exact_prompts_equal_the_recorded_full_renders(replayed):
+def test_byte_exact_prompts_equal_the_recorded_full_renders(replayed, dump_path):
     exact = [(s, r) for s, r in replayed if behaviours(s) == "byte-exact"]
     assert exact
     for session, result in exact:
-        assert result.counters["counterfactual_prompts"] == 0
+        # DeepSeek V3's full render drops the served reasoning (and its own generation-prompt
+        # markers), so every extended prompt, which keeps the served ids, differs from it.
+        differing = len(session.turns) - 1 if dump_path.stem == "deepseek-v3" else 0
+        assert result.counters["counterfactual_prompts"] == differing
         assert result.counters["restored_echoes"] == 0
         assert len(session.turns) > 2 and result.counters["healed_turns"] == len(session.turns) - 1
 
 
-@pytest.mark.parametrize("template", ["qwen3", "qwen3.5"])
+@pytest.mark.parametrize("template", FAMILIES)
 def test_turns_the_simulated_linear_gateway_healed_get_its_exact_prompt_ids(template):
     """Two implementations of splicing: the simulator's linear recording gateway and ours."""
     from trace_tools.render.renderer import Renderer
@@ -200,6 +210,9 @@ def test_the_engine_writes_the_run_directory_columns(dump_path, tmp_path):
 
     run = replay(dump_path, out=tmp_path / "run", strategies=["checkpoint-tree"])
     assert run.quarantined == 0
+    fidelity = run.summary["prompt_fidelity"]  # every recorded prompt of every behaviour re-renders exactly
+    assert fidelity["turns_compared"] == len(pd.read_parquet(tmp_path / "run" / "turns.parquet"))
+    assert fidelity["rate"] == 1.0
     sessions = pd.read_parquet(tmp_path / "run" / "sessions.parquet")
     assert (sessions["samples"] == sessions["ideal_samples"]).all()
     assert sessions["trimmed_leaves"].sum() == sessions["behaviours"].map(lambda b: "retry" in b).sum()

@@ -166,7 +166,8 @@ def test_family_reasoning_and_stop_tokens():
     qwen3, qwen35 = _renderer("qwen3"), _renderer("qwen3.5")
     assert (qwen3.family, qwen3.tool_format) == ("qwen3", "json")
     assert (qwen35.family, qwen35.tool_format) == ("qwen3.5", "xml")
-    assert detect_tool_format(resolve_template("trl:llama3_1")[0]) is None
+    assert detect_tool_format(resolve_template("trl:llama3_1")[0]) == "llama"
+    assert detect_tool_format(resolve_template("trl:llama3")[0]) is None  # Llama 3.0: no tool calls
     assert qwen35.reasoning_open() and not qwen35.reasoning_open(enable_thinking=False)
     assert not qwen3.reasoning_open()
     assert qwen3.eos_token_id == 151645 and qwen35.eos_token_id == 248046

@@ -114,7 +114,9 @@ def test_family_table():
     assert family_for(ToyRenderer(family="qwen3"), "default").name == "default"
     with pytest.raises(UnknownName):
         family_for(ToyRenderer(), "glm99")
-    assert all(f.max_trim_tokens == 0 for f in FAMILIES.values())
+    assert family_for(ToyRenderer(family="glm4.5")).name == "glm47"
+    assert all(f.max_trim_tokens == 0 for name, f in FAMILIES.items() if name != "glm47")
+    assert FAMILIES["glm47"].max_trim_tokens == 1 and "<|observation|>" in FAMILIES["glm47"].dropped_boundaries
     assert "system" not in FAMILIES["qwen35"].allowed_append_roles
     assert "system" in FAMILIES["qwen3"].allowed_append_roles
     assert dict(FAMILIES["qwen35"].extra_kwargs) == {"clear_thinking": False}

@@ -31,14 +31,16 @@ def test_same_arguments_give_the_same_rows_and_metadata():
     assert first.column("output_ids").to_pylist() != other.column("output_ids").to_pylist()
 
 
-def test_both_templates_simulate_the_same_episodes():
-    """The plan is independent of the template: same tool calls and arguments, different tokens."""
+def test_every_family_simulates_the_same_episodes():
+    """The plan is independent of the template: same tool calls and arguments in the same order,
+    different tokens (gpt-oss and Llama 3.1 make one call per turn, so parallel calls come as a run
+    of turns)."""
     calls = {}
     for template in FAMILIES:
         table = simulate(2, seed=9, template=template, behaviours=["byte-exact", "compaction"], max_turns=6)
-        calls[template] = [[(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                            for c in json.loads(r).get("tool_calls") or []] for r in table.column("response").to_pylist()]
-    assert calls["qwen3"] == calls["qwen3.5"] and any(calls["qwen3"])
+        calls[template] = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                           for r in table.column("response").to_pylist() for c in json.loads(r).get("tool_calls") or []]
+    assert calls["qwen3"] and all(sequence == calls["qwen3"] for sequence in calls.values())
 
 
 def test_dump_metadata_describes_the_recording(tmp_path):
@@ -50,19 +52,36 @@ def test_dump_metadata_describes_the_recording(tmp_path):
     assert json.loads(meta.extra["simulator"])["recipes"] == ["byte-exact"]
 
 
+# How the template's render of a reply (as the last message) meets the served prompt + output:
+# Qwen writes a newline after its stop token, GLM's stop token opens the next message, DeepSeek V3
+# renders neither the reasoning nor the generation prompt's `<think>\n`; the others match exactly.
+SERVED_FROM_RENDER = {
+    "qwen3": lambda rendered, prompt, text: (rendered, prompt + text + "\n"),
+    "qwen3.5": lambda rendered, prompt, text: (rendered, prompt + text + "\n"),
+    "glm4.5": lambda rendered, prompt, text: (rendered + "<|observation|>", prompt + text),
+    "deepseek-v3": lambda rendered, prompt, text: (rendered, prompt.removesuffix("<think>\n") + text.split("</think>\n\n")[1]),
+    "gpt-oss": lambda rendered, prompt, text: (rendered, prompt + text),
+    "llama3.1": lambda rendered, prompt, text: (rendered, prompt + text),
+}
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_model_output_is_what_the_template_renders(family):
-    """A hand-made turn with a boolean, an integer, a nested list, trailing spaces and two calls."""
+    """A hand-made turn with a boolean, an integer, a nested list, trailing spaces and (where the
+    family allows) three calls."""
     writer, tools = FAMILIES[family], tool_schemas(MAIN_TOOLS)
     renderer = Renderer.from_spec(writer.tokenizer, writer.template)
-    step = Step("edit", "Two edits.\n\nThen the tests.", "Applying both.", [
-        Call("Edit", {"file_path": "/r/a.py", "old_string": "x = 1  \n", "new_string": "x = 2\n    ", "replace_all": True}),
-        Call("Bash", {"command": "pytest -q", "timeout": 60000}),
-        Call("TodoWrite", {"todos": [{"id": "1", "content": "fix", "status": "completed"}]})])
+    calls = [Call("Edit", {"file_path": "/r/a.py", "old_string": "x = 1  \n", "new_string": "x = 2\n    ", "replace_all": True}),
+             Call("Bash", {"command": "pytest -q", "timeout": 60000}),
+             Call("TodoWrite", {"todos": [{"id": "1", "content": "fix", "status": "completed"}]})]
+    step = Step("edit", "Two edits.\n\nThen the tests.", "Applying both.", calls[:1] if writer.one_call_per_turn else calls)
     base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    prompt = renderer.render_text(base, tools, True)
+    step, text = writer.emitted(step, prompt)
     response = response_message(step, tools, random.Random(0))
     rendered = renderer.render_text(canonicalize_messages([*base, response]), tools, False)
-    assert rendered == renderer.render_text(base, tools, True) + writer.output_text(step) + "\n"
+    left, right = SERVED_FROM_RENDER[family](rendered, prompt, text)
+    assert left == right
 
 
 def test_unknown_or_conflicting_behaviours_are_user_errors():
@@ -74,6 +93,8 @@ def test_unknown_or_conflicting_behaviours_are_user_errors():
         simulate(1, seed=0, behaviours=["byte-exact+streaming"])
     with pytest.raises(UnknownName, match="template 'llama3'"):
         simulate(1, seed=0, template="llama3")
+    with pytest.raises(UnknownName, match="template 'glm4.6'"):
+        simulate(1, seed=0, template="glm4.6")
     with pytest.raises(UnknownName, match="recording mode 'full'"):
         simulate(1, seed=0, recording="full")
 

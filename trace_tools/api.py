@@ -37,19 +37,20 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
            prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
            canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
            workers: int | None = None, executor: str = "local", address: str | None = None,
-           progress: Callable[[int, int], None] | None = None) -> RunResult:
+           progress: Callable[[int, int], None] | None = None, tool_format: str | None = None) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
 
     `workers` defaults to `$TRACE_TOOLS_WORKERS` or the machine's cores (1 replays in this
     process); `executor="ray"` runs the same session function on Ray (`address` of a cluster, or
-    a local one). The output does not depend on either.
+    a local one). The output does not depend on either. `tool_format` overrides the tool-call
+    format detected from the chat template (`--tool-format`).
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
 
     options = ReplayOptions(list(strategies or []), prompt_source, tokenizer, chat_template, canonicalization,
-                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples)
+                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples, tool_format)
     engine = run(dump, options, out, workers=workers, executor=executor, address=address, progress=progress)
     return _finish(engine)
 
@@ -109,13 +110,13 @@ def _versions() -> dict[str, str]:
 
 def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strategy: str | None = None,
             tokenizer: str | None = None, chat_template: str | None = None, prompt_source: str = "auto",
-            canonicalization: str = "slime", context: int = 8) -> Any:
+            canonicalization: str = "slime", context: int = 8, tool_format: str | None = None) -> Any:
     """`report.explain` for one session, plus (with `strategy`) what that strategy made of the focused turn."""
     from trace_tools.pipeline import Pipeline
     from trace_tools.report.explain import explain_prepared
 
     pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
-                        prompt_source=prompt_source)
+                        prompt_source=prompt_source, tool_format=tool_format)
     prepared = pipeline.session(session_id)
     result = explain_prepared(prepared, turn=turn, context=context)
     if strategy and result.focus:

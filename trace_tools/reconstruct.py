@@ -53,18 +53,19 @@ RECONSTRUCT_COLUMNS = ("session_id", "turn_index", "messages", "tools", "output_
 
 def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str | None = None,
                 canonicalization: str = "slime", renderer: Any = None,
-                progress: Callable[[int, int], None] | None = None) -> ReconstructResult:
+                progress: Callable[[int, int], None] | None = None, tool_format: str | None = None) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
     `dump` is a path (streamed through `trace_tools.pipeline`, each session rendered with its own
     file's tokenizer and template, reading only the columns this needs), an already loaded dump
     (anything with `.sessions`), or a list of `Session`s. `tokenizer` / `chat_template` override
-    the dump's metadata; `renderer` (any RendererLike) skips resolution altogether.
+    the dump's metadata, `tool_format` the detected tool-call format; `renderer` (any RendererLike)
+    skips resolution altogether.
     """
     from trace_tools.pipeline import RendererPool
 
-    sessions, quarantined, total = _sessions(dump, tokenizer, chat_template, renderer)
-    pool = RendererPool(tokenizer, chat_template, renderer)
+    sessions, quarantined, total = _sessions(dump, tokenizer, chat_template, renderer, tool_format)
+    pool = RendererPool(tokenizer, chat_template, renderer, tool_format)
     rows: list[dict[str, Any]] = []
     identities: dict[str, Any] = {}
     for done, session in enumerate(sessions, start=1):
@@ -77,15 +78,15 @@ def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str |
     return ReconstructResult(turns, session_table(turns), summary, identity)
 
 
-def _sessions(dump: Any, tokenizer: str | None, chat_template: str | None,
-              renderer: Any) -> tuple[Iterator[Session], set, int]:
+def _sessions(dump: Any, tokenizer: str | None, chat_template: str | None, renderer: Any,
+              tool_format: str | None) -> tuple[Iterator[Session], set, int]:
     """(valid sessions, quarantined session ids — filled while iterating for paths —, session count)."""
     quarantined: set[str] = set()
     if isinstance(dump, (str, os.PathLike)):
         from trace_tools.pipeline import Pipeline
 
         pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, columns=RECONSTRUCT_COLUMNS,
-                            renderer=renderer)
+                            renderer=renderer, tool_format=tool_format)
         stream = pipeline.stream
 
         def valid() -> Iterator[Session]:

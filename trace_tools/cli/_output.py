@@ -10,6 +10,13 @@ from rich.console import Console
 console = Console()
 err_console = Console(stderr=True)
 
+# Option help shared by the commands that render prompts.
+TOKENIZER_HELP = ("Tokenizer: qwen3 | qwen3.5 | deepseek-v3 | gpt-oss | llama3.1 | qwen3+glm4.5-specials (a stand-in) "
+                  "| path to a HF tokenizer dir")
+TEMPLATE_HELP = "Template file, or qwen3 / qwen3.5 / glm4.5 / deepseek-v3 / gpt-oss / llama3.1 / trl:<name>"
+TOOL_FORMAT_HELP = ("Tool-call format of the responses, instead of the one detected from the template: "
+                    "json | xml | glm | deepseek | harmony | llama.")
+
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOOL_FORMAT_HELP
+
 
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
@@ -73,6 +75,7 @@ def explain_cmd(
     tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
     prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
+    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Show why a turn drifted: served vs re-rendered ids around the first divergence, the message diff, the cause.
@@ -84,7 +87,7 @@ def explain_cmd(
     from trace_tools.report.explain_view import explanation_renderables
 
     result = explain(dump, session, turn=turn, strategy=strategy, tokenizer=tokenizer,
-                     chat_template=chat_template, prompt_source=prompt_source)
+                     chat_template=chat_template, prompt_source=prompt_source, tool_format=tool_format)
     if json_out:
         print_json(result.to_dict())
         return

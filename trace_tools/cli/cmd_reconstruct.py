@@ -7,18 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
+
 
 def reconstruct_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory).")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="qwen3, qwen3.5 or a tokenizer directory; default: the dump's.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")] = None,
     chat_template: Annotated[Optional[Path], typer.Option("--chat-template", help="Jinja template file; default: the dump's, else the tokenizer's.")] = None,
+    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
     """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids."""
     from trace_tools.reconstruct import reconstruct
 
-    result = reconstruct(dump, tokenizer=tokenizer, chat_template=str(chat_template) if chat_template else None)
+    result = reconstruct(dump, tokenizer=tokenizer, chat_template=str(chat_template) if chat_template else None,
+                         tool_format=tool_format)
     if out is not None:
         result.save(out)
     if json_out:

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP, TOOL_FORMAT_HELP
+
 StrategyOpt = Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help="Strategy to replay (repeatable; default: all).")]
 
 
@@ -14,8 +16,9 @@ def replay_cmd(
     strategy: StrategyOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory (default: ./trace-tools-runs/<dump>-<UTC time>/).")] = None,
     prompt_source: Annotated[str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")] = "auto",
-    tokenizer: Annotated[Optional[str], typer.Option(help="qwen3 | qwen3.5 | path to a HF tokenizer dir (overrides the dump).")] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help="Template file, or qwen3 / qwen3.5 / trl:<name> (overrides the dump).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help=TOKENIZER_HELP + " (overrides the dump).")] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help=TEMPLATE_HELP + " (overrides the dump).")] = None,
+    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     fork_threshold: Annotated[Optional[int], typer.Option(help="tree: FORK/merge threshold in tokens (default 1024; <= 0 = agentcore CLEAN/FORK).")] = None,
     realign_gate: Annotated[Optional[str], typer.Option(help="tree: REALIGN gate on the incoming `output` length (slime) or the `drift` size (TRL).")] = None,
     realign_from: Annotated[Optional[str], typer.Option(help="tree: REALIGN from the `response` start (slime) or the `divergence` point (TRL).")] = None,
@@ -47,7 +50,7 @@ def replay_cmd(
         result = replay(dump, out=out, strategies=strategy, prompt_source=prompt_source, tokenizer=tokenizer,
                         chat_template=chat_template, canonicalization=canonicalization, params=params,
                         write_samples=samples, workers=workers, executor=executor, address=address,
-                        progress=advance)
+                        progress=advance, tool_format=tool_format)
     if json_out:
         print_json(result.summary)
     else:

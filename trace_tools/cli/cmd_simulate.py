@@ -11,7 +11,7 @@ def simulate_cmd(
     out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
-    template: Annotated[str, typer.Option("--template", help="qwen3 (JSON tool calls) | qwen3.5 (XML tool calls).")] = "qwen3",
+    template: Annotated[str, typer.Option("--template", help="Model family: qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1.")] = "qwen3",
     behaviour: Annotated[Optional[list[str]], typer.Option(
         "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
                             "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,

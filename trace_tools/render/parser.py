@@ -1,6 +1,8 @@
 """Parse generated text into an OpenAI-style assistant message.
 
-Two tool-call formats exist among the Qwen templates:
+The Qwen formats live here; GLM-4.5, DeepSeek V3, gpt-oss (harmony) and Llama 3.1 outputs are
+parsed by `family_parsers` (`parse_response_text` dispatches on `fmt`). Two tool-call formats exist
+among the Qwen templates:
 
 * `json` (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
 * `xml` (Qwen3-Coder / Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
@@ -16,7 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.render.base import ParsedResponse
 
@@ -32,14 +34,21 @@ _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 def parse_response_text(text: str, *, fmt: str | None, tools: Sequence[dict] | None = None,
                         reasoning_open: bool = False, stop_strings: Sequence[str] = STOP_STRINGS) -> ParsedResponse:
-    """Split `text` into reasoning, content and tool calls (`fmt` "json", "xml" or None for none)."""
-    text = strip_stop(text, stop_strings)
-    reasoning, rest = split_reasoning(text, reasoning_open)
+    """Split `text` into reasoning, content and tool calls.
+
+    `fmt` is a tool-call format (`families.TOOL_FORMATS`: json, xml, glm, deepseek, harmony,
+    llama) or None for a template without tool calls (then only reasoning is split off).
+    """
+    from trace_tools.render.family_parsers import PARSERS
+
     errors: list[str] = []
-    if fmt in ("json", "xml"):
-        content, calls = _split_calls(rest, fmt, tools, errors)
+    if fmt == "harmony":  # the stop token (<|call|> or <|return|>) is also the last message's terminator
+        reasoning, content, calls, errors = PARSERS[fmt](text, tools)
+    elif fmt in PARSERS:
+        reasoning, content, calls, errors = PARSERS[fmt](strip_stop(text, stop_strings), tools)
     else:
-        content, calls = rest, []
+        reasoning, rest = split_reasoning(strip_stop(text, stop_strings), reasoning_open)
+        content, calls = _split_calls(rest, fmt, tools, errors) if fmt in ("json", "xml") else (rest, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning_content"] = reasoning
@@ -81,25 +90,37 @@ def _split_calls(text: str, fmt: str, tools: Sequence[dict] | None, errors: list
     # "\n\n" after trimmed content (xml).
     content = text[:start]
     content = content.strip() if fmt == "xml" else _drop_one_newline(content)
-    calls, leftovers = [], []
-    position = start
-    for block in _CALL_BLOCK.finditer(text, start):
-        leftovers.append(text[position:block.start()])
-        call = _parse_json_call(block.group(1)) if fmt == "json" else _parse_xml_call(block.group(1), tools)
-        if isinstance(call, str):
-            errors.append(call)
-            leftovers.append(block.group(0))
-        else:
-            calls.append(call)
-        position = block.end()
-    leftovers.append(text[position:])
-    stray = "".join(leftovers)
+    parse = _parse_json_call if fmt == "json" else (lambda body: _parse_xml_call(body, tools))
+    calls, bad, stray = collect_calls(text, _CALL_BLOCK, parse, start)
+    errors.extend(bad)
     if CALL_OPEN in stray or CALL_CLOSE in stray:
         errors.append("unterminated <tool_call>")
     if stray.strip():
         # Keep whatever was not a well-formed call (raw text of a bad call included).
         content = f"{content}\n{stray.strip()}" if content else stray.strip()
     return content, calls
+
+
+def collect_calls(text: str, block: re.Pattern, parse: Callable[[str], dict | str], start: int = 0,
+                  end: int | None = None) -> tuple[list[dict], list[str], str]:
+    """Parse every `block` match (its group 1) in `text[start:end]`.
+
+    Returns (calls, errors, stray): stray is the text between and around the calls, with the raw
+    text of each block that did not parse kept in place.
+    """
+    end = len(text) if end is None else end
+    calls, errors, stray, position = [], [], [], start
+    for match in block.finditer(text, start, end):
+        stray.append(text[position:match.start()])
+        call = parse(match.group(1))
+        if isinstance(call, str):
+            errors.append(call)
+            stray.append(match.group(0))
+        else:
+            calls.append(call)
+        position = match.end()
+    stray.append(text[position:end])
+    return calls, errors, "".join(stray)
 
 
 def _drop_one_newline(text: str) -> str:
@@ -121,7 +142,7 @@ def _parse_json_call(body: str) -> dict | str:
             return "tool call arguments are a string that is not JSON"
     if not isinstance(arguments, dict):
         return "tool call arguments are not a JSON object"
-    return _tool_call(payload["name"], arguments)
+    return tool_call(payload["name"], arguments)
 
 
 def _parse_xml_call(body: str, tools: Sequence[dict] | None) -> dict | str:
@@ -136,7 +157,7 @@ def _parse_xml_call(body: str, tools: Sequence[dict] | None) -> dict | str:
         arguments[key] = convert_parameter(_trim_format_newlines(parameter.group(2)), properties.get(key))
     if _XML_PARAMETER.sub("", inner).strip():
         return f"tool call {name!r} has text outside <parameter=...> blocks"
-    return _tool_call(name, arguments)
+    return tool_call(name, arguments)
 
 
 def _trim_format_newlines(value: str) -> str:
@@ -148,7 +169,8 @@ def _trim_format_newlines(value: str) -> str:
     return value
 
 
-def _tool_call(name: str, arguments: dict) -> dict:
+def tool_call(name: str, arguments: dict) -> dict:
+    """A parsed call in OpenAI form, arguments as a dict."""
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 

@@ -16,41 +16,48 @@ import json
 import os
 from typing import Any, Sequence
 
-
 from trace_tools.data import DumpMeta
-from trace_tools.errors import ReplayError, TraceToolsError
+from trace_tools.errors import ReplayError, TraceToolsError, UnknownName
+from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.templates import resolve_template
-from trace_tools.render.tokenizer import STOP_TOKENS, Tokenizer, load_tokenizer
+from trace_tools.render.tokenizer import Tokenizer, load_tokenizer
 
 # tool-call format -> family name of the templates that use it
-FAMILIES = {"json": "qwen3", "xml": "qwen3.5"}
+FAMILIES = {family.tool_format: family.name for family in families.FAMILIES.values()}
 _PROBE = [{"role": "user", "content": "probe"}]
 
 
 def detect_tool_format(template: str) -> str | None:
-    """`xml` for `<function=NAME>` templates (Qwen3-Coder/3.5), `json` for `{"name": ...}` ones (Qwen3)."""
-    if "<function=" in template:
-        return "xml"
-    if "<tool_call>" in template and '"name"' in template:
-        return "json"
-    return None
+    """The tool-call format of a template, from its text (`families.detect_family`); None if unknown.
+
+    `json` (Qwen3), `xml` (Qwen3-Coder/3.5), `glm`, `deepseek`, `harmony` (gpt-oss), `llama`.
+    """
+    family = families.detect_family(template)
+    return family.tool_format if family else None
 
 
 class Renderer:
     """Implements `trace_tools.render.base.RendererLike` for a real tokenizer and Jinja template."""
 
     def __init__(self, tokenizer: Tokenizer | str, chat_template: str, template_kwargs: dict | None = None,
-                 template_identity: str = "", parser: str | None = None, verify_incremental: bool | None = None):
+                 template_identity: str = "", parser: str | None = None, render_date: str | None = None,
+                 verify_incremental: bool | None = None):
+        if parser is not None and parser not in families.TOOL_FORMATS:
+            raise UnknownName("tool-call format", parser, families.TOOL_FORMATS)
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.template_identity = template_identity
-        self._parser = parser
+        self._parser, self.render_date = parser, render_date
         self.tool_format = parser or detect_tool_format(chat_template)
         self.family = FAMILIES.get(self.tool_format or "", "unknown")
+        known = families.family_for_format(self.tool_format)
+        self.stop_tokens = known.stop_tokens if known else families.DEFAULT_STOP_TOKENS
+        self._rendered_template = families.pin_clock(chat_template, render_date)
+        self._text_arguments = families.concatenates_arguments(chat_template)
         if verify_incremental is None:
             verify_incremental = os.environ.get("TRACE_TOOLS_VERIFY_RENDER") == "1"
         self._verify = verify_incremental
@@ -62,19 +69,25 @@ class Renderer:
     def __reduce__(self):
         # Picklable for process pools: ship the recipe, not the caches and locks.
         return (Renderer, (self.tokenizer, self.chat_template, self.template_kwargs, self.template_identity,
-                           self._parser, self._verify))
+                           self._parser, self.render_date, self._verify))
 
     @classmethod
     def from_spec(cls, tokenizer: str | None, chat_template: str | None = None, dump_meta: DumpMeta | None = None,
-                  template_kwargs: dict | None = None) -> "Renderer":
-        """Resolve names the way the CLI does: options first, then the dump's own metadata."""
+                  template_kwargs: dict | None = None, tool_format: str | None = None) -> "Renderer":
+        """Resolve names the way the CLI does: options first, then the dump's own metadata.
+
+        `tool_format` overrides the format detected from the template (`--tool-format`); the
+        dump's `trace_tools.render_date` pins the date a template stamps into its prompts.
+        """
         name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
         if not name:
             raise TraceToolsError("no tokenizer: the dump names none (`trace_tools.tokenizer`); "
-                                  "pass `--tokenizer qwen3|qwen3.5|PATH`")
+                                  "pass `--tokenizer NAME|PATH`")
         text, identity = resolve_template(chat_template, tokenizer_name=name,
                                           dump_template=dump_meta.chat_template if dump_meta else None)
-        return cls(load_tokenizer(name), text, template_kwargs=template_kwargs, template_identity=identity)
+        render_date = dump_meta.extra.get("render_date") if dump_meta else None
+        return cls(load_tokenizer(name), text, template_kwargs=template_kwargs, template_identity=identity,
+                   parser=tool_format, render_date=render_date)
 
     # -- RendererLike -------------------------------------------------------------------------
     @property
@@ -109,7 +122,7 @@ class Renderer:
     def parse_response(self, output_ids: Sequence[int], tools: Sequence[dict] | None = None,
                        **template_kwargs: Any) -> ParsedResponse:
         return parse_response_text(self.decode(output_ids), fmt=self.tool_format, tools=tools,
-                                   reasoning_open=self.reasoning_open(**template_kwargs), stop_strings=STOP_TOKENS)
+                                   reasoning_open=self.reasoning_open(**template_kwargs), stop_strings=self.stop_tokens)
 
     # -- beyond the protocol --------------------------------------------------------------------
     def render_delta(self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None,
@@ -152,7 +165,7 @@ class Renderer:
 
     @property
     def stop_token_ids(self) -> list[int]:
-        ids = [self.tokenizer.token_to_id(t) for t in STOP_TOKENS]
+        ids = [self.tokenizer.token_to_id(t) for t in self.stop_tokens]
         return [i for i in ids if i is not None]
 
     @property
@@ -167,6 +180,7 @@ class Renderer:
 
         return {"tokenizer": self.tokenizer.name, "template": self.template_identity,
                 "template_kwargs": self.template_kwargs, "tool_format": self.tool_format,
+                "render_date": self.render_date,
                 "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
 
     def cache_info(self) -> dict[str, int]:
@@ -178,9 +192,10 @@ class Renderer:
         from jinja2 import TemplateError
 
         if self._jinja is None:
-            self._jinja = _jinja_renderer(self.tokenizer, self.chat_template)
+            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template)
         try:
-            return self._jinja(list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
+            return self._jinja(families.template_messages(messages, self._text_arguments),
+                               list(tools) if tools else None, add_generation_prompt, kwargs)
         except TemplateError as exc:
             raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
 

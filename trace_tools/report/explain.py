@@ -39,12 +39,12 @@ class Explanation:
 
 def explain(dump: str | Path, session_id: str, *, turn: int | None = None, tokenizer: str | None = None,
             chat_template: str | None = None, prompt_source: str = "auto", canonicalization: str = "slime",
-            context: int = 8) -> Explanation:
+            context: int = 8, tool_format: str | None = None) -> Explanation:
     """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted one)."""
     from trace_tools.pipeline import Pipeline
 
     pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
-                        prompt_source=prompt_source)
+                        prompt_source=prompt_source, tool_format=tool_format)
     return explain_prepared(pipeline.session(session_id), turn=turn, context=context)
 
 

@@ -31,6 +31,9 @@ from trace_tools.simulate.profiles import PROFILES, get_profile
 __all__ = ["BEHAVIOURS", "FAMILIES", "PROFILES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
 HARNESS = "trace-tools simulate"
+# The day the simulated gateway renders on; a dump whose template stamps the date into its prompts
+# (gpt-oss) names it in `trace_tools.render_date`, so replay renders the same day.
+RENDER_DATE = "2025-03-03"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -42,7 +45,8 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     Args:
         sessions: how many sessions (>= 1).
         seed: everything is a function of (seed, arguments): same arguments, same rows.
-        template: `qwen3` (JSON tool calls) or `qwen3.5` (XML tool calls).
+        template: a model family (`FAMILIES`): `qwen3` (JSON tool calls), `qwen3.5` (XML tool
+            calls), `glm4.5`, `deepseek-v3`, `gpt-oss` or `llama3.1`.
         behaviours: recipes; each entry is a behaviour name or several joined by `+` (one
             session combines them). Sessions cycle through the entries. None cycles through
             every behaviour alone and then a few mixes.
@@ -76,11 +80,13 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
                       recording: str, max_turns: int = 40, profile: str = "swe") -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
+    from trace_tools.render.families import stamps_date
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, family.template)
+    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
+    dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile))
     built = []
     for index in range(sessions):
@@ -92,7 +98,7 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
         arguments["profile"] = profile
     meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
                     history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
-                    extra={"simulator": json.dumps(arguments), "recording": recording})
+                    extra={"simulator": json.dumps(arguments), "recording": recording, **dated})
     for session in built:
         session.meta = meta
     return built, meta

@@ -12,40 +12,37 @@ Recording modes for `prompt_ids` (`trace_tools.history_mode` in the dump):
 * `none`: no prompt ids.
 
 The ideal sequences model a manager that knows the ground truth: one token sequence per genuine
-branch, extended turn by turn with served ids, glue and the new messages' tail. When the template
-re-renders earlier turns (Qwen templates drop earlier reasoning once a new user message arrives),
-the ideal still extends the served ids; the tail is what follows the stored messages' closers.
+branch, extended turn by turn with served ids, glue and the new messages' tail (the per-family
+boundary rules of `trace_tools.render.boundary`: closer, stop-token overlap, stop token standing
+in for the closer). When the template re-renders earlier turns (Qwen and GLM drop earlier
+reasoning once a new user message arrives, gpt-oss drops analysis once a final answer is in the
+history), the ideal still extends the served ids; the tail is the appended messages' rendering.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
+from trace_tools.render.boundary import BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import canonicalize_messages
 
 RECORDINGS = ("tree", "linear", "none")
-_PROBES = ("simulator closer probe ending in A", "simulator closer probe ending in Z")
 
 
 class Splicer:
-    """Extends served ids by new messages: `served + glue + tail`, with text-space slicing."""
+    """Extends served ids by new messages: `served + glue + tail` (rules in `trace_tools.render.boundary`)."""
 
     def __init__(self, renderer: Any):
         self.renderer = renderer
-        self._glue: str | None = None
+        self._closers: Closers | None = None
+        self._stop_ids = list(getattr(renderer, "stop_token_ids", None) or [])
 
     @property
-    def glue(self) -> str:
-        """The template's text after an assistant message (`<|im_end|>\\n` for Qwen), by probing."""
-        if self._glue is None:
-            a, b = (self.renderer.render_text([{"role": "user", "content": "probe"},
-                                               {"role": "assistant", "content": body}], None, False)
-                    for body in _PROBES)
-            n = 0
-            while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-                n += 1
-            self._glue = a[len(a) - n:]
-        return self._glue
+    def closers(self) -> Closers:
+        """The template's closers, probed once (no tools: the simulated templates close alike with them)."""
+        if self._closers is None:
+            self._closers = Closers.probe(self.renderer, None, {})
+        return self._closers
 
     def extend(self, served: list[int], prev: list[dict], new: list[dict], tools: list[dict] | None,
                follow_rewrites: bool) -> tuple[list[int] | None, bool]:
@@ -58,24 +55,12 @@ class Splicer:
         rewrite = not after.startswith(before)
         if rewrite and not follow_rewrites:
             return None, True
-        start = len(before) if not rewrite else _end_of_nth(after, self.glue, before.count(self.glue))
-        glue = trim_overlap(served, self.renderer.encode(self.glue))
-        return served + glue + self.renderer.encode(after[start:]), rewrite
-
-
-def _end_of_nth(text: str, marker: str, n: int) -> int:
-    position = 0
-    for _ in range(n):
-        position = text.index(marker, position) + len(marker)
-    return position
-
-
-def trim_overlap(served: Sequence[int], glue: Sequence[int]) -> list[int]:
-    """`glue` minus the head the served ids already end with (the stop token)."""
-    for k in range(min(len(glue), len(served)), 0, -1):
-        if list(served[-k:]) == list(glue[:k]):
-            return list(glue[k:])
-    return list(glue)
+        try:
+            closer, tail, _ = split_extension(self.renderer, prev, new, tools, {}, self.closers)
+        except BoundaryUnverified as exc:
+            raise AssertionError(f"simulator bug: no verified boundary after a stored reply ({exc})") from exc
+        glue, tail_ids = join(served, self.renderer.encode(closer), self.renderer.encode(tail), self._stop_ids)
+        return served + glue + tail_ids, rewrite
 
 
 @dataclass

@@ -50,10 +50,10 @@ def _split(tokenizer: Any, token: int) -> list[int]:
     return []
 
 
-def truncation_point(tokenizer: Any, ids: list[int], rng: random.Random) -> int:
-    """Where an output-token limit cuts `ids`: inside the first tool call when there is one."""
-    opener = tokenizer.token_to_id("<tool_call>")
-    start = ids.index(opener) + 1 if opener in ids else len(ids) // 3
+def truncation_point(tokenizer: Any, ids: list[int], rng: random.Random, call_opener: str | None = "<tool_call>") -> int:
+    """Where an output-token limit cuts `ids`: inside the first tool call (after `call_opener`) when there is one."""
+    opener = tokenizer.token_to_id(call_opener) if call_opener else None
+    start = ids.index(opener) + 1 if opener is not None and opener in ids else len(ids) // 3
     end = len(ids) - 1  # the stop token always falls beyond the limit
     return min(max(start + 1, start + int((end - start) * rng.uniform(0.3, 0.7))), end)
 

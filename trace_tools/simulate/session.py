@@ -109,7 +109,7 @@ class SessionBuilder:
         ws.verbose = profile.manual
         turns = self._turn_count()
         task_at = self.plan_rng.randint(1, turns - 2) if "subagent" in self.recipe else None
-        steps = episode.plan_main(self.plan_rng, ws, turns, task_at=task_at)
+        steps = self.ctx.family.turn_steps(episode.plan_main(self.plan_rng, ws, turns, task_at=task_at))
         events = self._events(steps)
         bug = ws.bug
         task = prose.task_text(self.plan_rng, bug.name, bug.path, plural(bug.noun))
@@ -209,7 +209,8 @@ class SessionBuilder:
         request, tools = copy.deepcopy(conv.wire), conv.tools
         messages = canonical(request)
         prompt_ids, prompt_event = self._prompt(messages, tools)
-        output_ids, splits = self._output_ids(step, truncate)
+        step, text = self.ctx.family.emitted(step, self.ctx.renderer.decode(prompt_ids[-4:]))
+        output_ids, splits = self._output_ids(text, truncate)
         response, finish = self._reply(step, output_ids, tools, truncate)
         stored = canonicalize_response(response, "slime")
         rewrite = self.ideal.turn(conv.branch, canonical(conv.pristine), tools, output_ids, stored,
@@ -239,14 +240,14 @@ class SessionBuilder:
             return wire_from_parsed(parsed, tools, self.gateway_rng), "length"
         return response_message(step, tools, self.gateway_rng), "tool_calls" if step.calls else "stop"
 
-    def _output_ids(self, step: Step, truncate: bool) -> tuple[list[int], list[int]]:
+    def _output_ids(self, text: str, truncate: bool) -> tuple[list[int], list[int]]:
         renderer = self.ctx.renderer
-        ids = renderer.encode(self.ctx.family.output_text(step))
+        ids = renderer.encode(text)
         splits: list[int] = []
         if "noncanonical-tokenization" in self.recipe and (not self.rows or self.sample_rng.random() < 0.4):
             ids, splits = split_merged_tokens(renderer.tokenizer, ids, self.sample_rng, self.sample_rng.randint(1, 2))
         if truncate:
-            cut = truncation_point(renderer.tokenizer, ids, self.sample_rng)
+            cut = truncation_point(renderer.tokenizer, ids, self.sample_rng, self.ctx.family.call_opener)
             ids, splits = ids[:cut], [p for p in splits if p < cut - 1]
         return ids, splits
 

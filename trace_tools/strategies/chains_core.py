@@ -216,7 +216,10 @@ class ChainCodec:
         if any(m.get("role") == "assistant" for m in messages[1:]):
             raise ServerError("An incremental assistant message may only appear first")
         anchor_text = self.render_text(list(_ANCHOR), None, False)
-        full_text = self.render_text([*_ANCHOR, *messages], None, True)
+        try:
+            full_text = self.render_text([*_ANCHOR, *messages], None, True)
+        except ReplayError as exc:  # e.g. gpt-oss refuses a tool message with no call before it: a 500 upstream
+            raise ServerError(f"the chat template cannot render the appended messages behind the anchor: {exc}") from exc
         if not anchor_text.endswith(self.separator_text):
             raise ServerError("The turn separator is not a suffix of the rendered anchor message")
         prefix = anchor_text[:len(anchor_text) - len(self.separator_text)]

@@ -12,7 +12,8 @@ docs/checkpoint_tree.md for the full rules and the reasons behind them):
   (`message_match`);
 * the new prompt is the attach node's ids, the template's closing glue (overlap with the served
   stop token trimmed) and the appended messages rendered in text space against the node's
-  *stored* path (`PromptAssembler`); the recorded output becomes a child;
+  *stored* path (`PromptAssembler`, per-family rules in `trace_tools.render.boundary`); the
+  recorded output becomes a child;
 * retries are siblings; a later sibling with the same request supersedes an earlier one that is
   still a leaf (`superseded_leaves`); every other leaf is one sample, and each node trains in
   exactly one of them (`build_samples`).
@@ -26,26 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trace_tools.data import Sample
-from trace_tools.errors import ReplayError
 from trace_tools.render.base import RendererLike
+from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
-from trace_tools.strategies.linear_core import trim_overlap
 from trace_tools.render.normalize import drop_schema_defaults, strip_trailing_ws, tool_defaults
 
 # Keys that carry an assistant's reasoning on the wire; an echo may use any of them, or none.
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _VIEW_KEYS = frozenset(("role", "content", "tool_calls", *REASONING_KEYS))
-# Probe bodies for the closer: their last characters differ, so the common suffix of the two
-# renders is exactly the template's glue after an assistant message.
-PROBE_A = "checkpoint closer probe, body one ends in A"
-PROBE_B = "checkpoint closer probe, body two ends in Z"
-ANCHOR_USER = "checkpoint anchor question"
-ANCHOR_BODY = "checkpoint anchor reply 5e0c9d"
 
 EQUAL, ECHO = "equal", "echo"
-# What a renderer raises when a template cannot render some messages: our own wrapper, or the
-# TypeError / ValueError a Jinja filter throws (e.g. `|items` over string tool arguments).
-RENDER_ERRORS = (ReplayError, TypeError, ValueError)
 
 
 # -- echo equivalence ------------------------------------------------------------------------
@@ -377,12 +368,15 @@ class AssemblyFailed(Exception):
 class PromptAssembler:
     """Extends a node's exact ids by appended messages, rendering only the new part.
 
-    Works on any `RendererLike` (`render_text` and `encode` only), so fakes drive it in tests.
+    The boundary rules (closer, stop-token overlap, anchored tails where the template rewrites
+    history) are derived per template in `trace_tools.render.boundary`. Works on any
+    `RendererLike` (`render_text`, `encode`, `decode`), so fakes drive it in tests.
     """
 
     def __init__(self, renderer: RendererLike):
         self.renderer = renderer
-        self._closers: dict[str, str] = {}
+        self._closers: dict[str, Closers] = {}
+        self._stop_ids = list(getattr(renderer, "stop_token_ids", None) or [])
 
     def extend(self, node: Node, appended: list[dict], tools: Sequence[dict] | None,
                template_kwargs: dict | None = None) -> Assembly:
@@ -394,60 +388,20 @@ class PromptAssembler:
             raise AssemblyFailed("render_failed", f"the template failed on the stored path: {exc}") from exc
 
     def _extend(self, node: Node, appended: list[dict], tools: Sequence[dict] | None, kwargs: dict) -> Assembly:
-        path = node.path
-        before = self.renderer.render_text(path, tools, False, **kwargs)
-        after = self.renderer.render_text([*path, *appended], tools, True, **kwargs)
-        closer = self.closer(tools, kwargs)
-        if not before.endswith(closer):
-            raise AssemblyFailed("close_unresolved", "the stored path does not end with the probed closer")
-        if after.startswith(before):
-            tail, mode = after[len(before):], "delta"
-        else:
-            tail, mode = self.anchored_tail(appended, tools, kwargs, closer, after), "anchored"
+        closers = self.closers(tools, kwargs)
+        try:
+            closer, tail, rewritten = split_extension(self.renderer, node.path, appended, tools, kwargs, closers)
+        except BoundaryUnverified as exc:
+            raise AssemblyFailed(exc.reason, str(exc)) from exc
         closer_ids, tail_ids = self.renderer.encode(closer), self.renderer.encode(tail)
         if self.renderer.encode(closer + tail) != closer_ids + tail_ids:
             raise AssemblyFailed("boundary_unverified", "the tail tokenizes differently next to the closer")
-        glue = trim_overlap(node.token_ids, closer_ids)
-        return Assembly([*node.token_ids, *glue, *tail_ids], glue, tail_ids, mode)
+        glue, tail_ids = join(node.token_ids, closer_ids, tail_ids, self._stop_ids)
+        return Assembly([*node.token_ids, *glue, *tail_ids], glue, tail_ids, "anchored" if rewritten else "delta")
 
-    def anchored_tail(self, appended: list[dict], tools: Sequence[dict] | None, kwargs: dict,
-                      closer: str, after: str) -> str:
-        """The appended messages' text, from a render after a minimal anchor conversation.
-
-        Used when the template re-renders earlier turns once the request grows (Qwen drops old
-        reasoning when a new user query arrives), so the stored path's render is no prefix of the
-        extended one. The anchor is a user question and an assistant reply whose body is unique;
-        the tail is what follows that reply's closer, and it must be exactly how the real
-        extended render ends, right after a closer.
-        """
-        base = [{"role": "user", "content": ANCHOR_USER}, {"role": "assistant", "content": ANCHOR_BODY}]
-        text = self.renderer.render_text([*base, *appended], tools, True, **kwargs)
-        marker = ANCHOR_BODY + closer
-        if text.count(marker) != 1:
-            raise AssemblyFailed("boundary_unverified", "the anchor reply is not followed by the closer once")
-        tail = text[text.index(marker) + len(marker):]
-        if not after.endswith(tail) or not after[:len(after) - len(tail)].endswith(closer):
-            raise AssemblyFailed("boundary_unverified", "the anchored tail is not how the full render ends")
-        return tail
-
-    def closer(self, tools: Sequence[dict] | None, kwargs: dict) -> str:
-        """The template's text after an assistant message (`<|im_end|>\\n` for Qwen), by probing.
-
-        Probed once per (tools, kwargs) on a minimal conversation; `extend` checks that the
-        stored path really ends with it, so a closer that depends on the message type is caught
-        rather than guessed.
-        """
+    def closers(self, tools: Sequence[dict] | None, kwargs: dict) -> Closers:
+        """The template's closers, probed once per (tools, kwargs) (`boundary.Closers.probe`)."""
         key = json.dumps([tools, kwargs], sort_keys=True, default=repr)
         if key not in self._closers:
-            a, b = (self.renderer.render_text([{"role": "user", "content": ANCHOR_USER},
-                                               {"role": "assistant", "content": body}], tools, False, **kwargs)
-                    for body in (PROBE_A, PROBE_B))
-            self._closers[key] = a[len(a) - _common_suffix_len(a, b):]
+            self._closers[key] = Closers.probe(self.renderer, tools, kwargs)
         return self._closers[key]
-
-
-def _common_suffix_len(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n

@@ -205,11 +205,14 @@ class LinearHealer:
         return close
 
     def _splice(self, sid: str, state: _State, close: list[int], tail: list[int], *, path: str) -> HealOutcome:
-        close = trim_overlap(state.served_prefix, close)
+        # Trimmed against closer + tail, not the closer alone as upstream does: a template without a
+        # closer (GLM) renders the served stop token again as the tail's first token. Identical
+        # whenever the closer is non-empty (the served stop token is its head).
+        glue = trim_overlap(state.served_prefix, list(close) + list(tail))
         self._bump(sid, "healed_turns")
-        self._bump(sid, "healed_prefix_tokens", len(state.served_prefix) + len(close))
+        self._bump(sid, "healed_prefix_tokens", len(state.served_prefix) + max(len(glue) - len(tail), 0))
         self.paths[path] += 1
-        return HealOutcome(state.served_prefix + close + list(tail), "healed", path)
+        return HealOutcome(state.served_prefix + glue, "healed", path)
 
     def _handle_nonlinear(self, sid: str, rendered: list[int], cause: str) -> HealOutcome:
         """A turn that cannot be healed; `cause` is "history" (not an append) or "template" (not a prefix)."""

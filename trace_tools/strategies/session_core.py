@@ -351,8 +351,11 @@ class TitoFamily:
     """One row of miles' `--tito-model` table.
 
     `boundary_token`: when a checkpoint ends with it, `fix_boundary` appends "\\n" (the Qwen stop
-    token is followed by a newline the model never generates). `extra_kwargs` are the
-    preserve-think constants merged into every render; a request may not override them.
+    token is followed by a newline the model never generates). `dropped_boundaries`: stop tokens
+    that double as the next message's opener (GLM's `<|observation|>`, `<|user|>`): a checkpoint
+    ending with one loses it, the appended messages render it again, and the turn's sample gives
+    it up (`max_trim_tokens`). `extra_kwargs` are the preserve-think constants merged into every
+    render; a request may not override them.
     """
 
     name: str
@@ -360,6 +363,7 @@ class TitoFamily:
     max_trim_tokens: int = 0
     extra_kwargs: tuple[tuple[str, Any], ...] = ()
     allowed_append_roles: frozenset[str] = ALL_ROLES
+    dropped_boundaries: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, TitoFamily] = {
@@ -367,9 +371,11 @@ FAMILIES: dict[str, TitoFamily] = {
     "qwen3": TitoFamily("qwen3", "<|im_end|>", 0, (("clear_thinking", False),)),
     "qwen35": TitoFamily("qwen35", "<|im_end|>", 0, (("clear_thinking", False),),
                          frozenset({"tool", "user", "assistant"})),
+    "glm47": TitoFamily("glm47", None, 1, (("clear_thinking", False),),
+                        dropped_boundaries=("<|observation|>", "<|user|>")),
 }
-# Renderer.family (tool-call format) -> miles family
-_RENDERER_FAMILIES = {"qwen3": "qwen3", "qwen3.5": "qwen35"}
+# Renderer.family -> miles family. miles has no V3, gpt-oss or Llama family: those use `default`.
+_RENDERER_FAMILIES = {"qwen3": "qwen3", "qwen3.5": "qwen35", "glm4.5": "glm47"}
 
 
 def family_for(renderer: Any, name: str | None = None) -> TitoFamily:
@@ -476,10 +482,13 @@ class TitoTokenizer:
         return self.fix_boundary(prefix_ids) + self.tokenize_additional(old, new, tools)
 
     def fix_boundary(self, ids: Sequence[int]) -> list[int]:
-        """Append "\\n" after a trailing boundary token (Qwen's `<|im_end|>`); identity otherwise."""
+        """Append "\\n" after a trailing boundary token (Qwen's `<|im_end|>`), drop a trailing stop
+        token that opens the next message (GLM); identity otherwise."""
         boundary = self._boundary()
         if boundary is not None and ids and ids[-1] == boundary:
             return list(ids) + self.renderer.encode("\n")
+        if ids and ids[-1] in self._dropped():
+            return list(ids[:-1])
         return list(ids)
 
     def _boundary(self) -> int | None:
@@ -488,6 +497,10 @@ class TitoTokenizer:
             ids = self.renderer.encode(token) if token else []
             self._boundary_id = ids[0] if len(ids) == 1 else None
         return self._boundary_id
+
+    def _dropped(self) -> set[int]:
+        ids = (self.renderer.encode(token) for token in self.family.dropped_boundaries)
+        return {token_ids[0] for token_ids in ids if len(token_ids) == 1}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Model families: the chat template, tokenizer, tool-call format and stop tokens that belong together.
+
+DESIGN §10 fixes the names and templates (all from the pinned `trl` wheel). Each family's response
+parser follows the serving engine's tool-call parser for that model (SGLang's detector named in
+`serving_parser`), and `detect_family` recognises a family from the template text alone, so a
+dump that carries its template needs no option (`--tool-format` overrides the guess).
+
+Two template properties are handled here rather than in every caller:
+
+* text arguments (DeepSeek V3's template, not its TRL training variant): a template that
+  concatenates `tool_calls[].function.arguments` as text raises on the dict arguments every
+  canonicalization produces, so `template_messages` passes them as JSON text
+  (`json.dumps(..., ensure_ascii=False)`, the spelling the model emits), as miles' DeepSeek
+  encoders do. Everything else reaches the template unchanged.
+* a clock (gpt-oss): the template stamps `strftime_now("%Y-%m-%d")` into the system message, so
+  a prompt depends on the day it was rendered. `pin_clock` replaces each `strftime_now(...)` call
+  by the date a dump names (`trace_tools.render_date`), so replay renders what the recording saw.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family. `markers` all occur in the family's template and together in no other."""
+
+    name: str
+    tool_format: str
+    tokenizer: str
+    stop_tokens: tuple[str, ...]
+    markers: tuple[str, ...]
+    serving_parser: str
+    one_call_per_turn: bool = False  # the model stops after one call (gpt-oss) or the template allows one (Llama)
+
+
+# Detection order matters only for templates that carry several families' markers (none do today).
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (
+    ModelFamily("gpt-oss", "harmony", "gpt-oss", ("<|return|>", "<|call|>", "<|endoftext|>"),
+                ("<|channel|>", "<|message|>"), "gpt-oss", one_call_per_turn=True),
+    ModelFamily("deepseek-v3", "deepseek", "deepseek-v3", ("<｜end▁of▁sentence｜>",),
+                ("<｜tool▁calls▁begin｜>",), "deepseekv3 (V3.1 layout too, as deepseekv31)"),
+    ModelFamily("glm4.5", "glm", "qwen3+glm4.5-specials", ("<|user|>", "<|observation|>", "<|endoftext|>"),
+                ("<arg_key>", "<arg_value>"), "glm45"),
+    ModelFamily("llama3.1", "llama", "llama3.1", ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+                ("<|start_header_id|>", '"parameters"'), "llama3", one_call_per_turn=True),
+    ModelFamily("qwen3.5", "xml", "qwen3.5", ("<|im_end|>", "<|endoftext|>"), ("<function=",), "qwen3_coder"),
+    ModelFamily("qwen3", "json", "qwen3", ("<|im_end|>", "<|endoftext|>"), ("<tool_call>", '"name"'), "qwen25"),
+)}
+TOOL_FORMATS = tuple(family.tool_format for family in FAMILIES.values())
+DEFAULT_STOP_TOKENS = FAMILIES["qwen3"].stop_tokens
+_CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(.*?)\1\s*\)""")
+_CONCATENATED_ARGUMENTS = re.compile(r"""\[\s*["']arguments["']\s*\]\s*\+""")
+
+
+def detect_family(template: str) -> ModelFamily | None:
+    """The family whose markers all occur in `template`, or None (an unknown tool-call format)."""
+    return next((family for family in FAMILIES.values() if all(m in template for m in family.markers)), None)
+
+
+def family_for_format(tool_format: str | None) -> ModelFamily | None:
+    return next((family for family in FAMILIES.values() if family.tool_format == tool_format), None)
+
+
+def concatenates_arguments(template: str) -> bool:
+    """True when the template joins tool-call arguments to text with `+` (they must be strings)."""
+    return bool(_CONCATENATED_ARGUMENTS.search(template))
+
+
+def template_messages(messages: Sequence[dict], text_arguments: bool) -> list[dict]:
+    """The messages as the template can take them: with `text_arguments`, dict arguments as JSON text."""
+    if not text_arguments:
+        return list(messages)
+    return [_with_text_arguments(message) for message in messages]
+
+
+def _with_text_arguments(message: Any) -> Any:
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list) or not calls:
+        return message
+    return {**message, "tool_calls": [_text_arguments(call) for call in calls]}
+
+
+def _text_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+        return call
+    arguments = json.dumps(function.get("arguments") or {}, ensure_ascii=False)
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def stamps_date(template: str) -> bool:
+    """True when the template renders the current date (`strftime_now(...)`)."""
+    return bool(_CLOCK_CALL.search(template))
+
+
+def pin_clock(template: str, render_date: str | None) -> str:
+    """`template` with every `strftime_now(FORMAT)` call replaced by `render_date` in that format.
+
+    `render_date` is ISO (`YYYY-MM-DD`); None leaves the template alone (it renders today's date,
+    as `apply_chat_template` does).
+    """
+    if not render_date or not stamps_date(template):
+        return template
+    day = datetime.strptime(render_date, "%Y-%m-%d")
+    return _CLOCK_CALL.sub(lambda match: json.dumps(day.strftime(match.group(2))), template)
