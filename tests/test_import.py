@@ -11,7 +11,7 @@ from import_fixtures import FIXTURES, conversations, miles_document, write_fixtu
 from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
-from trace_tools.io.importers import import_traces, quarantine_path
+from trace_tools.importers import import_traces, quarantine_path
 from trace_tools.io.load import load
 from trace_tools.io.validate import validate
 from trace_tools.api import replay

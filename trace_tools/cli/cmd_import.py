@@ -31,7 +31,7 @@ def import_cmd(
     """
     from trace_tools.cli._output import console, print_json
     from trace_tools.cli._progress import progress_bar
-    from trace_tools.io.importers import import_traces
+    from trace_tools.importers import import_traces
 
     with progress_bar("importing", disable=json_out) as advance:
         report = import_traces(fmt, sources, out, tokenizer=tokenizer, chat_template=chat_template,

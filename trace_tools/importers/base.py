@@ -4,7 +4,7 @@ A format module turns one parsed JSON value (a log line, or a whole `.json` docu
 `Outcome`s, one per generation call it describes: a `Turn` (its `turn_index` is assigned later,
 by arrival order within the session), a rejected request (the server answered non-200), or a
 malformed record with a reason from `IMPORT_REASONS`. Nothing here writes files; see
-`trace_tools.io.importers.run`.
+`trace_tools.importers.run`.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trace_tools.io.importers.base import (
+from trace_tools.importers.base import (
     BadRecord, Options, Outcome, call_outcome, finish_reason, first_of, logprobs, make_turn, messages,
     optional, scalars, timestamp, token_ids,
 )

@@ -27,7 +27,7 @@ from typing import Any
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import UnusableInput
-from trace_tools.io.importers.base import (
+from trace_tools.importers.base import (
     IMPORT_REASONS,
     REJECTED,
     BadRecord,
@@ -97,7 +97,7 @@ def import_traces(fmt: str, sources: list[str | Path], out: str | Path, *, token
     tokenizer's vocabulary. Raises `UnusableInput` / `UnknownName` / `TemplateNotFound` for
     unusable input or options (exit 2); malformed records are reported, not raised.
     """
-    from trace_tools.io.importers import get_format
+    from trace_tools.importers import get_format
 
     module = get_format(fmt)
     if module.NEEDS_SESSION_KEY and not session_key:
@@ -122,7 +122,7 @@ def quarantine_path(out: Path) -> Path:
 def _recording_meta(report: ImportReport, tokenizer: str | None, chat_template: str | None) -> DumpMeta:
     from trace_tools.errors import TemplateNotFound
     from trace_tools.render.templates import resolve_template
-    from trace_tools.render.tokenizer import vocab_size_for
+    from trace_tools.io.vocab import vocab_size_for
 
     report.vocab_size = vocab_size_for(tokenizer)
     if tokenizer and report.vocab_size is None:

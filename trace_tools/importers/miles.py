@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trace_tools.io.importers.base import BadRecord, Options, Outcome, attempt, call_outcome, need, session_of
-from trace_tools.io.importers.openai import exchange_turn, first_choice, sglang_output
+from trace_tools.importers.base import BadRecord, Options, Outcome, attempt, call_outcome, need, session_of
+from trace_tools.importers.openai import exchange_turn, first_choice, sglang_output
 
 NAME = "miles"
 NEEDS_SESSION_KEY = False

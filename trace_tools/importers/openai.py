@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trace_tools.data import Turn
-from trace_tools.io.importers.base import (
+from trace_tools.importers.base import (
     BadRecord, Options, Outcome, call_outcome, dotted, finish_reason, logprobs, make_turn, messages, need,
     optional, scalars, timestamp, token_ids,
 )

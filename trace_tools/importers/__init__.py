@@ -10,7 +10,7 @@ import importlib
 from types import ModuleType
 
 from trace_tools.errors import UnknownName
-from trace_tools.io.importers.run import ImportReport, import_traces, quarantine_path
+from trace_tools.importers.run import ImportReport, import_traces, quarantine_path
 
 FORMATS = {"miles": "miles", "openai": "openai", "gateway-traces": "gateway"}
 
@@ -20,4 +20,4 @@ __all__ = ["FORMATS", "ImportReport", "get_format", "import_traces", "quarantine
 def get_format(name: str) -> ModuleType:
     if name not in FORMATS:
         raise UnknownName("import format", name, list(FORMATS))
-    return importlib.import_module(f"trace_tools.io.importers.{FORMATS[name]}")
+    return importlib.import_module(f"trace_tools.importers.{FORMATS[name]}")
