@@ -1097,10 +1097,10 @@ def stored_response(recorded: dict | None, parsed: dict | None) -> dict:
     return message
 
 
-def tito_from_context(ctx: Any) -> TitoTokenizer:
+def tito_from_context(ctx: Any, family: str | None = None) -> TitoTokenizer:
     if ctx.renderer is None:
         raise ReplayError("session strategies need a renderer; pass --tokenizer (and --chat-template)")
-    return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, ctx.param("tito_family", None)))
+    return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, family))
 
 
 def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) -> str:
