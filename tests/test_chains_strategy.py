@@ -1,13 +1,13 @@
 """The registered `chains` strategy on recorded sessions: samples, provenance, events, counters.
 
-Toy sessions use tests/test_chains_toy.py; the last tests replay sessions through the real Qwen3
+Toy sessions use tests/chains_toy.py; the last tests replay sessions through the real Qwen3
 tokenizer and template (trace_tools.render.renderer.Renderer.from_spec("qwen3")).
 """
 from __future__ import annotations
 
 import pytest
 
-from test_chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
+from chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
 from trace_tools.data import Session, Turn
 from trace_tools.errors import InvalidOption
 from trace_tools.strategies.base import ReplayContext, get_strategy

@@ -1,4 +1,4 @@
-"""checkpoint-tree on scripted sessions over the toy template (tests/test_checkpoint_fakes.py).
+"""checkpoint-tree on scripted sessions over the toy template (tests/checkpoint_fakes.py).
 
 Served ids are >= SERVED and no render produces them, so every expected sequence below is written
 out by hand: the root's full render, then per turn the served ids, the glue and the tail text.
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from test_checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
+from checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
                                    system, tool, user)
 from trace_tools.errors import InvalidOption, ReplayError
 from trace_tools.render.canonical import canonicalize_messages

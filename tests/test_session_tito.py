@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
+from session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.session_core import (FAMILIES, RequestRejected, ServerError, TitoTokenizer, family_for,
                                                  sglang_tools, template_messages)

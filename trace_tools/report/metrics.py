@@ -6,6 +6,7 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.data import COUNTERS
+from trace_tools.io.schema import DATA_WARNINGS
 
 
 def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) -> dict[str, Any]:
@@ -16,6 +17,7 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
         "quarantined": _distinct_sessions(quarantine),
         "quarantined_by_reason": _quarantined_by_reason(quarantine),
         "vocab_checked": bool(loaded.vocab_checked),
+        "warnings": {kind: int(getattr(loaded, "data_warnings", {}).get(kind, 0)) for kind in DATA_WARNINGS},
         "prompt_fidelity": prompt_fidelity(tables["fidelity"]),
         "strategies": {},
     }
