@@ -11,6 +11,12 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def print_all(renderables: Any) -> None:
+    """Print tables and text lines one after another on stdout."""
+    for renderable in renderables:
+        console.print(renderable)
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 

@@ -18,23 +18,25 @@ def compare_cmd(
 
     Example: trace-tools compare runs/before runs/after   |   trace-tools compare runs/r1 -s tree -s linear
     """
-    from trace_tools.cli._output import console, print_json
+    from trace_tools.cli._output import console, print_all, print_json
+    from trace_tools.options import parse_choice
     from trace_tools.report import compare as lib
-    from trace_tools.report.compare_tables import behaviour_table, comparison_tables
+    from trace_tools.report.compare_tables import behaviour_view, comparison_view
 
     if by is not None:
-        if by != "behaviour":
-            raise typer.BadParameter("--by accepts only `behaviour`")
+        parse_choice(by, ["behaviour"], "--by")
         frame = lib.compare_by_behaviour(run_a)
-        print_json(frame.to_dict("records")) if json_out else console.print(behaviour_table(frame))
+        if json_out:
+            print_json(frame.to_dict("records"))
+        else:
+            print_all(behaviour_view(frame, console.width))
         return
     result = lib.compare(run_a, run_b, strategy)
     if json_out:
         print_json({"a": result.label_a, "b": result.label_b, "metrics": result.metrics.to_dict("records"),
                     "tools": result.tools.to_dict("records"), "sessions": result.sessions.to_dict("records")})
         return
-    for table in comparison_tables(result):
-        console.print(table)
+    print_all(comparison_view(result, console.width))
 
 
 def gate_cmd(
@@ -48,10 +50,10 @@ def gate_cmd(
 
     Example: trace-tools gate runs/r1 --rules docs/gate-rules.example.toml --baseline runs/main
     """
-    from trace_tools.cli._output import console, print_json
+    from trace_tools.cli._output import console, print_all, print_json
     from trace_tools.io.write import write_text_atomic
     from trace_tools.report.gate import gate, junit_xml
-    from trace_tools.report.compare_tables import gate_table
+    from trace_tools.report.compare_tables import gate_view
 
     results = gate(run, rules, baseline)
     if junit is not None:
@@ -60,7 +62,7 @@ def gate_cmd(
         print_json([{"rule": r.label, "strategy": r.strategy, "actual": r.actual, "expected": r.expected,
                      "passed": r.passed, "message": r.message} for r in results])
     else:
-        console.print(gate_table(results))
+        print_all(gate_view(results, console.width))
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 

@@ -31,7 +31,7 @@ def rescore_cmd(
     from trace_tools.cli._progress import progress_bar
     from trace_tools.rescore import rescore
 
-    with progress_bar("rescoring tokens", disable=json_out) as advance:
+    with progress_bar("rescoring", "tokens", disable=json_out) as advance:
         result = rescore(dump, model, device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, out=out,
                          threshold=threshold, max_threshold=max_threshold, tokenizer=tokenizer,
                          chat_template=chat_template, write_tokens=tokens, on_progress=advance)

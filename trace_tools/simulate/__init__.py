@@ -35,7 +35,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list[str] | None = None,
              recording: str = "tree", out: str | None = None, *, max_turns: int = 40,
-             logprobs_model: str | None = None) -> Any:
+             logprobs_model: str | None = None, chat_template: str | None = None) -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
     Args:
@@ -51,12 +51,15 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
             that need room raise the floor).
         logprobs_model: replace the seeded logprobs by a model's teacher-forced ones
             (`trace_tools.rescore.fill_logprobs`; needs torch).
+        chat_template: the template text, file or name to render with (default: the family's,
+            TRL's file, else the bundled sample's copy of it); it must use the family's tool-call format.
     """
     from trace_tools.io.write import sessions_to_table, write_parquet_atomic
 
     family, recipes = _family(template), parse_recipes(behaviours)
     _check(sessions, recording, max_turns)
-    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns)
+    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns,
+                                              chat_template=chat_template)
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
         from trace_tools.rescore import fill_logprobs
@@ -68,14 +71,14 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
 
 
 def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]],
-                      recording: str, max_turns: int = 40) -> tuple[list[Any], Any]:
+                      recording: str, max_turns: int = 40, *, chat_template: str | None = None) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, family.template)
+    renderer = Renderer.from_spec(family.tokenizer, chat_template or family.template)
     ctx = SimContext(seed, family, renderer, recording, max_turns)
     built = []
     for index in range(sessions):
