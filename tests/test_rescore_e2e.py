@@ -261,3 +261,21 @@ def test_a_simulated_dump_with_model_logprobs_rescores_clean(tiny, tmp_path):
     turns = result.summary["turns"]
     assert turns["total"] >= 3 and turns["comparable"] == turns["total"] == turns["prompt_rendered"]
     assert result.summary["delta"]["max_abs_delta"] < TOLERANCE and turns["flagged"] == 0
+
+
+def test_synthetic_logprobs_of_a_simulated_dump_are_named(tmp_path):
+    """Seeded logprobs flag every turn by design; rescore says so instead of leaving the user to wonder."""
+    from trace_tools.cli.main import app
+    from trace_tools.simulate import simulate
+
+    seeded, forced = tmp_path / "seeded.parquet", tmp_path / "forced.parquet"
+    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(seeded), max_turns=3)
+    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(forced), max_turns=3,
+             logprobs_model="tiny-qwen3")
+    result = CliRunner().invoke(app, ["rescore", str(seeded), "--model", "tiny-qwen3", "--device", "cpu",
+                                      "--out", str(tmp_path / "r1")])
+    assert result.exit_code == 0, result.output
+    assert "logprobs are synthetic" in " ".join(result.output.split())
+    summary = json.loads((tmp_path / "r1" / "summary.json").read_text())
+    assert summary["logprobs_source"] == "synthetic" and summary["turns"]["flagged"] > 0
+    assert rescore(forced, "tiny-qwen3", device="cpu").summary["logprobs_source"] == "teacher-forced:tiny-qwen3"

@@ -14,6 +14,12 @@ from typing import Any
 
 import pandas as pd
 
+from trace_tools.errors import UsageError
+
+
+class UnknownSession(UsageError, LookupError):
+    """`Run.session(id)` for an id the run does not hold."""
+
 
 @dataclass
 class Run:
@@ -69,7 +75,12 @@ class Run:
 
     def session(self, session_id: str) -> pd.DataFrame:
         """One session's turns: tool, generated and trained tokens, and events, per strategy."""
-        frame = self.turns[self.turns["session_id"] == session_id]
+        frame = self.turns[self.turns["session_id"] == session_id] if len(self.turns) else self.turns
+        if not len(frame):
+            from trace_tools.report.explain import no_session_message
+
+            ids = list(self.sessions["session_id"].unique()) if len(self.sessions) else []
+            raise UnknownSession(no_session_message(session_id, self.path, ids))
         return frame.pivot_table(index=["turn_index", "tool"], columns="strategy",
                                  values="trained_tokens", aggfunc="sum")[self.strategies]
 

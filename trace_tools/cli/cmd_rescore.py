@@ -7,6 +7,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 FLAGGED_SHOWN = 10
+SYNTHETIC_NOTE = ("note: this dump's logprobs are synthetic (seeded by `trace-tools simulate`, not sampled by a "
+                  "model), so the turns are flagged by design; simulate with --logprobs-model MODEL for a dump that "
+                  "rescores clean")
 
 
 def rescore_cmd(
@@ -39,6 +42,8 @@ def rescore_cmd(
         print_json(result.summary)
         return
     console.print(_summary_table(result.summary))
+    if result.summary.get("logprobs_source") == "synthetic":
+        note(SYNTHETIC_NOTE)
     if result.summary["flagged"]:
         console.print(_flagged_table(result.summary["flagged"][:FLAGGED_SHOWN]))
     note(f"output directory: {out}")
@@ -56,6 +61,7 @@ def _summary_table(summary: dict[str, Any]) -> Any:
         ("turns compared", f"{turns['comparable']} of {turns['total']}"),
         ("not comparable", f"{turns['not_comparable']}" + (f" ({reasons})" if reasons else "")),
         ("flagged turns", str(turns["flagged"])),
+        ("recorded logprobs", summary.get("logprobs_source", "recorded")),
         ("tokens compared", str(summary["tokens"])),
         ("mean Δ (recorded − recomputed)", _num(delta["mean_delta"])),
         ("mean |Δ| / p99 |Δ| / max |Δ|", " / ".join(_num(delta[k]) for k in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta"))),
