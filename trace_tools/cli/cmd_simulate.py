@@ -11,7 +11,10 @@ def simulate_cmd(
     out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
-    template: Annotated[str, typer.Option("--template", help="qwen3 (JSON tool calls) | qwen3.5 (XML tool calls).")] = "qwen3",
+    template: Annotated[str, typer.Option("--template", help="Model family: qwen3 (JSON tool calls) | qwen3.5 (XML tool calls).")] = "qwen3",
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="Template file, or qwen3 / qwen3.5 / trl:<name>, in the family's tool-call format "
+                                "(default: the family's TRL template; without trl, the copy the bundled sample carries).")] = None,
     behaviour: Annotated[Optional[list[str]], typer.Option(
         "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
                             "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,
@@ -31,7 +34,7 @@ def simulate_cmd(
     from trace_tools.simulate import simulate, summarize
 
     table = simulate(sessions, seed, template=template, behaviours=behaviour, recording=recording, out=str(out),
-                     max_turns=max_turns, logprobs_model=logprobs_model)
+                     max_turns=max_turns, logprobs_model=logprobs_model, chat_template=chat_template)
     rows = summarize(table)
     if json_out:
         print_json({"out": str(out), "recipes": rows})
@@ -44,7 +47,7 @@ def _table(rows: list[dict], template: str, recording: str):
     from rich.table import Table
 
     table = Table(title=f"simulated sessions ({template}, recording {recording})", title_justify="left")
-    table.add_column("behaviours", no_wrap=True)
+    table.add_column("behaviours", overflow="fold")
     for name in ("sessions", "turns", "genuine", "ideal\nsamples", "ideal\ntokens"):
         table.add_column(name, justify="right")
     for row in rows:
