@@ -74,5 +74,5 @@ def _aligned(window, divergence: int) -> Table:
 
 
 def _visible(text: str) -> str:
-    """Newlines and tabs as escapes, so whitespace differences show."""
-    return repr(text)[1:-1]
+    """Line breaks and tabs as visible marks (a stripped trailing space then shows before a ↵)."""
+    return text.replace("\r", "␍").replace("\n", "↵").replace("\t", "→")

@@ -21,7 +21,7 @@ GAP = 2  # columns are separated by two spaces
 # One short label per strategy, the same in every table; `legend` explains those that differ.
 LABELS = {"tree": "tree", "echo-restore": "restore", "linear": "linear", "linear+restore": "lin+rst",
           "chains": "chains", "session-v1": "sess-v1", "session-v2": "sess-v2", "checkpoint-tree": "ckpt"}
-WRAP_WIDTH = 30  # what a wrapping text column asks for before it shares the leftover width
+WRAP_WIDTH = 12  # what a wrapping text column asks for; it takes whatever width is left over
 
 
 def label(strategy: str) -> str:
