@@ -16,6 +16,8 @@ def compare_cmd(
 ) -> None:
     """Compare two runs, two strategies of one run, or every strategy by simulated behaviour.
 
+    RUN_A, RUN_B: finished run directories (`replay --out`); with RUN_A alone, name two strategies.
+
     Example: trace-tools compare runs/before runs/after   |   trace-tools compare runs/r1 -s tree -s linear
     """
     from trace_tools.cli._output import console, print_all, print_json
@@ -48,6 +50,8 @@ def gate_cmd(
 ) -> None:
     """Check a run against regression rules: exit 0 when all pass, 1 when one fails, 2 on a malformed file.
 
+    RUN: a finished run directory (`replay --out`).
+
     Example: trace-tools gate runs/r1 --rules docs/gate-rules.example.toml --baseline runs/main
     """
     from trace_tools.cli._output import console, print_all, print_json
@@ -78,6 +82,8 @@ def explain_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Show why a turn drifted: served vs re-rendered ids around the first divergence, the message diff, the cause.
+
+    DUMP: a Parquet file or a directory of them (searched recursively).
 
     Example: trace-tools explain dump.parquet --session s0003 --turn 4 --strategy tree
     """

@@ -17,6 +17,8 @@ def reconstruct_cmd(
 ) -> None:
     """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids.
 
+    DUMP: a Parquet file or a directory of them (searched recursively).
+
     Example: trace-tools reconstruct dump.parquet --json
     """
     from trace_tools.reconstruct import reconstruct

@@ -41,6 +41,8 @@ def replay_cmd(
 ) -> None:
     """Replay a dump through trajectory-management strategies and report what each would train.
 
+    DUMP: a Parquet file or a directory of them (searched recursively); default: the bundled sample_traces/.
+
     Example: trace-tools replay dump.parquet --strategy tree --strategy linear --out runs/r1
     """
     from trace_tools.cli._output import console, note, print_json
@@ -76,6 +78,8 @@ def report_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
 ) -> None:
     """Re-render the report (report.md, plots, terminal tables) of a finished run.
+
+    RUN: a finished run directory (`replay --out`).
 
     Example: trace-tools report runs/r1
     """

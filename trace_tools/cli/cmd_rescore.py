@@ -28,6 +28,8 @@ def rescore_cmd(
 ) -> None:
     """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
 
+    DUMP: a Parquet file or a directory of them (searched recursively), with output_logprobs.
+
     Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
     """
     from trace_tools.cli._output import console, note, print_json

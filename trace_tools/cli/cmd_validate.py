@@ -24,6 +24,8 @@ def validate_cmd(
 ) -> None:
     """Validate a trace dump: count sessions and turns, list quarantined sessions with reasons.
 
+    DUMP: a Parquet file or a directory of them (searched recursively).
+
     Example: trace-tools validate dump.parquet --strict --out quarantine.parquet
     """
     from trace_tools.cli._output import error, print_json
