@@ -100,3 +100,15 @@ def test_gaps_and_empty_generations_are_counted_warnings(tmp_path):
 def test_a_clean_dump_has_no_warnings(tmp_path):
     report = validate(write_dump(tmp_path / "d.parquet"), vocab_size=VOCAB)
     assert report.clean and report.data_warnings == {}
+
+
+def test_validate_cli_prints_the_warnings_with_an_example(tmp_path):
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+
+    gapped = baseline_table().filter(pa.array([i != 1 for i in range(9)]))  # alpha loses turn 1
+    result = CliRunner().invoke(app, ["validate", str(write_dump(tmp_path / "d.parquet", gapped)), "--strict"])
+    assert result.exit_code == 0  # legal: a warning, not a quarantine
+    assert "warning: 1 session(s) with a turn_index gap (a dropped request?), e.g. session alpha: turn 1" in \
+        " ".join(result.output.split())

@@ -22,6 +22,7 @@ EXPECTED_EXIT = re.compile(r"#\s*exit (\d):")  # a line's comment may announce a
 REPO = Path(__file__).parents[1]
 README = (REPO / "README.md").read_text()
 TOUR = re.search(r"<!-- tour -->\n```bash\n(.*?)```", README, re.S)
+TOUR_PYTHON = re.search(r"<!-- tour-python -->\n```python\n(.*?)```", README, re.S)
 SHIM = """#!{python}
 import sys
 sys.modules.update({{"torch": None, "trl": None}})  # a plain install: neither is there
@@ -64,3 +65,7 @@ def test_readme_tour_runs_verbatim_without_torch_or_trl(tmp_path):
         wide = [text for text in output.splitlines() if cell_len(text.rstrip()) > 80]
         assert not wide, f"{line}: lines wider than 80 columns:\n" + "\n".join(wide)
     assert (scratch / "runs" / "r1" / "summary.json").is_file() and (scratch / "runs" / "r2" / "report.md").is_file()
+    code = 'import sys; sys.modules.update({"torch": None, "trl": None})\n' + TOUR_PYTHON.group(1)
+    done = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (scratch / "runs" / "api" / "summary.json").is_file()
