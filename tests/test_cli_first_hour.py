@@ -108,7 +108,7 @@ def test_a_bare_dump_without_a_tokenizer_is_a_usage_error(bare_dump, tmp_path):
 def test_strategy_help_lists_the_names_and_dump_has_help():
     text = " ".join(_invoke("replay", "--help", COLUMNS="200").output.split())
     assert "tree, echo-restore, linear, linear+restore, chains, session-v1, session-v2, checkpoint-tree" in text
-    assert "DUMP: a Parquet file or a directory of them (searched recursively); default: the bundled sample_traces/" in text
+    assert "DUMP: a Parquet file or a directory of them (searched recursively); default: the bundled" in text
 
 
 # -- 3. simulate after a plain install ---------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_interrupt_says_how_to_resume_and_the_rerun_says_it_resumed(simulated_du
     assert (out / "summary.json").read_text() == (fresh.run_dir / "summary.json").read_text()
 
 
-# -- 14. discoverability --------------------------------------------------------------------------------------------------
+# -- 14. discoverability ----------------------------------------------------------------------------------------
 def test_version_and_short_help():
     from trace_tools import __version__
 

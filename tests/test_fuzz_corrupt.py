@@ -50,6 +50,11 @@ def _set(table: pa.Table, column: str, row: int, value) -> pa.Table:
     return table.set_column(index, table.schema.field(index), pa.array(values, table.schema.field(index).type))
 
 
+def _first(table: pa.Table, column: str, row: int, value) -> pa.Table:
+    """The row's list cell with its first item replaced by `value`."""
+    return _set(table, column, row, [value, *table[column][row].as_py()[1:]])
+
+
 def _invalid_utf8(table: pa.Table, column: str, row: int) -> pa.Table:
     values = table.column(column).cast(pa.binary()).to_pylist()  # bytes, even where already spoiled
     values[row] = values[row][:5] + SPOILER + values[row][5:]
@@ -94,11 +99,13 @@ ROW_CLASSES = [
     Corruption("messages empty", "empty_messages", lambda t, r: _set(t, "messages", r, "[]")),
     Corruption("messages null", "empty_messages", lambda t, r: _set(t, "messages", r, None)),
     Corruption("output_ids null", "missing_column", lambda t, r: _set(t, "output_ids", r, None)),
-    Corruption("null token id", "wrong_type", lambda t, r: _set(t, "output_ids", r, [None, *t["output_ids"][r].as_py()[1:]])),
-    Corruption("logprobs too short", "logprobs_length", lambda t, r: _set(t, "output_logprobs", r, t["output_logprobs"][r].as_py()[1:])),
-    Corruption("id beyond the vocabulary", "out_of_vocab", lambda t, r: _set(t, "output_ids", r, [QWEN3_VOCAB, *t["output_ids"][r].as_py()[1:]])),
-    Corruption("negative token id", "out_of_vocab", lambda t, r: _set(t, "prompt_ids", r, [-1, *t["prompt_ids"][r].as_py()[1:]])),
-    Corruption("duplicate turn_index", "duplicate_turn", lambda t, r: _set(t, "turn_index", r, t["turn_index"][r - 1].as_py()), rows="later"),
+    Corruption("null token id", "wrong_type", lambda t, r: _first(t, "output_ids", r, None)),
+    Corruption("logprobs too short", "logprobs_length",
+               lambda t, r: _set(t, "output_logprobs", r, t["output_logprobs"][r].as_py()[1:])),
+    Corruption("id beyond the vocabulary", "out_of_vocab", lambda t, r: _first(t, "output_ids", r, QWEN3_VOCAB)),
+    Corruption("negative token id", "out_of_vocab", lambda t, r: _first(t, "prompt_ids", r, -1)),
+    Corruption("duplicate turn_index", "duplicate_turn",
+               lambda t, r: _set(t, "turn_index", r, t["turn_index"][r - 1].as_py()), rows="later"),
     Corruption("negative turn_index", "negative_turn", lambda t, r: _set(t, "turn_index", r, -1)),
     Corruption("invalid UTF-8 in messages", "bad_text", lambda t, r: _invalid_utf8(t, "messages", r)),
     Corruption("invalid UTF-8 in the response", "bad_text", lambda t, r: _invalid_utf8(t, "response", r)),

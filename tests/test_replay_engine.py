@@ -66,7 +66,7 @@ def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
     assert shard.stat().st_mtime_ns == stamp
     assert second.summary == first.summary
     assert (first.resumed_shards, second.resumed_shards) == (0, 1)
-    with pytest.raises(UsageError, match=r"other options \(params: \{\} → \{'fork_threshold': 0\}\); pass --overwrite"):
+    with pytest.raises(UsageError, match=r"other options \(params: \{\} → \{'fork_threshold': 0\}\); pass --overw"):
         replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": "0"})
     assert shard.stat().st_mtime_ns == stamp  # the finished run was left alone
     third = replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": 0}, overwrite=True)

@@ -10,9 +10,9 @@ from trace_tools.report.rerender import read_run
 
 def test_writing_plots_keeps_the_callers_matplotlib_backend(sample_run, tmp_path):
     """A notebook's inline backend must survive a replay that writes plots (it used to become Agg)."""
-    code = ("import matplotlib; matplotlib.use('svg'); "
+    code = ("import pathlib, matplotlib; matplotlib.use('svg'); "
             "from trace_tools.report.plots import write_plots; from trace_tools.report.rerender import read_run; "
-            f"written = write_plots(__import__('pathlib').Path({str(tmp_path)!r}), read_run({str(sample_run.run_dir)!r})); "
+            f"written = write_plots(pathlib.Path({str(tmp_path)!r}), read_run({str(sample_run.run_dir)!r})); "
             "print(matplotlib.get_backend(), len(written))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["svg", "3"]

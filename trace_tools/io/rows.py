@@ -178,7 +178,8 @@ def _check_message(message: dict[str, Any], where: str, need_role: bool = True) 
     """What every template and canonicalization relies on: a role, a text or parts body, tool calls."""
     role = message.get("role")
     if (need_role or role is not None) and not (isinstance(role, str) and role.strip()):
-        raise BadRow("bad_message", f"{where} has no role" if role is None else f"{where}.role is {role!r}, not a role name")
+        detail = "has no role" if role is None else f"role is {role!r}, not a role name"
+        raise BadRow("bad_message", f"{where} {detail}")
     content = message.get("content")
     if content is not None and not isinstance(content, (str, list)):
         raise BadRow("bad_message", f"{where}.content is a {type(content).__name__}, not text, parts or null")
@@ -190,7 +191,8 @@ def _check_message(message: dict[str, Any], where: str, need_role: bool = True) 
         if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
             raise BadRow("bad_message", f"{where}.tool_calls[{position}] has no function name")
         if not isinstance(function.get("arguments"), (str, dict, type(None))):
-            raise BadRow("bad_message", f"{where}.tool_calls[{position}].function.arguments is neither text nor an object")
+            raise BadRow("bad_message",
+                         f"{where}.tool_calls[{position}].function.arguments is neither text nor an object")
 
 
 def _check_tools(tools: list[Any] | None) -> None:

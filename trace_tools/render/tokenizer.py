@@ -184,7 +184,8 @@ def check_tokenizer_name(name_or_path: str) -> None:
 
 
 def _unknown(name_or_path: str) -> UnknownName:
-    return UnknownName("tokenizer", name_or_path, [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+    return UnknownName("tokenizer", name_or_path,
+                       [*RECIPES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
 
 
 def vocab_size_for(name_or_path: str | None) -> int | None:

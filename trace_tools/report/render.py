@@ -60,7 +60,8 @@ def _overview(summary: dict[str, Any]) -> list[str]:
     warnings = ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in (summary.get("warnings") or {}).items() if n)
     return [f"- sessions: {summary['sessions_total']} ({summary['quarantined']} quarantined: {by_reason})",
             f"- turns: {summary['turns_total']}",
-            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns.{vocab}",
+            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns."
+            f"{vocab}",
             f"- warnings (legal, counted; sessions with a turn_index gap, turns with an empty generation): "
             f"{warnings or 'none'}"]
 

@@ -70,8 +70,8 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     return table
 
 
-def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]],
-                      recording: str, max_turns: int = 40, *, chat_template: str | None = None) -> tuple[list[Any], Any]:
+def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]], recording: str,
+                      max_turns: int = 40, *, chat_template: str | None = None) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
     from trace_tools.render.renderer import Renderer

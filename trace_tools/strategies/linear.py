@@ -10,8 +10,9 @@ upstream systems offers this combination.
 Counterfactual: healed prompts are ids the engine never saw; the recorded `output_ids` and
 logprobs are reused as if sampled on the healed context (DESIGN §3).
 
-Options: `on_nonlinear` ("reset" | "error" | "passthrough", default reset), `delta` (text-space
-delta render first, default true), plus every `tree` option. `fork_threshold` defaults to the tree's 1024; agentcore pairs the healer with a CLEAN/FORK-only
+Options (`LINEAR_PARAMS`): `on_nonlinear` ("reset" | "error" | "passthrough", default reset),
+`delta` (text-space delta render first, default true), plus every `tree` option.
+`fork_threshold` defaults to the tree's 1024; agentcore pairs the healer with a CLEAN/FORK-only
 manager, which is `fork_threshold=0`.
 
 Prompt events: `healed`, `reset` (a nonlinear jump re-anchored on the plain render), `rendered`
