@@ -99,7 +99,7 @@ def turn_from_record(record: dict[str, Any], vocab_size: int | None) -> Turn:
     if record["turn_index"] < 0:
         raise BadRow("negative_turn", f"turn_index is {record['turn_index']}")
     messages = _messages(record)
-    output_ids = _token_ids(record, "output_ids", vocab_size)
+    output_ids = _token_ids(record, "output_ids", vocab_size) or []  # not null: checked above
     logprobs = _logprobs(record, len(output_ids))
     values = {name: _json_value(record, name, kind) for name, kind in _JSON_COLUMNS}
     _check_tools(values["tools"])

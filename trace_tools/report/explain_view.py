@@ -20,7 +20,7 @@ CAUSE_TEXT = {
 
 
 def explanation_renderables(result) -> list:
-    out = [_findings_table(result)]
+    out: list[Table | Text] = [_findings_table(result)]
     focus = result.focus
     if focus is None:
         out.append(Text("No turn of this session is echoed by a later request: nothing can drift."))

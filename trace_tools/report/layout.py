@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rich import box
 from rich.cells import cell_len
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -46,7 +47,7 @@ def middle(text: str, limit: int = 24) -> str:
 class Column:
     header: str  # "\n" stacks a header over two lines
     cells: list[str] = field(default_factory=list)
-    justify: str = "right"
+    justify: JustifyMethod = "right"
     wrap: bool = False  # free text that may break between words; never a number
 
     @property

@@ -117,7 +117,8 @@ def _ordered(names: Any) -> list[str]:
 def _colours(names: Any) -> list[Any]:
     from matplotlib import colormaps
 
-    palette = colormaps["tab10"].colors
+    tab10 = colormaps["tab10"]
+    palette = [tab10(n) for n in range(10)]
     order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
     return [palette[order.get(name, len(order) + n) % len(palette)] for n, name in enumerate(names)]
 
