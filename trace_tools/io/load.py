@@ -409,7 +409,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 
     def _note_warnings(self, session_id: str, turns: list[Turn]) -> None:
         """Legal but worth a look (DESIGN §6): a turn_index gap (a dropped request) and an empty generation."""
-        missing = sorted(set(range(turns[-1].turn_index + 1)) - {turn.turn_index for turn in turns})
+        indices = sorted({turn.turn_index for turn in turns})
+        missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
         empty = [turn.turn_index for turn in turns if not turn.output_ids]
         for kind, found, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
             if found:
