@@ -124,7 +124,8 @@ def _check_metric(metric: str, where: str) -> None:
     known = [*STRATEGY_METRICS, *TOP_METRICS]
     close = difflib.get_close_matches(metric, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise MalformedRules(f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(known)} "
+    shown = [pattern for pattern in known if not pattern.startswith("counters.")] + ["counters.<counter>"]
+    raise MalformedRules(f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} "
                          "(* = a tool, event or reason name)")
 
 
