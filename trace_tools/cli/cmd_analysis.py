@@ -6,11 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.strategies import BUILTIN_STRATEGIES
+
+NAMES = ", ".join(BUILTIN_STRATEGIES)
+
 
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
     run_b: Annotated[Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")] = None,
-    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help="Strategies to compare (two, with one run).")] = None,
+    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help=f"Strategies to compare (two, with one run): {NAMES}.")] = None,
     by: Annotated[Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
@@ -75,7 +79,7 @@ def explain_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet file or directory.")],
     session: Annotated[str, typer.Option(help="Session id to explain.")],
     turn: Annotated[Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help="Also show what this strategy made of the turn.")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help=f"Also show what this strategy made of the turn: {NAMES}.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
     prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
