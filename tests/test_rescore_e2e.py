@@ -204,7 +204,8 @@ def test_fill_logprobs_on_a_table_makes_a_dump_that_rescores_clean(sessions, tin
                 for s in sessions]
     table = sessions_to_table(stripped)
     filled = fill_logprobs(table, tiny)
-    assert filled.schema.metadata == table.schema.metadata
+    # the recording's metadata is kept, and the file now says who computed its logprobs
+    assert filled.schema.metadata == {**table.schema.metadata, b"trace_tools.logprobs": b"teacher-forced:tiny-qwen3"}
     assert filled.column("session_id").to_pylist() == table.column("session_id").to_pylist()
     lengths = [len(v) for v in filled.column("output_logprobs").to_pylist()]
     assert lengths == [len(v) for v in table.column("output_ids").to_pylist()]
@@ -212,6 +213,7 @@ def test_fill_logprobs_on_a_table_makes_a_dump_that_rescores_clean(sessions, tin
     result = rescore(tmp_path / "filled.parquet", tiny)
     assert result.summary["turns"]["comparable"] == 4  # the turn that had none now has logprobs too
     assert result.summary["delta"]["max_abs_delta"] < TOLERANCE
+    assert result.summary["logprobs_source"] == "teacher-forced:tiny-qwen3"
 
 
 def test_fill_logprobs_on_sessions_matches_the_sampled_logprobs(sessions, tiny):
