@@ -33,7 +33,8 @@ def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
     if not len(turns):
         return None
     grouped = turns.groupby(["tool", "strategy"])[["trained_tokens", "generated_tokens"]].sum()
-    coverage = (grouped["trained_tokens"] / grouped["generated_tokens"].where(grouped["generated_tokens"] > 0)).unstack()
+    generated = grouped["generated_tokens"]
+    coverage = (grouped["trained_tokens"] / generated.where(generated > 0)).unstack()
     coverage = coverage[_ordered(coverage.columns)]
     figure, ax = _figure(max(7.0, 1.1 * len(coverage) + 2.5), 4.5)
     coverage.plot.bar(ax=ax, width=0.85, color=_colours(coverage.columns), legend=False)
