@@ -20,15 +20,14 @@ from pathlib import Path
 def prepared_sessions(sessions: int, seed: int, template: str):
     from trace_tools.io.load import load
     from trace_tools.simulate import simulate
-    from trace_tools.strategies.base import ReplayContext
-    from trace_tools.strategies.prepare import prepare_turns
+    from trace_tools.strategies.base import ReplayContext, prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.parquet"
         simulate(sessions=sessions, seed=seed, template=template, out=str(path))
         dump = load(path)
     ctx = ReplayContext(_renderer(dump.meta), prompt_source="recorded" if _all_recorded(dump) else "auto")
-    return dump.meta, [(s.session_id, prepare_turns(s, ctx)) for s in dump.sessions]
+    return dump.meta, [(s.session_id, prepare(s, ctx).turns) for s in dump.sessions]
 
 
 def _all_recorded(dump) -> bool:

@@ -1,7 +1,7 @@
 """The uni-agent acceptance matrix (reference/miles_uniagent.md §3.14), replayed on a toy template.
 
 Each test names its matrix case as `test_cNN_...`. Scenarios, strings and token ids are our own
-(tests/test_chains_toy.py); the outcomes asserted — contexts, masks, chain choice, order,
+(tests/chains_toy.py); the outcomes asserted — contexts, masks, chain choice, order,
 counters — are the upstream ones. Cases the trace schema cannot express are listed, with the
 reason, in docs/upstream_chains.md.
 """
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from test_chains_toy import ToyRenderer, assistant, call, gen, system, tok, tool_result, untok, user
+from chains_toy import ToyRenderer, assistant, call, gen, system, tok, tool_result, untok, user
 from trace_tools.strategies.chains_core import (
     CONTEXT, MAX_TRAJECTORY_LENGTH, Chain, ChainCodec, ChainSession, ChainsSetupError, RequestRejected, ServerError,
     TokenBuffer, is_exact_prefix, message_hash, normalize_request, prefix_hashes,

@@ -1,17 +1,17 @@
 """The registered `chains` strategy on recorded sessions: samples, provenance, events, counters.
 
-Toy sessions use tests/test_chains_toy.py; the last tests replay sessions through the real Qwen3
+Toy sessions use tests/chains_toy.py; the last tests replay sessions through the real Qwen3
 tokenizer and template (trace_tools.render.renderer.Renderer.from_spec("qwen3")).
 """
 from __future__ import annotations
 
 import pytest
 
-from test_chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
+from chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
 from trace_tools.data import Session, Turn
+from trace_tools.errors import InvalidOption
 from trace_tools.strategies.base import ReplayContext, get_strategy
 from trace_tools.strategies.chains import ChainsStrategy
-from trace_tools.strategies.chains_core import ChainsSetupError
 
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 
@@ -105,7 +105,7 @@ def test_rollback_parameter_off_forks_instead(off):
 
 
 def test_invalid_rollback_value_names_the_fix():
-    with pytest.raises(ChainsSetupError, match="on or off"):
+    with pytest.raises(InvalidOption, match="invalid rollback .*choose one of.*off"):
         replay(rewrite_turns(), rollback="sometimes")
 
 

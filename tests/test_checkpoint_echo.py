@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_checkpoint_fakes import TOOLS
+from checkpoint_fakes import TOOLS
 from trace_tools.strategies.checkpoint_core import ECHO, EQUAL, message_match
 from trace_tools.strategies.restore_core import tool_defaults
 

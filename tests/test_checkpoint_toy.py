@@ -1,4 +1,4 @@
-"""checkpoint-tree on scripted sessions over the toy template (tests/test_checkpoint_fakes.py).
+"""checkpoint-tree on scripted sessions over the toy template (tests/checkpoint_fakes.py).
 
 Served ids are >= SERVED and no render produces them, so every expected sequence below is written
 out by hand: the root's full render, then per turn the served ids, the glue and the tail text.
@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from test_checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
+from checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
                                    system, tool, user)
-from trace_tools.errors import ReplayError
+from trace_tools.errors import InvalidOption, ReplayError
 from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.strategies.base import ReplayContext
-from trace_tools.strategies.checkpoint_tree import CheckpointTreeStrategy, UnknownRetryPolicy
+from trace_tools.strategies.checkpoint_tree import CheckpointTreeStrategy
 
 TOY = ToyTemplate()
 GLUE = TOY.encode("\n")  # the closer is CLOSE "\n"; the served ids already end with CLOSE
@@ -360,7 +360,7 @@ def test_counterfactual_prompts_are_counted_with_their_drift_position():
 
 
 def test_options_and_missing_renderer_fail_with_named_fixes():
-    with pytest.raises(UnknownRetryPolicy, match="supersede"):
+    with pytest.raises(InvalidOption, match="supersede"):
         replay(linear_session(), retries="drop-all")
     with pytest.raises(ReplayError, match="--tokenizer"):
         CheckpointTreeStrategy(ReplayContext(None)).replay(linear_session().session())

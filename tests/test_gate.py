@@ -89,6 +89,10 @@ max_regression = 0.05
     ('[[rule\nmetric = 1\n', "line 1"),
     ('title = "no rules"\n', "no [[rule]] tables"),
     ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\nthreshold = 3\n', "unknown key"),
+    ('[[rule]]\nmetric = "coverge"\nop = ">="\nvalue = 0.5\n', "unknown metric 'coverge'; did you mean 'coverage'?"),
+    ('[[rule]]\nmetric = "coverage_by_tool.Edit.share"\nop = ">="\nvalue = 0.5\n', "rules.toml:1: unknown metric"),
+    ('[[rule]]\nmetric = "coverage"\nstrategy = "chekpoint-tree"\nop = ">="\nvalue = 0.5\n',
+     "strategy 'chekpoint-tree' is not in this run; did you mean 'checkpoint-tree'?"),
 ])
 def test_malformed_rules_exit_2_naming_the_line(sample_run, tmp_path, text, needle):
     result = _gate(sample_run.run_dir, "--rules", _rules(tmp_path, text))

@@ -14,7 +14,7 @@ from trace_tools.errors import UnusableInput
 from trace_tools.io import iter_sessions, load, read_dump_meta
 # The package re-exports the function `load`, which shadows the submodule as an attribute.
 load_module = importlib.import_module("trace_tools.io.load")
-from test_io_support import (  # noqa: E402
+from io_support import (  # noqa: E402
     SESSION_IDS, VOCAB, baseline_sessions, baseline_table, distinct_session_ids, with_cell, with_column,
     write_dump,
 )

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from trace_tools.cli.cmd_validate import validate_cmd
 from trace_tools.errors import UnusableInput
 from trace_tools.io import validate
-from test_io_support import VOCAB, baseline_table, distinct_session_ids, with_cell, write_dump
+from io_support import VOCAB, baseline_table, distinct_session_ids, with_cell, write_dump
 
 app = typer.Typer()
 app.command("validate")(validate_cmd)
@@ -56,8 +56,10 @@ def test_by_reason_counts_sessions_not_rows(tmp_path):
     table = baseline_table()
     write_dump(tmp_path / "dump" / "a.parquet", table.slice(0, 5).drop_columns(["output_ids"]))
     write_dump(tmp_path / "dump" / "b.parquet", table.slice(5).drop_columns(["output_ids", "messages"]))
+    delta = table.slice(6).set_column(0, "session_id", pa.array(["delta"] * 3, pa.string()))
+    write_dump(tmp_path / "dump" / "c.parquet", delta)  # one usable file, so the dump is not unusable
     report = validate(tmp_path / "dump", vocab_size=VOCAB)
-    assert report.quarantined == 3 and report.valid_sessions == 0
+    assert report.quarantined == 3 and report.valid_sessions == 1
     assert report.by_reason == {"missing_column": 3}
     # One entry per session per schema problem of each file holding its rows; beta spans both files.
     assert [e.session_id for e in report.entries] == ["alpha", "beta", "beta", "beta", "gamma", "gamma"]
@@ -150,9 +152,9 @@ def test_cli_json_and_out(tmp_path, spoiled):
 
 
 def test_cli_lists_the_first_entries_only(tmp_path):
-    row = baseline_table().slice(0, 1)
+    row = with_cell(baseline_table().slice(0, 1), "messages", 0, "[")
     table = pa.concat_tables([with_cell(row, "session_id", 0, f"s{n:02d}") for n in range(25)])
-    result = run_cli(write_dump(tmp_path / "d.parquet", table.drop_columns(["output_ids"])))
+    result = run_cli(write_dump(tmp_path / "d.parquet", table))
     assert result.exit_code == 0
     assert "s19" in result.stdout and "s20" not in result.stdout
     assert "… and 5 more entries (pass --out FILE to get them all)" in result.stdout

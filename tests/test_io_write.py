@@ -13,7 +13,7 @@ from trace_tools.data import DumpMeta, QuarantineEntry
 from trace_tools.io import (
     load, quarantine_table, sessions_to_table, write_json_atomic, write_parquet_atomic, write_text_atomic,
 )
-from test_io_support import META, VOCAB, baseline_sessions
+from io_support import META, VOCAB, baseline_sessions
 
 
 def _leftovers(directory):

@@ -1,4 +1,4 @@
-"""The analysis notebook executes headlessly on a run of the bundled sample_traces/."""
+"""The analysis notebook executes headlessly, replaying a small simulated dump itself."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +14,11 @@ def test_notebook_has_no_committed_outputs():
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
 
 
-def test_analysis_notebook_runs(sample_run, monkeypatch, tmp_path):
-    monkeypatch.setenv("TRACE_TOOLS_RUN", str(sample_run.run_dir))
+def test_analysis_notebook_runs_and_shows_its_plots(simulated_dump, monkeypatch, tmp_path):
+    """Run as the README says: the notebook replays a dump itself, and writing the run's report must
+    not switch the kernel's matplotlib backend away from inline (which would hide every plot)."""
+    monkeypatch.delenv("TRACE_TOOLS_RUN", raising=False)
+    monkeypatch.setenv("TRACE_TOOLS_DUMP", str(simulated_dump))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]

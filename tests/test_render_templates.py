@@ -61,10 +61,16 @@ def test_dump_template_stands_in_for_named_templates_without_trl(monkeypatch):
     monkeypatch.setattr(templates, "trl_template_dir", lambda: None)
     text, identity = resolve_template("qwen3", dump_template=MINI)
     assert text == MINI and identity.startswith("dump ")
+    # no dump template: the copy of TRL's file that the bundled sample embeds (DESIGN §10)
+    text, identity = resolve_template("qwen3.5", dump_template=None)
+    assert identity.startswith("sample_traces:qwen3.5 ") and "<tool_call>" in text
+    import trace_tools.io.bundled as bundled
+
+    monkeypatch.setattr(bundled, "sample_template", lambda name: None)
     with pytest.raises(TemplateNotFound) as info:
         resolve_template("qwen3.5", dump_template=None)
-    assert "pip install trl==1.16.0" in str(info.value) and "--chat-template FILE" in str(info.value)
-    with pytest.raises(TemplateNotFound, match="pip install trl"):
+    assert "pip install --no-deps trl==1.16.0" in str(info.value) and "--chat-template FILE" in str(info.value)
+    with pytest.raises(TemplateNotFound, match="trl==1.16.0"):
         resolve_template("trl:llama3")
 
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from trace_tools.cli.main import app
 from trace_tools.data import COUNTERS, ReplayResult
 from trace_tools.api import replay
+from trace_tools.errors import UsageError
 from trace_tools.strategies.base import REGISTRY, Strategy, register
 
 SESSION_COLUMNS = ["strategy", "session_id", "samples", "forks", "generated_tokens", "trained_tokens",
@@ -64,7 +65,11 @@ def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
     second = replay(simulated_dump, out=out, strategies=["tree"])
     assert shard.stat().st_mtime_ns == stamp
     assert second.summary == first.summary
-    third = replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": 0})
+    assert (first.resumed_shards, second.resumed_shards) == (0, 1)
+    with pytest.raises(UsageError, match=r"other options \(params: \{\} → \{'fork_threshold': 0\}\); pass --overw"):
+        replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": "0"})
+    assert shard.stat().st_mtime_ns == stamp  # the finished run was left alone
+    third = replay(simulated_dump, out=out, strategies=["tree"], params={"fork_threshold": 0}, overwrite=True)
     assert shard.stat().st_mtime_ns != stamp  # other options: the shard was recomputed
     assert third.summary["strategies"]["tree"]["counters"]["rewrite_merges"] == 0
 

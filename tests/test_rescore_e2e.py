@@ -204,7 +204,8 @@ def test_fill_logprobs_on_a_table_makes_a_dump_that_rescores_clean(sessions, tin
                 for s in sessions]
     table = sessions_to_table(stripped)
     filled = fill_logprobs(table, tiny)
-    assert filled.schema.metadata == table.schema.metadata
+    # the recording's metadata is kept, and the file now says who computed its logprobs
+    assert filled.schema.metadata == {**table.schema.metadata, b"trace_tools.logprobs": b"teacher-forced:tiny-qwen3"}
     assert filled.column("session_id").to_pylist() == table.column("session_id").to_pylist()
     lengths = [len(v) for v in filled.column("output_logprobs").to_pylist()]
     assert lengths == [len(v) for v in table.column("output_ids").to_pylist()]
@@ -212,6 +213,7 @@ def test_fill_logprobs_on_a_table_makes_a_dump_that_rescores_clean(sessions, tin
     result = rescore(tmp_path / "filled.parquet", tiny)
     assert result.summary["turns"]["comparable"] == 4  # the turn that had none now has logprobs too
     assert result.summary["delta"]["max_abs_delta"] < TOLERANCE
+    assert result.summary["logprobs_source"] == "teacher-forced:tiny-qwen3"
 
 
 def test_fill_logprobs_on_sessions_matches_the_sampled_logprobs(sessions, tiny):
@@ -261,3 +263,21 @@ def test_a_simulated_dump_with_model_logprobs_rescores_clean(tiny, tmp_path):
     turns = result.summary["turns"]
     assert turns["total"] >= 3 and turns["comparable"] == turns["total"] == turns["prompt_rendered"]
     assert result.summary["delta"]["max_abs_delta"] < TOLERANCE and turns["flagged"] == 0
+
+
+def test_synthetic_logprobs_of_a_simulated_dump_are_named(tmp_path):
+    """Seeded logprobs flag every turn by design; rescore says so instead of leaving the user to wonder."""
+    from trace_tools.cli.main import app
+    from trace_tools.simulate import simulate
+
+    seeded, forced = tmp_path / "seeded.parquet", tmp_path / "forced.parquet"
+    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(seeded), max_turns=3)
+    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(forced), max_turns=3,
+             logprobs_model="tiny-qwen3")
+    result = CliRunner().invoke(app, ["rescore", str(seeded), "--model", "tiny-qwen3", "--device", "cpu",
+                                      "--out", str(tmp_path / "r1")])
+    assert result.exit_code == 0, result.output
+    assert "logprobs are synthetic" in " ".join(result.output.split())
+    summary = json.loads((tmp_path / "r1" / "summary.json").read_text())
+    assert summary["logprobs_source"] == "synthetic" and summary["turns"]["flagged"] > 0
+    assert rescore(forced, "tiny-qwen3", device="cpu").summary["logprobs_source"] == "teacher-forced:tiny-qwen3"

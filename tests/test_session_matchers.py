@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_session_fakes import assistant, call, tool, user
+from session_fakes import assistant, call, tool, user
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.session_core import (INVALID_JSON_OBJECT, ServerError, json_object_tree,
                                                  loose_tool_call_match, matches, resolve_matcher,

@@ -87,9 +87,11 @@ def test_session_v1_on_qwen3(qwen3):
     assert trained_by_turn(result) == {t.turn_index: len(t.output_ids) for t in session.turns}
     sample = result.samples[0]
     text = qwen3.decode(sample.token_ids)
-    # miles renders tools through SGLang's Tool model (fields reordered, `strict: false` added), so
-    # the first prompt differs from the recorded render of the raw tools right at the first key
-    assert '{"description": "Read a file", "name": "Read", "parameters"' in text and '"strict": false}}' in text
+    # miles renders tools through SGLang's Tool model (fields reordered, `strict: false` added, a
+    # tool-level `defer_loading: null`), so the first prompt differs from the recorded render of the
+    # raw tools right at the first key
+    assert '{"description": "Read a file", "name": "Read", "parameters"' in text
+    assert '"strict": false}, "defer_loading": null}' in text
     assert result.prompt_events[0] == "rendered"
     assert qwen3.decode(session.turns[0].prompt_ids[:result.drift_positions[0]]).endswith('"function": {"')
     # each later prompt = checkpoint + "\n" + the appended tool message + generation prompt

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
+from session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.session_core import (FAMILIES, RequestRejected, ServerError, TitoTokenizer, family_for,
                                                  sglang_tools, template_messages)
@@ -17,15 +17,30 @@ def tito(family: str = "qwen3", **renderer_options) -> TitoTokenizer:
 
 
 def test_tools_take_the_sglang_model_shape():
+    """SGLang v0.5.16 `Tool.model_dump()`: the tool-level defer_loading is always dumped (null when
+    unset), the function-level one only when set; strict defaults to false (docs/upstream_session.md)."""
     bare = {"name": "Bash", "parameters": {"type": "object"}, "x-extra": 1}
     shaped = sglang_tools([TOOLS[0], bare])
     assert shaped[0] == {"type": "function", "function": {"description": "read", "name": "Read",
-                                                          "parameters": {"type": "object"}, "strict": False}}
+                                                          "parameters": {"type": "object"}, "strict": False},
+                         "defer_loading": None}
+    assert list(shaped[0]) == ["type", "function", "defer_loading"]
     assert list(shaped[0]["function"]) == ["description", "name", "parameters", "strict"]
     assert shaped[1] == {"type": "function", "function": {"description": None, "name": "Bash",
-                                                          "parameters": {"type": "object"}, "strict": False}}
+                                                          "parameters": {"type": "object"}, "strict": False},
+                         "defer_loading": None}
     kept = sglang_tools([{"type": "function", "function": {"name": "W", "strict": "true"}}])
     assert kept[0]["function"]["strict"] is True
+
+
+def test_defer_loading_is_dumped_as_the_sglang_model_does():
+    tool_level = sglang_tools([{"type": "function", "function": {"name": "W"}, "defer_loading": "yes"}])[0]
+    assert tool_level["defer_loading"] is True and tool_level["function"]["defer_loading"] is True  # propagated
+    assert list(tool_level["function"]) == ["description", "name", "parameters", "strict", "defer_loading"]
+    function_level = sglang_tools([{"type": "function", "function": {"name": "W", "defer_loading": False}}])[0]
+    assert function_level["defer_loading"] is None and function_level["function"]["defer_loading"] is False
+    with pytest.raises(ServerError, match="booleans"):
+        sglang_tools([{"type": "function", "function": {"name": "W"}, "defer_loading": "later"}])
     assert sglang_tools([]) is None and sglang_tools(None) is None
     with pytest.raises(ServerError):
         sglang_tools([{"type": "function", "function": {"description": "no name"}}])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_session_fakes import (IM_END, NEWLINE, TOY, ToyRenderer, assistant, call, conversation, make_turn,
+from session_fakes import (IM_END, NEWLINE, TOY, ToyRenderer, assistant, call, conversation, make_turn,
                                 session_of, tool, user)
 from trace_tools.data import Session
 from trace_tools.strategies.base import ReplayContext, get_strategy

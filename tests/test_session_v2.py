@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from test_session_fakes import NEWLINE, TOY, ToyRenderer, assistant, call, conversation, tool, user
+from session_fakes import NEWLINE, TOY, ToyRenderer, assistant, call, conversation, tool, user
 from trace_tools.strategies.base import ReplayContext, get_strategy
 from trace_tools.strategies.session_core import (FAMILIES, MAX_NODES, TitoTokenizer, drop_retries,
                                                  find_attach_point, replay_v2, request_from_turn, samples_v2,

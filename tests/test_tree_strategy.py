@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from trace_tools.data import COUNTERS, ReplayResult, Sample, Session, Turn
-from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.errors import InvalidOption, ReplayError
 from trace_tools.strategies.base import ReplayContext, get_strategy
-from trace_tools.strategies.tree import InvalidTreeOption, TreeStrategy
+from trace_tools.strategies.tree import TreeStrategy
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TurnRecord
 
 SYSTEM = {"role": "system", "content": "you fix bugs"}
@@ -168,9 +168,9 @@ def test_tree_bad_logprobs_raise_a_replay_error():
 @pytest.mark.parametrize("params", [{"realign_gate": "sideways"}, {"realign_from": "middle"},
                                     {"fork_threshold": "many"}, {"max_sample_tokens": -4}])
 def test_tree_rejects_bad_options(params):
-    with pytest.raises(UnknownName):
+    with pytest.raises(InvalidOption):
         run(linear_session(), **params)
-    assert issubclass(InvalidTreeOption, ValueError)
+    assert issubclass(InvalidOption, ValueError)
 
 
 def test_replay_prepared_accepts_prepared_turn_like_inputs():

@@ -20,6 +20,12 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from trace_tools.errors import UsageError
+
+
+class UnknownSession(UsageError, LookupError):
+    """`Run.session(id)` for an id the run does not hold."""
+
 
 @dataclass
 class RunResult:
@@ -37,21 +43,24 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
            prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
            canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
            workers: int | None = None, executor: str = "local", address: str | None = None,
-           progress: Callable[[int, int], None] | None = None, tool_format: str | None = None) -> RunResult:
+           progress: Callable[[int, int], None] | None = None, tool_format: str | None = None,
+           overwrite: bool = False) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
 
     `workers` defaults to `$TRACE_TOOLS_WORKERS` or the machine's cores (1 replays in this
     process); `executor="ray"` runs the same session function on Ray (`address` of a cluster, or
     a local one). The output does not depend on either. `tool_format` overrides the tool-call
-    format detected from the chat template (`--tool-format`).
+    format detected from the chat template (`--tool-format`). A run directory holding a run made
+    with other options is refused unless `overwrite`.
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
 
     options = ReplayOptions(list(strategies or []), prompt_source, tokenizer, chat_template, canonicalization,
                             {k: v for k, v in (params or {}).items() if v is not None}, write_samples, tool_format)
-    engine = run(dump, options, out, workers=workers, executor=executor, address=address, progress=progress)
+    engine = run(dump, options, out, workers=workers, executor=executor, address=address, progress=progress,
+                 overwrite=overwrite)
     return _finish(engine)
 
 
@@ -195,7 +204,12 @@ class Run:
 
     def session(self, session_id: str) -> pd.DataFrame:
         """One session's turns: tool, generated and trained tokens, and events, per strategy."""
-        frame = self.turns[self.turns["session_id"] == session_id]
+        frame = self.turns[self.turns["session_id"] == session_id] if len(self.turns) else self.turns
+        if not len(frame):
+            from trace_tools.pipeline import no_session_message
+
+            ids = list(self.sessions["session_id"].unique()) if len(self.sessions) else []
+            raise UnknownSession(no_session_message(session_id, self.path, ids))
         return frame.pivot_table(index=["turn_index", "tool"], columns="strategy",
                                  values="trained_tokens", aggfunc="sum")[self.strategies]
 

@@ -1,4 +1,4 @@
-"""Typed errors. The CLI maps each to a one-line message that names the fix (see cli/_errors.py)."""
+"""Typed errors. The CLI maps each to a one-line message that names the fix (see cli/main.py `_guard`)."""
 from __future__ import annotations
 
 
@@ -12,7 +12,11 @@ class UnusableInput(TraceToolsError):
     """The input cannot be read at all (no such path, not Parquet, truncated file)."""
 
 
-class UnknownName(TraceToolsError):
+class UsageError(TraceToolsError):
+    """An option, argument or output path that cannot be used; found before any work is done."""
+
+
+class UnknownName(UsageError):
     """A name (strategy, tokenizer, template, behaviour, model) that is not registered."""
 
     def __init__(self, kind: str, name: str, available: list[str] | tuple[str, ...]):
@@ -20,11 +24,15 @@ class UnknownName(TraceToolsError):
         super().__init__(f"unknown {kind} {name!r}; choose one of: {', '.join(self.available)}")
 
 
-class TemplateNotFound(TraceToolsError):
+class InvalidOption(UsageError, ValueError):
+    """An option value outside its declared type or choices (see `trace_tools.options`)."""
+
+
+class TemplateNotFound(UsageError):
     """No chat template could be resolved for a tokenizer."""
 
 
-class MalformedRules(TraceToolsError):
+class MalformedRules(UsageError):
     """A gate rules file that cannot be used (message names the line)."""
 
 

@@ -18,6 +18,12 @@ TOOL_FORMAT_HELP = ("Tool-call format of the responses, instead of the one detec
                     "json | xml | glm | deepseek | harmony | llama.")
 
 
+def print_all(renderables: Any) -> None:
+    """Print tables and text lines one after another on stdout."""
+    for renderable in renderables:
+        console.print(renderable)
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 

@@ -7,36 +7,43 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TOOL_FORMAT_HELP
+from trace_tools.strategies import BUILTIN_STRATEGIES
+
+NAMES = ", ".join(BUILTIN_STRATEGIES)
 
 
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
     run_b: Annotated[Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")] = None,
-    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help="Strategies to compare (two, with one run).")] = None,
+    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help=f"Strategies to compare (two, with one run): {NAMES}.")] = None,
     by: Annotated[Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Compare two runs, two strategies of one run, or every strategy by simulated behaviour.
 
+    RUN_A, RUN_B: finished run directories (`replay --out`); with RUN_A alone, name two strategies.
+
     Example: trace-tools compare runs/before runs/after   |   trace-tools compare runs/r1 -s tree -s linear
     """
-    from trace_tools.cli._output import console, print_json
+    from trace_tools.cli._output import console, print_all, print_json
+    from trace_tools.options import parse_choice
     from trace_tools.report import compare as lib
-    from trace_tools.report.compare_tables import behaviour_table, comparison_tables
+    from trace_tools.report.compare_tables import behaviour_view, comparison_view
 
     if by is not None:
-        if by != "behaviour":
-            raise typer.BadParameter("--by accepts only `behaviour`")
+        parse_choice(by, ["behaviour"], "--by")
         frame = lib.compare_by_behaviour(run_a)
-        print_json(frame.to_dict("records")) if json_out else console.print(behaviour_table(frame))
+        if json_out:
+            print_json(frame.to_dict("records"))
+        else:
+            print_all(behaviour_view(frame, console.width))
         return
     result = lib.compare(run_a, run_b, strategy)
     if json_out:
         print_json({"a": result.label_a, "b": result.label_b, "metrics": result.metrics.to_dict("records"),
                     "tools": result.tools.to_dict("records"), "sessions": result.sessions.to_dict("records")})
         return
-    for table in comparison_tables(result):
-        console.print(table)
+    print_all(comparison_view(result, console.width))
 
 
 def gate_cmd(
@@ -48,12 +55,14 @@ def gate_cmd(
 ) -> None:
     """Check a run against regression rules: exit 0 when all pass, 1 when one fails, 2 on a malformed file.
 
+    RUN: a finished run directory (`replay --out`).
+
     Example: trace-tools gate runs/r1 --rules docs/gate-rules.example.toml --baseline runs/main
     """
-    from trace_tools.cli._output import console, print_json
+    from trace_tools.cli._output import console, print_all, print_json
     from trace_tools.io.write import write_text_atomic
     from trace_tools.report.gate import gate, junit_xml
-    from trace_tools.report.compare_tables import gate_table
+    from trace_tools.report.compare_tables import gate_view
 
     results = gate(run, rules, baseline)
     if junit is not None:
@@ -62,7 +71,7 @@ def gate_cmd(
         print_json([{"rule": r.label, "strategy": r.strategy, "actual": r.actual, "expected": r.expected,
                      "passed": r.passed, "message": r.message} for r in results])
     else:
-        console.print(gate_table(results))
+        print_all(gate_view(results, console.width))
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 
@@ -71,7 +80,7 @@ def explain_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet file or directory.")],
     session: Annotated[str, typer.Option(help="Session id to explain.")],
     turn: Annotated[Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help="Also show what this strategy made of the turn.")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help=f"Also show what this strategy made of the turn: {NAMES}.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
     prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
@@ -79,6 +88,8 @@ def explain_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Show why a turn drifted: served vs re-rendered ids around the first divergence, the message diff, the cause.
+
+    DUMP: a Parquet file or a directory of them (searched recursively).
 
     Example: trace-tools explain dump.parquet --session s0003 --turn 4 --strategy tree
     """

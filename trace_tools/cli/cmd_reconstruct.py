@@ -11,18 +11,22 @@ from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
 
 
 def reconstruct_cmd(
-    dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory).")],
+    dump: Annotated[Path, typer.Argument(help="Parquet file or directory of them.")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")] = None,
-    chat_template: Annotated[Optional[Path], typer.Option("--chat-template", help="Jinja template file; default: the dump's, else the tokenizer's.")] = None,
+    chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="Template file, or a family name / trl:<name>; default: the dump's, else the tokenizer's.")] = None,
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
-    """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids."""
+    """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids.
+
+    DUMP: a Parquet file or a directory of them (searched recursively).
+
+    Example: trace-tools reconstruct dump.parquet --json
+    """
     from trace_tools.reconstruct import reconstruct
 
-    result = reconstruct(dump, tokenizer=tokenizer, chat_template=str(chat_template) if chat_template else None,
-                         tool_format=tool_format)
+    result = reconstruct(dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format)
     if out is not None:
         result.save(out)
     if json_out:

@@ -7,6 +7,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 FLAGGED_SHOWN = 10
+SYNTHETIC_NOTE = ("note: this dump's logprobs are synthetic (seeded by `trace-tools simulate`, not sampled by a "
+                  "model), so the turns are flagged by design; simulate with --logprobs-model MODEL for a dump that "
+                  "rescores clean")
 
 
 def rescore_cmd(
@@ -25,13 +28,15 @@ def rescore_cmd(
 ) -> None:
     """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
 
+    DUMP: a Parquet file or a directory of them (searched recursively), with output_logprobs.
+
     Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
     """
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
     from trace_tools.rescore import rescore
 
-    with progress_bar("rescoring tokens", disable=json_out) as advance:
+    with progress_bar("rescoring", "tokens", disable=json_out) as advance:
         result = rescore(dump, model, device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, out=out,
                          threshold=threshold, max_threshold=max_threshold, tokenizer=tokenizer,
                          chat_template=chat_template, write_tokens=tokens, on_progress=advance)
@@ -39,6 +44,8 @@ def rescore_cmd(
         print_json(result.summary)
         return
     console.print(_summary_table(result.summary))
+    if result.summary.get("logprobs_source") == "synthetic":
+        note(SYNTHETIC_NOTE)
     if result.summary["flagged"]:
         console.print(_flagged_table(result.summary["flagged"][:FLAGGED_SHOWN]))
     note(f"output directory: {out}")
@@ -56,6 +63,7 @@ def _summary_table(summary: dict[str, Any]) -> Any:
         ("turns compared", f"{turns['comparable']} of {turns['total']}"),
         ("not comparable", f"{turns['not_comparable']}" + (f" ({reasons})" if reasons else "")),
         ("flagged turns", str(turns["flagged"])),
+        ("recorded logprobs", summary.get("logprobs_source", "recorded")),
         ("tokens compared", str(summary["tokens"])),
         ("mean Δ (recorded − recomputed)", _num(delta["mean_delta"])),
         ("mean |Δ| / p99 |Δ| / max |Δ|", " / ".join(_num(delta[k]) for k in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta"))),

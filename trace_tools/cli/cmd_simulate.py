@@ -12,6 +12,9 @@ def simulate_cmd(
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
     template: Annotated[str, typer.Option("--template", help="Model family: qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1.")] = "qwen3",
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="Template file, or a family name / trl:<name>, in the family's tool-call format "
+                                "(default: the family's TRL template; without trl, the copy the bundled sample carries).")] = None,
     behaviour: Annotated[Optional[list[str]], typer.Option(
         "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
                             "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,
@@ -35,7 +38,7 @@ def simulate_cmd(
     from trace_tools.simulate import simulate, summarize
 
     table = simulate(sessions, seed, template=template, behaviours=behaviour, recording=recording, out=str(out),
-                     max_turns=max_turns, logprobs_model=logprobs_model, profile=profile)
+                     max_turns=max_turns, logprobs_model=logprobs_model, profile=profile, chat_template=chat_template)
     rows = summarize(table)
     if json_out:
         print_json({"out": str(out), "recipes": rows})
@@ -48,7 +51,7 @@ def _table(rows: list[dict], template: str, recording: str):
     from rich.table import Table
 
     table = Table(title=f"simulated sessions ({template}, recording {recording})", title_justify="left")
-    table.add_column("behaviours", no_wrap=True)
+    table.add_column("behaviours", overflow="fold")
     for name in ("sessions", "turns", "genuine", "ideal\nsamples", "ideal\ntokens"):
         table.add_column(name, justify="right")
     for row in rows:

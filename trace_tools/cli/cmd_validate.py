@@ -14,7 +14,7 @@ SHOWN_ENTRIES = 20
 
 
 def validate_cmd(
-    dump: Annotated[Path, typer.Argument(help="A Parquet file, or a directory of Parquet files.")],
+    dump: Annotated[Path, typer.Argument(help="A Parquet file, or a directory of Parquet files (searched recursively).")],
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Also write the quarantine list to this Parquet file (quarantine.parquet columns).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when anything is quarantined.")] = False,
@@ -22,7 +22,12 @@ def validate_cmd(
         "--tokenizer", help="Tokenizer name or path for the out-of-vocab check (overrides the dump's).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Validate a trace dump: count sessions and turns, list quarantined sessions with reasons."""
+    """Validate a trace dump: count sessions and turns, list quarantined sessions with reasons.
+
+    DUMP: a Parquet file or a directory of them (searched recursively).
+
+    Example: trace-tools validate dump.parquet --strict --out quarantine.parquet
+    """
     from trace_tools.cli._output import error, print_json
     from trace_tools.errors import TraceToolsError
     from trace_tools.io.validate import validate
@@ -40,7 +45,17 @@ def validate_cmd(
         raise typer.Exit(1)
 
 
+def _data_warnings(report) -> list[str]:
+    """Legal but counted (DESIGN §6): turn_index gaps (sessions) and empty generations (turns)."""
+    what = {"turn_index_gap": "session(s) with a turn_index gap (a dropped request?)",
+            "empty_generation": "turn(s) with an empty generation (no output_ids)"}
+    return [f"{count} {what.get(kind, kind)}, e.g. {report.warning_examples.get(kind, '?')}"
+            for kind, count in report.data_warnings.items()]
+
+
 def _render(report, out: Optional[Path]) -> None:
+    from rich.markup import escape
+
     from trace_tools.cli._output import console
 
     console.print(_summary_table(report))
@@ -49,8 +64,8 @@ def _render(report, out: Optional[Path]) -> None:
         hidden = len(report.entries) - SHOWN_ENTRIES
         if hidden > 0:
             console.print(f"… and {hidden} more entries" + ("" if out else " (pass --out FILE to get them all)"))
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    for warning in report.warnings + _data_warnings(report):
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if out is not None:
         console.print(f"quarantine list written to {out}", highlight=False)
     console.print(_verdict(report))
@@ -88,7 +103,8 @@ def _entries_table(entries):
 
     table = Table(title="quarantine", title_justify="left")
     for name in ("session_id", "turn", "reason", "detail"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, overflow="fold", no_wrap=name in ("turn", "reason"),
+                         justify="right" if name == "turn" else "left")
     for entry in entries:
         turn = "" if entry.turn_index is None else str(entry.turn_index)
         table.add_row(entry.session_id or "(none)", turn, entry.reason, entry.detail)

@@ -8,17 +8,33 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(
     name="trace-tools",
     help="Offline trace replay and analysis for agent-RL rollout gateways: re-tokenization drift, forks, "
-         "loss-mask coverage by tool.",
+         "loss-mask coverage by tool. `trace-tools COMMAND -h` shows a command's options and an example.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from trace_tools import __version__
+
+        typer.echo(f"trace-tools {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """The commands share `--version` and `-h`."""
 
 # (command name, module under trace_tools.cli, function) in the order `--help` lists them.
 COMMANDS = [

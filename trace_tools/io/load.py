@@ -33,20 +33,18 @@ without that column) get one entry per file with `session_id` None.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
-from trace_tools.io.schema import (
-    COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema,
-)
+from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
+from trace_tools.io.schema import COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
@@ -60,7 +58,8 @@ class LoadedDump:
     `vocab_checked` is False when no vocabulary size was known (no tokenizer, or one whose size
     cannot be determined offline), so the `out_of_vocab` upper bound was not enforced.
     `session_count` counts distinct session ids in the input: `len(sessions)` plus the sessions
-    named in `quarantine`.
+    named in `quarantine`. `data_warnings` counts what is legal but worth a look (see
+    `SessionStream.data_warnings`).
     """
 
     sessions: list[Session]
@@ -72,6 +71,7 @@ class LoadedDump:
     vocab_size: int | None = None
     session_count: int = 0
     warnings: list[str] = field(default_factory=list)
+    data_warnings: dict[str, int] = field(default_factory=dict)
 
     @property
     def quarantined_sessions(self) -> list[str]:
@@ -132,10 +132,6 @@ def _trace_tools_keys(schema: pa.Schema) -> dict[str, str]:
     return found
 
 
-def _short(value: str, limit: int = 40) -> str:
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value)} chars)"
-
-
 def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]]:
     """Merge files' metadata for dump-level reporting (the first file that sets a key wins); one
     note per disputed key. Sessions keep their own file's metadata (see `SessionStream`)."""
@@ -147,8 +143,8 @@ def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, s
             if key not in merged:
                 merged[key], source[key] = value, label
             elif merged[key] != value and key not in warnings:
-                warnings[key] = (f"files disagree on {META_PREFIX}{key}: {source[key]} has {_short(merged[key])}, "
-                                 f"{label} has {_short(value)}; each session keeps its own file's value "
+                warnings[key] = (f"files disagree on {META_PREFIX}{key}: {source[key]} has {short(merged[key])}, "
+                                 f"{label} has {short(value)}; each session keeps its own file's value "
                                  f"(dump-level summaries show {source[key]}'s)")
     return merged, list(warnings.values())
 
@@ -184,136 +180,23 @@ def _vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Row validation
-
-class _BadRow(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-
-def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callable[[str], Any] = json.loads) -> Any:
-    """Parse a JSON column; None stays None; anything but `expected` (list or dict) is `bad_json`."""
-    text = record.get(name)
-    if text is None:
-        return None
-    try:
-        value = parse(text)
-    except ValueError as error:
-        raise _BadRow("bad_json", f"{name} is not valid JSON ({getattr(error, 'msg', error)} "
-                                  f"at char {getattr(error, 'pos', '?')}): {_short(text)}") from None
-    if value is not None and not isinstance(value, expected):
-        kind = "array" if expected is list else "object"
-        raise _BadRow("bad_json", f"{name} holds a JSON {type(value).__name__}, not a JSON {kind} or null")
-    return value
-
-
-class HistoryParser:
-    """`json.loads` for one session's `messages` cells, reusing the previous row's parse.
-
-    Each request repeats the conversation so far. When a cell's text starts with the previous
-    cell's array minus its closing bracket, followed by a comma, only the appended elements are
-    parsed, and the earlier ones are the previous row's objects (shared, never mutated): parsing
-    and everything downstream (canonicalization, render caches) then work per new message.
-    """
-
-    def __init__(self) -> None:
-        self._body: str | None = None
-        self._value: list[Any] = []
-        self._tools: tuple[str, Any] | None = None
-
-    def tools(self, text: str) -> Any:
-        """`json.loads` for the `tools` cell, which a session usually repeats verbatim: parsed once."""
-        if self._tools is None or self._tools[0] != text:
-            self._tools = (text, json.loads(text))
-        return self._tools[1]
-
-    def __call__(self, text: str) -> Any:
-        value = self._extend(text)
-        if value is None:
-            value = json.loads(text)
-        if isinstance(value, list):
-            body = text.rstrip()
-            self._body = body[:-1].rstrip() if body.endswith("]") else None
-            self._value = value
-        return value
-
-    def _extend(self, text: str) -> list[Any] | None:
-        body = self._body
-        if not body or len(body) < 2 or not text.startswith(body):
-            return None
-        rest = text[len(body):].lstrip()
-        if not rest.startswith(","):
-            return None
-        try:
-            tail = json.loads("[" + rest[1:])
-        except ValueError:
-            return None  # the full parse reports the error
-        return self._value + tail if isinstance(tail, list) else None
-
-
-def _messages(record: dict[str, Any], parse: Callable[[str], Any] = json.loads) -> list[dict[str, Any]]:
-    messages = _json_value(record, "messages", list, parse)
-    if not messages:
-        raise _BadRow("empty_messages", "messages is null" if messages is None else "messages is an empty array")
-    for position, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _BadRow("bad_json", f"messages[{position}] is a JSON {type(message).__name__}, not an object")
-    return messages
-
-
-def _token_ids(record: dict[str, Any], name: str, vocab_size: int | None, checked: bool = False) -> list[int] | None:
-    """Check ids against [0, vocab_size); without a vocabulary only against [0, int32 max].
-
-    `checked`: the whole record batch was already found null-free and in range (`_batch_ids_ok`).
-    """
-    ids = record.get(name)
-    if ids is None or checked:
-        return ids
-    if None in ids:
-        raise _BadRow("wrong_type", f"{name}[{ids.index(None)}] is null, not a token id")
-    bound = vocab_size if vocab_size is not None else INT32_MAX + 1
-    if ids and (min(ids) < 0 or max(ids) >= bound):
-        position, bad = next((i, t) for i, t in enumerate(ids) if t < 0 or t >= bound)
-        limit = f"vocabulary size {vocab_size}" if vocab_size is not None else "int32 range"
-        raise _BadRow("out_of_vocab", f"{name}[{position}] = {bad} is outside [0, {bound}) ({limit})")
-    return ids
-
-
-def _turn(record: dict[str, Any], vocab_size: int | None, parser: HistoryParser | None = None,
-          ids_checked: frozenset[str] = frozenset()) -> Turn:
-    """Validate one row (already typed by Arrow) and build its Turn, or raise _BadRow.
-
-    `parser` is the session's `HistoryParser` (history and tools parsed once per session)."""
-    for name in REQUIRED:
-        if name != "messages" and record.get(name) is None:  # null messages is `empty_messages`
-            raise _BadRow("missing_column", f"null {name}")
-    if record["turn_index"] < 0:
-        raise _BadRow("negative_turn", f"turn_index is {record['turn_index']}")
-    messages = _messages(record, parser or json.loads)
-    output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked)
-    logprobs = record.get("output_logprobs")
-    if logprobs is not None and len(logprobs) != len(output_ids):
-        raise _BadRow("logprobs_length", f"output_logprobs has {len(logprobs)} values for {len(output_ids)} output_ids")
-    reward = record.get("reward")
-    return Turn(
-        session_id=str(record["session_id"]), turn_index=int(record["turn_index"]), messages=messages,
-        output_ids=output_ids, tools=_json_value(record, "tools", list, parser.tools if parser else json.loads),
-        output_logprobs=logprobs,
-        prompt_ids=_token_ids(record, "prompt_ids", vocab_size, "prompt_ids" in ids_checked),
-        response=_json_value(record, "response", dict),
-        finish_reason=record.get("finish_reason"), request_id=record.get("request_id"),
-        started_at=record.get("started_at"), finished_at=record.get("finished_at"),
-        chat_template_kwargs=_json_value(record, "chat_template_kwargs", dict),
-        reward=None if reward is None else float(reward),
-        metadata=_json_value(record, "metadata", dict),
-    )
-
+# Session checks (rows are checked in `trace_tools.io.rows`)
 
 def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
     """(turn_index, detail) for every turn_index that occurs more than once in a session."""
     counts = Counter(turn.turn_index for turn in turns)
     return [(index, f"{label}: turn_index {index} occurs {n} times") for index, n in sorted(counts.items()) if n > 1]
+
+
+def session_key(value: Any) -> str | None:
+    """The session a row belongs to; None for a null or blank id (such rows belong to no session).
+
+    An id that is not valid UTF-8 keeps a printable stand-in, so both passes agree on it."""
+    if isinstance(value, BadText):
+        return value.lossy
+    if value is None or not str(value).strip():
+        return None
+    return str(value)
 
 
 def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str]:
@@ -337,20 +220,19 @@ def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[st
 
 
 def _batch_records(batch: pa.RecordBatch, interned: frozenset[str]) -> list[dict[str, Any]]:
-    """The batch's rows as dicts; the token-id columns in `interned` (checked in range) become lists
-    of shared int objects: a 50k-token prompt is then 400 kB of pointers, not 1.8 MB of ints."""
+    """The batch's rows as dicts (`rows.records`); the token-id columns in `interned` (checked in
+    range) become lists of shared int objects: a 50k-token prompt is then 400 kB of pointers, not
+    1.8 MB of ints."""
     plain = batch.drop_columns(list(interned)) if interned else batch
-    records = plain.to_pylist()
+    rows = records(plain)
     for name in interned:
-        for record, ids in zip(records, _interned_lists(batch.column(name))):
-            record[name] = ids
-    return records
+        for row, ids in zip(rows, _interned_lists(batch.column(name))):
+            row[name] = ids
+    return rows
 
 
 def _interned_lists(column: pa.Array) -> list[list[int] | None]:
     """A list<int> column's rows, each a list of the process-wide shared int objects."""
-    import numpy as np
-
     flat = column.flatten().to_numpy(zero_copy_only=False)
     values = _int_objects(int(flat.max()) + 1 if len(flat) else 0)[flat].tolist()
     offsets = column.offsets.to_numpy()
@@ -411,7 +293,9 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     so unusable input raises `UnusableInput` at once and `meta`, `files`, `rows`,
     `session_count`, `vocab_checked`, `vocab_size` and `warnings` are known before iterating.
     Iteration (pass 2) yields entries for unattributable rows first, then each session as soon
-    as its last row has been read: a `Session`, or its `QuarantineEntry` objects.
+    as its last row has been read: a `Session`, or its `QuarantineEntry` objects. Once iterated,
+    `data_warnings` counts legal oddities of the valid sessions (turn_index gaps, empty
+    generations) and `warning_examples` names one of each.
     """
 
     def __init__(self, path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
@@ -439,6 +323,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         self._spans: dict[str, _Span] = {}
         self._parsers: dict[str, HistoryParser] = {}  # per open session
         self._unattributed: list[QuarantineEntry] = []
+        self.data_warnings: dict[str, int] = {}  # turn_index_gap: sessions, empty_generation: turns (after pass 2)
+        self.warning_examples: dict[str, str] = {}
         for number, info in enumerate(self._infos):
             self._index_file(number, info)
         self.session_count = len(self._spans)
@@ -455,6 +341,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def position(self, session_id: str) -> int:
         """Input order of a session (by its first row); sorts `load`'s output."""
         return self._spans[session_id].order
+
+    def recordings(self) -> dict[tuple[str | None, str | None], str]:
+        """Each distinct (tokenizer, chat_template) the files record, overrides applied, with the first
+        file's label: what must resolve before any session is rendered."""
+        found: dict[tuple[str | None, str | None], str] = {}
+        for info, meta in zip(self._infos, self._file_meta):
+            found.setdefault((meta.tokenizer, meta.chat_template), info.label)
+        return found
 
     # -- setup ---------------------------------------------------------------------------------
     @staticmethod
@@ -477,20 +371,26 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                 f"{info.label}: required column session_id is missing; its {info.rows} rows belong to no session"))
             return
         seen_here: dict[str, None] = {}
-        null_rows: list[int] = []
+        orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": []}  # null / empty session_id
         row = 0
         for batch in _iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
-            for session_id in batch.column(0).to_pylist():
+            for value in text_values(batch.column(0)):
+                session_id = session_key(value)
                 if session_id is None:
-                    null_rows.append(row)
+                    orphans["missing_column" if value is None else "bad_message"].append(row)
                 else:
-                    self._note_row(str(session_id), number, row, seen_here)
+                    self._note_row(session_id, number, row, seen_here)
+                    if isinstance(value, BadText) and not self._spans[session_id].problems:
+                        self._spans[session_id].problems.append(QuarantineEntry(
+                            session_id, None, "bad_text", f"{info.label} row {row}: session_id is not valid UTF-8"))
                 row += 1
         self._note_file_problems(info, seen_here)
-        if null_rows:
-            shown = ", ".join(map(str, null_rows[:5])) + (", …" if len(null_rows) > 5 else "")
-            self._unattributed.append(QuarantineEntry(
-                None, None, "missing_column", f"{info.label}: null session_id in {len(null_rows)} rows (rows {shown})"))
+        for reason, rows in orphans.items():
+            if rows:
+                shown = ", ".join(map(str, rows[:5])) + (", …" if len(rows) > 5 else "")
+                what = "null" if reason == "missing_column" else "empty"
+                self._unattributed.append(QuarantineEntry(
+                    None, None, reason, f"{info.label}: {what} session_id in {len(rows)} rows (rows {shown})"))
 
     def _note_row(self, session_id: str, number: int, row: int, seen_here: dict[str, None]) -> None:
         span = self._spans.get(session_id)
@@ -542,9 +442,9 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 
     def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]],
                   vocab_size: int | None, ids_checked: frozenset[str] = frozenset()) -> None:
-        if record["session_id"] is None:
+        session_id = session_key(record["session_id"])
+        if session_id is None:
             return  # reported per file by pass 1
-        session_id = str(record["session_id"])
         span = self._spans[session_id]
         if span.problems:
             return
@@ -552,8 +452,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         if parser is None:
             parser = self._parsers[session_id] = HistoryParser()
         try:
-            buffers.setdefault(session_id, []).append(_turn(record, vocab_size, parser, ids_checked))
-        except _BadRow as bad:
+            buffers.setdefault(session_id, []).append(turn_from_record(record, vocab_size, parser, ids_checked))
+        except BadRow as bad:
             turn_index = record.get("turn_index")
             span.problems.append(QuarantineEntry(session_id, turn_index, bad.reason, f"{where}: {bad.detail}"))
             buffers.pop(session_id, None)
@@ -571,7 +471,33 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             yield from span.problems
             span.problems = []  # the session is done; release its entries
         else:
+            self._note_warnings(session_id, turns)
             yield Session(session_id, turns, self._file_meta[span.first_file])
+
+    def _note_warnings(self, session_id: str, turns: list[Turn]) -> None:
+        """Legal but worth a look (DESIGN §6): a turn_index gap (a dropped request) and an empty generation."""
+        indices = sorted({turn.turn_index for turn in turns})
+        missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
+        empty = [turn.turn_index for turn in turns if not turn.output_ids]
+        for kind, found, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
+            if found:
+                self.data_warnings[kind] = self.data_warnings.get(kind, 0) + count
+                self.warning_examples.setdefault(kind, f"session {session_id}: turn {found[0]}")
+
+    def unusable_reason(self) -> str | None:
+        """Why no session of the dump can be used (no rows, no session ids, a schema problem in every
+        file), as a sentence naming the fix; None when some session may be valid."""
+        if self.rows == 0:
+            return "it has no rows; export at least one session"
+        with_rows = [info for info in self._infos if info.rows]
+        broken = [info for info in with_rows if info.problems or "session_id" not in info.columns]
+        if broken and len(broken) == len(with_rows):
+            detail = broken[0].problems[0][2] if broken[0].problems else "required column session_id is missing"
+            where = broken[0].label if len(broken) == 1 else f"{broken[0].label} and {len(broken) - 1} other file(s)"
+            return f"{detail} ({where}), so no session can be read; add it (trace schema v1) and re-export the dump"
+        if not self._spans:
+            return "no row has a session_id; fill the session_id column"
+        return None
 
 
 def iter_sessions(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
@@ -602,4 +528,5 @@ def load(path: str | Path, *, tokenizer: str | None = None, chat_template: str |
     sessions.sort(key=lambda session: stream.position(session.session_id))
     quarantine.sort(key=lambda e: -1 if e.session_id is None else stream.position(e.session_id))
     return LoadedDump(sessions, quarantine, stream.meta, stream.files, stream.rows, stream.vocab_checked,
-                      vocab_size=stream.vocab_size, session_count=stream.session_count, warnings=stream.warnings)
+                      vocab_size=stream.vocab_size, session_count=stream.session_count, warnings=stream.warnings,
+                      data_warnings=dict(stream.data_warnings))

@@ -60,8 +60,11 @@ ARROW_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in
 # Fixed vocabulary of quarantine reasons (DESIGN §6). `replay_error` is the engine's.
 REASONS = (
     "missing_column", "wrong_type", "bad_json", "logprobs_length", "out_of_vocab",
-    "duplicate_turn", "negative_turn", "empty_messages", "replay_error",
+    "duplicate_turn", "negative_turn", "empty_messages", "bad_text", "bad_message", "bad_logprob",
+    "replay_error",
 )
+# Legal but counted (DESIGN §6): sessions with a turn_index gap, turns with an empty generation.
+DATA_WARNINGS = ("turn_index_gap", "empty_generation")
 INT32_MAX = 2**31 - 1
 
 

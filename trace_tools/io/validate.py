@@ -24,8 +24,9 @@ class ValidationReport:
 
     `sessions` counts distinct session ids in the input, `turns` its rows; `sessions ==
     valid_sessions + quarantined` always holds. `unattributed` counts entries whose rows belong
-    to no session (null `session_id`, or a file without that column): they make the dump
-    unclean without being sessions.
+    to no session (null or empty `session_id`, or a file without that column): they make the
+    dump unclean without being sessions. `data_warnings` counts legal oddities of the valid
+    sessions (`turn_index_gap`: sessions, `empty_generation`: turns), `warning_examples` names one.
     """
 
     path: str
@@ -41,6 +42,8 @@ class ValidationReport:
     meta: DumpMeta = field(default_factory=DumpMeta)
     warnings: list[str] = field(default_factory=list)
     unattributed: int = 0
+    data_warnings: dict[str, int] = field(default_factory=dict)
+    warning_examples: dict[str, str] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -53,7 +56,8 @@ class ValidationReport:
             "valid_sessions": self.valid_sessions, "quarantined": self.quarantined,
             "quarantined_by_reason": self.by_reason, "unattributed": self.unattributed,
             "vocab_checked": self.vocab_checked, "vocab_size": self.vocab_size,
-            "tokenizer": self.meta.tokenizer, "warnings": self.warnings,
+            "tokenizer": self.meta.tokenizer, "warnings": self.warnings, "data_warnings": self.data_warnings,
+            "warning_examples": self.warning_examples,
             "entries": [
                 {"session_id": e.session_id, "turn_index": e.turn_index, "reason": e.reason, "detail": e.detail}
                 for e in self.entries
@@ -81,9 +85,17 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
 
     With `quarantine_out`, the quarantine list is also written there (atomically) as Parquet
     with `quarantine.parquet`'s columns, even when it is empty. Raises `UnusableInput` when the
-    path is not a readable dump or `quarantine_out` cannot be written.
+    path is not a readable dump, holds no usable session at all (no rows, no session ids, a
+    required column missing from every file) or `quarantine_out` cannot be written.
     """
+    if load_options.get("tokenizer"):
+        from trace_tools.render.tokenizer import check_tokenizer_name
+
+        check_tokenizer_name(load_options["tokenizer"])  # an explicit name must resolve; the dump's may not
     stream = iter_sessions(path, **load_options)
+    reason = stream.unusable_reason()
+    if reason:
+        raise UnusableInput(f"{path}: {reason}")
     valid = 0
     entries: list[QuarantineEntry] = []
     for item in stream:
@@ -99,4 +111,5 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
         valid_sessions=valid, quarantined=quarantined, by_reason=_sessions_by_reason(entries), entries=entries,
         vocab_checked=stream.vocab_checked, vocab_size=stream.vocab_size, meta=stream.meta,
         warnings=stream.warnings, unattributed=sum(e.session_id is None for e in entries),
+        data_warnings=dict(stream.data_warnings), warning_examples=dict(stream.warning_examples),
     )

@@ -3,7 +3,8 @@
 Every writer puts the bytes in a temporary file in the destination's directory and then
 `os.replace`s it onto the destination, so a reader (or a resumed run, DESIGN §6) sees either
 the old file or the complete new one, never a torn write. The temporary name starts with a dot
-and ends in `.tmp`, so a directory scan for `*.parquet` never picks up a half-written file.
+and ends in `.tmp`, so a directory scan for `*.parquet` never picks up a half-written file. The
+file gets the permissions a plain `open` would give (0644 under umask 022), not mkstemp's 0600.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as handle:
             yield handle
             handle.flush()
@@ -45,6 +47,13 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None) -> Path:

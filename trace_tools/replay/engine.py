@@ -22,6 +22,7 @@ from trace_tools.data import QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io import rundir
 from trace_tools.replay.executors import default_workers, run_sessions
+from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
 from trace_tools.strategies.base import available_strategies, get_strategy
 
@@ -50,6 +51,7 @@ class EngineResult:
     resumed_shards: int = 0
     render_stats: dict[str, int] = field(default_factory=dict)
     renderers: list[dict[str, Any]] = field(default_factory=list)
+    data_warnings: dict[str, int] = field(default_factory=dict)  # legal oddities of valid sessions (io.load)
 
 
 def default_dump() -> Path:
@@ -75,14 +77,18 @@ def default_run_dir(dump: Path) -> Path:
 
 def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None = None, *,
         workers: int | None = None, executor: str = "local", address: str | None = None,
-        progress: Callable[[int, int], None] | None = None) -> EngineResult:
-    """Replay `dump` under `options` into a run directory (tables only; see the module docstring)."""
+        progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> EngineResult:
+    """Replay `dump` under `options` into a run directory (tables only; see the module docstring).
+
+    Everything that would make every session fail the same way is checked before the first one
+    (`preflight`): a usage error (exit 2) then, never a quarantine of everything."""
     from trace_tools.pipeline import Pipeline
 
     dump_path = Path(dump) if dump is not None else default_dump()
     options.strategies = list(options.strategies or available_strategies())
     for name in options.strategies:
         get_strategy(name)  # fail fast on an unknown name, before any work
+    check_options(options)
     pipeline = Pipeline(dump_path, tokenizer=options.tokenizer, chat_template=options.chat_template,
                         canonicalization=options.canonicalization, prompt_source=options.prompt_source,
                         tool_format=options.tool_format)
@@ -90,7 +96,10 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
     size = shard_size()
-    resumed = rundir.prepare(run_dir, rundir.fingerprint({**asdict(options), "shard_size": size}, stream.files))
+    stamp = rundir.fingerprint({**asdict(options), "shard_size": size}, stream.files)
+    check_dump(dump_path, stream, options)
+    check_run_dir(run_dir, stamp, overwrite, asdict(options))
+    resumed = rundir.prepare(run_dir, stamp)
     result = EngineResult(run_dir, dump_path, options, stream.files, stream.rows, stream.session_count, 0,
                           stream.vocab_checked, stream.meta, list(stream.warnings), resumed)
     load_quarantine: list[dict[str, Any]] = []
@@ -101,6 +110,7 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
         shards.add(in_flight.popleft(), rows)
     shards.finish()
     result.sessions_replayed = shards.replayed
+    result.data_warnings = dict(stream.data_warnings)
     result.render_stats, result.renderers = rundir.shard_meta(run_dir, shards.count)
     rundir.merge_shards(run_dir, shards.count, load_quarantine, options.write_samples)
     return result

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.replay.turnrows import behaviour_label
 
 OUTCOME_COLUMNS = ["samples", "trained_tokens", "forwarded_tokens"]
@@ -33,11 +33,14 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
     summary_a, sessions_a = load_summary(Path(run_a)), read_run(run_a)["sessions"]
     if run_b is None:
         if not strategies or len(strategies) != 2:
-            raise TraceToolsError("compare one run by naming two strategies: --strategy A --strategy B")
+            raise UsageError("compare one run by naming two strategies: --strategy A --strategy B")
+        _require_strategies(run_a, summary_a, strategies)
         pairs = [(strategies[0], strategies[1])]
         summary_b, sessions_b, labels = summary_a, sessions_a, (strategies[0], strategies[1])
     else:
         summary_b, sessions_b = load_summary(Path(run_b)), read_run(run_b)["sessions"]
+        for run, summary in ((run_a, summary_a), (run_b, summary_b)):
+            _require_strategies(run, summary, strategies or [])
         common = [s for s in summary_a["strategies"] if s in summary_b["strategies"]]
         names = [s for s in common if not strategies or s in strategies]
         if not names:
@@ -45,6 +48,15 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
         pairs, labels = [(s, s) for s in names], (str(run_a), str(run_b))
     return Comparison(labels[0], labels[1], _metric_deltas(summary_a, summary_b, pairs),
                       _tool_sides(summary_a, summary_b, pairs), _changed_sessions(sessions_a, sessions_b, pairs))
+
+
+def _require_strategies(run: str | Path, summary: dict[str, Any], names: list[str]) -> None:
+    """Every named strategy was replayed in the run, else a usage error naming the ones it has."""
+    have = list(summary["strategies"])
+    for name in names:
+        if name not in have:
+            raise UsageError(f"run {run} has no strategy {name!r} (it has: {', '.join(have)}); "
+                             f"replay it with --strategy {name}, or compare strategies it has")
 
 
 def flatten(block: dict[str, Any], prefix: str = "") -> dict[str, float]:

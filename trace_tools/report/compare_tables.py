@@ -1,67 +1,117 @@
-"""Rich tables for compare and gate results."""
+"""Terminal views of compare and gate results, fitted to the console by `layout.fit`."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
-from rich.table import Table
+from rich.text import Text
+
+from trace_tools.report.layout import Column, fit, label, legend, middle
+from trace_tools.strategies import BUILTIN_STRATEGIES
 
 KEY_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens",
                "context_tokens")
+SESSIONS_SHOWN = 30
+BEHAVIOUR_LINE = 26  # behaviour recipes longer than this break after a `+`
 
 
-def comparison_tables(result) -> list[Table]:
-    metrics = Table(title=f"Summary metrics: A = {result.label_a}, B = {result.label_b}", title_justify="left")
-    for col in ("pair", "metric", "A", "B", "Δ (B − A)"):
-        metrics.add_column(col, justify="left" if col in ("pair", "metric") else "right")
-    frame = result.metrics
-    changed = frame[(frame["delta"].fillna(1) != 0) | frame["metric"].isin(KEY_METRICS)]
-    for row in changed.itertuples():
-        metrics.add_row(row.pair, row.metric, _num(row.a), _num(row.b), _num(row.delta, signed=True))
-    tools = Table(title="Coverage by tool, side by side (dropped turns)", title_justify="left")
-    for col in ("pair", "tool", "turns", "A", "B"):
-        tools.add_column(col, justify="left" if col in ("pair", "tool") else "right")
-    for row in result.tools.itertuples():
-        tools.add_row(row.pair, row.tool, str(row.turns), _cov(row.coverage_a, row.dropped_a), _cov(row.coverage_b, row.dropped_b))
-    sessions = Table(title=f"Sessions whose outcome changed: {len(result.sessions)}", title_justify="left")
-    for col in ("pair", "session", "samples A→B", "trained A→B", "forwarded A→B"):
-        sessions.add_column(col)
-    for row in result.sessions.head(30).itertuples():
-        sessions.add_row(row.pair, str(row.session_id), f"{_num(row.samples_a)}→{_num(row.samples_b)}",
-                         f"{_num(row.trained_tokens_a)}→{_num(row.trained_tokens_b)}",
-                         f"{_num(row.forwarded_tokens_a)}→{_num(row.forwarded_tokens_b)}")
-    return [metrics, tools, sessions]
+def comparison_view(result: Any, width: int) -> list[Any]:
+    """Per compared pair: metric deltas, coverage by tool side by side, and the sessions that changed."""
+    out: list[Any] = [Text(f"A = {result.label_a}, B = {result.label_b}", style="bold")]
+    for pair in result.metrics["pair"].drop_duplicates():
+        metrics = _metrics(result.metrics, pair, width)
+        if metrics:
+            out += [Text(""), Text(f"Summary metrics: {pair}", style="bold"), *metrics]
+        tools = result.tools[result.tools["pair"] == pair] if len(result.tools) else result.tools
+        if len(tools):
+            out += [Text(""), Text(f"Coverage by tool (dropped turns): {pair}", style="bold"), *_tools(tools, width)]
+        sessions = result.sessions[result.sessions["pair"] == pair] if len(result.sessions) else result.sessions
+        if len(sessions):
+            out += [Text(""), Text(f"Sessions whose outcome changed: {len(sessions)} ({pair})", style="bold"),
+                    *_sessions(sessions.head(SESSIONS_SHOWN), width)]
+    return out
 
 
-def behaviour_table(frame: pd.DataFrame) -> Table:
-    table = Table(title="Behaviour × strategy (ideal from simulator ground truth)", title_justify="left")
-    for col in ("behaviour", "strategy", "sessions", "samples/session (ideal)", "genuine trained", "forwarded / ideal"):
-        table.add_column(col, justify="left" if col in ("behaviour", "strategy") else "right")
-    for row in frame.itertuples():
-        table.add_row(row.behaviour, row.strategy, str(row.sessions),
-                      f"{row.samples_per_session:.2f} ({row.ideal_samples_per_session:.2f})",
-                      "n/a" if pd.isna(row.trained_share) else f"{100 * row.trained_share:.1f}%",
-                      "n/a" if pd.isna(row.forwarded_vs_ideal) else f"{row.forwarded_vs_ideal:.2f}×")
-    return table
+def _metrics(frame: pd.DataFrame, pair: str, width: int) -> list[Any]:
+    rows = frame[(frame["pair"] == pair) & ((frame["delta"].fillna(1) != 0) | frame["metric"].isin(KEY_METRICS))]
+    if not len(rows):
+        return []
+    return fit([Column("metric", list(rows["metric"]), justify="left")],
+               [Column("A", [_num(v) for v in rows["a"]]), Column("B", [_num(v) for v in rows["b"]]),
+                Column("Δ (B − A)", [_num(v, signed=True) for v in rows["delta"]])], width)
 
 
-def gate_table(results) -> Table:
-    table = Table(title="Gate", title_justify="left")
-    for col in ("", "rule", "actual", "expected", "note"):
-        table.add_column(col)
-    for r in results:
-        mark = "[green]PASS[/]" if r.passed else "[red]FAIL[/]"
-        table.add_row(mark, r.label, _num(r.actual), r.expected, r.message)
-    return table
+def _tools(frame: pd.DataFrame, width: int) -> list[Any]:
+    return fit([Column("tool", list(frame["tool"]), justify="left"), Column("turns", [str(n) for n in frame["turns"]])],
+               [Column("A", [_cov(c, d) for c, d in zip(frame["coverage_a"], frame["dropped_a"])]),
+                Column("B", [_cov(c, d) for c, d in zip(frame["coverage_b"], frame["dropped_b"])])], width)
 
 
-def _num(x, signed: bool = False) -> str:
+def _sessions(frame: pd.DataFrame, width: int) -> list[Any]:
+    def change(column: str) -> list[str]:
+        return [f"{_num(a)} → {_num(b)}" for a, b in zip(frame[f"{column}_a"], frame[f"{column}_b"])]
+
+    return fit([Column("session", [middle(str(s)) for s in frame["session_id"]], justify="left")],
+               [Column("samples", change("samples")), Column("trained", change("trained_tokens")),
+                Column("forwarded", change("forwarded_tokens"))], width)
+
+
+def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
+    """Behaviour × strategy: % of genuine generated tokens trained / forwarded tokens ÷ ideal."""
+    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
+    strategies = sorted(dict.fromkeys(frame["strategy"]), key=lambda name: (order.get(name, len(order)), name))
+    behaviours = list(dict.fromkeys(frame["behaviour"]))
+    cells = {(r.behaviour, r.strategy): r for r in frame.itertuples()}
+    sessions = [str(max(cells[b, s].sessions for s in strategies if (b, s) in cells)) for b in behaviours]
+    key = [Column("behaviour", [_break_at_plus(b) for b in behaviours], justify="left"), Column("sessions", sessions)]
+    values = [Column(label(s), [_behaviour_cell(cells.get((b, s))) for b in behaviours]) for s in strategies]
+    note = ("each cell: % of genuine generated tokens trained / forwarded tokens ÷ ideal (the ideal forwards "
+            "each genuine branch once; simulator ground truth)")
+    out: list[Any] = [Text("Behaviour × strategy", style="bold"), *fit(key, values, width), Text(note)]
+    key_text = legend(strategies)
+    return out + ([Text(key_text)] if key_text else [])
+
+
+def _behaviour_cell(row: Any) -> str:
+    if row is None:
+        return "-"
+    trained = "n/a" if pd.isna(row.trained_share) else f"{100 * row.trained_share:.0f}"
+    forwarded = "n/a" if pd.isna(row.forwarded_vs_ideal) else f"{row.forwarded_vs_ideal:.2f}"
+    return f"{trained} / {forwarded}"
+
+
+def _break_at_plus(text: str) -> str:
+    """A long `a+b+c` recipe over several lines, each but the last ending in `+`, the others indented."""
+    lines: list[str] = []
+    for part in text.split("+"):
+        if lines and len(lines[-1]) + 1 + len(part) <= BEHAVIOUR_LINE:
+            lines[-1] += f"+{part}"
+        else:
+            lines.append(part)
+    return "+\n  ".join(lines)
+
+
+def gate_view(results: list[Any], width: int) -> list[Any]:
+    """One row per evaluated rule: PASS/FAIL, the rule, actual and expected values, a note."""
+    rules = [r.rule.name or (f"{label(r.strategy)}." if r.strategy else "") + r.rule.metric for r in results]
+    key = [Column("", ["PASS" if r.passed else "FAIL" for r in results], justify="left"),
+           Column("rule", rules, justify="left")]
+    values = [Column("actual", [_num(r.actual) for r in results]), Column("expected", [r.expected for r in results]),
+              Column("note", [r.message for r in results], justify="left", wrap=True)]
+    out: list[Any] = [Text("Gate", style="bold"), *fit(key, values, width)]
+    key_text = legend(dict.fromkeys(r.strategy for r in results if r.strategy))
+    return out + ([Text(key_text)] if key_text else [])
+
+
+def _num(x: Any, signed: bool = False) -> str:
     if x is None or (isinstance(x, float) and pd.isna(x)):
-        return "–"
+        return "-"
     if float(x).is_integer():
-        return f"{int(x):+d}" if signed else f"{int(x)}"
+        return f"{int(x):+,d}" if signed else f"{int(x):,d}"
     return f"{x:+.4g}" if signed else f"{x:.4g}"
 
 
-def _cov(coverage, dropped) -> str:
+def _cov(coverage: Any, dropped: Any) -> str:
     if coverage is None or pd.isna(coverage):
-        return "–"
-    return f"{100 * coverage:.1f}% ({int(dropped) if dropped is not None and not pd.isna(dropped) else '–'})"
+        return "-"
+    return f"{100 * coverage:.1f}% ({'-' if dropped is None or pd.isna(dropped) else int(dropped)})"

@@ -1,8 +1,11 @@
 """Rich rendering of an Explanation: colour-coded aligned tokens, message diff, cause."""
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
+
+SHARED_CHARS = 40  # how much of the shared context before the divergence to show
 
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
@@ -17,7 +20,7 @@ CAUSE_TEXT = {
 
 
 def explanation_renderables(result) -> list:
-    out = [_findings_table(result)]
+    out: list[Table | Text] = [_findings_table(result)]
     focus = result.focus
     if focus is None:
         out.append(Text("No turn of this session is echoed by a later request: nothing can drift."))
@@ -56,14 +59,20 @@ def _findings_table(result) -> Table:
 
 
 def _aligned(window, divergence: int) -> Table:
-    table = Table(title=f"Tokens around the first divergence (position {divergence})", title_justify="left")
-    table.add_column("side")
-    table.add_column("ids")
-    table.add_column("text")
-    shared_ids = " ".join(str(i) for i, _ in window.shared)
-    shared_text = "".join(t for _, t in window.shared)
+    """The shared context once (its tail), then each side's next tokens in full: the difference is never cut."""
+    table = Table(title=f"Tokens around the first divergence (position {divergence})", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("side", no_wrap=True)
+    table.add_column("ids", overflow="fold")
+    table.add_column("text", overflow="fold")
+    table.add_row("shared", Text(" ".join(str(i) for i, _ in window.shared), style="dim"),
+                  Text(_visible("".join(t for _, t in window.shared))[-SHARED_CHARS:], style="dim"))
     for side, tokens, style in (("served", window.served, "red"), ("re-rendered", window.rendered, "green")):
-        ids = Text(shared_ids + " ", style="dim") + Text(" ".join(str(i) for i, _ in tokens), style=f"bold {style}")
-        text = Text(repr(shared_text)[1:-1], style="dim") + Text(repr("".join(t for _, t in tokens))[1:-1], style=f"bold {style}")
-        table.add_row(side, ids, text)
+        table.add_row(side, Text(" ".join(str(i) for i, _ in tokens), style=f"bold {style}"),
+                      Text(_visible("".join(t for _, t in tokens)), style=f"bold {style}"))
     return table
+
+
+def _visible(text: str) -> str:
+    """Line breaks and tabs as visible marks (a stripped trailing space then shows before a ↵)."""
+    return text.replace("\r", "␍").replace("\n", "↵").replace("\t", "→")

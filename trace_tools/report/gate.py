@@ -16,17 +16,28 @@ Rules file (TOML), one `[[rule]]` table per rule:
 """
 from __future__ import annotations
 
+import difflib
 import operator
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
-TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", "quarantined_by_reason")
+TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", "quarantined_by_reason", "warnings")
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
+# Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
+STRATEGY_METRICS = (
+    "sessions", "samples", "generated_tokens", "trained_tokens", "forwarded_tokens", "context_tokens", "coverage",
+    "forks.total", "forks.mean", "forks.max", *(f"counters.{name}" for name in COUNTERS), "coverage_by_tool.*",
+    *(f"tool_turns.*.{field}" for field in ("turns", "dropped_turns", "generated_tokens", "trained_tokens")),
+    "turn_events.*", "prompt_events.*", "samples_per_session.*",
+)
+TOP_METRICS = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity.turns_compared",
+               "prompt_fidelity.exact", "prompt_fidelity.rate", "quarantined_by_reason.*", "warnings.*")
 
 
 @dataclass
@@ -92,6 +103,7 @@ def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
     rule = Rule(metric=table["metric"], line=line, strategy=table.get("strategy"), op=table.get("op"),
                 value=table.get("value"), max_regression=table.get("max_regression"),
                 better=table.get("better", "higher"), name=table.get("name"))
+    _check_metric(rule.metric, where)
     if rule.is_regression:
         if not _is_number(rule.max_regression) or rule.max_regression < 0:
             raise MalformedRules(f"{where}: max_regression must be a non-negative number")
@@ -105,9 +117,37 @@ def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
     return rule
 
 
+def _check_metric(metric: str, where: str) -> None:
+    """A metric path summary.json can hold (a misspelling is a malformed file, not a failed rule)."""
+    if any(_matches(metric, pattern) for pattern in (*STRATEGY_METRICS, *TOP_METRICS)):
+        return
+    known = [*STRATEGY_METRICS, *TOP_METRICS]
+    close = difflib.get_close_matches(metric, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    shown = [pattern for pattern in known if not pattern.startswith("counters.")] + ["counters.<counter>"]
+    raise MalformedRules(f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} "
+                         "(* = a tool, event or reason name)")
+
+
+def _matches(metric: str, pattern: str) -> bool:
+    parts, wanted = metric.split("."), pattern.split(".")
+    return len(parts) == len(wanted) and all(w == "*" or w == p for p, w in zip(parts, wanted))
+
+
+def _check_strategy(rule: Rule, summary: dict[str, Any]) -> None:
+    """A rule's strategy must have been replayed in the run (a misspelling is a malformed file)."""
+    have = list(summary.get("strategies", {}))
+    if rule.strategy is not None and rule.strategy not in have:
+        close = difflib.get_close_matches(str(rule.strategy), have, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise MalformedRules(f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}"
+                             f"it has: {', '.join(have)}")
+
+
 def evaluate(rules: list[Rule], summary: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[RuleResult]:
     results = []
     for rule in rules:
+        _check_strategy(rule, summary)
         if rule.is_regression and baseline is None:
             raise MalformedRules(f"rule at line {rule.line} ({rule.metric}) uses max_regression; pass --baseline RUN")
         for strategy in _scopes(rule, summary):

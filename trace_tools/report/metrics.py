@@ -6,6 +6,7 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.data import COUNTERS
+from trace_tools.io.schema import DATA_WARNINGS
 
 
 def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) -> dict[str, Any]:
@@ -15,7 +16,9 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
         "turns_total": int(loaded.rows),
         "quarantined": _distinct_sessions(quarantine),
         "quarantined_by_reason": _quarantined_by_reason(quarantine),
+        "quarantine_examples": _quarantine_examples(quarantine),
         "vocab_checked": bool(loaded.vocab_checked),
+        "warnings": {kind: int(getattr(loaded, "data_warnings", {}).get(kind, 0)) for kind in DATA_WARNINGS},
         "prompt_fidelity": prompt_fidelity(tables["fidelity"]),
         "strategies": {},
     }
@@ -113,6 +116,16 @@ def _quarantined_by_reason(quarantine: pd.DataFrame) -> dict[str, int]:
         return {}
     grouped = quarantine.assign(session_id=quarantine["session_id"].fillna("<file>")).groupby("reason")
     return {str(k): int(v) for k, v in grouped["session_id"].nunique().items()}
+
+
+def _quarantine_examples(quarantine: pd.DataFrame) -> dict[str, str]:
+    """The first entry's message per reason, prefixed with its session (and turn), e.g. for the terminal."""
+    examples: dict[str, str] = {}
+    for row in quarantine.itertuples() if len(quarantine) else ():
+        session = "(no session)" if pd.isna(row.session_id) else row.session_id
+        turn = "" if pd.isna(row.turn_index) else f" turn {int(row.turn_index)}"
+        examples.setdefault(str(row.reason), f"{session}{turn}: {row.detail}")
+    return examples
 
 
 def _int_sum(frame: pd.DataFrame, col: str) -> int:

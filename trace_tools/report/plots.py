@@ -1,84 +1,131 @@
-"""Matplotlib plots of a run (Agg backend; imported only when a report is written)."""
+"""Matplotlib plots of a run, drawn on standalone figures.
+
+The figures never touch pyplot or its global backend, so writing a report inside a notebook
+leaves the notebook's inline plots working. Each strategy keeps one colour in every plot.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from trace_tools.strategies import BUILTIN_STRATEGIES
+
+MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
+
 
 def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
     plot_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in (("coverage_by_tool", _coverage_by_tool), ("samples_per_session", _samples_hist),
-                       ("drift_start", _drift_start)):
-        path = plot_dir / f"{name}.png"
-        if draw(tables, path):
+    for name, draw in (("coverage_by_tool", coverage_figure), ("samples_per_session", samples_figure),
+                       ("drift_start", drift_figure)):
+        figure = draw(tables)
+        if figure is not None:
+            path = plot_dir / f"{name}.png"
+            _save(figure, path)
             written.append(str(path))
     return written
 
 
-def _coverage_by_tool(tables: dict[str, pd.DataFrame], path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
     turns = tables["turns"]
     if not len(turns):
-        return False
+        return None
     grouped = turns.groupby(["tool", "strategy"])[["trained_tokens", "generated_tokens"]].sum()
-    coverage = (grouped["trained_tokens"] / grouped["generated_tokens"].where(grouped["generated_tokens"] > 0)).unstack()
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(coverage)), 4))
-    coverage.plot.bar(ax=ax, width=0.8)
+    generated = grouped["generated_tokens"]
+    coverage = (grouped["trained_tokens"] / generated.where(generated > 0)).unstack()
+    coverage = coverage[_ordered(coverage.columns)]
+    figure, ax = _figure(max(7.0, 1.1 * len(coverage) + 2.5), 4.5)
+    coverage.plot.bar(ax=ax, width=0.85, color=_colours(coverage.columns), legend=False)
     ax.set_ylabel("token coverage (trained / generated)")
     ax.set_ylim(0, 1.05)
+    ax.set_xlabel("")
     ax.set_title("Loss-mask coverage by tool")
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    _legend_outside(ax)
+    return figure
 
 
-def _samples_hist(tables: dict[str, pd.DataFrame], path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+def samples_figure(tables: dict[str, pd.DataFrame]) -> Any:
     sessions = tables["sessions"]
     if not len(sessions):
-        return False
+        return None
     counts = sessions.groupby(["samples", "strategy"]).size().unstack(fill_value=0)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    counts.plot.bar(ax=ax, width=0.8)
+    counts = counts[_ordered(counts.columns)]
+    low, high = int(counts.index.min()), int(counts.index.max())
+    if high - low < MAX_SAMPLE_BARS:  # every value on the axis, none skipped
+        counts = counts.reindex(range(low, high + 1), fill_value=0)
+    else:
+        edges = pd.interval_range(start=low - 0.5, end=high + 0.5, periods=MAX_SAMPLE_BARS // 2)
+        counts = counts.groupby(pd.cut(counts.index, edges), observed=False).sum()
+        counts.index = [f"{int(i.left + 0.5)}–{int(i.right - 0.5)}" for i in counts.index]
+    figure, ax = _figure(max(7.0, 0.45 * len(counts) + 2.5), 4.5)
+    counts.plot.bar(ax=ax, width=0.85, color=_colours(counts.columns), legend=False)
     ax.set_xlabel("samples per session")
     ax.set_ylabel("sessions")
     ax.set_title("Samples per session")
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    _legend_outside(ax)
+    return figure
 
 
-def _drift_start(tables: dict[str, pd.DataFrame], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+def drift_figure(tables: dict[str, pd.DataFrame]) -> Any:
+    """Where in the prompt drift starts: one small panel per strategy, so no histogram hides another."""
+    from matplotlib.figure import Figure
 
     turns = tables["turns"]
     if not len(turns) or "drift_position" not in turns:
-        return False
+        return None
     drifted = turns.dropna(subset=["drift_position", "prompt_tokens"])
     drifted = drifted[drifted["prompt_tokens"] > 0]
     if not len(drifted):
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for strategy, group in drifted.groupby("strategy"):
-        ax.hist(group["drift_position"] / group["prompt_tokens"], bins=20, range=(0, 1), alpha=0.5, label=strategy)
-    ax.set_xlabel("first divergence / prompt length")
-    ax.set_ylabel("drifted turns")
-    ax.set_title("Where in the context drift starts")
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+        return None
+    strategies = _ordered(turns["strategy"].unique())
+    rows = (len(strategies) + 1) // 2
+    figure = Figure(figsize=(9.0, 1.5 * rows + 1.0))
+    axes = figure.subplots(rows, 2, sharex=True, squeeze=False).ravel()
+    for ax, strategy, colour in zip(axes, strategies, _colours(strategies)):
+        group = drifted[drifted["strategy"] == strategy]
+        ax.hist(group["drift_position"] / group["prompt_tokens"], bins=20, range=(0, 1), color=colour)
+        if not len(group):
+            ax.set_yticks([])
+        ax.set_title(f"{strategy}: {len(group)} drifted turns" if len(group) else f"{strategy}: no drift", fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in axes[len(strategies):]:
+        ax.set_visible(False)
+    figure.supxlabel("first divergence / prompt length", fontsize=9)
+    figure.supylabel("drifted turns", fontsize=9)
+    figure.suptitle("Where in the context drift starts")
+    return figure
 
 
-def _save(fig, path: Path) -> bool:
-    import matplotlib.pyplot as plt
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
 
+    figure = Figure(figsize=(width, height))
+    return figure, figure.add_subplot()
+
+
+def _legend_outside(ax: Any) -> None:
+    """The legend right of the axes, where it can cover no bar."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def _ordered(names: Any) -> list[str]:
+    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
+    return sorted(names, key=lambda name: (order.get(name, len(order)), name))
+
+
+def _colours(names: Any) -> list[Any]:
+    from matplotlib import colormaps
+
+    tab10 = colormaps["tab10"]
+    palette = [tab10(n) for n in range(10)]
+    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
+    return [palette[order.get(name, len(order) + n) % len(palette)] for n, name in enumerate(names)]
+
+
+def _save(figure: Any, path: Path) -> None:
     tmp = path.with_suffix(".tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
+    figure.tight_layout()
+    figure.savefig(tmp, dpi=100, bbox_inches="tight")  # keep the legend right of the axes
     tmp.replace(path)
-    return True

@@ -57,9 +57,13 @@ def _overview(summary: dict[str, Any]) -> list[str]:
     rate = "n/a (no recorded prompt ids)" if fidelity["rate"] is None else f"{fidelity['rate']:.1%}"
     by_reason = ", ".join(f"{k}: {v}" for k, v in summary["quarantined_by_reason"].items()) or "none"
     vocab = "" if summary.get("vocab_checked") else " Token ids were NOT checked against a vocabulary (no tokenizer known)."
+    warnings = ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in (summary.get("warnings") or {}).items() if n)
     return [f"- sessions: {summary['sessions_total']} ({summary['quarantined']} quarantined: {by_reason})",
             f"- turns: {summary['turns_total']}",
-            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns.{vocab}"]
+            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns."
+            f"{vocab}",
+            f"- warnings (legal, counted; sessions with a turn_index gap, turns with an empty generation): "
+            f"{warnings or 'none'}"]
 
 
 def _strategy_table(summary: dict[str, Any]) -> list[str]:

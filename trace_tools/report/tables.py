@@ -1,70 +1,117 @@
-"""Rich terminal tables for a run summary (the CLI prints them; the library builds them).
+"""The terminal view of a run summary (replay and report print it; the library builds it).
 
-Kept narrow on purpose: eight strategies must fit an 80-column terminal.
+`summary_view(summary, width)` returns rich renderables: the quarantine (reasons, one example
+each, where the full list is), warnings, the headline table with its footnotes, coverage and
+dropped turns by tool, and one legend for the strategy labels. Every table goes through
+`layout.fit`, so nothing is cut at 80 columns or in a pipe.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.table import Table
+from rich.text import Text
+
+from trace_tools.report.layout import Column, fit, label, legend
+
+HEADLINE_NOTE = ("coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
+                 "trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded / forwarded of "
+                 "tree; * = saves tokens by training fewer.")
 
 
-def headline_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"What each strategy would train ({_sessions(summary)} sessions)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("strategy", no_wrap=True)
-    for col in ("samples", "per session", "forks max", "coverage", "trained", "forwarded", "context"):
-        table.add_column(col, justify="right")
-    for name, s in summary["strategies"].items():
-        per = s["samples"] / s["sessions"] if s["sessions"] else 0.0
-        table.add_row(name, str(s["samples"]), f"{per:.2f}", str(s["forks"]["max"]), _pct(s["coverage"]),
-                      _tokens(s["trained_tokens"]), _tokens(s["forwarded_tokens"]), _tokens(s["context_tokens"]))
-    return table
+def summary_view(summary: dict[str, Any], width: int, run_dir: Path | None = None) -> list[Any]:
+    """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
+    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary)]
+    out += _section(f"What each strategy would train ({summary.get('sessions_total', 0)} sessions, "
+                    f"{summary.get('turns_total', 0)} turns)", headline_tables(summary, width)) + [Text(HEADLINE_NOTE)]
+    out += _section("Coverage by tool: trained / generated tokens of the turns whose first call is that tool",
+                    tool_tables(summary, width))
+    out += _section("Dropped turns by tool: share of turns with no trained token", dropped_tables(summary, width))
+    key = legend(summary["strategies"])
+    return out + ([Text(""), Text(key)] if key else [])
 
 
-def tool_table(summary: dict[str, Any]) -> Table:
+def quarantine_view(summary: dict[str, Any], run_dir: Path | None = None) -> list[Text]:
+    """Quarantined sessions by reason with one example message each, and where the full list is."""
+    if not summary.get("quarantined"):
+        return []
+    examples = summary.get("quarantine_examples") or {}
+    lines = [Text(f"{summary['quarantined']} of {summary.get('sessions_total', '?')} sessions quarantined "
+                  "(not replayed):", style="yellow")]
+    for reason, sessions in summary["quarantined_by_reason"].items():
+        example = f"  e.g. {examples[reason]}" if reason in examples else ""
+        lines.append(Text(f"  {reason}: {sessions}{example}"))
+    if run_dir is not None:
+        lines.append(Text(f"  every entry: {Path(run_dir) / 'quarantine.parquet'}"))
+    return lines
+
+
+def notes_view(summary: dict[str, Any]) -> list[Text]:
+    """Prompt fidelity and the dump's counted warnings (turn_index gaps, empty generations)."""
+    lines = []
+    fidelity = summary.get("prompt_fidelity") or {}
+    if fidelity.get("rate") is not None:
+        lines.append(Text(f"prompt fidelity: {fidelity['exact']}/{fidelity['turns_compared']} turns re-render "
+                          "exactly"))
+    warnings = {kind: n for kind, n in (summary.get("warnings") or {}).items() if n}
+    if warnings:
+        lines.append(Text("warnings: " + ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in warnings.items())
+                          + " (legal; see `trace-tools validate`)", style="yellow"))
+    return lines
+
+
+def headline_tables(summary: dict[str, Any], width: int) -> list[Any]:
+    strategies, savings = summary["strategies"], summary.get("token_savings") or {}
+    names = list(strategies)
+    rows = [strategies[name] for name in names]
+    values = [
+        Column("samples", [_int(s["samples"]) for s in rows]),
+        Column("per\nsess.", [f"{s['samples'] / s['sessions']:.2f}" if s["sessions"] else "-" for s in rows]),
+        Column("max\nforks", [_int(s["forks"]["max"]) for s in rows]),
+        Column("coverage", [_pct(s["coverage"], 1) for s in rows]),
+        Column("trained", [_int(s["trained_tokens"]) for s in rows]),
+        Column("forwarded", [_int(s["forwarded_tokens"]) for s in rows]),
+        Column("context", [_int(s["context_tokens"]) for s in rows]),
+    ]
+    if savings:
+        values.append(Column("saved vs\ntree", [_saving(savings.get(name)) for name in names]))
+    return fit([Column("strategy", [label(n) for n in names], justify="left")], values, width)
+
+
+def tool_tables(summary: dict[str, Any], width: int) -> list[Any]:
     """Token coverage by tool: one row per tool, one column per strategy."""
-    return _per_tool(summary, "Coverage by tool: trained / generated tokens",
-                     lambda s, tool, tt: _pct(s["coverage_by_tool"][tool]))
+    return _per_tool(summary, width, lambda s, tool, tt: _pct(s["coverage_by_tool"][tool]))
 
 
-def dropped_table(summary: dict[str, Any]) -> Table:
+def dropped_tables(summary: dict[str, Any], width: int) -> list[Any]:
     """Share of a tool's turns with no trained token, per strategy."""
-    return _per_tool(summary, "Dropped turns by tool: turns with no trained token",
-                     lambda s, tool, tt: _pct(tt["dropped_turns"] / tt["turns"] if tt["turns"] else 0.0))
+    return _per_tool(summary, width, lambda s, tool, tt: _pct(tt["dropped_turns"] / tt["turns"] if tt["turns"] else 0))
 
 
-def _per_tool(summary: dict[str, Any], title: str, cell) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("tool", no_wrap=True)
-    table.add_column("turns", justify="right")
-    for name in summary["strategies"]:
-        table.add_column(_short_name(name), justify="right")
-    tools = sorted({t for s in summary["strategies"].values() for t in s["tool_turns"]})
-    for tool in tools:
-        turns = max((s["tool_turns"].get(tool) or {}).get("turns", 0) for s in summary["strategies"].values())
-        cells = [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else "–"
-                 for s in summary["strategies"].values()]
-        table.add_row(tool, str(turns), *cells)
-    return table
+def _per_tool(summary: dict[str, Any], width: int, cell) -> list[Any]:
+    strategies = summary["strategies"]
+    tools = sorted({t for s in strategies.values() for t in s["tool_turns"]})
+    turns = [max((s["tool_turns"].get(tool) or {}).get("turns", 0) for s in strategies.values()) for tool in tools]
+    key = [Column("tool", tools, justify="left"), Column("turns", [_int(n) for n in turns])]
+    values = [Column(label(name), [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else "-"
+                                   for tool in tools]) for name, s in strategies.items()]
+    return fit(key, values, width)
 
 
-SHORT_NAMES = {"echo-restore": "restore", "linear+restore": "lin+rest", "session-v1": "sess-v1",
-               "session-v2": "sess-v2", "checkpoint-tree": "ckpt-tree"}
+def _section(title: str, tables: list[Any]) -> list[Any]:
+    """A blank line, the bold title (wrapping at the console, not the table), the tables."""
+    return [Text(""), Text(title, style="bold"), *tables]
 
 
-def _short_name(name: str) -> str:
-    return SHORT_NAMES.get(name, name)
+def _saving(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    return f"{100 * entry['savings']:+.1f}%" + ("*" if entry["saves_by_training_less"] else "")
 
 
-def _sessions(summary: dict[str, Any]) -> int:
-    return summary.get("sessions_total", 0)
+def _pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.0f}%"
-
-
-def _tokens(n: int) -> str:
-    return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
+def _int(n: int) -> str:
+    return f"{int(n):,}"

@@ -21,6 +21,7 @@ import pandas as pd
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import TraceToolsError
 from trace_tools.rescore import metrics, plan, require_torch
+from trace_tools.rescore.fill import logprobs_source
 from trace_tools.rescore.metrics import DEFAULT_MAX_THRESHOLD, DEFAULT_THRESHOLD
 
 DEFAULT_TOP_K = 20
@@ -91,6 +92,7 @@ def rescore(dump: Any, model: Any = "tiny-qwen3", *, device: str = "auto", dtype
     tables = _Tables.build(inputs, scored.recomputed, threshold, max_threshold, prompts.decoder())
     summary = _summary(tables, scoring_model.identity(), quarantine, len(sessions), top_k,
                        {**options, "prompt_renderer": prompts.identity()}, scored.throughput(inputs))
+    summary["logprobs_source"] = logprobs_source(meta)
     result = RescoreResult(tables.tokens, tables.turns, tables.sessions, summary, threshold)
     if out is not None:
         result.save(out, write_tokens)

@@ -74,10 +74,24 @@ def _fill_table(table: Any, model_spec: Any, device: str, dtype: str, tokenizer:
                             max_batch_tokens)
     column = pa.array(values, type=pa.list_(pa.float32()))
     if "output_logprobs" in table.column_names:
-        return table.set_column(table.column_names.index("output_logprobs"), "output_logprobs", column)
-    return table.append_column(pa.field("output_logprobs", pa.list_(pa.float32())), column)
+        table = table.set_column(table.column_names.index("output_logprobs"), "output_logprobs", column)
+    else:
+        table = table.append_column(pa.field("output_logprobs", pa.list_(pa.float32())), column)
+    source = f"teacher-forced:{getattr(model_spec, 'name', model_spec)}"
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), LOGPROBS_KEY.encode(): source.encode()})
 
 
+def logprobs_source(meta: DumpMeta) -> str:
+    """`synthetic` for a simulated dump whose logprobs were seeded, not computed by a model (every turn
+    of it is expected to be flagged); `teacher-forced:MODEL` when `fill_logprobs` wrote them; else `recorded`."""
+    from trace_tools.simulate import HARNESS
+
+    if "logprobs" in meta.extra:
+        return meta.extra["logprobs"]
+    return "synthetic" if meta.harness == HARNESS else "recorded"
+
+
+LOGPROBS_KEY = "trace_tools.logprobs"  # who computed output_logprobs, when not the recording engine
 _ROW_COLUMNS = ("session_id", "turn_index", "messages", "tools", "output_ids", "prompt_ids", "chat_template_kwargs")
 
 

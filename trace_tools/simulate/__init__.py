@@ -39,7 +39,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list[str] | None = None,
              recording: str = "tree", out: str | None = None, *, max_turns: int | None = None,
-             logprobs_model: str | None = None, profile: str = "swe") -> Any:
+             logprobs_model: str | None = None, profile: str = "swe", chat_template: str | None = None) -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
     Args:
@@ -58,6 +58,8 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
             (`trace_tools.rescore.fill_logprobs`; needs torch).
         profile: session size, `swe` (short episodes) or `swe-long` (Claude-Code-sized prompts,
             25–45 turns, contexts ending at 25k–60k tokens); see `simulate/profiles.py`.
+        chat_template: the template text, file or name to render with (default: the family's,
+            TRL's file, else the bundled sample's copy of it); it must use the family's tool-call format.
     """
     from trace_tools.io.write import sessions_to_table, write_parquet_atomic
 
@@ -65,7 +67,8 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     size = get_profile(profile)
     max_turns = size.default_max_turns if max_turns is None else max_turns
     _check(sessions, recording, max_turns)
-    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns, profile)
+    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns, profile,
+                                              chat_template=chat_template)
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
         from trace_tools.rescore import fill_logprobs
@@ -76,8 +79,9 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     return table
 
 
-def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]],
-                      recording: str, max_turns: int = 40, profile: str = "swe") -> tuple[list[Any], Any]:
+def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]], recording: str,
+                      max_turns: int = 40, profile: str = "swe", *,
+                      chat_template: str | None = None) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
     from trace_tools.render.families import stamps_date
@@ -85,7 +89,8 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
+    renderer = Renderer.from_spec(family.tokenizer, chat_template or family.template,
+                                  dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
     dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile))
     built = []

@@ -6,18 +6,23 @@ responses, prompt ids); the engine (`trace_tools.replay`) owns iteration, timing
 and the run directory; a strategy only implements `replay_session(prepared) -> ReplayResult`.
 
 To add one: subclass `Strategy`, set `name` (and `counterfactual` if it changes the ids the
-engine would have seen), implement `replay_session`, and decorate the class with `@register`.
+engine would have seen), declare its options in `params` (`trace_tools.options.Param`), implement
+`replay_session`, and decorate the class with `@register`. Options are read with
+`self.setting(name)`: typed, defaulted and checked against the declaration, never parsed by hand.
 """
 from __future__ import annotations
 
 from abc import ABC
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import UnknownName
+from trace_tools.options import Param, check_known
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.base import RendererLike
+from trace_tools.strategies import BUILTIN_STRATEGIES
 
 REGISTRY: dict[str, type["Strategy"]] = {}
 
@@ -31,9 +36,9 @@ def register(cls: type["Strategy"]) -> type["Strategy"]:
 class ReplayContext:
     """Everything a strategy may need besides the session itself.
 
-    `renderer` is None only in unit tests that never render. `params` carries strategy options
-    (e.g. fork_threshold, realign_gate, realign_from, on_nonlinear, rollback, matcher); each
-    strategy reads the keys it knows and ignores the rest.
+    `renderer` is None only in unit tests that never render. `params` carries the options of
+    every strategy of a run (e.g. fork_threshold, matcher, rollback); each strategy reads the keys
+    it declares (`Strategy.params`) and ignores the rest. `check_params` vets them all up front.
     """
 
     renderer: RendererLike | None = None
@@ -41,9 +46,6 @@ class ReplayContext:
     prompt_source: str = "auto"  # auto | recorded | rendered
     params: dict[str, Any] = field(default_factory=dict)
 
-    def param(self, key: str, default: Any) -> Any:
-        value = self.params.get(key)
-        return default if value is None else value
 
 
 class Strategy(ABC):
@@ -52,9 +54,16 @@ class Strategy(ABC):
     name: ClassVar[str]
     counterfactual: ClassVar[bool] = False  # True when replay feeds ids the engine never saw
     description: ClassVar[str] = ""
+    params: ClassVar[tuple[Param, ...]] = ()  # declared options, read through `setting`
+    renders_prompts: ClassVar[bool] = True  # False: works from recorded prompt ids without a tokenizer
 
     def __init__(self, ctx: ReplayContext):
         self.ctx = ctx
+        self.settings = {param.name: param.parse(ctx.params.get(param.name)) for param in self.params}
+
+    def setting(self, name: str) -> Any:
+        """The typed value of a declared option (its default when not given)."""
+        return self.settings[name]
 
     def replay(self, session: Session | PreparedSession) -> ReplayResult:
         """Replay one session; raise to have the engine quarantine it as `replay_error`.
@@ -89,9 +98,28 @@ def get_strategy(name: str) -> type[Strategy]:
 def available_strategies() -> list[str]:
     """Registered names in the DESIGN §3 column order."""
     _load_builtin_strategies()
-    order = ["tree", "echo-restore", "linear", "linear+restore", "chains", "session-v1", "session-v2",
-             "checkpoint-tree"]
+    order = list(BUILTIN_STRATEGIES)
     return [n for n in order if n in REGISTRY] + sorted(set(REGISTRY) - set(order))
+
+
+def declared_params() -> dict[str, Param]:
+    """Every option any registered strategy declares, by name (strategies that share one share its declaration)."""
+    _load_builtin_strategies()
+    return {param.name: param for cls in REGISTRY.values() for param in cls.params}
+
+
+def check_params(strategies: list[str], params: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate options before any work: the typed values of `params` (None values dropped).
+
+    Raises `UnknownName` for an unknown strategy, `UsageError` for an option no strategy declares
+    and `InvalidOption` for a value outside its declaration; each message lists the valid choices.
+    """
+    for name in strategies:
+        get_strategy(name)
+    given = {key: value for key, value in params.items() if value is not None}
+    declared = declared_params()
+    check_known(given, declared, "strategy parameter")
+    return {key: declared[key].parse(value) for key, value in given.items()}
 
 
 def _load_builtin_strategies() -> None:

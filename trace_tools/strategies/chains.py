@@ -11,7 +11,7 @@ the messages appended after each generation — so the ids a chain feeds are not
 prompt ids (a miles/slime gateway re-rendered differently). Replay reuses the recorded outputs as
 if generated on those ids.
 
-Parameters (`ctx.params`): `rollback` (default on: roll back a rewritten latest assistant
+Options (`CHAINS_PARAMS`): `rollback` (default on: roll back a rewritten latest assistant
 instead of forking), `prompt_length` and `response_length` (total capacity, enforced only when
 both are set; off by default).
 
@@ -28,23 +28,32 @@ from typing import Any
 
 from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.errors import ReplayError
+from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.strategies.base import ReplayContext, Strategy, register
 from trace_tools.strategies.chains_core import (
-    CONTEXT, ChainCodec, ChainSession, ChainsSetupError, RequestRejected, ServerError, StepOutcome, Trajectory,
+    CONTEXT, ChainCodec, ChainSession, RequestRejected, ServerError, StepOutcome, Trajectory,
 )
+
+CHAINS_PARAMS = (
+    Param("rollback", bool, True, "roll back a rewritten latest assistant instead of forking a new chain"),
+    Param("prompt_length", int, None, "chain capacity: prompt tokens (enforced with response_length)", minimum=1),
+    Param("response_length", int, None, "chain capacity: response tokens (enforced with prompt_length)", minimum=1),
+)
+
 
 @register
 class ChainsStrategy(Strategy):
     name = "chains"
     counterfactual = True
     description = "uni-agent multiple linear chains: prefix-hash chain selection, last-assistant rollback"
+    params = CHAINS_PARAMS
 
     def __init__(self, ctx: ReplayContext):
         super().__init__(ctx)
-        self.rollback = _flag(ctx.param("rollback", True))
-        self.prompt_length = _optional_int(ctx.param("prompt_length", None))
-        self.response_length = _optional_int(ctx.param("response_length", None))
+        self.rollback = self.setting("rollback")
+        self.prompt_length = self.setting("prompt_length")
+        self.response_length = self.setting("response_length")
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         if self.ctx.renderer is None:
@@ -124,21 +133,3 @@ def _count(chains: ChainSession, result: ReplayResult) -> None:
     result.counters["rollbacks"] += chains.rollback_count
     result.counters["rollback_dropped_tokens"] += chains.rollback_dropped_tokens
     result.counters["capacity_exhausted"] += chains.capacity_exhausted
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("on", "true", "1", "yes"):
-        return True
-    if text in ("off", "false", "0", "no"):
-        return False
-    raise ChainsSetupError(f"chains option rollback must be on or off (got {value!r})")
-
-
-def _optional_int(value: Any) -> Any:
-    # Options from the command line arrive as strings; ChainSession validates the number itself.
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return value

@@ -7,7 +7,7 @@ sessions give one sample; subagents and genuine edits give real branches; a retr
 earlier sibling while that is still a leaf. Recorded outputs are reused on the assembled prompts
 (counterfactual), and no generated token is zeroed or re-emitted because of drift.
 
-Options (`ReplayContext.params`):
+Options (`CHECKPOINT_PARAMS`):
 * `retries`: "supersede" (default) trims a leaf that a later sibling re-generated from the same
   request; "keep" keeps every sibling as its own sample (e.g. n>1 sampling on purpose).
 * `echo_rules` (True): False matches messages by dict equality only (for comparison).
@@ -19,23 +19,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from trace_tools.data import ReplayResult, Session, Turn
-from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.errors import ReplayError
 from trace_tools.ids import common_prefix_len
+from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
 from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register
 from trace_tools.strategies.checkpoint_core import (Assembly, AssemblyFailed, AttachPoint, CheckpointTree, Node,
                                                     PromptAssembler, build_samples)
 
 RETRY_POLICIES = ("supersede", "keep")
+CHECKPOINT_PARAMS = (
+    Param("retries", str, "supersede", "an unanswered earlier attempt: trim it (supersede) or keep both",
+          choices=RETRY_POLICIES),
+    Param("echo_rules", bool, True, "look past cosmetic echo rewrites; false matches messages by equality only"),
+)
 # Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
 OWN_COUNTERS = ("tree_branches", "restored_echoes", "unrecognized_echoes", "trimmed_leaves", "resets",
                 "close_unresolved", "healed_turns", "healed_prefix_tokens")
 EXTRA_COUNTERS = ("new_roots", "boundary_fallbacks", "boundary_unverified", "render_failed",
                   "restored_distinct_echoes", "truncated_extensions", "counterfactual_prompts")
-
-
-class UnknownRetryPolicy(UnknownName, ValueError):
-    """`retries` is not one of RETRY_POLICIES."""
 
 
 @dataclass(slots=True)
@@ -54,9 +56,10 @@ class CheckpointTreeStrategy(Strategy):
     name = "checkpoint-tree"
     counterfactual = True  # prompts are assembled from checkpoints, not the recorded prompt ids
     description = "token-checkpoint tree: deepest echo-equivalent checkpoint, delta render, exactly-once masks"
+    params = CHECKPOINT_PARAMS
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        replayer = CheckpointReplay(self.ctx)
+        replayer = CheckpointReplay(self.ctx, self.setting("retries"), self.setting("echo_rules"))
         for turn in prepared.turns:
             replayer.step(turn_input(turn))
         return replayer.finish(prepared.reward)
@@ -74,14 +77,12 @@ def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) 
 class CheckpointReplay:
     """One session's tree, grown turn by turn, then turned into a ReplayResult."""
 
-    def __init__(self, ctx: ReplayContext):
+    def __init__(self, ctx: ReplayContext, retries: str = "supersede", echo_rules: bool = True):
         if ctx.renderer is None:
             raise ReplayError("checkpoint-tree renders prompts; pass --tokenizer (and --chat-template)")
         self.ctx = ctx
-        self.retries = ctx.param("retries", "supersede")
-        if self.retries not in RETRY_POLICIES:
-            raise UnknownRetryPolicy("checkpoint-tree retries policy", str(self.retries), RETRY_POLICIES)
-        self.tree = CheckpointTree(echo_rules=bool(ctx.param("echo_rules", True)))
+        self.retries = retries
+        self.tree = CheckpointTree(echo_rules=echo_rules)
         self.assembler = PromptAssembler(ctx.renderer)
         self.result = ReplayResult()
         self.counters: Counter = Counter({name: 0 for name in (*OWN_COUNTERS, *EXTRA_COUNTERS)})

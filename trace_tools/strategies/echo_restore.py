@@ -26,10 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
+from trace_tools.options import Param
 from trace_tools.strategies.base import register
 from trace_tools.pipeline.prepared import render_prompt
 from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
-from trace_tools.strategies.tree import TreeStrategy
+from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 
@@ -70,6 +71,9 @@ class EchoRestoreStrategy(TreeStrategy):
     name = "echo-restore"
     counterfactual = True
     description = "slime PR #2282: restore re-rendered assistant echoes before rendering, then the slime tree"
+    params = (*TREE_PARAMS, Param("restore_prompt", bool, True,
+                                  "render the restored messages; false restores for routing only (seed 001)"))
+    renders_prompts = True
 
     def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
                         manager: TrajectoryManager | None = None) -> ReplayResult:
@@ -80,7 +84,7 @@ class EchoRestoreStrategy(TreeStrategy):
         restored, changed = restore_prepared(manager, session_id, prepared, self.restore_log)
         # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
         # ids: seed 001's third configuration, which shows why the restore must precede the render.
-        if changed and self.ctx.param("restore_prompt", True) not in (False, "false", "0"):
+        if changed and self.setting("restore_prompt"):
             ids = render_prompt(self.ctx.renderer, restored.messages, restored.tools, restored.turn, shared=True)
             restored = replace(restored, prompt_ids=ids, prompt_origin="rendered")
         super().record_prepared(manager, session_id, restored)

@@ -10,8 +10,8 @@ upstream systems offers this combination.
 Counterfactual: healed prompts are ids the engine never saw; the recorded `output_ids` and
 logprobs are reused as if sampled on the healed context (DESIGN §3).
 
-Options (`ReplayContext.params`): `on_nonlinear` ("reset" | "error" | "passthrough", default
-reset), `delta` (text-space delta render first, default true), plus every `tree` option.
+Options (`LINEAR_PARAMS`): `on_nonlinear` ("reset" | "error" | "passthrough", default reset),
+`delta` (text-space delta render first, default true), plus every `tree` option.
 `fork_threshold` defaults to the tree's 1024; agentcore pairs the healer with a CLEAN/FORK-only
 manager, which is `fork_threshold=0`.
 
@@ -28,15 +28,20 @@ from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
 from trace_tools.errors import ReplayError
+from trace_tools.options import Param
 from trace_tools.strategies.base import register
 from trace_tools.strategies.echo_restore import RestoreLog, restore_prepared
-from trace_tools.strategies.linear_core import LinearHealer, heal_and_commit
-from trace_tools.strategies.tree import InvalidTreeOption, TreeStrategy
+from trace_tools.strategies.linear_core import ON_NONLINEAR, LinearHealer, heal_and_commit
+from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 _PROMPT_EVENTS = {"healed": "healed", "reset": "reset", "rendered": "rendered", "passthrough": "rendered"}
-_FALSE = ("0", "false", "no", "off")
-_TRUE = ("1", "true", "yes", "on")
+LINEAR_PARAMS = (
+    *TREE_PARAMS,
+    Param("on_nonlinear", str, "reset", "what a non-append-only request does: re-anchor, fail the session, or pass",
+          choices=ON_NONLINEAR),
+    Param("delta", bool, True, "heal through the text-space delta render first (the full render gives the same ids)"),
+)
 
 
 @register
@@ -44,14 +49,15 @@ class LinearStrategy(TreeStrategy):
     name = "linear"
     counterfactual = True
     description = "agentcore LinearHealer: feed the served prefix + closer + new tail, then the slime tree"
+    params = LINEAR_PARAMS
+    renders_prompts = True
     restore_first = False
 
     def make_healer(self) -> LinearHealer:
         """A healer over the context's renderer, configured from `on_nonlinear` and `delta`."""
         if self.ctx.renderer is None:
             raise ReplayError(f"strategy {self.name} renders prompts; pass --tokenizer (and --chat-template)")
-        return LinearHealer(self.ctx.renderer, on_nonlinear=self.ctx.param("on_nonlinear", "reset"),
-                            delta=self._bool_param("delta", True))
+        return LinearHealer(self.ctx.renderer, on_nonlinear=self.setting("on_nonlinear"), delta=self.setting("delta"))
 
     def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
                         manager: TrajectoryManager | None = None) -> ReplayResult:
@@ -78,15 +84,6 @@ class LinearStrategy(TreeStrategy):
             if event != "rendered" or result.prompt_events.get(source, "clean") == "clean":
                 result.prompt_events[source] = event
         return self.restore_log.apply(result) if self.restore_first else result
-
-    def _bool_param(self, key: str, default: bool) -> bool:
-        value = self.ctx.param(key, default)
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE
-        raise InvalidTreeOption(key, str(value), ["true", "false"])
 
 
 @register

@@ -281,12 +281,14 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "y": True, "on": True, "t":
 
 
 def sglang_tools(tools: Sequence[Any] | None) -> list[dict] | None:
-    """Tools as SGLang's `Tool` model dumps them: the shape every render sees.
+    """Tools as SGLang v0.5.16's `Tool.model_dump()` gives them: the shape every miles render sees.
 
-    A bare function dict is wrapped as {"type": "function", "function": ...}; the function keeps
-    exactly the model's fields in the model's order — description, name, parameters, strict —
-    with `strict` defaulting to False (so the rendered tool JSON gains `"strict": false` and its
-    keys are reordered) and unknown keys dropped. A schema the model refuses is a 500.
+    A bare function dict is wrapped as {"type": "function", "function": ...}. The function keeps
+    exactly the model's fields in its order — description, name, parameters, strict (default
+    False, so the rendered tool JSON gains `"strict": false` and its keys are reordered) — plus
+    `defer_loading` only when set (the model's serializer drops it when None); unknown keys are
+    dropped. The tool itself always carries `"defer_loading"` (null unless set), and a set tool
+    flag is copied into a function that has none. A schema the model refuses is a 500.
     """
     if not tools:
         return None
@@ -298,12 +300,23 @@ def _sglang_tool(tool: Any) -> dict:
     function, kind = wrapped.get("function"), wrapped.get("type", "function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not isinstance(kind, str):
         raise ServerError(f"tool schema refused by SGLang's Tool model: {str(tool)[:200]}")
+    name = function["name"]
     description = function.get("description")
     if description is not None and not isinstance(description, str):
-        raise ServerError(f"tool {function['name']!r}: description must be a string")
-    return {"type": kind, "function": {"description": description, "name": function["name"],
-                                       "parameters": function.get("parameters"),
-                                       "strict": _model_bool(function.get("strict", False), function["name"])}}
+        raise ServerError(f"tool {name!r}: description must be a string")
+    tool_defer = _optional_model_bool(wrapped.get("defer_loading"), name)
+    function_defer = _optional_model_bool(function.get("defer_loading"), name)
+    dumped = {"description": description, "name": name, "parameters": function.get("parameters"),
+              "strict": _model_bool(function.get("strict", False), name)}
+    if function_defer is None:
+        function_defer = tool_defer  # the model's after-validator propagates the tool-level flag
+    if function_defer is not None:
+        dumped["defer_loading"] = function_defer
+    return {"type": kind, "function": dumped, "defer_loading": tool_defer}
+
+
+def _optional_model_bool(value: Any, name: str) -> bool | None:
+    return None if value is None else _model_bool(value, name)
 
 
 def _model_bool(value: Any, name: str) -> bool:
@@ -313,7 +326,7 @@ def _model_bool(value: Any, name: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
         return _BOOL_WORDS[value.strip().lower()]
-    raise ServerError(f"tool {name!r}: strict must be a boolean, got {value!r}")
+    raise ServerError(f"tool {name!r}: strict and defer_loading must be booleans, got {value!r}")
 
 
 def template_messages(messages: Sequence[dict]) -> list[dict]:
@@ -1105,10 +1118,10 @@ def stored_response(recorded: dict | None, parsed: dict | None) -> dict:
     return message
 
 
-def tito_from_context(ctx: Any) -> TitoTokenizer:
+def tito_from_context(ctx: Any, family: str | None = None) -> TitoTokenizer:
     if ctx.renderer is None:
         raise ReplayError("session strategies need a renderer; pass --tokenizer (and --chat-template)")
-    return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, ctx.param("tito_family", None)))
+    return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, family))
 
 
 def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) -> str:

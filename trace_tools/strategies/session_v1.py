@@ -10,10 +10,19 @@ continues with the next recorded request.
 from __future__ import annotations
 
 from trace_tools.data import ReplayResult
+from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
-from trace_tools.strategies.session_core import (AssemblyError, assemble_v1, record_outcomes, replay_v1,
-                                                 resolve_matcher, session_requests, tito_from_context)
+from trace_tools.strategies.session_core import (FAMILIES, MATCHERS, AssemblyError, assemble_v1, record_outcomes,
+                                                 replay_v1, resolve_matcher, session_requests, tito_from_context)
+
+SESSION_PARAMS = (
+    Param("matcher", str, "strict", "how a request's history is compared with the stored messages",
+          choices=tuple(MATCHERS)),
+    Param("tito_family", str, None, "miles TITO family (default: the one matching the template)",
+          choices=tuple(FAMILIES)),
+    Param("max_seq_len", int, None, "truncate each sample to this many tokens, as miles does", minimum=1),
+)
 
 
 @register
@@ -22,17 +31,17 @@ class SessionV1(Strategy):
     # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
     counterfactual = True
     description = "miles v1 session server: linear TITO trajectory, one-step rollback, one merged sample"
+    params = SESSION_PARAMS
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         session = prepared.session
-        tito = tito_from_context(self.ctx)
-        state, outcomes = replay_v1(session_requests(prepared), tito,
-                                    resolve_matcher(self.ctx.param("matcher", "strict")))
+        tito = tito_from_context(self.ctx, self.setting("tito_family"))
+        state, outcomes = replay_v1(session_requests(prepared), tito, resolve_matcher(self.setting("matcher")))
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         _record_rollbacks(result, outcomes)
         try:
-            result.samples = assemble_v1(state, tito.family.max_trim_tokens, self.ctx.param("max_seq_len", None),
+            result.samples = assemble_v1(state, tito.family.max_trim_tokens, self.setting("max_seq_len"),
                                          session.reward)
         except AssemblyError:
             result.counters["assembly_errors"] += 1

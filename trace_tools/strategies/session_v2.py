@@ -10,6 +10,7 @@ from __future__ import annotations
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.session_v1 import SESSION_PARAMS
 from trace_tools.strategies.session_core import (AssemblyError, LeafSample, record_outcomes, replay_v2,
                                                  resolve_matcher, samples_v2, session_requests, tito_from_context)
 
@@ -20,17 +21,17 @@ class SessionV2(Strategy):
     # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
     counterfactual = True
     description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
+    params = SESSION_PARAMS
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         session = prepared.session
-        tito = tito_from_context(self.ctx)
-        state, outcomes = replay_v2(session_requests(prepared), tito,
-                                    resolve_matcher(self.ctx.param("matcher", "strict")))
+        tito = tito_from_context(self.ctx, self.setting("tito_family"))
+        state, outcomes = replay_v2(session_requests(prepared), tito, resolve_matcher(self.setting("matcher")))
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         result.counters["tree_branches"] += state.tree.branches
         try:
-            kept, trimmed = samples_v2(state.tree, tito.family.max_trim_tokens, self.ctx.param("max_seq_len", None),
+            kept, trimmed = samples_v2(state.tree, tito.family.max_trim_tokens, self.setting("max_seq_len"),
                                        session.reward)
         except AssemblyError:
             result.counters["assembly_errors"] += 1

@@ -2,14 +2,8 @@
 
 Each prepared turn (canonical messages, canonical response, prompt ids recorded or rendered) is
 recorded into a `TrajectoryManager` with the dump's `turn_index` as provenance, then the session
-is linearized with the session reward. Options (from `ReplayContext.params`):
-
-* `fork_threshold` (1024): REALIGN / rewrite-merge threshold; `<= 0` gives agentcore's current
-  CLEAN/FORK-only behaviour.
-* `realign_gate` ("output" | "drift") and `realign_from` ("response" | "divergence"): slime's
-  REALIGN rule or TRL's.
-* `max_sample_tokens` (0 = no limit): slime truncates each sample to the session's context budget.
-* `safe_edges` (True): guard upstream's edge cases; False reproduces them.
+is linearized with the session reward. Options: `TREE_PARAMS` (fork threshold, the REALIGN rule
+of slime or TRL, slime's per-sample token budget, and whether upstream's unsafe edges are guarded).
 
 Other strategies reuse this one: subclass `TreeStrategy` and override `record_prepared` (e.g. to
 restore echoes or heal prompts before recording), or call `replay_prepared` with their own turns.
@@ -19,32 +13,39 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
+from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.errors import UnknownName
 from trace_tools.strategies.base import Strategy, register
-from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TreeSample, TurnRecord
+from trace_tools.strategies.tree_core import (REALIGN_GATES, REALIGN_STARTS, BaseSample, TrajectoryManager, TreeSample,
+                                              TurnRecord)
 
-
-class InvalidTreeOption(UnknownName, ValueError):
-    """A tree strategy option outside its allowed values."""
+TREE_PARAMS = (
+    Param("fork_threshold", int, 1024, "FORK / rewrite-merge threshold in tokens; <= 0 = agentcore CLEAN/FORK only"),
+    Param("realign_gate", str, "output", "REALIGN gate on the incoming output length (slime) or the drift size (TRL)",
+          choices=REALIGN_GATES),
+    Param("realign_from", str, "response", "REALIGN from the response start (slime) or the divergence point (TRL)",
+          choices=REALIGN_STARTS),
+    Param("max_sample_tokens", int, 0, "truncate each sample to this many tokens as slime does; 0 = no limit",
+          minimum=0),
+    Param("safe_edges", bool, True, "guard upstream's unsafe edge cases; false reproduces them"),
+)
 
 
 @register
 class TreeStrategy(Strategy):
     name = "tree"
     description = "slime TrajectoryManager: message tree, rewrite-merge, CLEAN/REALIGN/FORK, per-node dedup"
+    params = TREE_PARAMS
+    renders_prompts = False  # with recorded prompt ids and responses it needs no tokenizer
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         return self.replay_prepared(prepared.session_id, prepared.turns, prepared.reward)
 
     def make_manager(self) -> TrajectoryManager:
-        """A manager configured from the context's params (validated)."""
-        return TrajectoryManager(
-            fork_threshold=self._int_param("fork_threshold", 1024),
-            realign_gate=self.ctx.param("realign_gate", "output"),
-            realign_from=self.ctx.param("realign_from", "response"),
-            safe_edges=bool(self.ctx.param("safe_edges", True)),
-        )
+        """A manager configured from the declared options."""
+        return TrajectoryManager(fork_threshold=self.setting("fork_threshold"),
+                                 realign_gate=self.setting("realign_gate"),
+                                 realign_from=self.setting("realign_from"), safe_edges=self.setting("safe_edges"))
 
     def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
                         manager: TrajectoryManager | None = None) -> ReplayResult:
@@ -63,21 +64,8 @@ class TreeStrategy(Strategy):
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         """Linearize the session and package samples, counters and per-turn events."""
         samples = manager.get_trajectory(session_id, base_sample=BaseSample(rollout_id=session_id), reward=reward,
-                                         max_sample_tokens=self._max_sample_tokens())
+                                         max_sample_tokens=self.setting("max_sample_tokens"))
         return result_from(samples, manager.pop_stats(session_id))
-
-    def _max_sample_tokens(self) -> int:
-        value = self._int_param("max_sample_tokens", 0)
-        if value < 0:
-            raise InvalidTreeOption("max_sample_tokens", str(value), ["0 (no limit)", "a positive token count"])
-        return value
-
-    def _int_param(self, key: str, default: int) -> int:
-        value = self.ctx.param(key, default)
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise InvalidTreeOption(key, str(value), ["an integer"]) from None
 
 
 def turn_record(prepared: Any) -> TurnRecord:

@@ -1,0 +1,51 @@
+"""Run plots: drawn without pyplot's global backend, legends beside the bars, every strategy shown."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from trace_tools.report.plots import coverage_figure, drift_figure, samples_figure
+from trace_tools.report.rerender import read_run
+
+
+def test_writing_plots_keeps_the_callers_matplotlib_backend(sample_run, tmp_path):
+    """A notebook's inline backend must survive a replay that writes plots (it used to become Agg)."""
+    code = ("import pathlib, matplotlib; matplotlib.use('svg'); "
+            "from trace_tools.report.plots import write_plots; from trace_tools.report.rerender import read_run; "
+            f"written = write_plots(pathlib.Path({str(tmp_path)!r}), read_run({str(sample_run.run_dir)!r})); "
+            "print(matplotlib.get_backend(), len(written))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["svg", "3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["coverage_by_tool.png", "drift_start.png",
+                                                           "samples_per_session.png"]
+
+
+def _legend_overlaps_axes(figure) -> bool:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure).draw()
+    ax = figure.axes[0]
+    return ax.get_legend().get_window_extent().overlaps(ax.get_window_extent())
+
+
+def test_legends_sit_beside_the_bars(sample_run):
+    tables = read_run(sample_run.run_dir)
+    for figure in (coverage_figure(tables), samples_figure(tables)):
+        assert not _legend_overlaps_axes(figure)
+        labels = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+        assert labels == list(sample_run.summary["strategies"])
+
+
+def test_samples_axis_shows_every_count(sample_run):
+    tables = read_run(sample_run.run_dir)
+    figure = samples_figure(tables)
+    ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
+    most = int(tables["sessions"]["samples"].max())
+    assert ticks == [str(n) for n in range(int(tables["sessions"]["samples"].min()), most + 1)]
+
+
+def test_drift_plot_has_a_panel_per_strategy(sample_run):
+    figure = drift_figure(read_run(sample_run.run_dir))
+    titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
+    assert [t.split(":")[0] for t in titles] == list(sample_run.summary["strategies"])
+    assert all(t.endswith(("drifted turns", "no drift")) for t in titles)

@@ -1,0 +1,40 @@
+"""The bundled sample dump (`sample_traces/`, shipped as package data) and what it carries.
+
+Its files are self-describing recordings: each names its tokenizer and embeds its chat template
+text (TRL's `qwen3.jinja` and `qwen3_5_think.jinja`). DESIGN §10 makes those embedded templates
+the defaults for `qwen3` / `qwen3.5` where `trl` is not installed, so a plain `pip install .`
+can simulate, render and replay without the `templates` extra.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+_TOKENIZER_KEY = b"trace_tools.tokenizer"
+_TEMPLATE_KEY = b"trace_tools.chat_template"
+
+
+def sample_dir() -> Path | None:
+    """The directory of the bundled sample: package data in an install, `sample_traces/` in a checkout."""
+    try:
+        candidate = Path(str(resources.files("trace_tools.sample_traces")))
+        if any(candidate.glob("*.parquet")):
+            return candidate
+    except (ModuleNotFoundError, TypeError):
+        pass
+    checkout = Path(__file__).resolve().parents[2] / "sample_traces"
+    return checkout if any(checkout.glob("*.parquet")) else None
+
+
+@lru_cache(maxsize=4)
+def sample_template(tokenizer: str) -> str | None:
+    """The chat template embedded in the bundled sample file recorded with `tokenizer`, if any."""
+    directory = sample_dir()
+    for path in sorted(directory.glob("*.parquet")) if directory else ():
+        metadata = pq.read_schema(path).metadata or {}
+        if metadata.get(_TOKENIZER_KEY, b"").decode() == tokenizer and _TEMPLATE_KEY in metadata:
+            return metadata[_TEMPLATE_KEY].decode("utf-8")
+    return None

@@ -1,0 +1,93 @@
+"""What a replay checks before its first session (DESIGN §10): a setting that would make every
+session fail the same way is a usage error (exit 2) with the fix, never a quarantine of everything.
+
+`check_options` validates the strategy options against their declarations (and makes them
+typed), the prompt source and the canonicalization policy; `check_dump` the dump (some usable
+session, a tokenizer and template that resolve for every recording in it, or no strategy that
+needs one); `check_run_dir` the output directory (a directory, not another run made with other
+options unless `overwrite`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trace_tools.errors import UnusableInput, UsageError
+from trace_tools.options import parse_choice
+from trace_tools.pipeline.prepared import PROMPT_SOURCES
+
+
+def check_options(options: Any) -> None:
+    """Strategy parameters, prompt source and canonicalization; `options.params` become typed values."""
+    from trace_tools.render.canonical import POLICIES
+    from trace_tools.strategies.base import check_params
+
+    options.params = check_params(options.strategies, options.params)
+    parse_choice(options.prompt_source, PROMPT_SOURCES, "--prompt-source")
+    parse_choice(options.canonicalization, POLICIES, "--canonicalization")
+
+
+def check_dump(dump: Path, stream: Any, options: Any) -> None:
+    """The dump (an opened `io.load.SessionStream`) has a usable session, and every recording in it
+    has a tokenizer and template that resolve."""
+    reason = stream.unusable_reason()
+    if reason:
+        raise UnusableInput(f"{dump}: {reason}")
+    for (name, embedded), label in stream.recordings().items():
+        if name is None:
+            _require_no_rendering(label, options.strategies, options.prompt_source)
+        else:
+            resolve_recording(name, options.chat_template, embedded)
+
+
+def resolve_recording(tokenizer: str, chat_template: str | None, embedded_template: str | None) -> None:
+    """The tokenizer and template as the renderer will resolve them; unknown names raise (exit 2).
+
+    A tokenizer directory is loaded (a broken file fails here, once); built-in names only checked."""
+    from trace_tools.render.templates import resolve_template
+    from trace_tools.render.tokenizer import RECIPES, check_tokenizer_name, load_tokenizer
+
+    check_tokenizer_name(tokenizer)
+    if tokenizer not in RECIPES:
+        load_tokenizer(tokenizer)
+    resolve_template(chat_template, tokenizer_name=tokenizer, dump_template=embedded_template)
+
+
+def _require_no_rendering(label: str, strategies: list[str], prompt_source: str) -> None:
+    from trace_tools.strategies.base import get_strategy
+
+    renders = [name for name in strategies if get_strategy(name).renders_prompts]
+    if renders or prompt_source == "rendered":
+        needs = f"strategies {', '.join(renders)} render" if renders else "--prompt-source rendered renders"
+        from trace_tools.render.tokenizer import known_names
+
+        raise UsageError(f"{label} names no tokenizer (trace_tools.tokenizer) and {needs} prompts; "
+                         f"pass --tokenizer {'|'.join(known_names())}|PATH")
+
+
+def check_run_dir(run_dir: Path, fingerprint: str, overwrite: bool, options: dict[str, Any] | None = None) -> None:
+    """The run directory is new, empty, or this same run (to resume); never a file, someone else's
+    directory, or a run made with other options unless `overwrite`."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--out {run_dir} is a file; pass a directory path for the run")
+    marker = run_dir / "shards" / "FINGERPRINT"
+    if marker.is_file():
+        if marker.read_text().strip() != fingerprint and not overwrite:
+            raise UsageError(f"{run_dir} holds a run made with other options ({_changed(run_dir, options or {})}); "
+                             "pass --overwrite to replace it, or choose another --out")
+        return
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        raise UsageError(f"--out {run_dir} is a directory that holds other files, not a trace-tools run; "
+                         "pass a new or empty directory (or --overwrite)")
+
+
+def _changed(run_dir: Path, options: dict[str, Any]) -> str:
+    """The options whose recorded value (run.json) differs from this run's, e.g. `strategies: [...] → [...]`."""
+    try:
+        previous = json.loads((run_dir / "run.json").read_text())["options"]
+    except (OSError, ValueError, KeyError):
+        return "an unfinished earlier run, or another dump"
+    plain = json.loads(json.dumps(options, default=str))
+    changed = [f"{key}: {previous.get(key)} → {value}" for key, value in plain.items() if previous.get(key) != value]
+    return "; ".join(changed) or "another dump, or changed input files"
