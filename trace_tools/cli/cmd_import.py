@@ -33,7 +33,7 @@ def import_cmd(
     from trace_tools.cli._progress import progress_bar
     from trace_tools.importers import import_traces
 
-    with progress_bar("importing", disable=json_out) as advance:
+    with progress_bar("importing", "records", disable=json_out) as advance:
         report = import_traces(fmt, sources, out, tokenizer=tokenizer, chat_template=chat_template,
                                session_key=session_key, progress=advance)
     if json_out:

@@ -24,9 +24,12 @@ def reconstruct_cmd(
 
     Example: trace-tools reconstruct dump.parquet --json
     """
+    from trace_tools.cli._progress import progress_bar
     from trace_tools.reconstruct import reconstruct
 
-    result = reconstruct(dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format)
+    with progress_bar("reconstructing", "sessions", disable=json_out) as advance:
+        result = reconstruct(dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format,
+                             progress=advance)
     if out is not None:
         result.save(out)
     if json_out:
