@@ -14,6 +14,7 @@ from typing import Any
 from trace_tools.data import DumpMeta, QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io.load import iter_sessions
+from trace_tools.io.vocab import check_tokenizer_known
 from trace_tools.io.schema import REASONS
 from trace_tools.io.write import quarantine_table, write_parquet_atomic
 
@@ -89,9 +90,7 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
     required column missing from every file) or `quarantine_out` cannot be written.
     """
     if load_options.get("tokenizer"):
-        from trace_tools.render.tokenizer import check_tokenizer_name
-
-        check_tokenizer_name(load_options["tokenizer"])  # an explicit name must resolve; the dump's may not
+        check_tokenizer_known(load_options["tokenizer"])  # an explicit name must resolve; the dump's may not
     stream = iter_sessions(path, **load_options)
     reason = stream.unusable_reason()
     if reason:

@@ -14,6 +14,21 @@ BUILTIN_VOCAB_SIZES = {"qwen3": 151_669, "qwen3.5": 248_077, "qwen3+glm4.5-speci
                        "gpt-oss": 201_088, "llama3.1": 128_256, "deepseek-v3": 129_280}
 
 
+def is_local_tokenizer(name_or_path: str) -> bool:
+    """A tokenizer directory holding tokenizer.json, or a tokenizer .json file."""
+    path = Path(name_or_path).expanduser()
+    return (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json"))
+
+
+def check_tokenizer_known(name_or_path: str) -> None:
+    """Raise `UnknownName` (exit 2) unless the name is a built-in tokenizer or a local one."""
+    from trace_tools.errors import UnknownName
+
+    if name_or_path not in BUILTIN_VOCAB_SIZES and not is_local_tokenizer(name_or_path):
+        raise UnknownName("tokenizer", name_or_path,
+                          [*BUILTIN_VOCAB_SIZES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+
+
 def vocab_size_for(name_or_path: str | None) -> int | None:
     """The vocabulary bound of a built-in tokenizer name or a local tokenizer; None if unknown."""
     if not name_or_path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from trace_tools.errors import UnknownName
-from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, vocab_size_for  # noqa: F401 (re-exported)
+from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, is_local_tokenizer, vocab_size_for  # noqa: F401 (re-exported)
 
 # Bump when the recipe changes, so stale cached tokenizer.json files are not reused.
 RECIPE_VERSION = 1
@@ -307,10 +307,7 @@ def known_names() -> tuple[str, ...]:
 
 def check_tokenizer_name(name_or_path: str) -> None:
     """Raise `UnknownName` unless `load_tokenizer` would find this tokenizer (nothing is loaded)."""
-    if name_or_path in RECIPES or name_or_path in PACKAGED:
-        return
-    path = Path(name_or_path).expanduser()
-    if (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json")):
+    if name_or_path in RECIPES or name_or_path in PACKAGED or is_local_tokenizer(name_or_path):
         return
     fix = NO_PACKAGE.get(name_or_path, "a local directory containing tokenizer.json (--tokenizer PATH)")
     raise UnknownName("tokenizer", name_or_path, [*known_names(), fix])

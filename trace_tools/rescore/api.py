@@ -82,7 +82,7 @@ def rescore(dump: Any, model: Any = "tiny-qwen3", *, device: str = "auto", dtype
     options = {"threshold": threshold, "max_threshold": max_threshold, "share_prefix": share_prefix,
                "max_batch_tokens": max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
                "chunk_positions": chunk_positions or DEFAULT_CHUNK_POSITIONS}
-    sessions, _meta, quarantine = load_sessions(dump, tokenizer, chat_template)
+    sessions, meta, quarantine = load_sessions(dump, tokenizer, chat_template)
     scoring_model = model if isinstance(model, ScoringModel) else load_model(model, device, dtype)
     check_head(scoring_model)
     prompts = PromptSource(tokenizer, chat_template, scoring_model.tokenizer, canonicalization)
