@@ -18,6 +18,7 @@ matches the stored one, hence fork counts. Policies:
 
 Every policy returns new objects; the input is never mutated.
 """
+
 from __future__ import annotations
 
 import copy

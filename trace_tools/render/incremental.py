@@ -34,6 +34,7 @@ Caches live for one session (`reset()` between sessions keeps memory bounded by 
 session); message digests are memoised by object identity, which is safe because messages are
 never mutated once built (canonicalization returns new objects).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,13 @@ class IncrementalRenderer:
     `encode(text) -> list[int]` tokenizes; `boundaries` maps hard-boundary token strings to ids.
     """
 
-    def __init__(self, apply: Callable[..., str], encode: Callable[[str], list[int]], boundaries: dict[str, int],
-                 verify: bool = False):
+    def __init__(
+        self,
+        apply: Callable[..., str],
+        encode: Callable[[str], list[int]],
+        boundaries: dict[str, int],
+        verify: bool = False,
+    ):
         self._apply, self._encode, self.verify = apply, encode, verify
         self._boundaries = _independent(boundaries)
         self.rules: Rules | None = CANDIDATES[0]
@@ -169,10 +175,10 @@ class IncrementalRenderer:
         try:
             head_text = self._window_text(head, window_tools, False, kwargs)
             if context and prefix.tail is not None and prefix.tail[0] == start:
-                before = head_text + prefix.text[prefix.tail[1]:]  # the context as the full render has it
+                before = head_text + prefix.text[prefix.tail[1] :]  # the context as the full render has it
             else:
                 before = self._window_text(head + context, window_tools, False, kwargs)
-                if not (before.startswith(head_text) and prefix.text.endswith(before[len(head_text):])):
+                if not (before.startswith(head_text) and prefix.text.endswith(before[len(head_text) :])):
                     self.stats["full:context_mismatch"] += 1
                     return None
             plain, after = self._window_pair(head, head + context + delta, window_tools, generation, kwargs)
@@ -183,14 +189,15 @@ class IncrementalRenderer:
             self.stats["full:history_rewrite"] += 1
             return None
         self.stats["incremental"] += 1
-        grown = _Text(prefix.text + plain[len(before):], prefix, len(prefix.text), tail=(k, len(prefix.text)))
+        grown = _Text(prefix.text + plain[len(before) :], prefix, len(prefix.text), tail=(k, len(prefix.text)))
         self._put(self._prefixes, chain[-1], grown)
         if not generation:
             return grown
-        return self._with_generation_prompt(grown, prefix.text + after[len(before):])
+        return self._with_generation_prompt(grown, prefix.text + after[len(before) :])
 
-    def _window_pair(self, head: list[dict], messages: list[dict], tools, generation: bool,
-                     kwargs: dict) -> tuple[str, str]:
+    def _window_pair(
+        self, head: list[dict], messages: list[dict], tools, generation: bool, kwargs: dict
+    ) -> tuple[str, str]:
         """(plain render, render as asked) of a window: one render when the template's generation
         prompt is a pure suffix (the head's own generation prompt tells which)."""
         if not generation:
@@ -200,13 +207,13 @@ class IncrementalRenderer:
         if self.rules.suffix:
             prompt = self._generation_prompt(head, tools, kwargs)
             if prompt is not None and after.endswith(prompt):
-                return after[:len(after) - len(prompt)], after
+                return after[: len(after) - len(prompt)], after
         return self._apply(messages, tools, False, kwargs), after
 
     def _generation_prompt(self, head: list[dict], tools, kwargs: dict) -> str | None:
         plain = self._window_text(head, tools, False, kwargs)
         prompted = self._window_text(head, tools, True, kwargs)
-        return prompted[len(plain):] if prompted.startswith(plain) else None
+        return prompted[len(plain) :] if prompted.startswith(plain) else None
 
     @staticmethod
     def _with_generation_prompt(plain: _Text, text: str) -> _Text:
@@ -373,25 +380,39 @@ class IncrementalRenderer:
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:
     """Boundary tokens whose text occurs inside no other added token (so every occurrence of it
     in a text is that token)."""
-    return {token: i for token, i in boundaries.items()
-            if token and not any(token != other and token in other for other in boundaries)}
+    return {
+        token: i
+        for token, i in boundaries.items()
+        if token and not any(token != other and token in other for other in boundaries)
+    }
 
 
 def _has_media(message: dict) -> bool:
     content = message.get("content")
     if not isinstance(content, list):
         return False
-    return any(isinstance(part, dict) and part.get("type") not in ("text", "input_text", "output_text")
-               for part in content)
+    return any(
+        isinstance(part, dict) and part.get("type") not in ("text", "input_text", "output_text") for part in content
+    )
 
 
 def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
     """Shapes every strategy renders: tools or not, reasoning or not, parallel calls, multi-tool
     results, text turns, follow-up user turns."""
-    tools = [{"type": "function", "function": {
-        "name": "lookup", "description": "Look a key up.",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
-                       "required": ["key"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look a key up.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
+                    "required": ["key"],
+                },
+            },
+        }
+    ]
     call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "alpha", "n": 2}}}
     with_tools = [
         {"role": "system", "content": "You are terse."},

@@ -14,6 +14,7 @@ Rules file (TOML), one `[[rule]]` table per rule:
     max_regression = 0.02              # needs --baseline RUN; fails when the metric got worse by more
     better = "higher"                  # which direction is better (default "higher")
 """
+
 from __future__ import annotations
 
 import difflib
@@ -31,13 +32,33 @@ TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", 
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
 # Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
 STRATEGY_METRICS = (
-    "sessions", "samples", "generated_tokens", "trained_tokens", "forwarded_tokens", "context_tokens", "coverage",
-    "forks.total", "forks.mean", "forks.max", *(f"counters.{name}" for name in COUNTERS), "coverage_by_tool.*",
+    "sessions",
+    "samples",
+    "generated_tokens",
+    "trained_tokens",
+    "forwarded_tokens",
+    "context_tokens",
+    "coverage",
+    "forks.total",
+    "forks.mean",
+    "forks.max",
+    *(f"counters.{name}" for name in COUNTERS),
+    "coverage_by_tool.*",
     *(f"tool_turns.*.{field}" for field in ("turns", "dropped_turns", "generated_tokens", "trained_tokens")),
-    "turn_events.*", "prompt_events.*", "samples_per_session.*",
+    "turn_events.*",
+    "prompt_events.*",
+    "samples_per_session.*",
 )
-TOP_METRICS = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity.turns_compared",
-               "prompt_fidelity.exact", "prompt_fidelity.rate", "quarantined_by_reason.*", "warnings.*")
+TOP_METRICS = (
+    "quarantined",
+    "sessions_total",
+    "turns_total",
+    "prompt_fidelity.turns_compared",
+    "prompt_fidelity.exact",
+    "prompt_fidelity.rate",
+    "quarantined_by_reason.*",
+    "warnings.*",
+)
 
 
 @dataclass
@@ -99,16 +120,23 @@ def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
     if unknown:
         raise MalformedRules(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(RULE_KEYS)}")
     if not isinstance(table.get("metric"), str) or not table["metric"]:
-        raise MalformedRules(f"{where}: rule needs a `metric` string such as \"coverage_by_tool.Edit\"")
-    rule = Rule(metric=table["metric"], line=line, strategy=table.get("strategy"), op=table.get("op"),
-                value=table.get("value"), max_regression=table.get("max_regression"),
-                better=table.get("better", "higher"), name=table.get("name"))
+        raise MalformedRules(f'{where}: rule needs a `metric` string such as "coverage_by_tool.Edit"')
+    rule = Rule(
+        metric=table["metric"],
+        line=line,
+        strategy=table.get("strategy"),
+        op=table.get("op"),
+        value=table.get("value"),
+        max_regression=table.get("max_regression"),
+        better=table.get("better", "higher"),
+        name=table.get("name"),
+    )
     _check_metric(rule.metric, where)
     if rule.is_regression:
         if not _is_number(rule.max_regression) or rule.max_regression < 0:
             raise MalformedRules(f"{where}: max_regression must be a non-negative number")
         if rule.better not in ("higher", "lower"):
-            raise MalformedRules(f"{where}: better must be \"higher\" or \"lower\"")
+            raise MalformedRules(f'{where}: better must be "higher" or "lower"')
         return rule
     if rule.op not in OPS:
         raise MalformedRules(f"{where}: op must be one of {', '.join(OPS)} (got {rule.op!r})")
@@ -125,8 +153,9 @@ def _check_metric(metric: str, where: str) -> None:
     close = difflib.get_close_matches(metric, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     shown = [pattern for pattern in known if not pattern.startswith("counters.")] + ["counters.<counter>"]
-    raise MalformedRules(f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} "
-                         "(* = a tool, event or reason name)")
+    raise MalformedRules(
+        f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} (* = a tool, event or reason name)"
+    )
 
 
 def _matches(metric: str, pattern: str) -> bool:
@@ -140,8 +169,9 @@ def _check_strategy(rule: Rule, summary: dict[str, Any]) -> None:
     if rule.strategy is not None and rule.strategy not in have:
         close = difflib.get_close_matches(str(rule.strategy), have, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise MalformedRules(f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}"
-                             f"it has: {', '.join(have)}")
+        raise MalformedRules(
+            f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}it has: {', '.join(have)}"
+        )
 
 
 def evaluate(rules: list[Rule], summary: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[RuleResult]:
@@ -208,13 +238,15 @@ def junit_xml(results: list[RuleResult]) -> str:
     from xml.sax.saxutils import escape, quoteattr
 
     failures = sum(not r.passed for r in results)
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuite name="trace-tools gate" tests="{len(results)}" failures="{failures}">']
+    lines = [
+        '<?xml version="1.0" encoding="utf-8"?>',
+        f'<testsuite name="trace-tools gate" tests="{len(results)}" failures="{failures}">',
+    ]
     for r in results:
         lines.append(f'  <testcase classname="trace-tools.gate" name={quoteattr(r.label)}>')
         if not r.passed:
             text = f"actual {r.actual} expected {r.expected} {r.message}".strip()
-            lines.append(f'    <failure message={quoteattr(text)}>{escape(text)}</failure>')
+            lines.append(f"    <failure message={quoteattr(text)}>{escape(text)}</failure>")
         lines.append("  </testcase>")
     lines.append("</testsuite>")
     return "\n".join(lines) + "\n"

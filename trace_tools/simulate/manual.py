@@ -5,6 +5,7 @@ project memory file, environment facts, and tool descriptions with detailed usag
 `swe-long` profile (`profiles.py`) reproduces that weight so replay is measured on realistic
 contexts. The text is written for this project and is deterministic given the workspace.
 """
+
 from __future__ import annotations
 
 import copy
@@ -131,9 +132,12 @@ def project_memory(ws: Workspace) -> str:
     """A CLAUDE.md-style memory file: layout and one line per function of the repository."""
     lines = ["# Project memory (CLAUDE.md)", "", f"Package `{ws.package}`; sources under src/, tests under tests/.", ""]
     for path in ws.module_paths():
-        lines.append(f"## {path[len(ws.root) + 1:]}")
-        lines += [f"- `{f.name}`: handles {f.noun} values; see its docstring for the contract."
-                  for f in ws.functions if f.path == path]
+        lines.append(f"## {path[len(ws.root) + 1 :]}")
+        lines += [
+            f"- `{f.name}`: handles {f.noun} values; see its docstring for the contract."
+            for f in ws.functions
+            if f.path == path
+        ]
         lines.append("")
     return "\n".join(lines)
 

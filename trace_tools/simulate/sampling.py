@@ -6,6 +6,7 @@ encodes "\\n\\n" as one token, 271 in Qwen3, but "\\n","\\n" (198, 198) decodes 
 text). Such an output parses to the same message, yet re-tokenizing the re-rendered history gives
 different ids: the tokenizer-boundary drift cause. `split_merged_tokens` produces it on purpose.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,7 +51,9 @@ def _split(tokenizer: Any, token: int) -> list[int]:
     return []
 
 
-def truncation_point(tokenizer: Any, ids: list[int], rng: random.Random, call_opener: str | None = "<tool_call>") -> int:
+def truncation_point(
+    tokenizer: Any, ids: list[int], rng: random.Random, call_opener: str | None = "<tool_call>"
+) -> int:
     """Where an output-token limit cuts `ids`: inside the first tool call (after `call_opener`) when there is one."""
     opener = tokenizer.token_to_id(call_opener) if call_opener else None
     start = ids.index(opener) + 1 if opener is not None and opener in ids else len(ids) // 3
