@@ -185,8 +185,8 @@ def _row(turn: Turn, rendered: Sequence[int] | None, renderer: Any = None, error
         row["exact"] = False
         return row
     row["exact"] = recorded == rendered
-    if not row["exact"]:
-        at = first_divergence(recorded, rendered)
+    at = None if row["exact"] else first_divergence(recorded, rendered)
+    if at is not None:
         row["first_divergence"] = at
         row["context"] = divergence_context(renderer, recorded, rendered, at)
     return row

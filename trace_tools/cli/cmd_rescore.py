@@ -20,6 +20,7 @@ def rescore_cmd(
     model: Annotated[
         str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")
     ],
+    *,  # keyword-only from here, so that the required --out can keep its place in the help
     device: Annotated[str, typer.Option("--device", help="auto (cuda when visible) | cpu | cuda.")] = "auto",
     dtype: Annotated[
         str, typer.Option("--dtype", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32.")
@@ -29,7 +30,7 @@ def rescore_cmd(
     ] = 16384,
     out: Annotated[
         Path, typer.Option("--out", help="Output directory: tokens/turns/sessions.parquet, summary.json, plots/.")
-    ] = ...,
+    ],
     threshold: Annotated[
         float,
         typer.Option(
@@ -42,7 +43,8 @@ def rescore_cmd(
         Optional[str],
         typer.Option(
             "--tokenizer",
-            help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context (default: the dump's, else the model's).",
+            help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context "
+            "(default: the dump's, else the model's).",
         ),
     ] = None,
     chat_template: Annotated[

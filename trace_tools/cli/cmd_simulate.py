@@ -63,7 +63,7 @@ def simulate_cmd(
     Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
 
     Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
-    """
+    """  # noqa: E501 (typer prints docstring lines as written: the behaviour list stays one line)
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.simulate import simulate, summarize
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,7 +77,7 @@ class Options:
 SOURCE_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
-def source_files(sources: list[str | Path]) -> list[Path]:
+def source_files(sources: Sequence[str | Path]) -> list[Path]:
     """The files to read, in the order given; a directory contributes its JSON(L) files, sorted."""
     from trace_tools.errors import UnusableInput
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ class _SessionCount:
 
 def import_traces(
     fmt: str,
-    sources: list[str | Path],
+    sources: Sequence[str | Path],
     out: str | Path,
     *,
     tokenizer: str | None = None,
@@ -240,11 +240,11 @@ def _write(
         atomic_open(report.quarantine_file, "w") as quarantine,
     ):
         for outcome in outcomes:
-            count = sessions.get(outcome.session_id)
+            count = None if outcome.session_id is None else sessions.get(outcome.session_id)
             position = None
             if count is not None:
                 position, count.seen = count.seen, count.seen + 1
-            if outcome.turn is not None and count is not None and count.sound:
+            if outcome.turn is not None and count is not None and position is not None and count.sound:
                 outcome.turn.turn_index = position
                 dump.write(outcome.turn)
             else:

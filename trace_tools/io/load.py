@@ -157,7 +157,9 @@ def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMe
     known = {name: keys.get(name) for name in META_FIELDS}
     extra = {key: value for key, value in keys.items() if key not in META_FIELDS}
     meta = DumpMeta(**known, extra=extra)
-    return dataclasses.replace(meta, **{k: v for k, v in overrides.items() if v is not None})
+    # Any: mypy checks `**` values against every field, `extra` included; these keys are str options.
+    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(meta, **chosen)
 
 
 def _schema_warnings(meta: DumpMeta) -> list[str]:
@@ -586,7 +588,10 @@ def load(
     sessions: list[Session] = []
     quarantine: list[QuarantineEntry] = []
     for item in stream:
-        (sessions if isinstance(item, Session) else quarantine).append(item)
+        if isinstance(item, Session):
+            sessions.append(item)
+        else:
+            quarantine.append(item)
     sessions.sort(key=lambda session: stream.position(session.session_id))
     quarantine.sort(key=lambda e: -1 if e.session_id is None else stream.position(e.session_id))
     return LoadedDump(

@@ -115,7 +115,7 @@ class ShardWriter:
 
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
-        self.rows = {name: [] for name in SMALL_TABLES}
+        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
         self.renderers: dict[str, dict] = {}
         self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")

@@ -17,6 +17,7 @@ not the dump; within a session, history is parsed, canonicalized, rendered and t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -109,7 +110,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dump: str | Path,
+        dump: str | os.PathLike[str],
         *,
         tokenizer: str | None = None,
         chat_template: str | None = None,
@@ -123,7 +124,7 @@ class Pipeline:
         from trace_tools.io.load import iter_sessions
 
         self.dump = Path(dump)
-        self.stream = iter_sessions(dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
+        self.stream = iter_sessions(self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
         self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format)
         self.renderers.check(self.stream.file_metas)
         self.canonicalization, self.prompt_source = canonicalization, prompt_source

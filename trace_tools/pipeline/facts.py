@@ -52,6 +52,7 @@ def tool_names(prepared: PreparedTurn) -> list[str]:
 def fidelity_row(prepared: PreparedTurn) -> dict[str, Any]:
     """Whether the canonical messages re-render to exactly the recorded prompt ids."""
     recorded, rendered = prepared.turn.prompt_ids, prepared.rendered_prompt_ids()
+    assert recorded is not None, "fidelity compares only turns that recorded their prompt ids"
     exact = recorded == rendered
     return {
         "session_id": prepared.turn.session_id,

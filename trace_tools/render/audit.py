@@ -282,7 +282,8 @@ class _Auditor:
 
     def __init__(self, renderer: Any, stand_in: bool):
         self.renderer, self.stand_in = renderer, stand_in
-        self.shape, self.notes = _Shape(), []
+        self.shape = _Shape()
+        self.notes: list[str] = []
         self.conversations = self._renderable()
         self._reasoning_rendered = False  # set by reasoning_history's cases
         self._closers: list[str] = []  # collected by closer's cases
@@ -611,6 +612,7 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
     if tokenizer is None and spec and spec.endswith(".parquet") and Path(spec).is_file():
         tokenizer = embedded_metadata(Path(spec), "tokenizer")
     if tokenizer is None:
+        assert spec, "with no --tokenizer a template is named (checked above)"
         stem = spec[4:] if spec.startswith("trl:") else NAMED_TEMPLATES.get(spec)
         stand_in = (STAND_IN, f"{STAND_IN} stands in: no --tokenizer given")
         tokenizer, note = template_tokenizer(stem) if stem else stand_in

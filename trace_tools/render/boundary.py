@@ -130,7 +130,7 @@ def anchored_tail(
 
 def _anchors(appended: Sequence[dict], last: dict | None) -> list[list[dict]]:
     user = {"role": "user", "content": ANCHOR_USER}
-    anchors = [[user, {"role": "assistant", "content": ANCHOR_BODY}]]
+    anchors: list[list[dict]] = [[user, {"role": "assistant", "content": ANCHOR_BODY}]]
     calls = (last or {}).get("tool_calls") or []
     if appended and appended[0].get("role") == "tool" and calls and isinstance(calls[0], dict):
         name = (calls[0].get("function") or {}).get("name")

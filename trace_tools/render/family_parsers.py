@@ -181,10 +181,10 @@ def parse_llama(text: str, tools: Sequence[dict] | None) -> Parsed:
         return "", text, [], []
     objects, trailing = _json_objects(action)
     calls = [_llama_call(obj) for obj in objects]
-    if not objects or any(isinstance(call, str) for call in calls):
-        reason = next((c for c in calls if isinstance(c, str)), "Llama tool call is not valid JSON")
-        return "", text.strip(), [], [reason]
-    return "", (content + trailing).strip(), calls, []
+    failures = [call for call in calls if isinstance(call, str)]
+    if not objects or failures:
+        return "", text.strip(), [], [failures[0] if failures else "Llama tool call is not valid JSON"]
+    return "", (content + trailing).strip(), [call for call in calls if isinstance(call, dict)], []
 
 
 def _json_objects(text: str) -> tuple[list[Any], str]:

@@ -157,6 +157,7 @@ class IncrementalRenderer:
 
     def _extend(self, messages, tools, generation, kwargs, chain) -> _Text | None:
         """The incremental path; None (with the reason counted) when a full render is needed."""
+        assert self.rules is not None, "_render extends only under chosen rules"
         k = next((k for k in range(len(messages), 0, -1) if chain[k] in self._prefixes), 0)
         if k == 0:
             self.stats["full:no_cached_prefix"] += 1
@@ -204,6 +205,7 @@ class IncrementalRenderer:
             plain = self._apply(messages, tools, False, kwargs)
             return plain, plain
         after = self._apply(messages, tools, True, kwargs)
+        assert self.rules is not None, "window renders belong to the incremental path"
         if self.rules.suffix:
             prompt = self._generation_prompt(head, tools, kwargs)
             if prompt is not None and after.endswith(prompt):
@@ -243,7 +245,8 @@ class IncrementalRenderer:
         last = next((i for i in range(len(prefix) - 1, -1, -1) if prefix[i].get("role") == "assistant"), None)
         if last is None:
             return list(prefix), [], len(prefix)
-        head, dropped = [], []
+        head: list[dict] = []
+        dropped: list[dict] = []
         for message in prefix[:last]:
             (dropped if message.get("role") in _DELTA_ROLES else head).append(message)
         if any(_has_media(m) for m in dropped):
@@ -268,12 +271,13 @@ class IncrementalRenderer:
             entry = entry.base
         for item in reversed(pending):
             item.ids = self._encode_after(item)
-        return pending[0].ids if pending else entry.ids
+        ids = pending[0].ids if pending else entry.ids
+        assert ids is not None, "every pending text was encoded above"
+        return ids
 
     def _encode_after(self, entry: _Text) -> list[int]:
         base = entry.base
-        cut = self._boundary(base, entry.shared) if base is not None and base.ids is not None else None
-        if cut is None:
+        if base is None or base.ids is None or (cut := self._boundary(base, entry.shared)) is None:
             ids = self._encode(entry.text)
             self.stats["tokens_encoded"] += len(ids)
             return ids
@@ -299,6 +303,7 @@ class IncrementalRenderer:
         # every occurrence of an added token's text is that token, so it is the n-th occurrence of
         # its id counting from the end of the ids.
         from_end, token_id, ids = text.count(token, position), self._boundaries[token], base.ids
+        assert ids is not None, "a boundary is searched only in an encoded text"
         index = len(ids)
         while from_end:
             index -= 1
@@ -399,7 +404,7 @@ def _has_media(message: dict) -> bool:
 def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
     """Shapes every strategy renders: tools or not, reasoning or not, parallel calls, multi-tool
     results, text turns, follow-up user turns."""
-    tools = [
+    tools: list[dict] = [
         {
             "type": "function",
             "function": {
@@ -414,7 +419,7 @@ def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
         }
     ]
     call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "alpha", "n": 2}}}
-    with_tools = [
+    with_tools: list[dict] = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Find alpha."},
         {"role": "assistant", "content": "", "reasoning_content": "Need the tool.", "tool_calls": [call]},
@@ -428,7 +433,7 @@ def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
         {"role": "tool", "content": "alpha = 1"},
         {"role": "assistant", "content": "Still 1."},
     ]
-    plain = [
+    plain: list[dict] = [
         {"role": "user", "content": "Hi."},
         {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": "Bye."},

@@ -187,7 +187,9 @@ def schema_properties(tools: Sequence[dict] | None, name: str) -> dict:
     for tool in tools or ():
         if not isinstance(tool, dict):
             continue
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            function = tool
         if function.get("name") != name:
             continue
         parameters = function.get("parameters") or {}

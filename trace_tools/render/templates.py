@@ -115,13 +115,13 @@ def _from_path(path: Path, spec: str) -> tuple[str, str]:
         text = path.read_text(encoding="utf-8")
         return text, identity(f"file:{path.resolve()}", text)
     if path.is_dir():
-        text = tokenizer_dir_template(path)
-        if text is None:
+        found = tokenizer_dir_template(path)
+        if found is None:
             raise TemplateNotFound(
                 f"tokenizer directory {path} has no chat template "
                 "(chat_template.jinja or tokenizer_config.json); pass `--chat-template FILE`"
             )
-        return text, identity(f"tokenizer:{path.resolve()}", text)
+        return found, identity(f"tokenizer:{path.resolve()}", found)
     names = ", ".join([*NAMED_TEMPLATES, "trl:<name>", "dump"])
     raise TemplateNotFound(
         f"chat template {spec!r} is neither a known name ({names}) nor an existing file; pass `--chat-template FILE`"

@@ -457,7 +457,8 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 
 
 def cache_dir() -> Path:
-    """Where built artefacts live: `$TRACE_TOOLS_CACHE`, else `$XDG_CACHE_HOME/trace-tools` or `~/.cache/trace-tools`."""
+    """Where built artefacts live: `$TRACE_TOOLS_CACHE`, else `$XDG_CACHE_HOME/trace-tools` or
+    `~/.cache/trace-tools`."""
     if os.environ.get("TRACE_TOOLS_CACHE"):
         return Path(os.environ["TRACE_TOOLS_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -197,6 +197,7 @@ class _Shards:
         if index != self._index:
             self.finish()
             self._writer, self._index = rundir.ShardWriter(self.run_dir, index, self.write_samples), index
+        assert self._writer is not None, "the shard being filled was closed before its last session"
         self._writer.add(rows)
         self.replayed += 1
         self.tick()

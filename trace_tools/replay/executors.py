@@ -98,9 +98,8 @@ def _ray(
     except ImportError:
         raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
     if not ray.is_initialized():
-        ray.init(
-            address=address, ignore_reinit_error=True, log_to_driver=False, **({} if address else {"num_cpus": workers})
-        )
+        # With an address the cluster decides the CPUs; None is ray.init's own default.
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers)
     task = ray.remote(_ray_replay)
     shared = ray.put(options)
     pending: deque = deque()

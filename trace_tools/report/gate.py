@@ -22,7 +22,7 @@ import operator
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules
@@ -197,7 +197,8 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
     actual = lookup(summary, rule.metric, strategy)
     if actual is None:
         return RuleResult(rule, strategy, None, "present", False, f"{rule.metric} is not in this run")
-    if not rule.is_regression:
+    if rule.max_regression is None:  # a threshold rule
+        assert rule.op is not None and rule.value is not None, "parse_rules gives a threshold rule op and value"
         ok = OPS[rule.op](actual, rule.value)
         return RuleResult(rule, strategy, actual, f"{rule.op} {rule.value:g}", ok, "")
     base = lookup(baseline, rule.metric, strategy)
@@ -205,7 +206,8 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
         return RuleResult(rule, strategy, actual, "baseline", False, f"{rule.metric} is not in the baseline run")
     worse_by = (base - actual) if rule.better == "higher" else (actual - base)
     ok = worse_by <= rule.max_regression + 1e-12
-    expected = f"{'≥' if rule.better == 'higher' else '≤'} {base:g} {'-' if rule.better == 'higher' else '+'} {rule.max_regression:g}"
+    higher = rule.better == "higher"
+    expected = f"{'≥' if higher else '≤'} {base:g} {'-' if higher else '+'} {rule.max_regression:g}"
     return RuleResult(rule, strategy, actual, expected, ok, f"baseline {base:g}, worse by {max(worse_by, 0):g}")
 
 
@@ -221,7 +223,7 @@ def lookup(summary: dict[str, Any] | None, metric: str, strategy: str | None) ->
     return float(node) if _is_number(node) else None
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 

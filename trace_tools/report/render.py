@@ -121,11 +121,8 @@ def _savings_table(summary: dict[str, Any]) -> list[str]:
 
 
 def _counter_table(summary: dict[str, Any]) -> list[str]:
-    names = [
-        c
-        for c in next(iter(summary["strategies"].values()), {}).get("counters", {})
-        if any(s["counters"].get(c) for s in summary["strategies"].values())
-    ]
+    first: dict[str, Any] = next(iter(summary["strategies"].values()), {})
+    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in summary["strategies"].values())]
     if not names:
         return ["(all counters zero)"]
     rows = ["| counter | " + " | ".join(summary["strategies"]) + " |", "|---|" + "---:|" * len(summary["strategies"])]

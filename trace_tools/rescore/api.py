@@ -113,14 +113,14 @@ def rescore(
     from trace_tools.rescore.models import ScoringModel, load_model
     from trace_tools.rescore.scoring import DEFAULT_CHUNK_POSITIONS, DEFAULT_MAX_BATCH_TOKENS, check_head, score_turns
 
-    options = {
+    options: dict[str, Any] = {
         "threshold": threshold,
         "max_threshold": max_threshold,
         "share_prefix": share_prefix,
         "max_batch_tokens": max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
         "chunk_positions": chunk_positions or DEFAULT_CHUNK_POSITIONS,
     }
-    sessions, _meta, quarantine = load_sessions(dump, tokenizer, chat_template)
+    sessions, meta, quarantine = load_sessions(dump, tokenizer, chat_template)
     scoring_model = model if isinstance(model, ScoringModel) else load_model(model, device, dtype)
     check_head(scoring_model)
     prompts = PromptSource(tokenizer, chat_template, scoring_model.tokenizer, canonicalization)
@@ -292,17 +292,19 @@ class _Tables:
         max_threshold: float,
         decode: Callable[[Sequence[int]], str] | None,
     ) -> "_Tables":
-        deltas = {
-            i: np.asarray(t.recorded, dtype=np.float64) - recomputed[i]
-            for i, t in enumerate(inputs)
-            if t.skip_reason is None
-        }
+        deltas = {i: _delta(t, recomputed[i]) for i, t in enumerate(inputs) if t.skip_reason is None}
         rows = [
             _turn_row(t, recomputed[i], deltas.get(i), threshold, max_threshold, decode) for i, t in enumerate(inputs)
         ]
         turns = pd.DataFrame(rows, columns=TURN_COLUMNS)
         sessions = _session_frame(inputs, turns, deltas, threshold)
         return cls(_token_frame(inputs, recomputed, deltas), turns, sessions, deltas)
+
+
+def _delta(turn: plan.TurnInput, recomputed: np.ndarray | None) -> np.ndarray:
+    """Recorded minus recomputed logprobs of a comparable turn (the scorer scored every one)."""
+    assert recomputed is not None, "a comparable turn was not scored"
+    return np.asarray(turn.recorded, dtype=np.float64) - recomputed
 
 
 def _turn_row(
@@ -328,11 +330,19 @@ def _turn_row(
     worst = metrics.worst_token(delta) if delta is not None else None
     row.update(
         worst_position=worst,
-        worst_token_id=None if worst is None else turn.output_ids[worst],
-        worst_recorded=None if worst is None else float(turn.recorded[worst]),
-        worst_recomputed=None if worst is None else float(recomputed[worst]),
+        worst_token_id=None,
+        worst_recorded=None,
+        worst_recomputed=None,
         flagged=metrics.is_flagged(stats, threshold, max_threshold),
         context=None,
+    )
+    if worst is None:  # no compared token: never flagged
+        return row
+    assert turn.recorded is not None and recomputed is not None, "a compared turn has both logprob sets"
+    row.update(
+        worst_token_id=turn.output_ids[worst],
+        worst_recorded=float(turn.recorded[worst]),
+        worst_recomputed=float(recomputed[worst]),
     )
     if row["flagged"]:
         row["context"] = worst_context(turn, worst, decode)

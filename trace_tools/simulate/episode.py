@@ -75,7 +75,7 @@ def plan_main(rng: random.Random, ws: Workspace, turns: int, task_at: int | None
 
 
 def final_step(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     return Step(
         "final",
         prose.reasoning(rng, "final"),
@@ -85,7 +85,7 @@ def final_step(rng: random.Random, ws: Workspace) -> Step:
 
 def summary_step(rng: random.Random, ws: Workspace, done: list[Step]) -> Step:
     """The text-only turn a harness asks for before compacting the history."""
-    bug = ws.bug
+    bug = ws.planted_bug
     lines = [_done_line(step) for step in done if step.calls]
     return Step("summary", prose.reasoning(rng, "summary"), prose.compaction_summary(rng, bug.name, bug.path, lines))
 
@@ -131,7 +131,7 @@ def _step(rng: random.Random, intent: str, slots: dict[str, str], calls: list[Ca
 
 # -- phases -----------------------------------------------------------------------------------
 def explore(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     calls = [Call("Grep", {"pattern": f"def {bug.name}", "path": ws.root, "output_mode": "content"})]
     if rng.random() < 0.5:  # a parallel call
         calls.append(Call("Glob", {"pattern": "tests/**/*.py"}))
@@ -139,7 +139,7 @@ def explore(rng: random.Random, ws: Workspace) -> Step:
 
 
 def read(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     calls = [Call("Read", {"file_path": bug.path})]
     if rng.random() < 0.3:
         calls.append(Call("Read", {"file_path": ws.test_path(bug.path)}))
@@ -157,27 +157,26 @@ def read_other(rng: random.Random, ws: Workspace) -> Step:
 
 
 def todo(rng: random.Random, ws: Workspace) -> Step:
-    items = ["Reproduce the reported failure", f"Fix {ws.bug.name}", "Add a regression test", "Run the full test suite"]
+    fix = f"Fix {ws.planted_bug.name}"
+    items = ["Reproduce the reported failure", fix, "Add a regression test", "Run the full test suite"]
     todos = [
         {"content": text, "status": "in_progress" if i == 0 else "pending", "id": str(i + 1)}
         for i, text in enumerate(items)
     ]
     call = Call("TodoWrite", {"todos": todos})
-    return _step(rng, "todo", _slots(ws, ws.bug), [call], [results.run(ws, call, rng)])
+    return _step(rng, "todo", _slots(ws, ws.planted_bug), [call], [results.run(ws, call, rng)])
 
 
 def reproduce(rng: random.Random, ws: Workspace) -> Step:
-    return _bash(
-        rng, ws, "reproduce", f"python -m pytest {_rel(ws, ws.test_path(ws.bug.path))} -q", "Run the module's tests"
-    )
+    tests = _rel(ws, ws.test_path(ws.planted_bug.path))
+    return _bash(rng, ws, "reproduce", f"python -m pytest {tests} -q", "Run the module's tests")
 
 
 def verify(rng: random.Random, ws: Workspace) -> Step:
     if rng.random() < 0.5:
         return _bash(rng, ws, "verify", "python -m pytest -q", "Run the whole test suite")
-    return _bash(
-        rng, ws, "verify", f"python -m pytest {_rel(ws, ws.test_path(ws.bug.path))} -q", "Rerun the module's tests"
-    )
+    tests = _rel(ws, ws.test_path(ws.planted_bug.path))
+    return _bash(rng, ws, "verify", f"python -m pytest {tests} -q", "Rerun the module's tests")
 
 
 def shell(rng: random.Random, ws: Workspace) -> Step:
@@ -192,11 +191,11 @@ def _bash(rng: random.Random, ws: Workspace, intent: str, command: str, descript
     if rng.random() < 0.25:
         arguments["timeout"] = rng.choice((60000, 300000, 600000))
     call = Call("Bash", arguments)
-    return _step(rng, intent, _slots(ws, ws.bug), [call], [results.run(ws, call, rng)])
+    return _step(rng, intent, _slots(ws, ws.planted_bug), [call], [results.run(ws, call, rng)])
 
 
 def edit(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     start, lines = function_block(ws, bug)
     at = next((i for i, line in enumerate(lines) if line == bug.bad), len(lines) // 2)
     lo, hi = max(at - rng.randint(0, 2), 1), min(at + rng.randint(1, 3), len(lines))
@@ -232,7 +231,7 @@ def _edit_arguments(rng: random.Random, path: str, old: str, new: str) -> dict[s
 
 
 def add_test(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     module = bug.path.rsplit("/", 1)[1][:-3]
     body = results.regression_test(rng, ws.package, module, bug)
     if rng.random() < 0.6:
@@ -253,7 +252,7 @@ def add_test(rng: random.Random, ws: Workspace) -> Step:
 
 
 def grep(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     arguments: dict[str, Any] = {"pattern": bug.name}
     if rng.random() < 0.5:
         arguments.update(glob="*.py", output_mode="content")
@@ -263,7 +262,7 @@ def grep(rng: random.Random, ws: Workspace) -> Step:
 
 def task(rng: random.Random, ws: Workspace) -> Step:
     """A Task call; its result is the final answer of the subagent conversation planned here."""
-    bug = ws.bug
+    bug = ws.planted_bug
     prompt = (
         f"In the repository at {ws.root}, find every call site of `{bug.name}` outside its own definition "
         "and say which tests exercise it. Report file paths with line numbers. Do not modify files."

@@ -49,7 +49,7 @@ MANUAL = """
 - Keep messages to the user short and factual. Name files and line numbers when referring to code.
 - When you are blocked, say what you tried, what you observed, and what you need.
 - Your final message summarises the change, the tests you ran and their results, and anything left undone.
-"""
+"""  # noqa: E501 (prompt text: each line is one rule of the simulated system prompt)
 
 ENVIRONMENT = """
 # Environment
@@ -70,8 +70,10 @@ TOOL_NOTES = {
         "Reading several files in one turn is encouraged when they are all needed for the next decision.",
     ],
     "Edit": [
-        "old_string must match the file exactly once unless replace_all is true; otherwise the edit fails and nothing changes.",
-        "Copy old_string from a recent Read of the file, preserving every space and tab; do not include the line-number prefix.",
+        "old_string must match the file exactly once unless replace_all is true; otherwise the edit fails and nothing "
+        "changes.",
+        "Copy old_string from a recent Read of the file, preserving every space and tab; do not include the "
+        "line-number prefix.",
         "new_string replaces old_string verbatim, so it must carry the indentation the code needs.",
         "Use replace_all to rename a symbol throughout one file; it is false by default.",
         "The result shows the lines around the change so you can check it without another Read.",
@@ -91,15 +93,18 @@ TOOL_NOTES = {
     ],
     "Bash": [
         "Each command runs in a fresh shell in the repository root; cd and exported variables do not persist.",
-        "Output longer than 30000 characters is truncated in the middle; redirect to a file and read it when you need all of it.",
+        "Output longer than 30000 characters is truncated in the middle; redirect to a file and read it when you need "
+        "all of it.",
         "Set timeout (milliseconds) for commands that may run long; the default is two minutes and the maximum ten.",
-        "Do not use this tool to read, search or edit files; the dedicated tools are faster and their results are easier to check.",
+        "Do not use this tool to read, search or edit files; the dedicated tools are faster and their results are "
+        "easier to check.",
         "Never run interactive commands, commands that need the network, or commands that change global system state.",
         "Give a short description so the user can follow what you are doing.",
     ],
     "Grep": [
         "The pattern is a ripgrep regular expression; escape literal braces, parentheses and dots.",
-        "output_mode content prints matching lines with their paths and line numbers; files_with_matches prints paths only; count prints counts per file.",
+        "output_mode content prints matching lines with their paths and line numbers; files_with_matches prints paths "
+        "only; count prints counts per file.",
         "Restrict the search with glob (for example '*.py') or path to keep the result short.",
         "Searches respect .gitignore; generated and vendored files are usually skipped.",
     ],

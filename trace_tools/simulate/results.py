@@ -130,7 +130,8 @@ def test_count(ws: Workspace) -> int:
 def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
     """A pytest report; the planted bug fails its regression test until the fix is in."""
     files = [p for p in ws.files if "/tests/" in p and (only is None or p.endswith(only))]
-    fixed = ws.bug.good in ws.files[ws.bug.path]
+    bug = ws.planted_bug
+    fixed = bug.good in ws.files[bug.path]
     failing = None if fixed else next((p for p in files if p.endswith("_regression.py")), None)
     lines, total = [], 0
     for path in files:
@@ -158,15 +159,15 @@ def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
     rel = failing[len(ws.root) + 1 :]
     failure = [
         _rule(" FAILURES "),
-        _rule(f" test_{ws.bug.name}_boundary ", "_"),
+        _rule(f" test_{bug.name}_boundary ", "_"),
         "",
-        f"    def test_{ws.bug.name}_boundary():",
-        f">       assert {ws.bug.name}(BOUNDARY) == EXPECTED",
+        f"    def test_{bug.name}_boundary():",
+        f">       assert {bug.name}(BOUNDARY) == EXPECTED",
         "E       AssertionError: assert <result> == <expected>",
         "",
         f"{rel}:9: AssertionError",
         _rule(" short test summary info "),
-        f"FAILED {rel}::test_{ws.bug.name}_boundary - AssertionError",
+        f"FAILED {rel}::test_{bug.name}_boundary - AssertionError",
         _rule(f" 1 failed, {total - 1} passed in {seconds} "),
     ]
     return "\n".join(head + lines + [""] + failure)

@@ -26,7 +26,8 @@ def split_merged_tokens(tokenizer: Any, ids: list[int], rng: random.Random, coun
     if len(options) < count:
         options += [i for i, t in enumerate(ids) if t not in special and i not in options and _split(tokenizer, t)]
     chosen = sorted(rng.sample(options, min(count, len(options))))
-    out, positions = [], []
+    out: list[int] = []
+    positions: list[int] = []
     for i, token in enumerate(ids):
         if chosen and i == chosen[0]:
             chosen.pop(0)

@@ -114,7 +114,7 @@ class SessionBuilder:
         task_at = self.plan_rng.randint(1, turns - 2) if "subagent" in self.recipe else None
         steps = self.ctx.family.turn_steps(episode.plan_main(self.plan_rng, ws, turns, task_at=task_at))
         events = self._events(steps)
-        bug = ws.bug
+        bug = ws.planted_bug
         task = prose.task_text(self.plan_rng, bug.name, bug.path, plural(bug.noun))
         conv = Conversation.start("main", self._tools(MAIN_TOOLS), self._system(prose.MAIN_SYSTEM, ws), task)
         for i, step in enumerate(steps):
@@ -221,6 +221,7 @@ class SessionBuilder:
         output_ids, splits = self._output_ids(text, truncate)
         response, finish = self._reply(step, output_ids, tools, truncate)
         stored = canonicalize_response(response, "slime")
+        assert stored is not None, "slime canonicalization keeps an assistant reply"
         rewrite = self.ideal.turn(
             conv.branch, canonical(conv.pristine), tools, output_ids, stored, commit=kind != "superseded"
         )

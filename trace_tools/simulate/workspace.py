@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 PROJECTS = (
     "ledgerkit",
@@ -109,6 +110,12 @@ class Workspace:
     bug: Function | None = None
     verbose: bool = False  # long profile: whole-file reads and per-test pytest lines
 
+    @property
+    def planted_bug(self) -> Function:
+        """The function that carries the planted bug (`build_workspace` always plants one)."""
+        assert self.bug is not None, "the workspace has no planted bug"
+        return self.bug
+
     def lines(self, path: str) -> list[str]:
         return self.files[path].split("\n")
 
@@ -141,7 +148,10 @@ def build_workspace(
         path = f"{ws.root}/src/{project}/{module}.py"
         functions = [_function(rng, path, taken) for _ in range(rng.randint(*functions_per_module))]
         ws.functions.extend(f for f, _ in functions)
-        header = f'"""{module.replace("_", " ").capitalize()} helpers for {project}."""\nfrom __future__ import annotations\n\n\n'
+        header = (
+            f'"""{module.replace("_", " ").capitalize()} helpers for {project}."""\n'
+            "from __future__ import annotations\n\n\n"
+        )
         ws.files[path] = header + "\n\n".join(lines for _, lines in functions) + "\n"
     ws.bug = rng.choice(ws.functions)
     for function in ws.functions:  # every function starts correct except the planted bug
@@ -154,7 +164,7 @@ def build_workspace(
 
 def _function(rng: random.Random, path: str, taken: set[str]) -> tuple[Function, str]:
     template = rng.choice(TEMPLATES)
-    slots = {
+    slots: dict[str, Any] = {  # str.format slots: names and words, and one number
         "f": f"{rng.choice(VERBS)}_{plural(rng.choice(NOUNS))}",
         "a": rng.choice(ARGS),
         "n": rng.choice(NOUNS),

@@ -42,7 +42,7 @@ from trace_tools.strategies.chains_core import (
     Trajectory,
 )
 
-CHAINS_PARAMS = (
+CHAINS_PARAMS: tuple[Param, ...] = (
     Param("rollback", bool, True, "roll back a rewritten latest assistant instead of forking a new chain"),
     Param("prompt_length", int, None, "chain capacity: prompt tokens (enforced with response_length)", minimum=1),
     Param("response_length", int, None, "chain capacity: response tokens (enforced with prompt_length)", minimum=1),
@@ -112,6 +112,7 @@ class ChainsStrategy(Strategy):
         """
         if turn.response is not None:
             return turn.response
+        assert self.ctx.renderer is not None, "replay_session refuses to run without a renderer"
         return self.ctx.renderer.parse_response(turn.output_ids, turn.tools).message
 
 

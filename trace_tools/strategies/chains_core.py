@@ -84,7 +84,10 @@ def normalize_assistant(message: dict) -> dict:
     Keeps role, content (None becomes ""), name, tool_calls (string arguments that parse as a
     JSON object become that object, ids and `index` stay), tool_call_id and reasoning_content.
     """
-    return canonicalize_response(message, policy="uniagent")
+    stored = canonicalize_response(message, policy="uniagent")
+    if stored is None:
+        raise RequestRejected(f"the recorded response needs a non-empty string role, got {message.get('role')!r}")
+    return stored
 
 
 def _check_message(message: Any) -> None:
@@ -553,7 +556,7 @@ class ChainSession:
 
     def _prepare_new_chain(self, messages: list[dict], tools: list | None, hashes: list[str]) -> Preparation:
         prompt = self.codec.encode_full(messages, tools)
-        exhausted = bool(self.capacity) and len(prompt) >= self.capacity
+        exhausted = self._reaches_capacity(len(prompt))
         return Preparation(TokenBuffer(prompt), messages, tools, hashes, None, capacity_exhausted=exhausted)
 
     def _prepare_continuation(
@@ -571,20 +574,25 @@ class ChainSession:
         if rollback:
             start = self._roll_back(chain, prep)
         current = prep.buffer.length
-        exhausted = bool(self.capacity) and current >= self.capacity
+        exhausted = self._reaches_capacity(current)
         incremental: list[int] = []
         if messages[start:] and not exhausted:
             incremental = self.codec.encode_incremental(messages[start:])
-            exhausted = bool(self.capacity) and current + len(incremental) >= self.capacity
+            exhausted = self._reaches_capacity(current + len(incremental))
         if not exhausted:
             prep.buffer.append(incremental, False, CONTEXT, [0.0] * len(incremental) if wants_logprobs else None)
             prep.buffer.check_logprob_alignment()
         prep.capacity_exhausted = exhausted
         return prep
 
+    def _reaches_capacity(self, tokens: int) -> bool:
+        """Whether `tokens` context tokens leave no room to generate (never without a capacity)."""
+        return tokens >= self.capacity if self.capacity else False
+
     def _roll_back(self, chain: Chain, prep: Preparation) -> int:
         """Cut the latest generation and the GP + separator before it; return where new messages start."""
         start = chain.last_assistant_start
+        assert start is not None, "select_chain rolls back only a chain with a latest generation"
         buffer = prep.buffer
         abandoned = range(start.response_ids_len, len(buffer.response_ids))
         prep.rollback = True

@@ -102,9 +102,12 @@ def _split_reasoning(message: dict) -> tuple[str, str]:
 def _call_view(call: Any, defaults: dict[str, dict[str, Any]]) -> Any:
     if not isinstance(call, dict):
         return call
-    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = call
     name = function.get("name")
-    arguments = drop_schema_defaults(_parse_arguments(function.get("arguments")), defaults.get(name, {}))
+    name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
+    arguments = drop_schema_defaults(_parse_arguments(function.get("arguments")), name_defaults)
     return name, _typed(strip_trailing_ws(arguments))
 
 
@@ -172,7 +175,8 @@ class Node:
         return self.finish_reason == "length"
 
     def path_nodes(self) -> list["Node"]:
-        nodes, node = [], self
+        nodes: list[Node] = []
+        node: Node | None = self
         while node is not None:
             nodes.append(node)
             node = node.parent
@@ -212,7 +216,9 @@ class CheckpointTree:
         or that differs anywhere, is no candidate and neither is its subtree.
         """
         best, misses = AttachPoint(), []
-        stack = [(root, 0, ()) for root in reversed(self.roots) if self._compatible(root, tools, template_kwargs)]
+        stack: list[tuple[Node, int, tuple[int, ...]]] = [
+            (root, 0, ()) for root in reversed(self.roots) if self._compatible(root, tools, template_kwargs)
+        ]
         while stack:
             node, echoes, echoed = stack.pop()
             status, found, response_echoed = self._match_delta(node, messages)

@@ -36,7 +36,7 @@ from trace_tools.strategies.checkpoint_core import (
 )
 
 RETRY_POLICIES = ("supersede", "keep")
-CHECKPOINT_PARAMS = (
+CHECKPOINT_PARAMS: tuple[Param, ...] = (
     Param(
         "retries",
         str,
@@ -171,6 +171,7 @@ class CheckpointReplay:
 
     def _count_attach(self, item: TurnInput, attach: AttachPoint, carried: list[Node], assembly: Assembly) -> None:
         parent, turn = attach.node, item.turn
+        assert parent is not None, "only a request that attached to a node is counted here"
         self._count_echoes(attach.echoed_nodes, carried, attach.echoes)
         self.counters["healed_turns"] += 1
         self.counters["healed_prefix_tokens"] += len(parent.token_ids) + len(assembly.glue)
@@ -195,6 +196,7 @@ class CheckpointReplay:
 
 def _prompt_event(attach: AttachPoint, carried: list[Node], mode: str) -> str:
     """forked (a new sibling) > anchored (template rewrote history) > restored (echo recognised) > clean."""
+    assert attach.node is not None, "a new root has no prompt event to choose"
     if len(attach.node.children) > 1:
         return "forked"
     if mode == "anchored":

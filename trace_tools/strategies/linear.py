@@ -37,7 +37,7 @@ from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 _PROMPT_EVENTS = {"healed": "healed", "reset": "reset", "rendered": "rendered", "passthrough": "rendered"}
-LINEAR_PARAMS = (
+LINEAR_PARAMS: tuple[Param, ...] = (
     *TREE_PARAMS,
     Param(
         "on_nonlinear",

@@ -80,7 +80,8 @@ def _same_call(held: Any, incoming: Any, defaults: dict[str, dict[str, Any]]) ->
         return False
     if held.get("type") != incoming.get("type") or held_fn.get("name") != incoming_fn.get("name"):
         return False
-    name_defaults = defaults.get(held_fn.get("name"), {})
+    name = held_fn.get("name")
+    name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
 
     def norm(args: Any) -> Any:
         return strip_trailing_ws(drop_schema_defaults(args, name_defaults))

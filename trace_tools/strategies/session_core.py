@@ -497,7 +497,7 @@ class TitoTokenizer:
         """
         self._check_append_only(old, new)
         last_calls = (old[-1].get("tool_calls") if old else None) or []
-        base = [
+        base: list[dict] = [
             dict(self.DUMMY_SYSTEM),
             {"role": "assistant", "content": "", "reasoning_content": " ", "tool_calls": last_calls},
         ]
@@ -804,11 +804,14 @@ def chain_provenance(records: Sequence[Record]) -> list[int]:
     for i in range(start, len(records)):
         record = records[i]
         previous, inherited = (records[i - 1].all_ids, records[i - 1].provenance) if i else ([], [])
+        assert inherited is not None, "the records before `start` have provenance, and this loop fills the rest"
         kept = common_prefix_len(previous, record.prompt_ids)
         record.provenance = (
             inherited[:kept] + [-1] * (len(record.prompt_ids) - kept) + [record.turn_index] * len(record.output_ids)
         )
-    return list(records[-1].provenance) if records else []
+    last = records[-1].provenance if records else []
+    assert last is not None, "the loop above filled every record's provenance"
+    return list(last)
 
 
 def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim: int) -> list[TurnSample]:
@@ -950,7 +953,8 @@ class TrajectoryNode:
         return self.finish_reason == "length"
 
     def path_nodes(self) -> list["TrajectoryNode"]:
-        path, node = [], self
+        path: list[TrajectoryNode] = []
+        node: TrajectoryNode | None = self
         while node is not None:
             path.append(node)
             node = node.parent
@@ -1137,7 +1141,8 @@ def drop_retries(samples: Sequence[LeafSample]) -> tuple[list[LeafSample], list[
     Roots and leaves without a later sibling survive (an abandoned deep branch included).
     Survivors come deepest first, then latest first. Returns (kept, trimmed).
     """
-    kept, trimmed = [], []
+    kept: list[LeafSample] = []
+    trimmed: list[LeafSample] = []
     for item in samples:
         parent = item.leaf.parent
         later = parent is not None and any(c.seq > item.leaf.seq for c in parent.children)

@@ -26,7 +26,7 @@ from trace_tools.strategies.session_core import (
     tito_from_context,
 )
 
-SESSION_PARAMS = (
+SESSION_PARAMS: tuple[Param, ...] = (
     Param(
         "matcher",
         str,

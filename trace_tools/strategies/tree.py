@@ -26,7 +26,7 @@ from trace_tools.strategies.tree_core import (
     TurnRecord,
 )
 
-TREE_PARAMS = (
+TREE_PARAMS: tuple[Param, ...] = (
     Param("fork_threshold", int, 1024, "FORK / rewrite-merge threshold in tokens; <= 0 = agentcore CLEAN/FORK only"),
     Param(
         "realign_gate",

@@ -337,7 +337,8 @@ class _SampleBuilder:
         start = self.leading_prompt_len
         toks, mask, lps, src = self.tokens, self.loss_mask, self.logprobs, self.source
         if max_sample_tokens and len(toks) > max_sample_tokens:
-            toks, mask, lps, src = (x[:max_sample_tokens] for x in (toks, mask, lps, src))
+            cut = max_sample_tokens
+            toks, mask, lps, src = toks[:cut], mask[:cut], lps[:cut], src[:cut]
         if safe_edges and not any(mask[start:]):
             return None  # truncated below the first prompt, or every trained token cut off
         return TreeSample(
@@ -482,6 +483,7 @@ class TrajectoryManager:
 
     def _demote(self, sid: str, node: MessageNode, client_message: dict) -> None:
         """Make a generated leaf routing-only (its tokens never train) under the client's version of it."""
+        assert node.turn is not None and node.source is not None, "only a generated leaf is demoted"
         node.metadata["merged_rewrite"] = {
             "abandoned_turn_index": node.turn_index,
             "abandoned_response_tokens": len(node.turn.output_ids),
@@ -546,18 +548,20 @@ class TrajectoryManager:
     def _split_chain_into_builders(self, generated: list[MessageNode], stats: SessionStats) -> list[_SampleBuilder]:
         builders: list[_SampleBuilder] = []
         for node in generated:
+            turn, source = node.turn, node.source
+            assert turn is not None and source is not None, "a generated node carries its turn and source"
             trained = not node.response_trained
             node.response_trained = True  # claimed even if the span is later REALIGNed or the builder dropped
             if builders:
-                drift = builders[-1].measure_drift(node.turn)
-                stats.classified(node.source, drift)
+                drift = builders[-1].measure_drift(turn)
+                stats.classified(source, drift)
                 if drift.kind is not DriftKind.FORK:
-                    zeroed = builders[-1].append_turn(node.turn, drift.kind, trained=trained, source=node.source)
+                    zeroed = builders[-1].append_turn(turn, drift.kind, trained=trained, source=source)
                     if zeroed is not None:
                         stats.turn_events[zeroed] = "zeroed_by_realign"
                     continue
             builders.append(self._new_builder())
-            builders[-1].append_turn(node.turn, DriftKind.CLEAN, trained=trained, source=node.source)
+            builders[-1].append_turn(turn, DriftKind.CLEAN, trained=trained, source=source)
         return builders
 
     def _new_builder(self) -> _SampleBuilder:
@@ -566,8 +570,9 @@ class TrajectoryManager:
 
 def chain_metadata(generated: list[MessageNode]) -> dict[str, bool]:
     """Per-chain flags shared by all of its samples: last turn truncated, any tool call, any ill-formed call."""
+    turns = [n.turn for n in generated if n.turn is not None]  # every one: generated nodes carry a turn
     return {
-        "truncated": bool(generated) and generated[-1].turn.finish_reason == "length",
+        "truncated": bool(turns) and turns[-1].finish_reason == "length",
         "use_tool": any(bool((n.message or {}).get("tool_calls")) for n in generated),
-        "ill_formed": any(n.turn.ill_formed for n in generated),
+        "ill_formed": any(t.ill_formed for t in turns),
     }

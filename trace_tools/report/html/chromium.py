@@ -53,11 +53,12 @@ class Chromium:
     """One headless browser with one page; use as a context manager."""
 
     def __init__(self, binary: str | None = None, width: int = 1280, height: int = 860, timeout: float = 30.0):
-        self.binary = binary or find_chromium()
-        if not self.binary:
+        found = binary or find_chromium()
+        if not found:
             raise TraceToolsError(
                 "no Chromium found; install it (`apt-get install chromium`) or set TRACE_TOOLS_CHROMIUM"
             )
+        self.binary: str = found
         self.width, self.height, self.timeout = width, height, timeout
         self._next_id = 0
         self._buffer = b""

@@ -70,11 +70,8 @@ def tool_rows(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict
 def counter_rows(summary: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """Counters that are non-zero for some strategy: (names, one row per strategy)."""
     blocks = summary["strategies"]
-    names = [
-        c
-        for c in next(iter(blocks.values()), {}).get("counters", {})
-        if any(s["counters"].get(c) for s in blocks.values())
-    ]
+    first: dict[str, Any] = next(iter(blocks.values()), {})
+    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in blocks.values())]
     return names, [{"name": n, "counts": [s["counters"].get(c, 0) for c in names]} for n, s in blocks.items()]
 
 

@@ -245,7 +245,7 @@ def align_blocks(served: list[int], rendered: list[int], served_to_end: bool) ->
     Tags are difflib's (`equal`, `replace`, `insert`, `delete`), plus `next` for the echo's tokens
     past the end of what was served (the following turn: context, not drift).
     """
-    blocks = [list(op) for op in SequenceMatcher(None, served, rendered, autojunk=False).get_opcodes()]
+    blocks: list[list[Any]] = [list(op) for op in SequenceMatcher(None, served, rendered, autojunk=False).get_opcodes()]
     if served_to_end and len(blocks) > 1 and blocks[-1][0] == "insert":
         blocks[-1][0] = "next"
     return blocks
