@@ -5,6 +5,8 @@ tokenizer and template (trace_tools.render.renderer.Renderer.from_spec("qwen3"))
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
@@ -130,6 +132,14 @@ def test_rejected_and_failed_requests_are_counted_and_the_session_goes_on():
     assert result.turn_events == {1: "rejected", 2: "failed"}
     assert (result.counters["rejected_requests"], result.counters["server_errors"]) == (1, 1)
     assert set(trained_by_turn(result)) == {0, 3} and len(result.samples) == 1
+
+
+def test_a_recorded_response_with_a_null_role_is_the_assistant():
+    """Validation accepts `"role": null` in a response (a missing role); chains crashed on it."""
+    turns = [dataclasses.replace(t, response={**t.response, "role": None}) for t in linear_turns()]
+    result = replay(turns)
+    assert trained_by_turn(result) == {t.turn_index: t.output_ids for t in turns}
+    assert result.turn_events == {} and len(result.samples) == 1
 
 
 def test_missing_response_is_parsed_from_the_output_ids():

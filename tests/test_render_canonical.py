@@ -133,3 +133,10 @@ def test_response_goes_through_the_same_policy():
     assert slime([echo]) == [expected]
     assert canonicalize_response(None) is None
     assert canonicalize_response(response, "none") == {"role": "assistant", **response}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_null_response_role_reads_as_assistant_like_a_missing_one(policy):
+    """Row validation accepts `"role": null` in a response; every policy used to drop it (None)."""
+    assert canonicalize_response({"role": None, "content": "Done."}, policy) == canonicalize_response(
+        {"content": "Done."}, policy) == {"role": "assistant", "content": "Done."}

@@ -12,6 +12,7 @@ The Python API (everything returns pandas DataFrames or plain objects holding th
 
 Attributes load lazily, so `import trace_tools` stays cheap.
 """
+
 from __future__ import annotations
 
 import importlib

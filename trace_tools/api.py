@@ -11,6 +11,7 @@
 This module sits above both replay and report: `replay` runs the engine (`replay.engine`), then
 computes the summary and writes report.md, plots and report.html from the run's tables (`report`).
 """
+
 from __future__ import annotations
 
 import time
@@ -39,12 +40,24 @@ class RunResult:
     reconstruction: dict[str, Any] = field(default_factory=dict)
 
 
-def replay(dump: str | Path | None = None, *, out: str | Path | None = None, strategies: Iterable[str] | None = None,
-           prompt_source: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
-           canonicalization: str = "slime", params: dict[str, Any] | None = None, write_samples: bool = True,
-           workers: int | None = None, executor: str = "local", address: str | None = None,
-           progress: Callable[[int, int], None] | None = None, tool_format: str | None = None,
-           overwrite: bool = False) -> RunResult:
+def replay(
+    dump: str | Path | None = None,
+    *,
+    out: str | Path | None = None,
+    strategies: Iterable[str] | None = None,
+    prompt_source: str = "auto",
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    canonicalization: str = "slime",
+    params: dict[str, Any] | None = None,
+    write_samples: bool = True,
+    workers: int | None = None,
+    executor: str = "local",
+    address: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    tool_format: str | None = None,
+    overwrite: bool = False,
+) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
 
@@ -57,10 +70,19 @@ def replay(dump: str | Path | None = None, *, out: str | Path | None = None, str
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
 
-    options = ReplayOptions(list(strategies or []), prompt_source, tokenizer, chat_template, canonicalization,
-                            {k: v for k, v in (params or {}).items() if v is not None}, write_samples, tool_format)
-    engine = run(dump, options, out, workers=workers, executor=executor, address=address, progress=progress,
-                 overwrite=overwrite)
+    options = ReplayOptions(
+        list(strategies or []),
+        prompt_source,
+        tokenizer,
+        chat_template,
+        canonicalization,
+        {k: v for k, v in (params or {}).items() if v is not None},
+        write_samples,
+        tool_format,
+    )
+    engine = run(
+        dump, options, out, workers=workers, executor=executor, address=address, progress=progress, overwrite=overwrite
+    )
     return _finish(engine)
 
 
@@ -68,8 +90,8 @@ def _finish(engine: Any) -> RunResult:
     """summary.json, run.json, report.md and plots from the merged tables."""
     from trace_tools.io import rundir
     from trace_tools.io.write import write_json_atomic
-    from trace_tools.report.metrics import reconstruction_summary, summarize
     from trace_tools.report.html import write_html_report
+    from trace_tools.report.metrics import reconstruction_summary, summarize
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
@@ -81,8 +103,9 @@ def _finish(engine: Any) -> RunResult:
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     write_report(run_dir, summary, tables)
     write_html_report(run_dir)
-    return RunResult(run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards,
-                     reconstruction)
+    return RunResult(
+        run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards, reconstruction
+    )
 
 
 def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
@@ -96,8 +119,13 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
     return {
         "trace_tools_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": {"dump": str(Path(engine.dump).resolve()), "files": [str(f) for f in engine.files],
-                   "rows": engine.rows, "vocab_checked": engine.vocab_checked, "dump_meta": meta},
+        "inputs": {
+            "dump": str(Path(engine.dump).resolve()),
+            "files": [str(f) for f in engine.files],
+            "rows": engine.rows,
+            "vocab_checked": engine.vocab_checked,
+            "dump_meta": meta,
+        },
         "options": asdict(engine.options),
         "renderers": engine.renderers,
         "reconstruction": reconstruction,
@@ -117,15 +145,31 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strategy: str | None = None,
-            tokenizer: str | None = None, chat_template: str | None = None, prompt_source: str = "auto",
-            canonicalization: str = "slime", context: int = 8, tool_format: str | None = None) -> Any:
+def explain(
+    dump: str | Path,
+    session_id: str,
+    *,
+    turn: int | None = None,
+    strategy: str | None = None,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    prompt_source: str = "auto",
+    canonicalization: str = "slime",
+    context: int = 8,
+    tool_format: str | None = None,
+) -> Any:
     """`report.explain` for one session, plus (with `strategy`) what that strategy made of the focused turn."""
     from trace_tools.pipeline import Pipeline
     from trace_tools.report.explain import explain_prepared
 
-    pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
-                        prompt_source=prompt_source, tool_format=tool_format)
+    pipeline = Pipeline(
+        dump,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        canonicalization=canonicalization,
+        prompt_source=prompt_source,
+        tool_format=tool_format,
+    )
     prepared = pipeline.session(session_id)
     result = explain_prepared(prepared, turn=turn, context=context)
     if strategy and result.focus:
@@ -133,8 +177,10 @@ def explain(dump: str | Path, session_id: str, *, turn: int | None = None, strat
         from trace_tools.strategies.base import ReplayContext
 
         ctx = ReplayContext(prepared.renderer, canonicalization, prompt_source)
-        result.strategy, result.strategy_turn = strategy, strategy_turn_view(prepared, ctx, strategy,
-                                                                             result.focus.turn_index)
+        result.strategy, result.strategy_turn = (
+            strategy,
+            strategy_turn_view(prepared, ctx, strategy, result.focus.turn_index),
+        )
     return result
 
 
@@ -164,10 +210,18 @@ class Run:
         """One row per strategy: samples, forks, coverage and token totals."""
         rows = []
         for name, s in self.summary["strategies"].items():
-            rows.append({"strategy": name, "sessions": s["sessions"], "samples": s["samples"],
-                         "forks_mean": s["forks"]["mean"], "coverage": s["coverage"],
-                         "trained_tokens": s["trained_tokens"], "forwarded_tokens": s["forwarded_tokens"],
-                         "context_tokens": s["context_tokens"]})
+            rows.append(
+                {
+                    "strategy": name,
+                    "sessions": s["sessions"],
+                    "samples": s["samples"],
+                    "forks_mean": s["forks"]["mean"],
+                    "coverage": s["coverage"],
+                    "trained_tokens": s["trained_tokens"],
+                    "forwarded_tokens": s["forwarded_tokens"],
+                    "context_tokens": s["context_tokens"],
+                }
+            )
         return pd.DataFrame(rows).set_index("strategy")
 
     def coverage_by_tool(self) -> pd.DataFrame:
@@ -187,8 +241,9 @@ class Run:
         turns = self.turns.dropna(subset=["drift_cause"])
         lost = (turns["generated_tokens"] - turns["trained_tokens"]).rename("tokens_lost")
         frame = turns.assign(tokens_lost=lost)
-        return frame.groupby(["strategy", "drift_cause"]).agg(turns=("turn_index", "size"),
-                                                              tokens_lost=("tokens_lost", "sum"))
+        return frame.groupby(["strategy", "drift_cause"]).agg(
+            turns=("turn_index", "size"), tokens_lost=("tokens_lost", "sum")
+        )
 
     def html(self, refresh: bool = False) -> Path:
         """Path of the run's self-contained report.html, written first when missing (or `refresh`).
@@ -210,8 +265,9 @@ class Run:
 
             ids = list(self.sessions["session_id"].unique()) if len(self.sessions) else []
             raise UnknownSession(no_session_message(session_id, self.path, ids))
-        return frame.pivot_table(index=["turn_index", "tool"], columns="strategy",
-                                 values="trained_tokens", aggfunc="sum")[self.strategies]
+        return frame.pivot_table(
+            index=["turn_index", "tool"], columns="strategy", values="trained_tokens", aggfunc="sum"
+        )[self.strategies]
 
 
 def open_run(path: str | Path) -> Run:
@@ -219,5 +275,11 @@ def open_run(path: str | Path) -> Run:
     from trace_tools.report.rerender import read_run
 
     tables = read_run(path)
-    return Run(Path(path), load_summary(Path(path)), tables["turns"], tables["sessions"], tables["samples"],
-               tables["quarantine"])
+    return Run(
+        Path(path),
+        load_summary(Path(path)),
+        tables["turns"],
+        tables["sessions"],
+        tables["samples"],
+        tables["quarantine"],
+    )

@@ -2,6 +2,7 @@
 
 Nothing here does work; it only names things. Token ids are plain Python lists of ints.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -94,15 +95,37 @@ class Sample:
 
 # Fixed vocabularies (DESIGN §5).
 TURN_EVENTS = (
-    "trained", "partly_trained", "zeroed_by_realign", "demoted_by_merge", "rolled_back",
-    "trimmed", "rejected", "failed", "untrained",
+    "trained",
+    "partly_trained",
+    "zeroed_by_realign",
+    "demoted_by_merge",
+    "rolled_back",
+    "trimmed",
+    "rejected",
+    "failed",
+    "untrained",
 )
 COUNTERS = (
-    "drift_clean", "drift_realign", "drift_fork", "tree_branches", "rewrite_merges",
-    "restored_echoes", "unrecognized_echoes", "healed_turns", "healed_prefix_tokens", "nonlinear",
-    "nonlinear_history", "nonlinear_template",
-    "close_unresolved", "resets", "chains_created", "rollbacks", "rollback_dropped_tokens",
-    "rejected_requests", "server_errors", "trimmed_leaves",
+    "drift_clean",
+    "drift_realign",
+    "drift_fork",
+    "tree_branches",
+    "rewrite_merges",
+    "restored_echoes",
+    "unrecognized_echoes",
+    "healed_turns",
+    "healed_prefix_tokens",
+    "nonlinear",
+    "nonlinear_history",
+    "nonlinear_template",
+    "close_unresolved",
+    "resets",
+    "chains_created",
+    "rollbacks",
+    "rollback_dropped_tokens",
+    "rejected_requests",
+    "server_errors",
+    "trimmed_leaves",
 )
 
 

@@ -1,4 +1,5 @@
 """Typed errors. The CLI maps each to a one-line message that names the fix (see cli/main.py `_guard`)."""
+
 from __future__ import annotations
 
 

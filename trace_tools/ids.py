@@ -1,4 +1,5 @@
 """Token-id sequence helpers shared by every layer (no dependencies)."""
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -5,6 +5,7 @@ API (`params={"rollback": "false"}`) or a file, is read by the functions here, s
 `"off"` and `False` mean the same everywhere and a value outside its declared type or choices is
 an `InvalidOption` (a usage error, exit 2) that lists what is accepted.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -27,8 +28,9 @@ def parse_bool(value: Any, name: str) -> bool:
         return True
     if text in FALSE_WORDS:
         return False
-    raise InvalidOption(f"invalid {name} {value!r} (a boolean); choose one of: "
-                        f"{', '.join(TRUE_WORDS)} / {', '.join(FALSE_WORDS)}")
+    raise InvalidOption(
+        f"invalid {name} {value!r} (a boolean); choose one of: {', '.join(TRUE_WORDS)} / {', '.join(FALSE_WORDS)}"
+    )
 
 
 def parse_int(value: Any, name: str, minimum: int | None = None) -> int:

@@ -6,6 +6,7 @@ with `prompt_ids` when the gateway recorded them. A dump whose prompts were rend
 same template and tokenizer reconstructs at 100 %; anything less locates the first diverging
 token and shows the text around it.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,11 +21,24 @@ from trace_tools.errors import TraceToolsError
 from trace_tools.render.canonical import canonicalize_messages
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
-TURN_COLUMNS = ["session_id", "turn_index", "rendered_len", "recorded_len", "exact", "first_divergence",
-                "context", "error"]
+TURN_COLUMNS = [
+    "session_id",
+    "turn_index",
+    "rendered_len",
+    "recorded_len",
+    "exact",
+    "first_divergence",
+    "context",
+    "error",
+]
 # Nullable dtypes: "not recorded" stays <NA> instead of turning lengths into floats.
-TURN_DTYPES = {"turn_index": "Int64", "rendered_len": "Int64", "recorded_len": "Int64", "exact": "boolean",
-               "first_divergence": "Int64"}
+TURN_DTYPES = {
+    "turn_index": "Int64",
+    "rendered_len": "Int64",
+    "recorded_len": "Int64",
+    "exact": "boolean",
+    "first_divergence": "Int64",
+}
 
 
 @dataclass
@@ -47,13 +61,27 @@ class ReconstructResult:
         return [out / "turns.parquet", out / "summary.json"]
 
 
-RECONSTRUCT_COLUMNS = ("session_id", "turn_index", "messages", "tools", "output_ids", "prompt_ids",
-                       "chat_template_kwargs")
+RECONSTRUCT_COLUMNS = (
+    "session_id",
+    "turn_index",
+    "messages",
+    "tools",
+    "output_ids",
+    "prompt_ids",
+    "chat_template_kwargs",
+)
 
 
-def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str | None = None,
-                canonicalization: str = "slime", renderer: Any = None,
-                progress: Callable[[int, int], None] | None = None, tool_format: str | None = None) -> ReconstructResult:
+def reconstruct(
+    dump: Any,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    canonicalization: str = "slime",
+    renderer: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+    tool_format: str | None = None,
+) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
     `dump` is a path (streamed through `trace_tools.pipeline`, each session rendered with its own
@@ -78,15 +106,22 @@ def reconstruct(dump: Any, *, tokenizer: str | None = None, chat_template: str |
     return ReconstructResult(turns, session_table(turns), summary, identity)
 
 
-def _sessions(dump: Any, tokenizer: str | None, chat_template: str | None, renderer: Any,
-              tool_format: str | None) -> tuple[Iterator[Session], set, int]:
+def _sessions(
+    dump: Any, tokenizer: str | None, chat_template: str | None, renderer: Any, tool_format: str | None
+) -> tuple[Iterator[Session], set, int]:
     """(valid sessions, quarantined session ids — filled while iterating for paths —, session count)."""
     quarantined: set[str] = set()
     if isinstance(dump, (str, os.PathLike)):
         from trace_tools.pipeline import Pipeline
 
-        pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, columns=RECONSTRUCT_COLUMNS,
-                            renderer=renderer, tool_format=tool_format)
+        pipeline = Pipeline(
+            dump,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            columns=RECONSTRUCT_COLUMNS,
+            renderer=renderer,
+            tool_format=tool_format,
+        )
         stream = pipeline.stream
 
         def valid() -> Iterator[Session]:
@@ -95,6 +130,7 @@ def _sessions(dump: Any, tokenizer: str | None, chat_template: str | None, rende
                     yield item
                 elif item.session_id is not None:
                     quarantined.add(item.session_id)
+
         return valid(), quarantined, stream.session_count
     if hasattr(dump, "sessions"):
         quarantined = {entry.session_id for entry in getattr(dump, "quarantine", None) or ()}
@@ -133,18 +169,24 @@ def turn_fidelity(renderer: Any, prepared: Any) -> dict[str, Any]:
 
 def _row(turn: Turn, rendered: Sequence[int] | None, renderer: Any = None, error: str | None = None) -> dict[str, Any]:
     recorded = turn.prompt_ids
-    row: dict[str, Any] = {"session_id": turn.session_id, "turn_index": turn.turn_index,
-                           "rendered_len": None if rendered is None else len(rendered),
-                           "recorded_len": None if recorded is None else len(recorded), "exact": None,
-                           "first_divergence": None, "context": None, "error": error}
+    row: dict[str, Any] = {
+        "session_id": turn.session_id,
+        "turn_index": turn.turn_index,
+        "rendered_len": None if rendered is None else len(rendered),
+        "recorded_len": None if recorded is None else len(recorded),
+        "exact": None,
+        "first_divergence": None,
+        "context": None,
+        "error": error,
+    }
     if recorded is None:
         return row
     if rendered is None:
         row["exact"] = False
         return row
     row["exact"] = recorded == rendered
-    if not row["exact"]:
-        at = first_divergence(recorded, rendered)
+    at = None if row["exact"] else first_divergence(recorded, rendered)
+    if at is not None:
         row["first_divergence"] = at
         row["context"] = divergence_context(renderer, recorded, rendered, at)
     return row
@@ -164,12 +206,13 @@ def first_divergence(recorded: Sequence[int], rendered: Sequence[int]) -> int | 
     return None if at == len(recorded) == len(rendered) else at
 
 
-def divergence_context(renderer: Any, recorded: Sequence[int], rendered: Sequence[int], at: int,
-                       width: int = CONTEXT_TOKENS) -> str:
+def divergence_context(
+    renderer: Any, recorded: Sequence[int], rendered: Sequence[int], at: int, width: int = CONTEXT_TOKENS
+) -> str:
     """`…shared text⟨recorded: '…' | rendered: '…'⟩` around token `at`."""
-    shared = renderer.decode(list(recorded[max(0, at - width):at]))
-    theirs = renderer.decode(list(recorded[at:at + width]))
-    ours = renderer.decode(list(rendered[at:at + width]))
+    shared = renderer.decode(list(recorded[max(0, at - width) : at]))
+    theirs = renderer.decode(list(recorded[at : at + width]))
+    ours = renderer.decode(list(rendered[at : at + width]))
     return f"…{shared}⟨recorded: {theirs!r} | rendered: {ours!r}⟩"
 
 
@@ -179,8 +222,11 @@ def session_table(turns: pd.DataFrame) -> pd.DataFrame:
     if turns.empty:
         return pd.DataFrame(columns=columns)
     grouped = turns.assign(compared=turns["exact"].notna(), hit=turns["exact"].fillna(False).astype(bool))
-    table = grouped.groupby("session_id", sort=False).agg(
-        turns=("turn_index", "size"), turns_compared=("compared", "sum"), exact=("hit", "sum")).reset_index()
+    table = (
+        grouped.groupby("session_id", sort=False)
+        .agg(turns=("turn_index", "size"), turns_compared=("compared", "sum"), exact=("hit", "sum"))
+        .reset_index()
+    )
     table["rate"] = [float(e / c) if c else None for e, c in zip(table["exact"], table["turns_compared"])]
     return table[columns]
 
@@ -189,6 +235,11 @@ def summarize(turns: pd.DataFrame) -> dict[str, Any]:
     """`{"turns_compared", "exact", "rate"}` (DESIGN §6 prompt_fidelity) plus totals and render errors."""
     compared = int(turns["exact"].notna().sum()) if not turns.empty else 0
     exact = int(turns["exact"].fillna(False).astype(bool).sum()) if not turns.empty else 0
-    return {"turns_compared": compared, "exact": exact, "rate": exact / compared if compared else None,
-            "turns": int(len(turns)), "sessions": int(turns["session_id"].nunique()) if not turns.empty else 0,
-            "render_errors": int(turns["error"].notna().sum()) if not turns.empty else 0}
+    return {
+        "turns_compared": compared,
+        "exact": exact,
+        "rate": exact / compared if compared else None,
+        "turns": int(len(turns)),
+        "sessions": int(turns["session_id"].nunique()) if not turns.empty else 0,
+        "render_errors": int(turns["error"].notna().sum()) if not turns.empty else 0,
+    }

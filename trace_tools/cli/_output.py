@@ -1,4 +1,5 @@
 """All CLI printing goes through here: rich for people, plain JSON for machines."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,15 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Option help shared by the commands that render prompts.
-TOKENIZER_HELP = ("Tokenizer: qwen3 | qwen3.5 | deepseek-v3 | gpt-oss | llama3.1 | qwen3+glm4.5-specials (a stand-in) "
-                  "| path to a HF tokenizer dir")
+TOKENIZER_HELP = (
+    "Tokenizer: qwen3 | qwen3.5 | deepseek-v3 | gpt-oss | llama3.1 | qwen3+glm4.5-specials (a stand-in) "
+    "| path to a HF tokenizer dir"
+)
 TEMPLATE_HELP = "Template file, or qwen3 / qwen3.5 / glm4.5 / deepseek-v3 / gpt-oss / llama3.1 / trl:<name>"
-TOOL_FORMAT_HELP = ("Tool-call format of the responses, instead of the one detected from the template: "
-                    "json | xml | glm | deepseek | harmony | llama.")
+TOOL_FORMAT_HELP = (
+    "Tool-call format of the responses, instead of the one detected from the template: "
+    "json | xml | glm | deepseek | harmony | llama."
+)
 
 
 def print_all(renderables: Any) -> None:

@@ -3,6 +3,7 @@
 Until the first call the bar says it is reading the input (no `0/?`); then it says `action` and
 counts `unit`s.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -21,8 +22,13 @@ def progress_bar(action: str, unit: str, disable: bool = False) -> Iterator[Call
 
     from trace_tools.cli._output import err_console
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
-               TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[count]}"),
+        TimeElapsedColumn(),
+    )
     quiet = disable or not err_console.is_terminal  # a pipe or CI log gets no bar, not a stray blank line
     with Progress(*columns, console=err_console, disable=quiet, transient=True) as progress:
         task = progress.add_task("reading the input", total=None, count="")

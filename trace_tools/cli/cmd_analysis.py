@@ -1,4 +1,5 @@
 """`trace-tools compare`, `gate` and `explain`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,9 +15,16 @@ NAMES = ", ".join(BUILTIN_STRATEGIES)
 
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    run_b: Annotated[Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")] = None,
-    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", "-s", help=f"Strategies to compare (two, with one run): {NAMES}.")] = None,
-    by: Annotated[Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")] = None,
+    run_b: Annotated[
+        Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")
+    ] = None,
+    strategy: Annotated[
+        Optional[list[str]],
+        typer.Option("--strategy", "-s", help=f"Strategies to compare (two, with one run): {NAMES}."),
+    ] = None,
+    by: Annotated[
+        Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Compare two runs, two strategies of one run, or every strategy by simulated behaviour.
@@ -40,15 +48,27 @@ def compare_cmd(
         return
     result = lib.compare(run_a, run_b, strategy)
     if json_out:
-        print_json({"a": result.label_a, "b": result.label_b, "metrics": result.metrics.to_dict("records"),
-                    "tools": result.tools.to_dict("records"), "sessions": result.sessions.to_dict("records")})
+        print_json(
+            {
+                "a": result.label_a,
+                "b": result.label_b,
+                "metrics": result.metrics.to_dict("records"),
+                "tools": result.tools.to_dict("records"),
+                "sessions": result.sessions.to_dict("records"),
+            }
+        )
         return
     print_all(comparison_view(result, console.width))
 
 
 def gate_cmd(
     run: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    rules: Annotated[Path, typer.Option(help="Rules TOML file: one 'rule' table per rule with metric, strategy, op and value (or max_regression).")],
+    rules: Annotated[
+        Path,
+        typer.Option(
+            help="Rules TOML file: one 'rule' table per rule with metric, strategy, op and value (or max_regression)."
+        ),
+    ],
     baseline: Annotated[Optional[Path], typer.Option(help="Baseline run for max_regression rules.")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here (one testcase per rule).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
@@ -61,15 +81,26 @@ def gate_cmd(
     """
     from trace_tools.cli._output import console, print_all, print_json
     from trace_tools.io.write import write_text_atomic
-    from trace_tools.report.gate import gate, junit_xml
     from trace_tools.report.compare_tables import gate_view
+    from trace_tools.report.gate import gate, junit_xml
 
     results = gate(run, rules, baseline)
     if junit is not None:
         write_text_atomic(junit_xml(results), junit)
     if json_out:
-        print_json([{"rule": r.label, "strategy": r.strategy, "actual": r.actual, "expected": r.expected,
-                     "passed": r.passed, "message": r.message} for r in results])
+        print_json(
+            [
+                {
+                    "rule": r.label,
+                    "strategy": r.strategy,
+                    "actual": r.actual,
+                    "expected": r.expected,
+                    "passed": r.passed,
+                    "message": r.message,
+                }
+                for r in results
+            ]
+        )
     else:
         print_all(gate_view(results, console.width))
     if not all(r.passed for r in results):
@@ -79,8 +110,12 @@ def gate_cmd(
 def explain_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet file or directory.")],
     session: Annotated[str, typer.Option(help="Session id to explain.")],
-    turn: Annotated[Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help=f"Also show what this strategy made of the turn: {NAMES}.")] = None,
+    turn: Annotated[
+        Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")
+    ] = None,
+    strategy: Annotated[
+        Optional[str], typer.Option(help=f"Also show what this strategy made of the turn: {NAMES}.")
+    ] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
     prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
@@ -93,12 +128,20 @@ def explain_cmd(
 
     Example: trace-tools explain dump.parquet --session s0003 --turn 4 --strategy tree
     """
-    from trace_tools.cli._output import console, print_json
     from trace_tools.api import explain
+    from trace_tools.cli._output import console, print_json
     from trace_tools.report.explain_view import explanation_renderables
 
-    result = explain(dump, session, turn=turn, strategy=strategy, tokenizer=tokenizer,
-                     chat_template=chat_template, prompt_source=prompt_source, tool_format=tool_format)
+    result = explain(
+        dump,
+        session,
+        turn=turn,
+        strategy=strategy,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        prompt_source=prompt_source,
+        tool_format=tool_format,
+    )
     if json_out:
         print_json(result.to_dict())
         return

@@ -1,4 +1,5 @@
 """`trace-tools audit-template`: check a chat template for what the strategies rely on."""
+
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -6,22 +7,46 @@ from typing import Annotated, Optional
 import typer
 
 # Labels of the many-template summary: short enough that the template name and 9 checks fit 80 columns.
-SHORT = {"generation_prompt": "gen", "prefix_stability": "pfx", "last_assistant": "last", "reasoning_history": "rsn",
-         "closer_text": "clT", "closer_tool": "clC", "tokenizer_merges": "mrg", "key_order": "key",
-         "whitespace": "ws"}
+SHORT = {
+    "generation_prompt": "gen",
+    "prefix_stability": "pfx",
+    "last_assistant": "last",
+    "reasoning_history": "rsn",
+    "closer_text": "clT",
+    "closer_tool": "clC",
+    "tokenizer_merges": "mrg",
+    "key_order": "key",
+    "whitespace": "ws",
+}
 VERDICT = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "n/a": "[dim]n/a[/]"}
 MARK = {"pass": "[green]ok[/]", "fail": "[red]X[/]", "n/a": "[dim]-[/]"}
 
 
 def audit_template_cmd(
-    chat_template: Annotated[Optional[str], typer.Option(
-        "--chat-template", help="qwen3, qwen3.5, trl:<name>, trl:all (every template trl ships), a .jinja file, "
-                                "or a dump (.parquet) that embeds its template.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(
-        "--tokenizer", help="qwen3, qwen3.5 or a tokenizer directory; default: the template's own, else qwen3 "
-                            "as a stand-in (said in the output).")] = None,
-    strategy: Annotated[Optional[list[str]], typer.Option(
-        "--strategy", "-s", help="Only these strategies' dependencies decide the exit code (repeatable; default all).")] = None,
+    chat_template: Annotated[
+        Optional[str],
+        typer.Option(
+            "--chat-template",
+            help="qwen3, qwen3.5, trl:<name>, trl:all (every template trl ships), a .jinja file, "
+            "or a dump (.parquet) that embeds its template.",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokenizer",
+            help="qwen3, qwen3.5 or a tokenizer directory; default: the template's own, else qwen3 "
+            "as a stand-in (said in the output).",
+        ),
+    ] = None,
+    strategy: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--strategy",
+            "-s",
+            help="Only these strategies' dependencies decide the exit code (repeatable; default all).",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
 ) -> None:
     """Audit a chat template: prefix stability, generation prompt, closer probe, reasoning, key order, merges.

@@ -1,4 +1,5 @@
 """`trace-tools export RUN --strategy NAME`: one strategy's samples in the layout trainers load."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,9 @@ def export_cmd(
     run: Annotated[Path, typer.Argument(help="A run directory written by `trace-tools replay` (with samples).")],
     strategy: Annotated[str, typer.Option("--strategy", "-s", help="The strategy whose samples to export.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet | jsonl.")] = "parquet",
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output file; default RUN/export/<strategy>.<format>.")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="Output file; default RUN/export/<strategy>.<format>.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Export a strategy's samples: tokens, loss_mask, rollout_log_probs, response_length, reward, provenance.
@@ -23,8 +26,19 @@ def export_cmd(
 
     report = export_samples(run, strategy, fmt, out)
     if json_out:
-        print_json({"out": str(report.out), "strategy": report.strategy, "format": report.format,
-                    "samples": report.samples, "tokens": report.tokens, "trained_tokens": report.trained_tokens})
+        print_json(
+            {
+                "out": str(report.out),
+                "strategy": report.strategy,
+                "format": report.format,
+                "samples": report.samples,
+                "tokens": report.tokens,
+                "trained_tokens": report.trained_tokens,
+            }
+        )
         return
-    console.print(f"wrote {report.samples} samples of {report.strategy} ({report.tokens:,} tokens, "
-                  f"{report.trained_tokens:,} with loss) to {report.out}", highlight=False)
+    console.print(
+        f"wrote {report.samples} samples of {report.strategy} ({report.tokens:,} tokens, "
+        f"{report.trained_tokens:,} with loss) to {report.out}",
+        highlight=False,
+    )

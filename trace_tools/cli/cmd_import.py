@@ -1,4 +1,5 @@
 """`trace-tools import FORMAT SRC... --out DUMP`: convert recorded logs into trace schema v1."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +12,29 @@ def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="miles | openai | gateway-traces.")],
     sources: Annotated[list[Path], typer.Argument(metavar="SRC...", help=".json/.jsonl files or directories of them.")],
     out: Annotated[Path, typer.Option("--out", help="The dump to write (Parquet, schema v1).")],
-    tokenizer: Annotated[Optional[str], typer.Option(
-        "--tokenizer", help="qwen3, qwen3.5 or a tokenizer directory: written into the dump, ids checked against it.")] = None,
-    chat_template: Annotated[Optional[str], typer.Option(
-        "--chat-template", help="qwen3, qwen3.5, trl:<name>, a .jinja file or a dump embedding one; its text is "
-                                "written into the dump. Default: the tokenizer's.")] = None,
-    session_key: Annotated[Optional[str], typer.Option(
-        "--session-key", help="Header or field naming the session (openai: required), e.g. x-session-id or "
-                              "request.metadata.session_id.")] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokenizer",
+            help="qwen3, qwen3.5 or a tokenizer directory: written into the dump, ids checked against it.",
+        ),
+    ] = None,
+    chat_template: Annotated[
+        Optional[str],
+        typer.Option(
+            "--chat-template",
+            help="qwen3, qwen3.5, trl:<name>, a .jinja file or a dump embedding one; its text is "
+            "written into the dump. Default: the tokenizer's.",
+        ),
+    ] = None,
+    session_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--session-key",
+            help="Header or field naming the session (openai: required), e.g. x-session-id or "
+            "request.metadata.session_id.",
+        ),
+    ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any record was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the import report as JSON.")] = False,
 ) -> None:
@@ -34,8 +50,15 @@ def import_cmd(
     from trace_tools.importers import import_traces
 
     with progress_bar("importing", "records", disable=json_out) as advance:
-        report = import_traces(fmt, sources, out, tokenizer=tokenizer, chat_template=chat_template,
-                               session_key=session_key, progress=advance)
+        report = import_traces(
+            fmt,
+            sources,
+            out,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            session_key=session_key,
+            progress=advance,
+        )
     if json_out:
         print_json(report.to_dict())
     else:
@@ -53,10 +76,15 @@ def _table(report):
     table = Table(title=f"import {report.format}", show_header=False, title_justify="left")
     table.add_column("what")
     table.add_column("count", justify="right", overflow="fold")
-    rows = [("source files", report.files), ("records", report.records), ("turns written", report.turns),
-            ("sessions written", report.sessions), ("rejected requests (non-200)", report.rejected_requests),
-            ("quarantined records", report.quarantined_records),
-            ("quarantined sessions", report.quarantined_sessions)]
+    rows = [
+        ("source files", report.files),
+        ("records", report.records),
+        ("turns written", report.turns),
+        ("sessions written", report.sessions),
+        ("rejected requests (non-200)", report.rejected_requests),
+        ("quarantined records", report.quarantined_records),
+        ("quarantined sessions", report.quarantined_sessions),
+    ]
     for label, value in rows:
         table.add_row(label, str(value))
     for reason, records in report.by_reason.items():

@@ -1,4 +1,5 @@
 """`trace-tools reconstruct`: re-render every turn's prompt and report fidelity to the recorded ids."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,16 @@ from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
 def reconstruct_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet file or directory of them.")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")] = None,
-    chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="Template file, or a family name / trl:<name>; default: the dump's, else the tokenizer's.")] = None,
+    tokenizer: Annotated[
+        Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")
+    ] = None,
+    chat_template: Annotated[
+        Optional[str],
+        typer.Option(
+            "--chat-template",
+            help="Template file, or a family name / trl:<name>; default: the dump's, else the tokenizer's.",
+        ),
+    ] = None,
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
@@ -28,8 +37,9 @@ def reconstruct_cmd(
     from trace_tools.reconstruct import reconstruct
 
     with progress_bar("reconstructing", "sessions", disable=json_out) as advance:
-        result = reconstruct(dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format,
-                             progress=advance)
+        result = reconstruct(
+            dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format, progress=advance
+        )
     if out is not None:
         result.save(out)
     if json_out:
@@ -49,8 +59,14 @@ def _print_table(result, out: Path | None) -> None:
         table.add_row(str(row.session_id), str(row.turns), str(row.turns_compared), str(row.exact), _rate(row.rate))
     summary = result.summary
     table.add_section()
-    table.add_row("overall", str(summary["turns"]), str(summary["turns_compared"]), str(summary["exact"]),
-                  _rate(summary["rate"]), style="bold")
+    table.add_row(
+        "overall",
+        str(summary["turns"]),
+        str(summary["turns_compared"]),
+        str(summary["exact"]),
+        _rate(summary["rate"]),
+        style="bold",
+    )
     console = Console()
     console.print(table)
     if summary["turns_compared"] == 0:

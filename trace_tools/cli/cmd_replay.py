@@ -1,4 +1,5 @@
 """`trace-tools replay` and `trace-tools report`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,36 +10,86 @@ import typer
 from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP, TOOL_FORMAT_HELP
 from trace_tools.strategies import BUILTIN_STRATEGIES
 
-StrategyOpt = Annotated[Optional[list[str]], typer.Option(
-    "--strategy", "-s", help=f"Strategy to replay (repeatable; default: all): {', '.join(BUILTIN_STRATEGIES)}.")]
-DumpArg = Annotated[Optional[Path], typer.Argument(
-    help="Parquet file or directory of them (default: the bundled sample_traces/).", show_default=False)]
+StrategyOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--strategy", "-s", help=f"Strategy to replay (repeatable; default: all): {', '.join(BUILTIN_STRATEGIES)}."
+    ),
+]
+DumpArg = Annotated[
+    Optional[Path],
+    typer.Argument(help="Parquet file or directory of them (default: the bundled sample_traces/).", show_default=False),
+]
 INTERRUPTED = 130  # the shell's code for SIGINT
 
 
 def replay_cmd(
     dump: DumpArg = None,
     strategy: StrategyOpt = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory (default: ./trace-tools-runs/<dump>-<UTC time>/).")] = None,
-    prompt_source: Annotated[str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")] = "auto",
+    out: Annotated[
+        Optional[Path], typer.Option(help="Run directory (default: ./trace-tools-runs/<dump>-<UTC time>/).")
+    ] = None,
+    prompt_source: Annotated[
+        str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")
+    ] = "auto",
     tokenizer: Annotated[Optional[str], typer.Option(help=TOKENIZER_HELP + " (overrides the dump).")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help=TEMPLATE_HELP + " (overrides the dump).")] = None,
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
-    fork_threshold: Annotated[Optional[int], typer.Option(help="tree: FORK/merge threshold in tokens (default 1024; <= 0 = agentcore CLEAN/FORK).")] = None,
-    realign_gate: Annotated[Optional[str], typer.Option(help="tree: REALIGN gate on the incoming output length (output, slime) or the drift size (drift, TRL).")] = None,
-    realign_from: Annotated[Optional[str], typer.Option(help="tree: REALIGN from the response start (response, slime) or the divergence point (divergence, TRL).")] = None,
+    fork_threshold: Annotated[
+        Optional[int],
+        typer.Option(help="tree: FORK/merge threshold in tokens (default 1024; <= 0 = agentcore CLEAN/FORK)."),
+    ] = None,
+    realign_gate: Annotated[
+        Optional[str],
+        typer.Option(
+            help="tree: REALIGN gate on the incoming output length (output, slime) or the drift size (drift, TRL)."
+        ),
+    ] = None,
+    realign_from: Annotated[
+        Optional[str],
+        typer.Option(
+            help="tree: REALIGN from the response start (response, slime) or the divergence point (divergence, TRL)."
+        ),
+    ] = None,
     on_nonlinear: Annotated[Optional[str], typer.Option(help="linear: reset | error | passthrough.")] = None,
-    matcher: Annotated[Optional[str], typer.Option(help="session-v1/v2: strict | loose_tool_call | role_content_only.")] = None,
-    rollback: Annotated[Optional[bool], typer.Option("--rollback/--no-rollback", help="chains: last-assistant rollback.")] = None,
-    retries: Annotated[Optional[str], typer.Option(help="checkpoint-tree: supersede an unanswered earlier attempt, or keep both.")] = None,
-    echo_rules: Annotated[Optional[bool], typer.Option("--echo-rules/--no-echo-rules", help="checkpoint-tree: look past cosmetic echo rewrites.")] = None,
-    param: Annotated[Optional[list[str]], typer.Option(
-        "--param", "-p", help="Any strategy parameter as KEY=VALUE (repeatable), e.g. restore_prompt=false; "
-                              "the README lists them all.")] = None,
-    canonicalization: Annotated[str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")] = "slime",
-    samples: Annotated[bool, typer.Option("--samples/--no-samples", help="Write samples.parquet (can be large).")] = True,
-    workers: Annotated[Optional[int], typer.Option(help="Processes replaying sessions (default: the machine's cores; 1 = in this process).")] = None,
-    executor: Annotated[str, typer.Option(help="local (this machine) | ray (the same session function on a Ray cluster; needs the ray extra).")] = "local",
+    matcher: Annotated[
+        Optional[str], typer.Option(help="session-v1/v2: strict | loose_tool_call | role_content_only.")
+    ] = None,
+    rollback: Annotated[
+        Optional[bool], typer.Option("--rollback/--no-rollback", help="chains: last-assistant rollback.")
+    ] = None,
+    retries: Annotated[
+        Optional[str], typer.Option(help="checkpoint-tree: supersede an unanswered earlier attempt, or keep both.")
+    ] = None,
+    echo_rules: Annotated[
+        Optional[bool],
+        typer.Option("--echo-rules/--no-echo-rules", help="checkpoint-tree: look past cosmetic echo rewrites."),
+    ] = None,
+    param: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--param",
+            "-p",
+            help="Any strategy parameter as KEY=VALUE (repeatable), e.g. restore_prompt=false; "
+            "the README lists them all.",
+        ),
+    ] = None,
+    canonicalization: Annotated[
+        str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")
+    ] = "slime",
+    samples: Annotated[
+        bool, typer.Option("--samples/--no-samples", help="Write samples.parquet (can be large).")
+    ] = True,
+    workers: Annotated[
+        Optional[int],
+        typer.Option(help="Processes replaying sessions (default: the machine's cores; 1 = in this process)."),
+    ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="local (this machine) | ray (the same session function on a Ray cluster; needs the ray extra)."
+        ),
+    ] = "local",
     address: Annotated[Optional[str], typer.Option(help="ray: cluster address (default: start a local Ray).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
@@ -50,22 +101,43 @@ def replay_cmd(
 
     Example: trace-tools replay dump.parquet --strategy tree --strategy linear --out runs/r1
     """
+    from trace_tools.api import replay
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
     from trace_tools.options import parse_assignments
-    from trace_tools.api import replay
     from trace_tools.replay.engine import default_dump, default_run_dir
 
-    params = {"fork_threshold": fork_threshold, "realign_gate": realign_gate, "realign_from": realign_from,
-              "on_nonlinear": on_nonlinear, "matcher": matcher, "rollback": rollback, "retries": retries,
-              "echo_rules": echo_rules, **parse_assignments(param)}
+    params = {
+        "fork_threshold": fork_threshold,
+        "realign_gate": realign_gate,
+        "realign_from": realign_from,
+        "on_nonlinear": on_nonlinear,
+        "matcher": matcher,
+        "rollback": rollback,
+        "retries": retries,
+        "echo_rules": echo_rules,
+        **parse_assignments(param),
+    }
     out = out or default_run_dir(dump or default_dump())  # known before the run, for the interrupt hint
     try:
         with progress_bar("replaying", "sessions", disable=json_out) as advance:
-            result = replay(dump, out=out, strategies=strategy, prompt_source=prompt_source, tokenizer=tokenizer,
-                            chat_template=chat_template, canonicalization=canonicalization, params=params,
-                            write_samples=samples, progress=advance, overwrite=overwrite, workers=workers,
-                            executor=executor, address=address, tool_format=tool_format)
+            result = replay(
+                dump,
+                out=out,
+                strategies=strategy,
+                prompt_source=prompt_source,
+                tokenizer=tokenizer,
+                chat_template=chat_template,
+                canonicalization=canonicalization,
+                params=params,
+                write_samples=samples,
+                progress=advance,
+                overwrite=overwrite,
+                workers=workers,
+                executor=executor,
+                address=address,
+                tool_format=tool_format,
+            )
     except KeyboardInterrupt:
         note(f"interrupted: finished shards are kept in {out}; run the same command with --out {out} to resume")
         raise typer.Exit(INTERRUPTED) from None
@@ -83,7 +155,9 @@ def replay_cmd(
 
 def report_cmd(
     run: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    html: Annotated[bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")] = False,
+    html: Annotated[
+        bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
 ) -> None:
     """Re-render the report (report.md, plots, terminal tables; report.html with --html) of a finished run.

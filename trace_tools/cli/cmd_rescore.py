@@ -1,4 +1,5 @@
 """`trace-tools rescore`: teacher-forced logprobs on a model vs the recorded sampling logprobs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,24 +8,58 @@ from typing import Annotated, Any, Optional
 import typer
 
 FLAGGED_SHOWN = 10
-SYNTHETIC_NOTE = ("note: this dump's logprobs are synthetic (seeded by `trace-tools simulate`, not sampled by a "
-                  "model), so the turns are flagged by design; simulate with --logprobs-model MODEL for a dump that "
-                  "rescores clean")
+SYNTHETIC_NOTE = (
+    "note: this dump's logprobs are synthetic (seeded by `trace-tools simulate`, not sampled by a "
+    "model), so the turns are flagged by design; simulate with --logprobs-model MODEL for a dump that "
+    "rescores clean"
+)
 
 
 def rescore_cmd(
     dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory) with output_logprobs.")],
-    model: Annotated[str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")],
+    model: Annotated[
+        str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")
+    ],
+    *,  # keyword-only from here, so that the required --out can keep its place in the help
     device: Annotated[str, typer.Option("--device", help="auto (cuda when visible) | cpu | cuda.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32.")] = "auto",
-    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="Padded tokens per forward batch; longer sequences run alone.")] = 16384,
-    out: Annotated[Path, typer.Option("--out", help="Output directory: tokens/turns/sessions.parquet, summary.json, plots/.")] = ...,
-    threshold: Annotated[float, typer.Option("--threshold", help="Per-token |Δ| (nats) counted as a mismatch; a turn whose mean |Δ| exceeds it is flagged.")] = 0.05,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32.")
+    ] = "auto",
+    max_batch_tokens: Annotated[
+        int, typer.Option("--max-batch-tokens", help="Padded tokens per forward batch; longer sequences run alone.")
+    ] = 16384,
+    out: Annotated[
+        Path, typer.Option("--out", help="Output directory: tokens/turns/sessions.parquet, summary.json, plots/.")
+    ],
+    threshold: Annotated[
+        float,
+        typer.Option(
+            "--threshold",
+            help="Per-token |Δ| (nats) counted as a mismatch; a turn whose mean |Δ| exceeds it is flagged.",
+        ),
+    ] = 0.05,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context (default: the dump's, else the model's).")] = None,
-    chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's).")] = None,
-    max_threshold: Annotated[float, typer.Option("--max-threshold", help="A turn is also flagged when one token's |Δ| exceeds this.")] = 1.0,
-    tokens: Annotated[bool, typer.Option("--tokens/--no-tokens", help="Write tokens.parquet (one row per compared token).")] = True,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokenizer",
+            help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context "
+            "(default: the dump's, else the model's).",
+        ),
+    ] = None,
+    chat_template: Annotated[
+        Optional[str],
+        typer.Option(
+            "--chat-template",
+            help="Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's).",
+        ),
+    ] = None,
+    max_threshold: Annotated[
+        float, typer.Option("--max-threshold", help="A turn is also flagged when one token's |Δ| exceeds this.")
+    ] = 1.0,
+    tokens: Annotated[
+        bool, typer.Option("--tokens/--no-tokens", help="Write tokens.parquet (one row per compared token).")
+    ] = True,
 ) -> None:
     """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
 
@@ -37,9 +72,20 @@ def rescore_cmd(
     from trace_tools.rescore import rescore
 
     with progress_bar("rescoring", "tokens", disable=json_out) as advance:
-        result = rescore(dump, model, device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, out=out,
-                         threshold=threshold, max_threshold=max_threshold, tokenizer=tokenizer,
-                         chat_template=chat_template, write_tokens=tokens, on_progress=advance)
+        result = rescore(
+            dump,
+            model,
+            device=device,
+            dtype=dtype,
+            max_batch_tokens=max_batch_tokens,
+            out=out,
+            threshold=threshold,
+            max_threshold=max_threshold,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            write_tokens=tokens,
+            on_progress=advance,
+        )
     if json_out:
         print_json(result.summary)
         return
@@ -66,12 +112,18 @@ def _summary_table(summary: dict[str, Any]) -> Any:
         ("recorded logprobs", summary.get("logprobs_source", "recorded")),
         ("tokens compared", str(summary["tokens"])),
         ("mean Δ (recorded − recomputed)", _num(delta["mean_delta"])),
-        ("mean |Δ| / p99 |Δ| / max |Δ|", " / ".join(_num(delta[k]) for k in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta"))),
+        (
+            "mean |Δ| / p99 |Δ| / max |Δ|",
+            " / ".join(_num(delta[k]) for k in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta")),
+        ),
         (f"tokens with |Δ| > {summary['options']['threshold']:g}", _fraction(summary["frac_above_threshold"])),
         ("KL(sampler‖model) k1 / k3", f"{_num(summary['kl']['k1'])} / {_num(summary['kl']['k3'])}"),
         ("turn log-ratio min / max", f"{_num(summary['log_ratio']['min'])} / {_num(summary['log_ratio']['max'])}"),
-        ("throughput", f"{summary['throughput']['tokens_per_s'] or 0:,.0f} tokens/s, prefix sharing saved "
-                       f"{_fraction(summary['throughput']['prefix_sharing_saving'])}"),
+        (
+            "throughput",
+            f"{summary['throughput']['tokens_per_s'] or 0:,.0f} tokens/s, prefix sharing saved "
+            f"{_fraction(summary['throughput']['prefix_sharing_saving'])}",
+        ),
     ]
     if summary["quarantined"]:
         rows.append(("quarantined sessions", str(summary["quarantined"])))
@@ -88,8 +140,13 @@ def _flagged_table(flagged: list[dict[str, Any]]) -> Any:
     for name in ("session", "turn", "max |Δ|", "mean |Δ|", "context around the worst token"):
         table.add_column(name, justify="left" if name in ("session", "context around the worst token") else "right")
     for row in flagged:
-        table.add_row(escape(str(row["session_id"])), str(row["turn_index"]), _num(row["max_abs_delta"]),
-                      _num(row["mean_abs_delta"]), escape(_one_line(row["context"])))
+        table.add_row(
+            escape(str(row["session_id"])),
+            str(row["turn_index"]),
+            _num(row["max_abs_delta"]),
+            _num(row["mean_abs_delta"]),
+            escape(_one_line(row["context"])),
+        )
     return table
 
 

@@ -1,4 +1,5 @@
 """`trace-tools simulate`: write simulated sessions with known harness behaviours and ground truth."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,21 +12,50 @@ def simulate_cmd(
     out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
-    template: Annotated[str, typer.Option("--template", help="Model family: qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1.")] = "qwen3",
-    chat_template: Annotated[Optional[str], typer.Option(
-        "--chat-template", help="Template file, or a family name / trl:<name>, in the family's tool-call format "
-                                "(default: the family's TRL template; without trl, the copy the bundled sample carries).")] = None,
-    behaviour: Annotated[Optional[list[str]], typer.Option(
-        "--behaviour", help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
-                            "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.")] = None,
-    recording: Annotated[str, typer.Option("--recording", help="How prompt_ids were recorded: tree | linear | none.")] = "tree",
-    max_turns: Annotated[Optional[int], typer.Option(
-        "--max-turns", help="Most model turns of a main conversation (default: 40 for swe, 45 for swe-long).")] = None,
-    profile: Annotated[str, typer.Option(
-        "--profile", help="Session size: swe (short episodes) | swe-long (Claude-Code-sized prompts, 25-45 turns, "
-                          "contexts ending at 25k-60k tokens).")] = "swe",
-    logprobs_model: Annotated[Optional[str], typer.Option(
-        "--logprobs-model", help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.")] = None,
+    template: Annotated[
+        str,
+        typer.Option("--template", help="Model family: qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1."),
+    ] = "qwen3",
+    chat_template: Annotated[
+        Optional[str],
+        typer.Option(
+            "--chat-template",
+            help="Template file, or a family name / trl:<name>, in the family's tool-call format "
+            "(default: the family's TRL template; without trl, the copy the bundled sample carries).",
+        ),
+    ] = None,
+    behaviour: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--behaviour",
+            help="Behaviour recipe (repeatable; sessions cycle through them). Join names with + to "
+            "combine them in one session, e.g. claude-code+retry. Default: every behaviour, then mixes.",
+        ),
+    ] = None,
+    recording: Annotated[
+        str, typer.Option("--recording", help="How prompt_ids were recorded: tree | linear | none.")
+    ] = "tree",
+    max_turns: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-turns", help="Most model turns of a main conversation (default: 40 for swe, 45 for swe-long)."
+        ),
+    ] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="Session size: swe (short episodes) | swe-long (Claude-Code-sized prompts, 25-45 turns, "
+            "contexts ending at 25k-60k tokens).",
+        ),
+    ] = "swe",
+    logprobs_model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--logprobs-model",
+            help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
@@ -33,12 +63,22 @@ def simulate_cmd(
     Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
 
     Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
-    """
+    """  # noqa: E501 (typer prints docstring lines as written: the behaviour list stays one line)
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.simulate import simulate, summarize
 
-    table = simulate(sessions, seed, template=template, behaviours=behaviour, recording=recording, out=str(out),
-                     max_turns=max_turns, logprobs_model=logprobs_model, profile=profile, chat_template=chat_template)
+    table = simulate(
+        sessions,
+        seed,
+        template=template,
+        behaviours=behaviour,
+        recording=recording,
+        out=str(out),
+        max_turns=max_turns,
+        logprobs_model=logprobs_model,
+        profile=profile,
+        chat_template=chat_template,
+    )
     rows = summarize(table)
     if json_out:
         print_json({"out": str(out), "recipes": rows})
@@ -55,6 +95,12 @@ def _table(rows: list[dict], template: str, recording: str):
     for name in ("sessions", "turns", "genuine", "ideal\nsamples", "ideal\ntokens"):
         table.add_column(name, justify="right")
     for row in rows:
-        table.add_row(row["behaviours"], str(row["sessions"]), str(row["turns"]), str(row["genuine_turns"]),
-                      str(row["ideal_samples"]), str(row["ideal_forwarded_tokens"]))
+        table.add_row(
+            row["behaviours"],
+            str(row["sessions"]),
+            str(row["turns"]),
+            str(row["genuine_turns"]),
+            str(row["ideal_samples"]),
+            str(row["ideal_forwarded_tokens"]),
+        )
     return table

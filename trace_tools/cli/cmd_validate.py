@@ -5,6 +5,7 @@ Exit codes (DESIGN §10): 0 clean, or quarantine without `--strict` (reported, n
 handles that itself, so it behaves the same with or without main's error guard).
 Library and rich imports happen inside the command so `trace-tools --help` stays fast.
 """
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,12 +15,18 @@ SHOWN_ENTRIES = 20
 
 
 def validate_cmd(
-    dump: Annotated[Path, typer.Argument(help="A Parquet file, or a directory of Parquet files (searched recursively).")],
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", help="Also write the quarantine list to this Parquet file (quarantine.parquet columns).")] = None,
+    dump: Annotated[
+        Path, typer.Argument(help="A Parquet file, or a directory of Parquet files (searched recursively).")
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Option("--out", help="Also write the quarantine list to this Parquet file (quarantine.parquet columns)."),
+    ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when anything is quarantined.")] = False,
-    tokenizer: Annotated[Optional[str], typer.Option(
-        "--tokenizer", help="Tokenizer name or path for the out-of-vocab check (overrides the dump's).")] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option("--tokenizer", help="Tokenizer name or path for the out-of-vocab check (overrides the dump's)."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Validate a trace dump: count sessions and turns, list quarantined sessions with reasons.
@@ -47,10 +54,14 @@ def validate_cmd(
 
 def _data_warnings(report) -> list[str]:
     """Legal but counted (DESIGN §6): turn_index gaps (sessions) and empty generations (turns)."""
-    what = {"turn_index_gap": "session(s) with a turn_index gap (a dropped request?)",
-            "empty_generation": "turn(s) with an empty generation (no output_ids)"}
-    return [f"{count} {what.get(kind, kind)}, e.g. {report.warning_examples.get(kind, '?')}"
-            for kind, count in report.data_warnings.items()]
+    what = {
+        "turn_index_gap": "session(s) with a turn_index gap (a dropped request?)",
+        "empty_generation": "turn(s) with an empty generation (no output_ids)",
+    }
+    return [
+        f"{count} {what.get(kind, kind)}, e.g. {report.warning_examples.get(kind, '?')}"
+        for kind, count in report.data_warnings.items()
+    ]
 
 
 def _render(report, out: Optional[Path]) -> None:
@@ -103,8 +114,9 @@ def _entries_table(entries):
 
     table = Table(title="quarantine", title_justify="left")
     for name in ("session_id", "turn", "reason", "detail"):
-        table.add_column(name, overflow="fold", no_wrap=name in ("turn", "reason"),
-                         justify="right" if name == "turn" else "left")
+        table.add_column(
+            name, overflow="fold", no_wrap=name in ("turn", "reason"), justify="right" if name == "turn" else "left"
+        )
     for entry in entries:
         turn = "" if entry.turn_index is None else str(entry.turn_index)
         table.add_row(entry.session_id or "(none)", turn, entry.reason, entry.detail)
@@ -114,6 +126,8 @@ def _entries_table(entries):
 def _verdict(report) -> str:
     if report.clean:
         return "[green]clean[/green]: every session passed validation"
-    return (f"[red]{report.quarantined} of {report.sessions} sessions quarantined[/red]"
-            + (f", {report.unattributed} entries without a session" if report.unattributed else "")
-            + " (--strict makes this exit 1)")
+    return (
+        f"[red]{report.quarantined} of {report.sessions} sessions quarantined[/red]"
+        + (f", {report.unattributed} entries without a session" if report.unattributed else "")
+        + " (--strict makes this exit 1)"
+    )

@@ -3,6 +3,7 @@
 Command modules import only typer/pathlib at top level; library code (and with it pandas,
 tokenizers, torch for rescore) loads inside each command, so `trace-tools --help` stays fast.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,7 +16,7 @@ import typer
 app = typer.Typer(
     name="trace-tools",
     help="Offline trace replay and analysis for agent-RL rollout gateways: re-tokenization drift, forks, "
-         "loss-mask coverage by tool. `trace-tools COMMAND -h` shows a command's options and an example.",
+    "loss-mask coverage by tool. `trace-tools COMMAND -h` shows a command's options and an example.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -32,9 +33,14 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """The commands share `--version` and `-h`."""
+
 
 # (command name, module under trace_tools.cli, function) in the order `--help` lists them.
 COMMANDS = [

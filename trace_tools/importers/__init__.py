@@ -4,6 +4,7 @@ One module per format; each exposes `NAME`, `NEEDS_SESSION_KEY` and `outcomes(va
 options)`, which turns one parsed JSON value into `base.Outcome`s. `run.import_traces` streams
 the sources through a format and writes the dump plus its import quarantine.
 """
+
 from __future__ import annotations
 
 import importlib

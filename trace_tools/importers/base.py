@@ -6,11 +6,12 @@ by arrival order within the session), a rejected request (the server answered no
 malformed record with a reason from `IMPORT_REASONS`. Nothing here writes files; see
 `trace_tools.importers.run`.
 """
+
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,16 +22,16 @@ from trace_tools.data import Turn
 # Why a source record did not become a turn. Most mirror the loader's row reasons
 # (DESIGN §6) for the same faults; the rest exist only before schema v1.
 IMPORT_REASONS = (
-    "bad_json",            # a line or file that is not JSON, or JSON of the wrong shape
-    "missing_field",       # a field the format requires is absent or null
-    "wrong_type",          # a field of the wrong type (e.g. strings where token ids belong)
-    "empty_messages",      # no chat messages: schema v1 cannot replay a request without them
-    "logprobs_length",     # logprobs and output ids of different lengths
-    "bad_logprob",         # a NaN, infinite or positive logprob
-    "out_of_vocab",        # a token id outside the tokenizer's vocabulary
-    "count_mismatch",      # the engine's own token count disagrees with the ids it returned
-    "no_session",          # the record names no session (see --session-key)
-    "session_quarantined", # a sound record of a session that holds a malformed one
+    "bad_json",  # a line or file that is not JSON, or JSON of the wrong shape
+    "missing_field",  # a field the format requires is absent or null
+    "wrong_type",  # a field of the wrong type (e.g. strings where token ids belong)
+    "empty_messages",  # no chat messages: schema v1 cannot replay a request without them
+    "logprobs_length",  # logprobs and output ids of different lengths
+    "bad_logprob",  # a NaN, infinite or positive logprob
+    "out_of_vocab",  # a token id outside the tokenizer's vocabulary
+    "count_mismatch",  # the engine's own token count disagrees with the ids it returned
+    "no_session",  # the record names no session (see --session-key)
+    "session_quarantined",  # a sound record of a session that holds a malformed one
 )
 REJECTED = "rejected_request"  # the server refused the request (non-200): kept, counted, not a turn
 
@@ -76,7 +77,7 @@ class Options:
 SOURCE_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
-def source_files(sources: list[str | Path]) -> list[Path]:
+def source_files(sources: Sequence[str | Path]) -> list[Path]:
     """The files to read, in the order given; a directory contributes its JSON(L) files, sorted."""
     from trace_tools.errors import UnusableInput
 
@@ -130,6 +131,7 @@ def _parse(text: str) -> Any:
 
 
 # -- field access ----------------------------------------------------------------------------------
+
 
 def need(record: dict, name: str, kind: type | tuple[type, ...], where: str = "") -> Any:
     """`record[name]`, which must be present, non-null and of `kind`."""
@@ -210,8 +212,10 @@ def logprobs(value: Any, label: str, expected: int) -> list[float]:
 def messages(value: Any, label: str) -> list[dict]:
     """Chat messages: a non-empty array of objects, each with a string `role`."""
     if value is None or value == []:
-        raise BadRecord("empty_messages", f"{label} is {'missing' if value is None else 'empty'}; "
-                                          "schema v1 needs the chat messages of every request")
+        raise BadRecord(
+            "empty_messages",
+            f"{label} is {'missing' if value is None else 'empty'}; schema v1 needs the chat messages of every request",
+        )
     if not isinstance(value, list):
         raise BadRecord("wrong_type", f"{label} is a {type(value).__name__}, expected an array of messages")
     for position, message in enumerate(value):
@@ -240,8 +244,10 @@ def status_rejection(record: dict) -> str | None:
     status = record.get("status_code", 200)
     if status in (200, None):
         return None
-    error = next((v for path in ("response.error.message", "response.error", "response.detail")
-                  if (v := dotted(record, path))), None)
+    error = next(
+        (v for path in ("response.error.message", "response.error", "response.detail") if (v := dotted(record, path))),
+        None,
+    )
     text = error if isinstance(error, str) else json.dumps(error) if error else ""
     return f"status {status}" + (f": {text}" if text else "")
 
@@ -274,14 +280,16 @@ def attempt(session_id: str | None, where: str, record: dict, build: Any) -> Out
         return Outcome(session_id, where, reason=bad.reason, detail=bad.detail)
 
 
-def call_outcome(record: dict, where: str, options: Options, defaults: tuple[str, ...],
-                 build: Callable[[str], Turn]) -> Outcome:
+def call_outcome(
+    record: dict, where: str, options: Options, defaults: tuple[str, ...], build: Callable[[str], Turn]
+) -> Outcome:
     """A per-call record's outcome: its session (`--session-key`, else the first of `defaults`), then `build`."""
     session_id = session_of(record, options.session_key, defaults)
     if session_id is None:
         looked = f"header or field {options.session_key!r}" if options.session_key else f"fields {', '.join(defaults)}"
-        return Outcome(None, where, reason="no_session",
-                       detail=f"no session id ({looked}); pass --session-key naming it")
+        return Outcome(
+            None, where, reason="no_session", detail=f"no session id ({looked}); pass --session-key naming it"
+        )
     return attempt(session_id, where, record, lambda: build(session_id))
 
 

@@ -22,13 +22,25 @@ ids the engine sampled: agentcore's and slime's `TurnRecord` (`prompt_ids`, `out
 row's metadata. An empty `output_log_probs` means "not recorded" (TurnRecord's default). A call
 without `messages` cannot be replayed (the strategies route on messages) and is malformed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from trace_tools.importers.base import (
-    BadRecord, Options, Outcome, call_outcome, finish_reason, first_of, logprobs, make_turn, messages,
-    optional, scalars, timestamp, token_ids,
+    BadRecord,
+    Options,
+    Outcome,
+    call_outcome,
+    finish_reason,
+    first_of,
+    logprobs,
+    make_turn,
+    messages,
+    optional,
+    scalars,
+    timestamp,
+    token_ids,
 )
 
 NAME = "gateway-traces"
@@ -59,14 +71,19 @@ def _turn(call: dict, session_id: str, where: str, options: Options):
     prompt_name, prompt = found["prompt_ids"]
     response = found["response"][1]
     if response is not None and not isinstance(response, dict):
-        raise BadRecord("wrong_type", f"{found['response'][0]} is a {type(response).__name__}, expected a message object")
+        raise BadRecord(
+            "wrong_type", f"{found['response'][0]} is a {type(response).__name__}, expected a message object"
+        )
     reward = optional(call, "reward", (int, float))
     used = {name for name, _ in found.values()} | set(_KEPT)
     return make_turn(
-        session_id, messages=messages(found["messages"][1], found["messages"][0]), output_ids=output_ids,
+        session_id,
+        messages=messages(found["messages"][1], found["messages"][0]),
+        output_ids=output_ids,
         output_logprobs=logprobs(lps, lp_name, len(output_ids)) if lps else None,
         prompt_ids=None if prompt is None else token_ids(prompt, prompt_name, options.vocab_size),
-        tools=optional(call, "tools", list), response=response,
+        tools=optional(call, "tools", list),
+        response=response,
         finish_reason=finish_reason(found["finish_reason"][1]),
         request_id=optional(call, "request_id", str),
         started_at=timestamp(call.get("started_at"), "started_at"),

@@ -16,6 +16,7 @@ Output ids and logprobs come from `meta_info.output_token_logprobs`, the prompt 
 other than 200 is a rejected request. Records miles itself would refuse with a 502 (no
 `meta_info`, null `message.content`, `completion_tokens` disagreeing with the ids) are malformed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -31,8 +32,9 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     if "records" in value:
         yield from _document(value, where, options)
     else:
-        yield call_outcome(value, where, options, ("session_id",),
-                           lambda session_id: _turn(value, session_id, where, options))
+        yield call_outcome(
+            value, where, options, ("session_id",), lambda session_id: _turn(value, session_id, where, options)
+        )
 
 
 def _document(document: dict, where: str, options: Options) -> Iterator[Outcome]:
@@ -40,8 +42,12 @@ def _document(document: dict, where: str, options: Options) -> Iterator[Outcome]
     records = document.get("records")
     if session_id is None or not isinstance(records, list):
         problem = "no session_id" if session_id is None else "records is not an array"
-        yield Outcome(session_id, where, reason="no_session" if session_id is None else "wrong_type",
-                      detail=f"session document with {problem}")
+        yield Outcome(
+            session_id,
+            where,
+            reason="no_session" if session_id is None else "wrong_type",
+            detail=f"session document with {problem}",
+        )
         return
     for position, record in enumerate(records):
         here = f"{where} records[{position}]"
@@ -56,5 +62,14 @@ def _turn(record: dict, session_id: str, where: str, options: Options):
     message = need(first_choice(response), "message", dict, "response.choices[0]")
     if message.get("content") is None:
         raise BadRecord("missing_field", "response.choices[0].message.content is null (miles answers 502 for it)")
-    return exchange_turn(request, response, session_id, where, options, fmt=NAME, output_of=sglang_output,
-                         started=record.get("request_timestamp"), finished=record.get("timestamp"))
+    return exchange_turn(
+        request,
+        response,
+        session_id,
+        where,
+        options,
+        fmt=NAME,
+        output_of=sglang_output,
+        started=record.get("request_timestamp"),
+        finished=record.get("timestamp"),
+    )

@@ -17,6 +17,7 @@ Output ids and logprobs come from whichever engine wrote the response:
 Sessions are whatever the header or field named by `--session-key` says (see
 `base.session_of`). A non-200 `status_code` is a rejected request.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -25,8 +26,20 @@ from typing import Any
 
 from trace_tools.data import Turn
 from trace_tools.importers.base import (
-    BadRecord, Options, Outcome, call_outcome, dotted, finish_reason, logprobs, make_turn, messages, need,
-    optional, scalars, timestamp, token_ids,
+    BadRecord,
+    Options,
+    Outcome,
+    call_outcome,
+    dotted,
+    finish_reason,
+    logprobs,
+    make_turn,
+    messages,
+    need,
+    optional,
+    scalars,
+    timestamp,
+    token_ids,
 )
 
 NAME = "openai"
@@ -38,31 +51,53 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
 
 
 def _turn(exchange: dict, session_id: str, where: str, options: Options) -> Turn:
-    return exchange_turn(need(exchange, "request", dict), need(exchange, "response", dict), session_id, where,
-                         options, fmt=NAME, started=exchange.get("started_at"), finished=exchange.get("finished_at"))
+    return exchange_turn(
+        need(exchange, "request", dict),
+        need(exchange, "response", dict),
+        session_id,
+        where,
+        options,
+        fmt=NAME,
+        started=exchange.get("started_at"),
+        finished=exchange.get("finished_at"),
+    )
 
 
-def exchange_turn(request: dict, response: dict, session_id: str, where: str, options: Options, *, fmt: str,
-                  started: Any, finished: Any, output_of: Callable[..., EngineOutput] | None = None) -> Turn:
+def exchange_turn(
+    request: dict,
+    response: dict,
+    session_id: str,
+    where: str,
+    options: Options,
+    *,
+    fmt: str,
+    started: Any,
+    finished: Any,
+    output_of: Callable[..., EngineOutput] | None = None,
+) -> Turn:
     """The turn one chat-completion exchange describes (miles records are such exchanges too)."""
     choice = first_choice(response)
     output = (output_of or engine_output)(choice, response, options.vocab_size)
     prompt = request.get("input_ids") if request.get("input_ids") is not None else response.get("prompt_token_ids")
     return make_turn(
-        session_id, messages=messages(request.get("messages"), "request.messages"),
-        output_ids=output.ids, output_logprobs=output.logprobs,
+        session_id,
+        messages=messages(request.get("messages"), "request.messages"),
+        output_ids=output.ids,
+        output_logprobs=output.logprobs,
         prompt_ids=None if prompt is None else token_ids(prompt, "prompt ids", options.vocab_size),
         tools=optional(request, "tools", list, "request"),
         response=need(choice, "message", dict, "response.choices[0]"),
         finish_reason=finish_reason(choice.get("finish_reason")),
         request_id=optional(response, "id", str, "response"),
-        started_at=timestamp(started, "started_at"), finished_at=timestamp(finished, "finished_at"),
+        started_at=timestamp(started, "started_at"),
+        finished_at=timestamp(finished, "finished_at"),
         chat_template_kwargs=optional(request, "chat_template_kwargs", dict, "request"),
         metadata=output.metadata(fmt, where),
     )
 
 
 # -- engine outputs (shared with the miles importer) -----------------------------------------------
+
 
 @dataclass(slots=True)
 class EngineOutput:
@@ -92,15 +127,19 @@ def engine_output(choice: dict, response: dict, vocab_size: int | None) -> Engin
         return sglang_output(choice, response, vocab_size)
     if choice.get("token_ids") is not None:
         return _vllm_output(choice, response, vocab_size)
-    raise BadRecord("missing_field", "no output token ids: expected SGLang's choices[0].meta_info."
-                                     "output_token_logprobs or vLLM's choices[0].token_ids")
+    raise BadRecord(
+        "missing_field",
+        "no output token ids: expected SGLang's choices[0].meta_info."
+        "output_token_logprobs or vLLM's choices[0].token_ids",
+    )
 
 
 def sglang_output(choice: dict, response: dict, vocab_size: int | None) -> EngineOutput:
     meta = choice.get("meta_info") if isinstance(choice.get("meta_info"), dict) else response.get("meta_info")
     if not isinstance(meta, dict):
-        raise BadRecord("missing_field", "meta_info is missing (SGLang returns the output ids in "
-                                         "meta_info.output_token_logprobs)")
+        raise BadRecord(
+            "missing_field", "meta_info is missing (SGLang returns the output ids in meta_info.output_token_logprobs)"
+        )
     entries = need(meta, "output_token_logprobs", list, "meta_info")
     if any(not isinstance(e, list) or len(e) < 2 for e in entries):
         raise BadRecord("wrong_type", "meta_info.output_token_logprobs entries must be [logprob, token_id, ...]")
@@ -108,8 +147,10 @@ def sglang_output(choice: dict, response: dict, vocab_size: int | None) -> Engin
     values = logprobs([e[0] for e in entries], "meta_info.output_token_logprobs[*][0]", len(ids))
     count = meta.get("completion_tokens")
     if count is not None and count != len(ids):
-        raise BadRecord("count_mismatch", f"meta_info.completion_tokens is {count} but output_token_logprobs "
-                                          f"holds {len(ids)} tokens")
+        raise BadRecord(
+            "count_mismatch",
+            f"meta_info.completion_tokens is {count} but output_token_logprobs holds {len(ids)} tokens",
+        )
     return EngineOutput(ids, values, "sglang", scalars(meta))
 
 
@@ -124,6 +165,7 @@ def _vllm_output(choice: dict, response: dict, vocab_size: int | None) -> Engine
         values = logprobs(raw, "choices[0].logprobs.content[*].logprob", len(ids))
     count = dotted(response, "usage.completion_tokens")
     if isinstance(count, int) and count != len(ids):
-        raise BadRecord("count_mismatch", f"usage.completion_tokens is {count} but choices[0].token_ids "
-                                          f"holds {len(ids)} tokens")
+        raise BadRecord(
+            "count_mismatch", f"usage.completion_tokens is {count} but choices[0].token_ids holds {len(ids)} tokens"
+        )
     return EngineOutput(ids, values, "vllm", {})

@@ -16,11 +16,12 @@ rejected request (non-200) is not a turn; it keeps its arrival position, so the 
 written, one JSON object a line, to the *import quarantine* next to the dump
 (`<dump>.quarantine.jsonl`: `source`, `session_id`, `turn_index`, `reason`, `detail`).
 """
+
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,26 @@ class ImportReport:
         return self.quarantined_records == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in (
-            "format", "out", "quarantine_file", "files", "records", "turns", "sessions", "rejected_requests",
-            "quarantined_records", "quarantined_sessions", "by_reason", "vocab_size", "tokenizer", "chat_template",
-            "warnings")} | {"vocab_checked": self.vocab_size is not None}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "format",
+                "out",
+                "quarantine_file",
+                "files",
+                "records",
+                "turns",
+                "sessions",
+                "rejected_requests",
+                "quarantined_records",
+                "quarantined_sessions",
+                "by_reason",
+                "vocab_size",
+                "tokenizer",
+                "chat_template",
+                "warnings",
+            )
+        } | {"vocab_checked": self.vocab_size is not None}
 
 
 @dataclass(slots=True)
@@ -87,9 +104,17 @@ class _SessionCount:
         return self.malformed == 0
 
 
-def import_traces(fmt: str, sources: list[str | Path], out: str | Path, *, tokenizer: str | None = None,
-                  chat_template: str | None = None, session_key: str | None = None,
-                  row_group_rows: int = 256, progress: Callable[[int, int], None] | None = None) -> ImportReport:
+def import_traces(
+    fmt: str,
+    sources: Sequence[str | Path],
+    out: str | Path,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    session_key: str | None = None,
+    row_group_rows: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> ImportReport:
     """Convert `sources` in format `fmt` into the schema-v1 dump `out` (see the module docstring).
 
     `tokenizer` and `chat_template` (a name, `trl:<name>`, a `.jinja` file or a dump that embeds
@@ -101,8 +126,10 @@ def import_traces(fmt: str, sources: list[str | Path], out: str | Path, *, token
 
     module = get_format(fmt)
     if module.NEEDS_SESSION_KEY and not session_key:
-        raise UnusableInput(f"{fmt} logs carry no session id of their own; pass --session-key NAME "
-                            "(a request header such as x-session-id, or a field such as request.user)")
+        raise UnusableInput(
+            f"{fmt} logs carry no session id of their own; pass --session-key NAME "
+            "(a request header such as x-session-id, or a field such as request.user)"
+        )
     out = Path(out)
     files = [f for f in source_files(sources) if f.resolve() != quarantine_path(out).resolve()]  # an earlier run's
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
@@ -121,8 +148,8 @@ def quarantine_path(out: Path) -> Path:
 
 def _recording_meta(report: ImportReport, tokenizer: str | None, chat_template: str | None) -> DumpMeta:
     from trace_tools.errors import TemplateNotFound
-    from trace_tools.render.templates import resolve_template
     from trace_tools.io.vocab import vocab_size_for
+    from trace_tools.render.templates import resolve_template
 
     report.vocab_size = vocab_size_for(tokenizer)
     if tokenizer and report.vocab_size is None:
@@ -181,25 +208,43 @@ def _census(outcomes: Iterator[Outcome], report: ImportReport) -> dict[str, _Ses
 def _census_meta(report: ImportReport, files: list[Path]) -> dict[str, Any]:
     """What `trace_tools.import` records: the format, the sources and every count."""
     shown = [str(f) for f in files[:MAX_LISTED_FILES]]
-    return {"format": report.format, "files": len(files), "sources": shown, "records": report.records,
-            "turns": report.turns, "sessions": report.sessions, "rejected_requests": report.rejected_requests,
-            "quarantined_records": report.quarantined_records, "quarantined_sessions": report.quarantined_sessions,
-            "quarantined_by_reason": report.by_reason, "vocab_checked": report.vocab_size is not None,
-            "quarantine_file": Path(report.quarantine_file).name}
+    return {
+        "format": report.format,
+        "files": len(files),
+        "sources": shown,
+        "records": report.records,
+        "turns": report.turns,
+        "sessions": report.sessions,
+        "rejected_requests": report.rejected_requests,
+        "quarantined_records": report.quarantined_records,
+        "quarantined_sessions": report.quarantined_sessions,
+        "quarantined_by_reason": report.by_reason,
+        "vocab_checked": report.vocab_size is not None,
+        "quarantine_file": Path(report.quarantine_file).name,
+    }
 
 
-def _write(outcomes: Iterator[Outcome], sessions: dict[str, _SessionCount], out: Path, meta: DumpMeta,
-           report: ImportReport, row_group_rows: int, progress: Callable[[int, int], None] | None) -> None:
+def _write(
+    outcomes: Iterator[Outcome],
+    sessions: dict[str, _SessionCount],
+    out: Path,
+    meta: DumpMeta,
+    report: ImportReport,
+    row_group_rows: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
     """Pass 2: rows of sound sessions into the dump, everything else into the import quarantine."""
     done = 0
-    with dump_writer(out, meta, row_group_rows=row_group_rows) as dump, \
-            atomic_open(report.quarantine_file, "w") as quarantine:
+    with (
+        dump_writer(out, meta, row_group_rows=row_group_rows) as dump,
+        atomic_open(report.quarantine_file, "w") as quarantine,
+    ):
         for outcome in outcomes:
-            count = sessions.get(outcome.session_id)
+            count = None if outcome.session_id is None else sessions.get(outcome.session_id)
             position = None
             if count is not None:
                 position, count.seen = count.seen, count.seen + 1
-            if outcome.turn is not None and count is not None and count.sound:
+            if outcome.turn is not None and count is not None and position is not None and count.sound:
                 outcome.turn.turn_index = position
                 dump.write(outcome.turn)
             else:
@@ -208,8 +253,10 @@ def _write(outcomes: Iterator[Outcome], sessions: dict[str, _SessionCount], out:
             if progress and (done % PROGRESS_EVERY == 0 or done == report.records):
                 progress(done, report.records)
         if dump.rows != report.turns:  # both passes convert the same bytes the same way; abort the write
-            raise UnusableInput(f"the sources changed while importing ({dump.rows} turns written, "
-                                f"{report.turns} counted); import again from a stable copy")
+            raise UnusableInput(
+                f"the sources changed while importing ({dump.rows} turns written, "
+                f"{report.turns} counted); import again from a stable copy"
+            )
 
 
 def _entry(outcome: Outcome, position: int | None, count: _SessionCount | None) -> dict[str, Any]:
@@ -219,5 +266,10 @@ def _entry(outcome: Outcome, position: int | None, count: _SessionCount | None) 
         reason, detail = "session_quarantined", f"its session holds a malformed record ({count.first_problem})"
     else:
         reason, detail = REJECTED, outcome.rejected or ""
-    return {"source": outcome.where, "session_id": outcome.session_id, "turn_index": position,
-            "reason": reason, "detail": detail}
+    return {
+        "source": outcome.where,
+        "session_id": outcome.session_id,
+        "turn_index": position,
+        "reason": reason,
+        "detail": detail,
+    }

@@ -5,6 +5,7 @@ text (TRL's `qwen3.jinja` and `qwen3_5_think.jinja`). DESIGN §10 makes those em
 the defaults for `qwen3` / `qwen3.5` where `trl` is not installed, so a plain `pip install .`
 can simulate, render and replay without the `templates` extra.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -18,6 +18,7 @@ The prompt region is `tokens[:len(tokens) - response_length]`. Rows stream throu
 time; Parquet output is written row group by row group, JSON lines one sample a line (there
 `metadata` is an object, in Parquet a JSON string). Files appear atomically.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,20 +35,31 @@ from trace_tools.errors import UnknownName, UnusableInput
 from trace_tools.io.write import atomic_open
 
 FORMATS = ("parquet", "jsonl")
-SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "token_ids", "response_length", "loss_mask", "logprobs",
-                  "source_turn", "reward"]
-EXPORT_SCHEMA = pa.schema([
-    pa.field("tokens", pa.list_(pa.int32())),
-    pa.field("loss_mask", pa.list_(pa.int8())),
-    pa.field("rollout_log_probs", pa.list_(pa.float64())),
-    pa.field("response_length", pa.int32()),
-    pa.field("reward", pa.float64()),
-    pa.field("session_id", pa.string()),
-    pa.field("strategy", pa.string()),
-    pa.field("sample_index", pa.int32()),
-    pa.field("turn_of_token", pa.list_(pa.int32())),
-    pa.field("metadata", pa.string()),
-])
+SAMPLE_COLUMNS = [
+    "strategy",
+    "session_id",
+    "sample_index",
+    "token_ids",
+    "response_length",
+    "loss_mask",
+    "logprobs",
+    "source_turn",
+    "reward",
+]
+EXPORT_SCHEMA = pa.schema(
+    [
+        pa.field("tokens", pa.list_(pa.int32())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("rollout_log_probs", pa.list_(pa.float64())),
+        pa.field("response_length", pa.int32()),
+        pa.field("reward", pa.float64()),
+        pa.field("session_id", pa.string()),
+        pa.field("strategy", pa.string()),
+        pa.field("sample_index", pa.int32()),
+        pa.field("turn_of_token", pa.list_(pa.int32())),
+        pa.field("metadata", pa.string()),
+    ]
+)
 BATCH_ROWS = 64
 
 
@@ -110,18 +122,25 @@ def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:
     tokens, mask, logprobs = sample["token_ids"], sample["loss_mask"], sample["logprobs"]
     length = sample["response_length"]
     if not (len(mask) == len(logprobs) == length <= len(tokens) == len(sample["source_turn"])):
-        raise UnusableInput(f"sample {sample['sample_index']} of session {sample['session_id']} is inconsistent "
-                            "(mask, logprobs, response_length and token counts disagree); replay the run again")
-    region = sample["source_turn"][len(tokens) - length:]
+        raise UnusableInput(
+            f"sample {sample['sample_index']} of session {sample['session_id']} is inconsistent "
+            "(mask, logprobs, response_length and token counts disagree); replay the run again"
+        )
+    region = sample["source_turn"][len(tokens) - length :]
     trained_turns = sorted({turn for turn, m in zip(region, mask) if m and turn >= 0})
     metadata = json.loads(sample.get("metadata") or "{}")
     metadata["trace_tools"] = {"run": run_name, "trained_turns": trained_turns}
     return {
-        "tokens": tokens, "loss_mask": mask,
+        "tokens": tokens,
+        "loss_mask": mask,
         "rollout_log_probs": [lp if m else 0.0 for lp, m in zip(logprobs, mask)],
-        "response_length": length, "reward": sample["reward"], "session_id": sample["session_id"],
-        "strategy": sample["strategy"], "sample_index": sample["sample_index"],
-        "turn_of_token": sample["source_turn"], "metadata": json.dumps(metadata, sort_keys=True),
+        "response_length": length,
+        "reward": sample["reward"],
+        "session_id": sample["session_id"],
+        "strategy": sample["strategy"],
+        "sample_index": sample["sample_index"],
+        "turn_of_token": sample["source_turn"],
+        "metadata": json.dumps(metadata, sort_keys=True),
     }
 
 
@@ -153,4 +172,3 @@ def read_export(path: str | Path) -> list[dict[str, Any]]:
     for row in rows:
         row["metadata"] = json.loads(row["metadata"])
     return rows
-

@@ -30,6 +30,7 @@ holding its rows, or one per duplicated `turn_index`. Every input session ends u
 or quarantined. Rows that cannot be attributed to a session (null `session_id`, or a file
 without that column) get one entry per file with `session_id` None.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,6 +83,7 @@ class LoadedDump:
 # ---------------------------------------------------------------------------------------------
 # Files and metadata
 
+
 def find_files(path: str | Path) -> list[Path]:
     """The Parquet files of a dump: the file itself, or every `*.parquet` under a directory, sorted."""
     root = Path(path).expanduser()
@@ -99,8 +101,7 @@ def find_files(path: str | Path) -> list[Path]:
 
 def _unreadable(path: Path, error: Exception) -> UnusableInput:
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return UnusableInput(f"{path} is not a readable Parquet file ({reason}); "
-                         "re-export it or remove it from the dump")
+    return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
 
 
 def _read_schema(path: Path) -> tuple[pa.Schema, int]:
@@ -128,7 +129,7 @@ def _trace_tools_keys(schema: pa.Schema) -> dict[str, str]:
     for key, value in (schema.metadata or {}).items():
         key = key.decode("utf-8", "replace")
         if key.startswith(META_PREFIX):
-            found[key[len(META_PREFIX):]] = value.decode("utf-8", "replace")
+            found[key[len(META_PREFIX) :]] = value.decode("utf-8", "replace")
     return found
 
 
@@ -143,9 +144,11 @@ def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, s
             if key not in merged:
                 merged[key], source[key] = value, label
             elif merged[key] != value and key not in warnings:
-                warnings[key] = (f"files disagree on {META_PREFIX}{key}: {source[key]} has {short(merged[key])}, "
-                                 f"{label} has {short(value)}; each session keeps its own file's value "
-                                 f"(dump-level summaries show {source[key]}'s)")
+                warnings[key] = (
+                    f"files disagree on {META_PREFIX}{key}: {source[key]} has {short(merged[key])}, "
+                    f"{label} has {short(value)}; each session keeps its own file's value "
+                    f"(dump-level summaries show {source[key]}'s)"
+                )
     return merged, list(warnings.values())
 
 
@@ -154,7 +157,9 @@ def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMe
     known = {name: keys.get(name) for name in META_FIELDS}
     extra = {key: value for key, value in keys.items() if key not in META_FIELDS}
     meta = DumpMeta(**known, extra=extra)
-    return dataclasses.replace(meta, **{k: v for k, v in overrides.items() if v is not None})
+    # Any: mypy checks `**` values against every field, `extra` included; these keys are str options.
+    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(meta, **chosen)
 
 
 def _schema_warnings(meta: DumpMeta) -> list[str]:
@@ -182,6 +187,7 @@ def _vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # Session checks (rows are checked in `trace_tools.io.rows`)
 
+
 def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
     """(turn_index, detail) for every turn_index that occurs more than once in a session."""
     counts = Counter(turn.turn_index for turn in turns)
@@ -207,7 +213,9 @@ def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[st
     ok = []
     for name in ("output_ids", "prompt_ids"):
         index = batch.schema.get_field_index(name)
-        if index < 0 or not (pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)):
+        if index < 0 or not (
+            pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)
+        ):
             continue
         values = batch.column(index).flatten()
         if values.null_count or not pa.types.is_integer(values.type):
@@ -257,14 +265,14 @@ def _int_objects(size: int) -> Any:
 def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
     columns = [
-        column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column
-        for column in batch.columns
+        column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column for column in batch.columns
     ]
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 # ---------------------------------------------------------------------------------------------
 # The two passes
+
 
 @dataclass
 class _FileInfo:
@@ -298,9 +306,17 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     generations) and `warning_examples` names one of each.
     """
 
-    def __init__(self, path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
-                 history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None,
-                 columns: Iterable[str] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        tokenizer: str | None = None,
+        chat_template: str | None = None,
+        history_mode: str | None = None,
+        harness: str | None = None,
+        vocab_size: int | None = None,
+        columns: Iterable[str] | None = None,
+    ):
         root = Path(path).expanduser()
         # Only the columns a command needs are read (the required ones always); validation covers those.
         self._wanted = None if columns is None else set(columns) | set(REQUIRED)
@@ -317,8 +333,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         self.vocab_checked = all(bound is not None for bound in self._file_vocab)
         for meta, bound in zip(self._file_meta, self._file_vocab):
             if bound is None and meta.tokenizer:
-                self.warnings.append(f"vocabulary size of tokenizer {meta.tokenizer!r} is unknown; "
-                                     "out-of-vocab check skipped (pass vocab_size or a local tokenizer)")
+                self.warnings.append(
+                    f"vocabulary size of tokenizer {meta.tokenizer!r} is unknown; "
+                    "out-of-vocab check skipped (pass vocab_size or a local tokenizer)"
+                )
                 break
         self._spans: dict[str, _Span] = {}
         self._parsers: dict[str, HistoryParser] = {}  # per open session
@@ -366,9 +384,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def _index_file(self, number: int, info: _FileInfo) -> None:
         """Pass 1 for one file: record each session's first/last row and the file's schema problems."""
         if "session_id" not in info.columns:
-            self._unattributed.append(QuarantineEntry(
-                None, None, "missing_column",
-                f"{info.label}: required column session_id is missing; its {info.rows} rows belong to no session"))
+            self._unattributed.append(
+                QuarantineEntry(
+                    None,
+                    None,
+                    "missing_column",
+                    f"{info.label}: required column session_id is missing; its {info.rows} rows belong to no session",
+                )
+            )
             return
         seen_here: dict[str, None] = {}
         orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": []}  # null / empty session_id
@@ -381,16 +404,22 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                 else:
                     self._note_row(session_id, number, row, seen_here)
                     if isinstance(value, BadText) and not self._spans[session_id].problems:
-                        self._spans[session_id].problems.append(QuarantineEntry(
-                            session_id, None, "bad_text", f"{info.label} row {row}: session_id is not valid UTF-8"))
+                        self._spans[session_id].problems.append(
+                            QuarantineEntry(
+                                session_id, None, "bad_text", f"{info.label} row {row}: session_id is not valid UTF-8"
+                            )
+                        )
                 row += 1
         self._note_file_problems(info, seen_here)
         for reason, rows in orphans.items():
             if rows:
                 shown = ", ".join(map(str, rows[:5])) + (", …" if len(rows) > 5 else "")
                 what = "null" if reason == "missing_column" else "empty"
-                self._unattributed.append(QuarantineEntry(
-                    None, None, reason, f"{info.label}: {what} session_id in {len(rows)} rows (rows {shown})"))
+                self._unattributed.append(
+                    QuarantineEntry(
+                        None, None, reason, f"{info.label}: {what} session_id in {len(rows)} rows (rows {shown})"
+                    )
+                )
 
     def _note_row(self, session_id: str, number: int, row: int, seen_here: dict[str, None]) -> None:
         span = self._spans.get(session_id)
@@ -440,8 +469,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                 row += 1
             yield row
 
-    def _take_row(self, record: dict[str, Any], where: str, buffers: dict[str, list[Turn]],
-                  vocab_size: int | None, ids_checked: frozenset[str] = frozenset()) -> None:
+    def _take_row(
+        self,
+        record: dict[str, Any],
+        where: str,
+        buffers: dict[str, list[Turn]],
+        vocab_size: int | None,
+        ids_checked: frozenset[str] = frozenset(),
+    ) -> None:
         session_id = session_key(record["session_id"])
         if session_id is None:
             return  # reported per file by pass 1
@@ -465,8 +500,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         self._parsers.pop(session_id, None)
         if not span.problems:
             turns.sort(key=lambda turn: turn.turn_index)
-            span.problems = [QuarantineEntry(session_id, index, "duplicate_turn", detail)
-                             for index, detail in _duplicates(turns, f"session {session_id}")]
+            span.problems = [
+                QuarantineEntry(session_id, index, "duplicate_turn", detail)
+                for index, detail in _duplicates(turns, f"session {session_id}")
+            ]
         if span.problems:
             yield from span.problems
             span.problems = []  # the session is done; release its entries
@@ -500,33 +537,72 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         return None
 
 
-def iter_sessions(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
-                  history_mode: str | None = None, harness: str | None = None,
-                  vocab_size: int | None = None, columns: Iterable[str] | None = None) -> SessionStream:
+def iter_sessions(
+    path: str | Path,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    history_mode: str | None = None,
+    harness: str | None = None,
+    vocab_size: int | None = None,
+    columns: Iterable[str] | None = None,
+) -> SessionStream:
     """Stream a dump: yields each valid `Session` and each `QuarantineEntry` (see `SessionStream`).
 
     Keyword options override the dump's `trace_tools.*` metadata (as command-line options do).
     Raises `UnusableInput` for a path that is not a readable dump.
     """
-    return SessionStream(path, tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode,
-                         harness=harness, vocab_size=vocab_size, columns=columns)
+    return SessionStream(
+        path,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        history_mode=history_mode,
+        harness=harness,
+        vocab_size=vocab_size,
+        columns=columns,
+    )
 
 
-def load(path: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
-         history_mode: str | None = None, harness: str | None = None, vocab_size: int | None = None) -> LoadedDump:
+def load(
+    path: str | Path,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    history_mode: str | None = None,
+    harness: str | None = None,
+    vocab_size: int | None = None,
+) -> LoadedDump:
     """Load a whole dump: valid sessions and quarantine entries, both in input order (first row).
 
     The keyword options override the dump's metadata; `vocab_size` overrides the tokenizer's
     vocabulary size for the out-of-vocab check. Raises `UnusableInput` for unusable input.
     """
-    stream = iter_sessions(path, tokenizer=tokenizer, chat_template=chat_template, history_mode=history_mode,
-                           harness=harness, vocab_size=vocab_size)
+    stream = iter_sessions(
+        path,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        history_mode=history_mode,
+        harness=harness,
+        vocab_size=vocab_size,
+    )
     sessions: list[Session] = []
     quarantine: list[QuarantineEntry] = []
     for item in stream:
-        (sessions if isinstance(item, Session) else quarantine).append(item)
+        if isinstance(item, Session):
+            sessions.append(item)
+        else:
+            quarantine.append(item)
     sessions.sort(key=lambda session: stream.position(session.session_id))
     quarantine.sort(key=lambda e: -1 if e.session_id is None else stream.position(e.session_id))
-    return LoadedDump(sessions, quarantine, stream.meta, stream.files, stream.rows, stream.vocab_checked,
-                      vocab_size=stream.vocab_size, session_count=stream.session_count, warnings=stream.warnings,
-                      data_warnings=dict(stream.data_warnings))
+    return LoadedDump(
+        sessions,
+        quarantine,
+        stream.meta,
+        stream.files,
+        stream.rows,
+        stream.vocab_checked,
+        vocab_size=stream.vocab_size,
+        session_count=stream.session_count,
+        warnings=stream.warnings,
+        data_warnings=dict(stream.data_warnings),
+    )

@@ -10,6 +10,7 @@ NaN, infinite or positive (`bad_logprob`), on top of the schema checks.
 `text_values` / `records` read string cells so that one cell of invalid UTF-8 becomes a `BadText`
 value (its row is quarantined) instead of an exception that would lose the whole file.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,6 +52,7 @@ class BadText:
 # ---------------------------------------------------------------------------------------------
 # Reading string cells without losing the file to one bad byte
 
+
 def text_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     """A string column's values; a cell of invalid UTF-8 becomes `BadText` instead of raising."""
     try:
@@ -90,6 +92,7 @@ def _as_binary(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray
 # ---------------------------------------------------------------------------------------------
 # One row
 
+
 class HistoryParser:
     """`json.loads` for one session's `messages` and `tools` cells, reusing the previous row's parse.
 
@@ -124,7 +127,7 @@ class HistoryParser:
         body = self._body
         if not body or len(body) < 2 or not text.startswith(body):
             return None
-        rest = text[len(body):].lstrip()
+        rest = text[len(body) :].lstrip()
         if not rest.startswith(","):
             return None
         try:
@@ -134,8 +137,12 @@ class HistoryParser:
         return self._value + tail if isinstance(tail, list) else None
 
 
-def turn_from_record(record: dict[str, Any], vocab_size: int | None, parser: HistoryParser | None = None,
-                     ids_checked: frozenset[str] = frozenset()) -> Turn:
+def turn_from_record(
+    record: dict[str, Any],
+    vocab_size: int | None,
+    parser: HistoryParser | None = None,
+    ids_checked: frozenset[str] = frozenset(),
+) -> Turn:
     """Validate one row (already typed by Arrow) and build its Turn, or raise BadRow.
 
     `parser` is the session's `HistoryParser`; `ids_checked` names the token-id columns whose whole
@@ -149,29 +156,40 @@ def turn_from_record(record: dict[str, Any], vocab_size: int | None, parser: His
     messages = _messages(record, parser or json.loads)
     output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked) or []  # not null
     logprobs = _logprobs(record, len(output_ids))
-    values = {name: _json_value(record, name, kind, parser.tools if parser and name == "tools" else json.loads)
-              for name, kind in _JSON_COLUMNS}
+    values = {
+        name: _json_value(record, name, kind, parser.tools if parser and name == "tools" else json.loads)
+        for name, kind in _JSON_COLUMNS
+    }
     _check_tools(values["tools"])
     if values["response"] is not None:
         _check_message(values["response"], "response", need_role=False)
     reward = record.get("reward")
     return Turn(
-        session_id=str(record["session_id"]), turn_index=int(record["turn_index"]), messages=messages,
-        output_ids=output_ids, tools=values["tools"], output_logprobs=logprobs,
+        session_id=str(record["session_id"]),
+        turn_index=int(record["turn_index"]),
+        messages=messages,
+        output_ids=output_ids,
+        tools=values["tools"],
+        output_logprobs=logprobs,
         prompt_ids=_token_ids(record, "prompt_ids", vocab_size, "prompt_ids" in ids_checked),
         response=values["response"],
-        finish_reason=record.get("finish_reason"), request_id=record.get("request_id"),
-        started_at=record.get("started_at"), finished_at=record.get("finished_at"),
+        finish_reason=record.get("finish_reason"),
+        request_id=record.get("request_id"),
+        started_at=record.get("started_at"),
+        finished_at=record.get("finished_at"),
         chat_template_kwargs=values["chat_template_kwargs"],
-        reward=None if reward is None else float(reward), metadata=values["metadata"],
+        reward=None if reward is None else float(reward),
+        metadata=values["metadata"],
     )
 
 
 def _check_text(record: dict[str, Any]) -> None:
     for name, value in record.items():
         if isinstance(value, BadText):
-            raise BadRow("bad_text", f"{name} is not valid UTF-8 (byte {value.offset}: "
-                                     f"{value.raw[value.offset:value.offset + 4]!r})")
+            raise BadRow(
+                "bad_text",
+                f"{name} is not valid UTF-8 (byte {value.offset}: {value.raw[value.offset : value.offset + 4]!r})",
+            )
 
 
 def short(value: str, limit: int = 40) -> str:
@@ -186,8 +204,11 @@ def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callab
     try:
         value = parse(text)
     except ValueError as error:
-        raise BadRow("bad_json", f"{name} is not valid JSON ({getattr(error, 'msg', error)} "
-                                 f"at char {getattr(error, 'pos', '?')}): {short(text)}") from None
+        raise BadRow(
+            "bad_json",
+            f"{name} is not valid JSON ({getattr(error, 'msg', error)} "
+            f"at char {getattr(error, 'pos', '?')}): {short(text)}",
+        ) from None
     if value is not None and not isinstance(value, expected):
         kind = "array" if expected is list else "object"
         raise BadRow("bad_json", f"{name} holds a JSON {type(value).__name__}, not a JSON {kind} or null")
@@ -202,8 +223,9 @@ def _check_surrogates(value: Any, where: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise BadRow("bad_text", f"{where} holds a lone surrogate {value[error.start]!r} "
-                                     f"at char {error.start}") from None
+            raise BadRow(
+                "bad_text", f"{where} holds a lone surrogate {value[error.start]!r} at char {error.start}"
+            ) from None
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_surrogates(key, where)
@@ -241,8 +263,9 @@ def _check_message(message: dict[str, Any], where: str, need_role: bool = True) 
         if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
             raise BadRow("bad_message", f"{where}.tool_calls[{position}] has no function name")
         if not isinstance(function.get("arguments"), (str, dict, type(None))):
-            raise BadRow("bad_message",
-                         f"{where}.tool_calls[{position}].function.arguments is neither text nor an object")
+            raise BadRow(
+                "bad_message", f"{where}.tool_calls[{position}].function.arguments is neither text nor an object"
+            )
 
 
 def _check_tools(tools: list[Any] | None) -> None:
@@ -278,6 +301,8 @@ def _logprobs(record: dict[str, Any], outputs: int) -> list[float] | None:
     if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):  # a NaN or inf makes the sum so
         bad = next(((i, v) for i, v in enumerate(logprobs) if not (v <= 0.0 and math.isfinite(v))), None)
         if bad is not None:
-            raise BadRow("bad_logprob", f"output_logprobs[{bad[0]}] = {bad[1]} is not a log-probability "
-                                        "(NaN, infinite or positive)")
+            raise BadRow(
+                "bad_logprob",
+                f"output_logprobs[{bad[0]}] = {bad[1]} is not a log-probability (NaN, infinite or positive)",
+            )
     return logprobs

@@ -13,6 +13,7 @@ written atomically with a completion marker, so a rerun with the same options an
 resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
 streams shard by shard (samples row group by row group), so it never holds a whole table.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,21 +32,41 @@ from trace_tools.errors import TraceToolsError, UnusableInput
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 TABLES = (*SMALL_TABLES, "samples")
-SAMPLES_SCHEMA = pa.schema([
-    ("strategy", pa.string()), ("session_id", pa.string()), ("sample_index", pa.int32()),
-    ("token_ids", pa.list_(pa.int32())), ("response_length", pa.int32()), ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float64())), ("source_turn", pa.list_(pa.int32())), ("reward", pa.float64()),
-    ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
-])
-DRIFT_SCHEMA = pa.schema([
-    ("session_id", pa.string()), ("turn_index", pa.int32()), ("echo_turn", pa.int32()),
-    ("cause", pa.string()), ("causes", pa.list_(pa.string())), ("token_drift", pa.bool_()),
-    ("divergence", pa.int32()), ("served_len", pa.int32()), ("prompt_len", pa.int32()),
-    ("message_diff", pa.list_(pa.string())), ("window_start", pa.int32()),
-    ("shared_ids", pa.list_(pa.int32())), ("served_ids", pa.list_(pa.int32())), ("rendered_ids", pa.list_(pa.int32())),
-    ("shared_tokens", pa.list_(pa.string())), ("served_tokens", pa.list_(pa.string())),
-    ("rendered_tokens", pa.list_(pa.string())),
-])
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("strategy", pa.string()),
+        ("session_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("response_length", pa.int32()),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("source_turn", pa.list_(pa.int32())),
+        ("reward", pa.float64()),
+        ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
+    ]
+)
+DRIFT_SCHEMA = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("echo_turn", pa.int32()),
+        ("cause", pa.string()),
+        ("causes", pa.list_(pa.string())),
+        ("token_drift", pa.bool_()),
+        ("divergence", pa.int32()),
+        ("served_len", pa.int32()),
+        ("prompt_len", pa.int32()),
+        ("message_diff", pa.list_(pa.string())),
+        ("window_start", pa.int32()),
+        ("shared_ids", pa.list_(pa.int32())),
+        ("served_ids", pa.list_(pa.int32())),
+        ("rendered_ids", pa.list_(pa.int32())),
+        ("shared_tokens", pa.list_(pa.string())),
+        ("served_tokens", pa.list_(pa.string())),
+        ("rendered_tokens", pa.list_(pa.string())),
+    ]
+)
 QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reason": pa.string(), "detail": pa.string()}
 
 
@@ -94,7 +115,7 @@ class ShardWriter:
 
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
-        self.rows = {name: [] for name in SMALL_TABLES}
+        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
         self.renderers: dict[str, dict] = {}
         self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")
@@ -114,8 +135,10 @@ class ShardWriter:
 
         for name, records in self.rows.items():
             write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
-        write_json_atomic({"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
-                          Path(f"{self.base}.meta.json"))
+        write_json_atomic(
+            {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
+            Path(f"{self.base}.meta.json"),
+        )
         if self._samples is not None:
             self._samples.close()
             os.chmod(self._samples_tmp, 0o644)
@@ -136,8 +159,7 @@ def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, An
     for name in SMALL_TABLES:
         parts = _shard_files(run_dir, name, shards)
         if name == "quarantine":
-            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))),
-                     *parts]
+            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))), *parts]
         _concat_write(parts, run_dir / f"{name}.parquet")
     if write_samples:
         _stream_samples(_shard_paths(run_dir, "samples", shards), run_dir / "samples.parquet")
@@ -215,8 +237,10 @@ def require_run(run_dir: str | Path) -> Path:
     """A finished run directory, or a clear error naming the fix."""
     path = Path(run_dir)
     if not (path / "summary.json").is_file():
-        raise TraceToolsError(f"{path} is not a finished run directory (no summary.json); "
-                              f"run `trace-tools replay DUMP --out {path}` first")
+        raise TraceToolsError(
+            f"{path} is not a finished run directory (no summary.json); "
+            f"run `trace-tools replay DUMP --out {path}` first"
+        )
     return path
 
 

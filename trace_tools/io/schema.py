@@ -6,6 +6,7 @@ zone. DESIGN §10 says such *compatible* physical types are accepted; only an in
 (strings where token ids belong, a float `turn_index`) is a `wrong_type`. `check_field` decides
 that for one column of one file; values are checked row by row in `trace_tools.io.load`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,17 @@ ARROW_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in
 
 # Fixed vocabulary of quarantine reasons (DESIGN §6). `replay_error` is the engine's.
 REASONS = (
-    "missing_column", "wrong_type", "bad_json", "logprobs_length", "out_of_vocab",
-    "duplicate_turn", "negative_turn", "empty_messages", "bad_text", "bad_message", "bad_logprob",
+    "missing_column",
+    "wrong_type",
+    "bad_json",
+    "logprobs_length",
+    "out_of_vocab",
+    "duplicate_turn",
+    "negative_turn",
+    "empty_messages",
+    "bad_text",
+    "bad_message",
+    "bad_logprob",
     "replay_error",
 )
 # Legal but counted (DESIGN §6): sessions with a turn_index gap, turns with an empty generation.
@@ -79,8 +89,10 @@ def _never(t: pa.DataType) -> bool:
 
 # View types arrived in pyarrow 16; the project supports 15.
 _is_string_view = getattr(pa.types, "is_string_view", _never)
-_LIST_TESTS = tuple(getattr(pa.types, name, _never) for name in (
-    "is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view"))
+_LIST_TESTS = tuple(
+    getattr(pa.types, name, _never)
+    for name in ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view")
+)
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -113,9 +125,13 @@ _COMPATIBLE: dict[str, Callable[[pa.DataType], bool]] = {
     FLOAT: lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
 }
 _EXPECTED = {
-    STRING: "string", JSON_ARRAY: "string holding a JSON array", JSON_OBJECT: "string holding a JSON object",
-    INT: "an integer type (int32)", TOKEN_IDS: "a list of integers (list<int32>)",
-    LOGPROBS: "a list of floats (list<float32>)", TIMESTAMP: "timestamp (timestamp[us, UTC])",
+    STRING: "string",
+    JSON_ARRAY: "string holding a JSON array",
+    JSON_OBJECT: "string holding a JSON object",
+    INT: "an integer type (int32)",
+    TOKEN_IDS: "a list of integers (list<int32>)",
+    LOGPROBS: "a list of floats (list<float32>)",
+    TIMESTAMP: "timestamp (timestamp[us, UTC])",
     FLOAT: "a float (float64)",
 }
 

@@ -4,6 +4,7 @@ It streams the dump through `iter_sessions` (same rules as `load`), counts, and 
 quarantine entries. Counts by reason are *sessions* (DESIGN §6 `quarantined_by_reason`): a
 session quarantined for two reasons counts under both, once in `quarantined`.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -14,8 +15,8 @@ from typing import Any
 from trace_tools.data import DumpMeta, QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io.load import iter_sessions
-from trace_tools.io.vocab import check_tokenizer_known
 from trace_tools.io.schema import REASONS
+from trace_tools.io.vocab import check_tokenizer_known
 from trace_tools.io.write import quarantine_table, write_parquet_atomic
 
 
@@ -53,11 +54,19 @@ class ValidationReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (for `--json`)."""
         return {
-            "path": self.path, "files": self.files, "sessions": self.sessions, "turns": self.turns,
-            "valid_sessions": self.valid_sessions, "quarantined": self.quarantined,
-            "quarantined_by_reason": self.by_reason, "unattributed": self.unattributed,
-            "vocab_checked": self.vocab_checked, "vocab_size": self.vocab_size,
-            "tokenizer": self.meta.tokenizer, "warnings": self.warnings, "data_warnings": self.data_warnings,
+            "path": self.path,
+            "files": self.files,
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "valid_sessions": self.valid_sessions,
+            "quarantined": self.quarantined,
+            "quarantined_by_reason": self.by_reason,
+            "unattributed": self.unattributed,
+            "vocab_checked": self.vocab_checked,
+            "vocab_size": self.vocab_size,
+            "tokenizer": self.meta.tokenizer,
+            "warnings": self.warnings,
+            "data_warnings": self.data_warnings,
             "warning_examples": self.warning_examples,
             "entries": [
                 {"session_id": e.session_id, "turn_index": e.turn_index, "reason": e.reason, "detail": e.detail}
@@ -106,9 +115,19 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
     if quarantine_out is not None:
         _write_quarantine(entries, Path(quarantine_out))
     return ValidationReport(
-        path=str(path), files=stream.files, sessions=stream.session_count, turns=stream.rows,
-        valid_sessions=valid, quarantined=quarantined, by_reason=_sessions_by_reason(entries), entries=entries,
-        vocab_checked=stream.vocab_checked, vocab_size=stream.vocab_size, meta=stream.meta,
-        warnings=stream.warnings, unattributed=sum(e.session_id is None for e in entries),
-        data_warnings=dict(stream.data_warnings), warning_examples=dict(stream.warning_examples),
+        path=str(path),
+        files=stream.files,
+        sessions=stream.session_count,
+        turns=stream.rows,
+        valid_sessions=valid,
+        quarantined=quarantined,
+        by_reason=_sessions_by_reason(entries),
+        entries=entries,
+        vocab_checked=stream.vocab_checked,
+        vocab_size=stream.vocab_size,
+        meta=stream.meta,
+        warnings=stream.warnings,
+        unattributed=sum(e.session_id is None for e in entries),
+        data_warnings=dict(stream.data_warnings),
+        warning_examples=dict(stream.warning_examples),
     )

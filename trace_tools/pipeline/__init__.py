@@ -14,8 +14,10 @@ not the dump; within a session, history is parsed, canonicalized, rendered and t
     for prepared in pipeline.prepared():          # PreparedSession or QuarantineEntry
         ...
 """
+
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -24,16 +26,29 @@ from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.pipeline.facts import SessionFacts, session_facts
 from trace_tools.pipeline.prepared import PROMPT_SOURCES, PreparedSession, PreparedTurn, prepare_session
 
-__all__ = ["PROMPT_SOURCES", "Pipeline", "PreparedSession", "PreparedTurn", "RendererPool", "SessionFacts",
-           "prepare_session", "session_facts"]
+__all__ = [
+    "PROMPT_SOURCES",
+    "Pipeline",
+    "PreparedSession",
+    "PreparedTurn",
+    "RendererPool",
+    "SessionFacts",
+    "prepare_session",
+    "session_facts",
+]
 
 
 class RendererPool:
     """One renderer per distinct recording: a directory may mix tokenizers and templates, and each
     session is rendered with its own file's (command-line options override the dump's metadata)."""
 
-    def __init__(self, tokenizer: str | None = None, chat_template: str | None = None, renderer: Any = None,
-                 tool_format: str | None = None):
+    def __init__(
+        self,
+        tokenizer: str | None = None,
+        chat_template: str | None = None,
+        renderer: Any = None,
+        tool_format: str | None = None,
+    ):
         from trace_tools.render.families import TOOL_FORMATS
 
         if tool_format is not None and tool_format not in TOOL_FORMATS:
@@ -80,21 +95,36 @@ class RendererPool:
 
     def __getstate__(self) -> dict:
         # Shipped to worker processes as a recipe: each builds its own renderers.
-        return {"tokenizer": self.tokenizer, "chat_template": self.chat_template, "fixed": self.fixed,
-                "tool_format": self.tool_format, "_cache": {}}
+        return {
+            "tokenizer": self.tokenizer,
+            "chat_template": self.chat_template,
+            "fixed": self.fixed,
+            "tool_format": self.tool_format,
+            "_cache": {},
+        }
 
 
 class Pipeline:
     """A dump opened for streaming: pass 1 runs on construction (so unusable input fails at once
     and `stream.files`, `rows`, `session_count`, `meta` and `warnings` are known), pass 2 on iteration."""
 
-    def __init__(self, dump: str | Path, *, tokenizer: str | None = None, chat_template: str | None = None,
-                 canonicalization: str = "slime", prompt_source: str = "auto", columns: Iterable[str] | None = None,
-                 renderer: Any = None, vocab_size: int | None = None, tool_format: str | None = None):
+    def __init__(
+        self,
+        dump: str | os.PathLike[str],
+        *,
+        tokenizer: str | None = None,
+        chat_template: str | None = None,
+        canonicalization: str = "slime",
+        prompt_source: str = "auto",
+        columns: Iterable[str] | None = None,
+        renderer: Any = None,
+        vocab_size: int | None = None,
+        tool_format: str | None = None,
+    ):
         from trace_tools.io.load import iter_sessions
 
         self.dump = Path(dump)
-        self.stream = iter_sessions(dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
+        self.stream = iter_sessions(self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
         self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format)
         self.renderers.check(self.stream.file_metas)
         self.canonicalization, self.prompt_source = canonicalization, prompt_source
@@ -132,8 +162,10 @@ class Pipeline:
                     seen[item.session_id] = None
                 continue
             if isinstance(item, QuarantineEntry):
-                raise TraceToolsError(f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
-                                      f"run `trace-tools validate {self.dump}` for details")
+                raise TraceToolsError(
+                    f"session {session_id!r} is quarantined ({item.reason}: {item.detail}); "
+                    f"run `trace-tools validate {self.dump}` for details"
+                )
             return self.prepare(item)
         raise TraceToolsError(no_session_message(session_id, self.dump, list(seen)))
 

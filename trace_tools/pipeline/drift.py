@@ -20,6 +20,7 @@ the stored response and its echo, plus the token-level difference:
 A cosmetic cause is only named when the corresponding normalisation makes the two messages
 equal; anything else is `genuine_edit`, so a real edit is never reported as cosmetic.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,16 @@ from typing import Any, Sequence
 
 from trace_tools.ids import common_prefix_len
 
-CAUSES = ("whitespace", "schema_default", "key_order_or_spacing", "reasoning", "tool_call_id",
-          "template_rewrite", "tokenizer_boundary", "genuine_edit")
+CAUSES = (
+    "whitespace",
+    "schema_default",
+    "key_order_or_spacing",
+    "reasoning",
+    "tool_call_id",
+    "template_rewrite",
+    "tokenizer_boundary",
+    "genuine_edit",
+)
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
@@ -37,18 +46,20 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 class DriftFinding:
     """One echoed turn: where its served ids and the next prompt part, and why."""
 
-    turn_index: int                  # the generated turn whose response was echoed
-    echo_turn: int                   # the later turn whose request carries the echo
-    token_drift: bool                # served ids are not a prefix of the echo turn's prompt
-    divergence: int | None           # first differing position (LCP) when token_drift
+    turn_index: int  # the generated turn whose response was echoed
+    echo_turn: int  # the later turn whose request carries the echo
+    token_drift: bool  # served ids are not a prefix of the echo turn's prompt
+    divergence: int | None  # first differing position (LCP) when token_drift
     served_len: int
-    prompt_len: int                  # length of turn N's own prompt (start of its response)
-    cause: str | None                # None when neither tokens nor raw messages differ
+    prompt_len: int  # length of turn N's own prompt (start of its response)
+    cause: str | None  # None when neither tokens nor raw messages differ
     causes: list[str] = field(default_factory=list)
     message_diff: list[str] = field(default_factory=list)
 
 
-def continuation_pairs(canonical: Sequence[list[dict]], turn_indices: Sequence[int]) -> list[tuple[int, int, int | None]]:
+def continuation_pairs(
+    canonical: Sequence[list[dict]], turn_indices: Sequence[int]
+) -> list[tuple[int, int, int | None]]:
     """(N, M, p): turn M is the next request of N's conversation; p is the first message of N's
     request that M changed (None when M extends N's request unchanged).
 
@@ -97,8 +108,17 @@ def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> Dr
         if echo.get("role") != "assistant":
             return None
         causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt, prompt_len, renderer)
-    return DriftFinding(turn_n.turn_index, turn_m.turn_index, token_drift, lcp if token_drift else None, len(served),
-                        prompt_len, causes[0] if causes else None, causes, diff)
+    return DriftFinding(
+        turn_n.turn_index,
+        turn_m.turn_index,
+        token_drift,
+        lcp if token_drift else None,
+        len(served),
+        prompt_len,
+        causes[0] if causes else None,
+        causes,
+        diff,
+    )
 
 
 def _history_change(before: dict, after: dict, tools) -> tuple[list[str], list[str]]:
@@ -113,8 +133,17 @@ def _history_change(before: dict, after: dict, tools) -> tuple[list[str], list[s
     return ["genuine_edit"], diff
 
 
-def classify(stored: dict | None, echo: dict, tools, token_drift: bool, lcp: int, served: list[int],
-             nxt: list[int], prompt_len: int, renderer) -> tuple[list[str], list[str]]:
+def classify(
+    stored: dict | None,
+    echo: dict,
+    tools,
+    token_drift: bool,
+    lcp: int,
+    served: list[int],
+    nxt: list[int],
+    prompt_len: int,
+    renderer,
+) -> tuple[list[str], list[str]]:
     """Causes (most specific first) and the message-level difference, as readable paths."""
     from trace_tools.render.canonical import canonicalize_response
 
@@ -143,9 +172,6 @@ def _generation_prompt_len(renderer) -> int:
     return max(len(renderer.render(probe, None, True)) - len(renderer.render(probe, None, False)), 0)
 
 
-
-
-
 def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
     """The messages agree; the tokens do not. Which layer produced the difference?"""
     if _arguments_key_order_differs(stored, echo) or _raw_json_differs(stored, echo):
@@ -155,7 +181,7 @@ def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
     # The next prompt goes on far past the served ids; the same number of tokens (plus margin)
     # covers the served text, since re-tokenization only merges.
     served_text = renderer.decode(served[lcp:])
-    next_text = renderer.decode(nxt[lcp:lcp + len(served) - lcp + 16])
+    next_text = renderer.decode(nxt[lcp : lcp + len(served) - lcp + 16])
     if next_text.startswith(served_text):
         return "tokenizer_boundary"  # same characters, another split
     if _squeeze(next_text).startswith(_squeeze(served_text)) and "<tool_call>" in renderer.decode(served):
@@ -213,8 +239,10 @@ def _without_reasoning(message: dict) -> dict:
 def _with_args(message: dict, fn) -> dict:
     if not message.get("tool_calls"):
         return message
-    calls = [{**c, "function": {**c["function"], "arguments": fn(c["function"]["name"], c["function"]["arguments"])}}
-             for c in message["tool_calls"]]
+    calls = [
+        {**c, "function": {**c["function"], "arguments": fn(c["function"]["name"], c["function"]["arguments"])}}
+        for c in message["tool_calls"]
+    ]
     return {**message, "tool_calls": calls}
 
 
@@ -244,6 +272,7 @@ def _key_paths(value: Any) -> Any:
 
 def _raw_json_differs(stored: dict, echo: dict) -> bool:
     """Argument strings that differ as text but parse to the same JSON."""
+
     def raw(message):
         return [c.get("function", {}).get("arguments") for c in message.get("tool_calls") or []]
 
@@ -251,8 +280,10 @@ def _raw_json_differs(stored: dict, echo: dict) -> bool:
     if a == b or len(a) != len(b):
         return False
     try:
-        return all(json.loads(x) == json.loads(y) if isinstance(x, str) and isinstance(y, str) else x == y
-                   for x, y in zip(a, b))
+        return all(
+            json.loads(x) == json.loads(y) if isinstance(x, str) and isinstance(y, str) else x == y
+            for x, y in zip(a, b)
+        )
     except ValueError:
         return False
 

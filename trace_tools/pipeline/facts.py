@@ -7,6 +7,7 @@
 * drift: which echoed turns no longer extend what was served, and why (`pipeline.drift`), with
   the aligned token window around each divergence that `explain` and `report.html` show.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,8 +33,10 @@ class SessionFacts:
 
 
 def session_facts(prepared: PreparedSession, fidelity: bool = True, drift: bool = True) -> SessionFacts:
-    facts = SessionFacts({p.turn.turn_index: tool_names(p) for p in prepared.turns},
-                         {p.turn.turn_index: len(p.prompt_ids) for p in prepared.turns})
+    facts = SessionFacts(
+        {p.turn.turn_index: tool_names(p) for p in prepared.turns},
+        {p.turn.turn_index: len(p.prompt_ids) for p in prepared.turns},
+    )
     if fidelity and prepared.renderer is not None:
         facts.fidelity = [fidelity_row(p) for p in prepared.turns if p.turn.prompt_ids is not None]
     if drift:
@@ -49,9 +52,14 @@ def tool_names(prepared: PreparedTurn) -> list[str]:
 def fidelity_row(prepared: PreparedTurn) -> dict[str, Any]:
     """Whether the canonical messages re-render to exactly the recorded prompt ids."""
     recorded, rendered = prepared.turn.prompt_ids, prepared.rendered_prompt_ids()
+    assert recorded is not None, "fidelity compares only turns that recorded their prompt ids"
     exact = recorded == rendered
-    return {"session_id": prepared.turn.session_id, "turn_index": prepared.turn.turn_index, "exact": exact,
-            "first_divergence": None if exact else common_prefix_len(recorded, rendered)}
+    return {
+        "session_id": prepared.turn.session_id,
+        "turn_index": prepared.turn.turn_index,
+        "exact": exact,
+        "first_divergence": None if exact else common_prefix_len(recorded, rendered),
+    }
 
 
 def drift_rows(prepared: PreparedSession, findings: list[DriftFinding]) -> list[dict[str, Any]]:
@@ -60,26 +68,48 @@ def drift_rows(prepared: PreparedSession, findings: list[DriftFinding]) -> list[
     turns = {p.turn.turn_index: p for p in prepared.turns}
     rows = []
     for finding in findings:
-        row = {"session_id": prepared.session_id, "turn_index": finding.turn_index, "echo_turn": finding.echo_turn,
-               "cause": finding.cause, "causes": list(finding.causes), "token_drift": finding.token_drift,
-               "divergence": finding.divergence, "served_len": finding.served_len, "prompt_len": finding.prompt_len,
-               "message_diff": list(finding.message_diff)}
+        row = {
+            "session_id": prepared.session_id,
+            "turn_index": finding.turn_index,
+            "echo_turn": finding.echo_turn,
+            "cause": finding.cause,
+            "causes": list(finding.causes),
+            "token_drift": finding.token_drift,
+            "divergence": finding.divergence,
+            "served_len": finding.served_len,
+            "prompt_len": finding.prompt_len,
+            "message_diff": list(finding.message_diff),
+        }
         if finding.token_drift:
             row.update(token_window(turns[finding.turn_index], turns[finding.echo_turn], finding, prepared.renderer))
         else:
-            row.update({"window_start": 0, **{f"{side}_{kind}": [] for side in ("shared", "served", "rendered")
-                                                 for kind in ("ids", "tokens")}})
+            row.update(
+                {
+                    "window_start": 0,
+                    **{f"{side}_{kind}": [] for side in ("shared", "served", "rendered") for kind in ("ids", "tokens")},
+                }
+            )
         rows.append(row)
     return rows
 
 
-def token_window(earlier: PreparedTurn, later: PreparedTurn, finding: DriftFinding, renderer: Any,
-                 before: int = WINDOW_BEFORE, after: int = WINDOW_AFTER) -> dict[str, Any]:
+def token_window(
+    earlier: PreparedTurn,
+    later: PreparedTurn,
+    finding: DriftFinding,
+    renderer: Any,
+    before: int = WINDOW_BEFORE,
+    after: int = WINDOW_AFTER,
+) -> dict[str, Any]:
     """The shared tokens before the first divergence, then each side's next tokens, ids and text."""
     served = list(earlier.prompt_ids) + list(earlier.turn.output_ids)
     at = finding.divergence if finding.divergence is not None else len(served)
     start = max(0, at - before)
-    pieces = {"shared": served[start:at], "served": served[at:at + after], "rendered": later.prompt_ids[at:at + after]}
+    pieces = {
+        "shared": served[start:at],
+        "served": served[at : at + after],
+        "rendered": later.prompt_ids[at : at + after],
+    }
     row: dict[str, Any] = {"window_start": start}
     for name, ids in pieces.items():
         row[f"{name}_ids"] = list(ids)

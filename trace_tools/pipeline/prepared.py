@@ -10,6 +10,7 @@ history between turns, so canonicalization is memoised per message object: each 
 translated once per session, and equal histories stay the same objects downstream (which the
 incremental renderer and list comparisons exploit). Messages are never mutated once built.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,15 +106,17 @@ class Canonicalizer:
         return out
 
 
-def prepare_session(session: Session, renderer: Any, canonicalization: str = "slime",
-                    prompt_source: str = "auto") -> PreparedSession:
+def prepare_session(
+    session: Session, renderer: Any, canonicalization: str = "slime", prompt_source: str = "auto"
+) -> PreparedSession:
     """Canonical messages, canonical response and prompt ids for every turn of a session."""
     if prompt_source not in PROMPT_SOURCES:
         raise ReplayError(f"--prompt-source must be auto, recorded or rendered, not {prompt_source!r}")
     translate = Canonicalizer(canonicalization)
     turns = [_prepare_turn(turn, translate, renderer, canonicalization, prompt_source) for turn in session.turns]
-    return PreparedSession(session, turns, renderer, canonicalization, prompt_source, _translators={
-        canonicalization: translate})
+    return PreparedSession(
+        session, turns, renderer, canonicalization, prompt_source, _translators={canonicalization: translate}
+    )
 
 
 def _prepare_turn(turn: Turn, translate: Canonicalizer, renderer: Any, policy: str, source: str) -> PreparedTurn:
@@ -134,8 +137,9 @@ def response_message(turn: Turn, renderer: Any, policy: str = "slime") -> tuple[
     return canonicalize_response(parsed.message, policy), parsed.ill_formed
 
 
-def prompt_for(turn: Turn, messages: list[dict], tools: list[dict] | None, renderer: Any,
-               source: str = "auto") -> tuple[list[int], str]:
+def prompt_for(
+    turn: Turn, messages: list[dict], tools: list[dict] | None, renderer: Any, source: str = "auto"
+) -> tuple[list[int], str]:
     """(prompt ids, origin) for `messages` sent as `turn`'s request: the recorded ids when the
     prompt source allows and the gateway recorded them, else a render."""
     if source == "recorded" and turn.prompt_ids is None:
@@ -145,8 +149,9 @@ def prompt_for(turn: Turn, messages: list[dict], tools: list[dict] | None, rende
     return render_prompt(renderer, messages, tools, turn, shared=True), "rendered"
 
 
-def render_prompt(renderer: Any, messages: list[dict], tools: list[dict] | None, turn: Turn | None,
-                  shared: bool = False) -> list[int]:
+def render_prompt(
+    renderer: Any, messages: list[dict], tools: list[dict] | None, turn: Turn | None, shared: bool = False
+) -> list[int]:
     """The prompt a re-rendering gateway feeds for `messages` (with the turn's template kwargs).
 
     `shared=True` returns the renderer's cached list where it has one: callers must not modify it.

@@ -22,24 +22,38 @@ reasoning) through the template and tokenizer and counts the cases where a prope
 `STRATEGY_CHECKS` says which checks each strategy's replay relies on; the audit fails for a
 strategy when one of them fails. Plain names on purpose: the render layer knows no strategies.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CHECKS = ("generation_prompt", "prefix_stability", "last_assistant", "reasoning_history", "closer_text",
-          "closer_tool", "tokenizer_merges", "key_order", "whitespace")
+CHECKS = (
+    "generation_prompt",
+    "prefix_stability",
+    "last_assistant",
+    "reasoning_history",
+    "closer_text",
+    "closer_tool",
+    "tokenizer_merges",
+    "key_order",
+    "whitespace",
+)
 _SERVED_IDS = ("generation_prompt", "prefix_stability", "last_assistant", "reasoning_history", "tokenizer_merges")
 _HEALING = ("prefix_stability", "last_assistant", "reasoning_history", "closer_text", "closer_tool")
 _INCREMENTAL = ("generation_prompt", "tokenizer_merges")
 STRATEGY_CHECKS: dict[str, tuple[str, ...]] = {
     # the tree compares each request's rendered ids with the ids served before it
-    "tree": _SERVED_IDS, "echo-restore": _SERVED_IDS,
+    "tree": _SERVED_IDS,
+    "echo-restore": _SERVED_IDS,
     # the healer splices served ids + closer + a text-space tail; a non-prefix render resets it
-    "linear": _HEALING, "linear+restore": _HEALING,
+    "linear": _HEALING,
+    "linear+restore": _HEALING,
     # chains and miles' TITO session servers append incrementally rendered messages to served ids
-    "chains": _INCREMENTAL, "session-v1": _INCREMENTAL, "session-v2": _INCREMENTAL,
+    "chains": _INCREMENTAL,
+    "session-v1": _INCREMENTAL,
+    "session-v2": _INCREMENTAL,
     # checkpoint-tree glues verified closer text onto exact checkpoints and re-renders the rest
     "checkpoint-tree": ("closer_text", "closer_tool"),
 }
@@ -83,24 +97,51 @@ class Audit:
         return not any(self.failing.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"template": self.template, "tokenizer": self.tokenizer, "tokenizer_note": self.tokenizer_note,
-                "notes": self.notes, "ok": self.ok, "checks": [asdict(c) for c in self.checks],
-                "failing_by_strategy": self.failing}
+        return {
+            "template": self.template,
+            "tokenizer": self.tokenizer,
+            "tokenizer_note": self.tokenizer_note,
+            "notes": self.notes,
+            "ok": self.ok,
+            "checks": [asdict(c) for c in self.checks],
+            "failing_by_strategy": self.failing,
+        }
 
 
 # -- conversations -------------------------------------------------------------------------------
 
 TOOLS = [
-    {"type": "function", "function": {"name": "Bash", "description": "Run a shell command.", "parameters": {
-        "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-        "required": ["command"]}}},
-    {"type": "function", "function": {"name": "Edit", "description": "Replace text in a file.", "parameters": {
-        "type": "object", "properties": {"file_path": {"type": "string"}, "old_string": {"type": "string"},
-                                         "new_string": {"type": "string"}, "replace_all": {"type": "boolean"}},
-        "required": ["file_path", "old_string", "new_string"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "Edit",
+            "description": "Replace text in a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string"},
+                    "old_string": {"type": "string"},
+                    "new_string": {"type": "string"},
+                    "replace_all": {"type": "boolean"},
+                },
+                "required": ["file_path", "old_string", "new_string"],
+            },
+        },
+    },
 ]
-_EDIT_ARGS = {"file_path": "src/app.py", "old_string": "retries = 1", "new_string": "retries = 3",
-              "replace_all": False}
+_EDIT_ARGS = {"file_path": "src/app.py", "old_string": "retries = 1", "new_string": "retries = 3", "replace_all": False}
 
 
 def _call(number: int, name: str, arguments: Any) -> dict:
@@ -123,33 +164,46 @@ def _tool(number: int, name: str, content: str) -> dict:
 def conversation(tools: bool, reasoning: bool, edit_args: dict | None = None) -> list[dict]:
     """A short agent episode: two user queries, with tool loops when `tools`, reasoning when `reasoning`."""
     think = (lambda text: text) if reasoning else (lambda text: None)
-    messages = [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "The retry test is flaky. Fix it."}]
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "The retry test is flaky. Fix it."},
+    ]
     if tools:
-        messages += [_assistant("", think("Run the tests first."), [_call(1, "Bash", {"command": "pytest -q"})]),
-                     _tool(1, "Bash", "1 failed: test_retry"),
-                     _assistant("Raising the retry count.", think("One retry is too few."),
-                                [_call(2, "Edit", edit_args or _EDIT_ARGS)]),
-                     _tool(2, "Edit", "edited src/app.py")]
-    messages += [_assistant("Fixed: retries are now 3.", think("The edit is in place.")),
-                 {"role": "user", "content": "Does the suite pass now?"}]
+        messages += [
+            _assistant("", think("Run the tests first."), [_call(1, "Bash", {"command": "pytest -q"})]),
+            _tool(1, "Bash", "1 failed: test_retry"),
+            _assistant(
+                "Raising the retry count.", think("One retry is too few."), [_call(2, "Edit", edit_args or _EDIT_ARGS)]
+            ),
+            _tool(2, "Edit", "edited src/app.py"),
+        ]
+    messages += [
+        _assistant("Fixed: retries are now 3.", think("The edit is in place.")),
+        {"role": "user", "content": "Does the suite pass now?"},
+    ]
     if tools:
-        messages += [_assistant("", think("Check again."), [_call(3, "Bash", {"command": "pytest -q", "timeout": 60})]),
-                     _tool(3, "Bash", "12 passed")]
-    messages += [_assistant("Yes, all 12 tests pass.", think("Green.")),
-                 {"role": "user", "content": "Thanks."}]
+        messages += [
+            _assistant("", think("Check again."), [_call(3, "Bash", {"command": "pytest -q", "timeout": 60})]),
+            _tool(3, "Bash", "12 passed"),
+        ]
+    messages += [_assistant("Yes, all 12 tests pass.", think("Green.")), {"role": "user", "content": "Thanks."}]
     return messages
 
 
 def _label(tools: bool, reasoning: bool) -> str:
-    return {(False, False): "text", (True, False): "tools", (False, True): "reasoning",
-            (True, True): "tools+reasoning"}[(tools, reasoning)]
+    return {
+        (False, False): "text",
+        (True, False): "tools",
+        (False, True): "reasoning",
+        (True, True): "tools+reasoning",
+    }[(tools, reasoning)]
 
 
 CONVERSATIONS = [(_label(t, r), conversation(t, r)) for t in (False, True) for r in (False, True)]
 
 
 # -- the audit -----------------------------------------------------------------------------------
+
 
 class _Cases:
     """Counts one check's cases; a case whose render raises is an error, not a failure."""
@@ -201,14 +255,20 @@ class _Shape:
         if self.string_arguments and message.get("tool_calls"):
             message["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": _json_text(c["function"]["arguments"])}}
-                for c in message["tool_calls"]]
+                for c in message["tool_calls"]
+            ]
         return message
 
     def notes(self) -> list[str]:
-        return [text for flag, text in ((self.no_system, "no system role: conversations start with the user"),
-                                        (self.parts, "content given as text parts"),
-                                        (self.string_arguments, "tool arguments given as JSON text"))
-                if flag]
+        return [
+            text
+            for flag, text in (
+                (self.no_system, "no system role: conversations start with the user"),
+                (self.parts, "content given as text parts"),
+                (self.string_arguments, "tool arguments given as JSON text"),
+            )
+            if flag
+        ]
 
 
 def _json_text(arguments: Any) -> str:
@@ -222,7 +282,8 @@ class _Auditor:
 
     def __init__(self, renderer: Any, stand_in: bool):
         self.renderer, self.stand_in = renderer, stand_in
-        self.shape, self.notes = _Shape(), []
+        self.shape = _Shape()
+        self.notes: list[str] = []
         self.conversations = self._renderable()
         self._reasoning_rendered = False  # set by reasoning_history's cases
         self._closers: list[str] = []  # collected by closer's cases
@@ -278,14 +339,14 @@ class _Auditor:
         return self._cases("generation_prompt", self._generation_case).result()
 
     def _generation_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str]:
-        prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
+        prompt, full = self.text(messages[:p], True), self.text(messages[: p + 1], False)
         return full.startswith(prompt), f"{label}: {_divergence(prompt, full)}"
 
     def prefix_stability(self) -> Check:
         return self._cases("prefix_stability", self._prefix_case).result()
 
     def _prefix_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str]:
-        history, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
+        history, after = self.text(messages[: p + 1], False), self.text(messages[:q], True)
         return after.startswith(history), f"{label}: {_divergence(history, after)}"
 
     def last_assistant(self) -> Check:
@@ -295,10 +356,12 @@ class _Auditor:
         following = messages[p + 1] if p + 1 < len(messages) else None
         if following is None or messages[p].get("reasoning_content") and following["role"] == "user":
             return None  # there reasoning stripping is the cause: reasoning_history reports it
-        last, more = self.text(messages[:p + 1], False), self.text(messages[:p + 2], False)
+        last, more = self.text(messages[: p + 1], False), self.text(messages[: p + 2], False)
         kind = "tool-call" if messages[p].get("tool_calls") else "text"
-        return more.startswith(last), (f"{label}: a last {kind} assistant renders differently before a "
-                                       f"{following['role']} message ({_divergence(last, more)})")
+        return more.startswith(last), (
+            f"{label}: a last {kind} assistant renders differently before a "
+            f"{following['role']} message ({_divergence(last, more)})"
+        )
 
     def reasoning_history(self) -> Check:
         self._reasoning_rendered = False
@@ -314,7 +377,7 @@ class _Auditor:
         reasoning = messages[p].get("reasoning_content")
         if not reasoning:
             return None
-        self._reasoning_rendered |= reasoning in self.text(messages[:p + 1], False)
+        self._reasoning_rendered |= reasoning in self.text(messages[: p + 1], False)
         context = "a new user message" if messages[p + 1]["role"] == "user" else "a tool result"
         return reasoning in self.text(messages[:q], True), f"stripped after {context}"
 
@@ -327,16 +390,18 @@ class _Auditor:
         if bool(messages[p].get("tool_calls")) != tool:
             return None
         a, b = (self.text(messages[:p] + [_assistant(body, None)], False) for body in PROBES)
-        closer = a[len(a) - _common_suffix(a, b):]
-        history = self.text(messages[:p + 1], False)
+        closer = a[len(a) - _common_suffix(a, b) :]
+        history = self.text(messages[: p + 1], False)
         self._closers.append(closer)
         return bool(closer) and history.endswith(closer), (
-            f"{label}: closer {closer!r} " + ("is empty" if not closer else f"does not end {_tail(history)}"))
+            f"{label}: closer {closer!r} " + ("is empty" if not closer else f"does not end {_tail(history)}")
+        )
 
     def tokenizer_merges(self) -> Check:
         if self.stand_in:
             return _Cases("tokenizer_merges").result(
-                "needs the template's own tokenizer: a stand-in does not know its special tokens", status="n/a")
+                "needs the template's own tokenizer: a stand-in does not know its special tokens", status="n/a"
+            )
         cases = self._cases("tokenizer_merges", self._served_merge_case)
         for step in self.steps():
             cases.run(self._history_merge_case, *step)
@@ -344,19 +409,22 @@ class _Auditor:
 
     def _served_merge_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
         """The served split (prompt ids, then output ids) against the ids of the whole text."""
-        prompt, full = self.text(messages[:p], True), self.text(messages[:p + 1], False)
+        prompt, full = self.text(messages[:p], True), self.text(messages[: p + 1], False)
         if not full.startswith(prompt):
             return None
         encode = self.renderer.encode
-        return encode(prompt) + encode(full[len(prompt):]) == encode(full), (
-            f"{label}: prompt and output merge at {_tail(prompt)}")
+        return encode(prompt) + encode(full[len(prompt) :]) == encode(full), (
+            f"{label}: prompt and output merge at {_tail(prompt)}"
+        )
 
     def _history_merge_case(self, label: str, messages: list[dict], p: int, q: int) -> tuple[bool, str] | None:
-        before, after = self.text(messages[:p + 1], False), self.text(messages[:q], True)
+        before, after = self.text(messages[: p + 1], False), self.text(messages[:q], True)
         if not after.startswith(before):
             return None
         ids = self.renderer.encode(before)
-        return self.renderer.encode(after)[:len(ids)] == ids, f"{label}: history and next turn merge at {_tail(before)}"
+        return self.renderer.encode(after)[
+            : len(ids)
+        ] == ids, f"{label}: history and next turn merge at {_tail(before)}"
 
     def key_order(self) -> Check:
         cases = _Cases("key_order")
@@ -380,18 +448,24 @@ class _Auditor:
 
     def _content_whitespace_case(self, more: bool) -> tuple[bool, str]:
         """Content with edge and line-end whitespace renders as the same content stripped, whitespace put back."""
+
         def render(body: str) -> str:
             tail = [{"role": "user", "content": "Go on."}] if more else []
             return self.text([{"role": "user", "content": "Summarise."}, _assistant(body, None), *tail], more, False)
+
         core = EDGE_WHITESPACE.strip()
         where = "in history" if more else "as the last message"
         return render(EDGE_WHITESPACE) == render(core).replace(core, EDGE_WHITESPACE, 1), (
-            f"edge whitespace of assistant content is changed {where}")
+            f"edge whitespace of assistant content is changed {where}"
+        )
 
     def _string_arguments_case(self) -> tuple[bool, str]:
         compact = '{"command":"ls  -a"}'
-        messages = [{"role": "user", "content": "List."}, _assistant("", None, [_call(1, "Bash", compact)]),
-                    _tool(1, "Bash", "a.py")]
+        messages = [
+            {"role": "user", "content": "List."},
+            _assistant("", None, [_call(1, "Bash", compact)]),
+            _tool(1, "Bash", "a.py"),
+        ]
         return compact in self.text(messages, True), "string tool arguments are re-serialized"
 
     def _cases(self, name: str, case: Callable[..., tuple[bool, str] | None], *extra: Any) -> _Cases:
@@ -399,13 +473,29 @@ class _Auditor:
         for step in self.steps():
             cases.run(case, *step, *extra)
         return cases
+
     def all(self) -> list[Check]:
-        return [self.generation_prompt(), self.prefix_stability(), self.last_assistant(), self.reasoning_history(),
-                self.closer("text"), self.closer("tool"), self.tokenizer_merges(), self.key_order(), self.whitespace()]
+        return [
+            self.generation_prompt(),
+            self.prefix_stability(),
+            self.last_assistant(),
+            self.reasoning_history(),
+            self.closer("text"),
+            self.closer("tool"),
+            self.tokenizer_merges(),
+            self.key_order(),
+            self.whitespace(),
+        ]
 
 
-def audit_template(renderer: Any, *, template: str = "", tokenizer: str = "", tokenizer_note: str = "",
-                   strategies: Sequence[str] | None = None) -> Audit:
+def audit_template(
+    renderer: Any,
+    *,
+    template: str = "",
+    tokenizer: str = "",
+    tokenizer_note: str = "",
+    strategies: Sequence[str] | None = None,
+) -> Audit:
     """Run every check over `renderer` (anything with `render_text` and `encode`).
 
     A `tokenizer_note` marks the tokenizer as a stand-in for the template's own: the token-level
@@ -416,6 +506,7 @@ def audit_template(renderer: Any, *, template: str = "", tokenizer: str = "", to
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
 
 def _error_text(exc: Exception) -> str:
     lines = str(exc).splitlines()
@@ -437,7 +528,7 @@ def _divergence(before: str, after: str, width: int = 20) -> str:
     """Where two renders part: the text each has from there (a little context first)."""
     at = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
     start = max(0, at - 6)
-    return f"{before[start:at + width]!r} became {after[start:at + width]!r}"
+    return f"{before[start : at + width]!r} became {after[start : at + width]!r}"
 
 
 # -- what the command line audits ----------------------------------------------------------------
@@ -456,8 +547,9 @@ def template_tokenizer(stem: str) -> tuple[str, str]:
     return STAND_IN, f"{STAND_IN} stands in for {stem}'s own tokenizer (not available offline)"
 
 
-def run_audit(chat_template: str | None = None, tokenizer: str | None = None,
-              strategies: Sequence[str] | None = None) -> list[Audit]:
+def run_audit(
+    chat_template: str | None = None, tokenizer: str | None = None, strategies: Sequence[str] | None = None
+) -> list[Audit]:
     """Audit one template (`--chat-template` spec, or the tokenizer's own) or every TRL template (`trl:all`).
 
     Without `tokenizer`, a dump file lends the tokenizer it names, a Qwen template gets its own,
@@ -473,8 +565,9 @@ def run_audit(chat_template: str | None = None, tokenizer: str | None = None,
         # a stand-in knows no BOS token; templates that print one must still render (as nothing)
         kwargs = {"bos_token": ""} if note and loaded.hf.bos_token is None else {}
         renderer = Renderer(loaded, text, template_kwargs=kwargs, template_identity=identity)
-        audits.append(audit_template(renderer, template=identity, tokenizer=name, tokenizer_note=note,
-                                     strategies=chosen))
+        audits.append(
+            audit_template(renderer, template=identity, tokenizer=name, tokenizer_note=note, strategies=chosen)
+        )
     return audits
 
 
@@ -502,18 +595,24 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
     if spec == ALL_TRL:
         directory = trl_template_dir()
         if directory is None:
-            raise TemplateNotFound("trl:all audits the templates the trl package ships; install it with "
-                                   "`pip install trl==1.16.0` or pass --chat-template FILE")
-        return [(*resolve_template(f"trl:{path.stem}"),
-                 *((tokenizer, "") if tokenizer else template_tokenizer(path.stem)))
-                for path in sorted(directory.glob("*.jinja"))]
+            raise TemplateNotFound(
+                "trl:all audits the templates the trl package ships; install it with "
+                "`pip install trl==1.16.0` or pass --chat-template FILE"
+            )
+        return [
+            (*resolve_template(f"trl:{path.stem}"), *((tokenizer, "") if tokenizer else template_tokenizer(path.stem)))
+            for path in sorted(directory.glob("*.jinja"))
+        ]
     if not spec and not tokenizer:
-        raise TraceToolsError("nothing to audit; pass --chat-template (qwen3, qwen3.5, trl:<name>, trl:all, a .jinja "
-                              "file or a dump) or --tokenizer")
+        raise TraceToolsError(
+            "nothing to audit; pass --chat-template (qwen3, qwen3.5, trl:<name>, trl:all, a .jinja "
+            "file or a dump) or --tokenizer"
+        )
     note = ""
     if tokenizer is None and spec and spec.endswith(".parquet") and Path(spec).is_file():
         tokenizer = embedded_metadata(Path(spec), "tokenizer")
     if tokenizer is None:
+        assert spec, "with no --tokenizer a template is named (checked above)"
         stem = spec[4:] if spec.startswith("trl:") else NAMED_TEMPLATES.get(spec)
         stand_in = (STAND_IN, f"{STAND_IN} stands in: no --tokenizer given")
         tokenizer, note = template_tokenizer(stem) if stem else stand_in

@@ -4,6 +4,7 @@ A renderer = tokenizer + chat template (+ default kwargs) + response parser. The
 implementation is `trace_tools.render.renderer.Renderer`; tests may pass any object with these
 methods (e.g. a fake renderer over a toy vocabulary).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,12 +30,22 @@ class RendererLike(Protocol):
 
     vocab_size: int
 
-    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-               add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def render(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
         """Token ids, equal to `tokenizer.apply_chat_template(..., tokenize=True)`."""
 
-    def render_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                    add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    def render_text(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
         """The rendered text (no tokenization)."""
 
     def encode(self, text: str) -> list[int]:

@@ -23,6 +23,7 @@ user question and a unique assistant reply (a text reply, or a call to the store
 the template wants a call before tool results), cut after that reply's closer, and checked to be
 exactly how the real extended render ends.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,20 +73,27 @@ class Closers:
         The engine's stop tokens (`renderer.stop_tokens`, when the renderer names them) are end
         tokens too: the template writes them after tool calls.
         """
-        last = _common_suffix(*(renderer.render_text(_probe_chat(body), tools, False, **kwargs)
-                                for body in (PROBE_A, PROBE_B)))
+        last = _common_suffix(
+            *(renderer.render_text(_probe_chat(body), tools, False, **kwargs) for body in (PROBE_A, PROBE_B))
+        )
         if not last:
             return cls(False, (), "")
         first = _first_token_text(renderer, last)
         ends = [first, *getattr(renderer, "stop_tokens", ())]
         try:
-            followed = _common_suffix(*(renderer.render_text([*_probe_chat(body), {"role": "user", "content": ANCHOR_USER}],
-                                                             tools, False, **kwargs) for body in (PROBE_A, PROBE_B)))
+            followed = _common_suffix(
+                *(
+                    renderer.render_text(
+                        [*_probe_chat(body), {"role": "user", "content": ANCHOR_USER}], tools, False, **kwargs
+                    )
+                    for body in (PROBE_A, PROBE_B)
+                )
+            )
             ends.append(_first_token_text(renderer, followed))
         except RENDER_ERRORS:  # a template that refuses two user turns: the plain probe must do
             pass
         ordered = sorted({token for token in ends if token}, key=len, reverse=True)
-        return cls(True, tuple(ordered), last[len(first):])
+        return cls(True, tuple(ordered), last[len(first) :])
 
     def ending(self, text: str) -> str | None:
         """The closer `text` ends with ("" for a template without closers), or None if none does."""
@@ -94,8 +102,15 @@ class Closers:
         return next((end + self.glue_after for end in self.end_tokens if text.endswith(end + self.glue_after)), None)
 
 
-def anchored_tail(renderer: Any, appended: Sequence[dict], tools: Sequence[dict] | None, kwargs: dict,
-                  closers: Closers, after: str, last: dict | None = None) -> str:
+def anchored_tail(
+    renderer: Any,
+    appended: Sequence[dict],
+    tools: Sequence[dict] | None,
+    kwargs: dict,
+    closers: Closers,
+    after: str,
+    last: dict | None = None,
+) -> str:
     """The appended messages' text when the template rewrote earlier turns (see the module docstring).
 
     The anchor reply is plain text; where the template refuses tool results after a text reply
@@ -108,14 +123,14 @@ def anchored_tail(renderer: Any, appended: Sequence[dict], tools: Sequence[dict]
         except RENDER_ERRORS:
             continue
         tail = _after_anchor(text, closers)
-        if tail is not None and after.endswith(tail) and closers.ending(after[:len(after) - len(tail)]) is not None:
+        if tail is not None and after.endswith(tail) and closers.ending(after[: len(after) - len(tail)]) is not None:
             return tail
     raise BoundaryUnverified("no anchored render ends the way the full render does")
 
 
 def _anchors(appended: Sequence[dict], last: dict | None) -> list[list[dict]]:
     user = {"role": "user", "content": ANCHOR_USER}
-    anchors = [[user, {"role": "assistant", "content": ANCHOR_BODY}]]
+    anchors: list[list[dict]] = [[user, {"role": "assistant", "content": ANCHOR_BODY}]]
     calls = (last or {}).get("tool_calls") or []
     if appended and appended[0].get("role") == "tool" and calls and isinstance(calls[0], dict):
         name = (calls[0].get("function") or {}).get("name")
@@ -136,11 +151,17 @@ def _after_anchor(text: str, closers: Closers) -> str | None:
     if not found:
         return None
     position, closer = min(found, key=lambda item: (item[0], -len(item[1])))
-    return text[position + len(closer):]
+    return text[position + len(closer) :]
 
 
-def split_extension(renderer: Any, path: Sequence[dict], appended: Sequence[dict], tools: Sequence[dict] | None,
-                    kwargs: dict, closers: Closers) -> tuple[str, str, bool]:
+def split_extension(
+    renderer: Any,
+    path: Sequence[dict],
+    appended: Sequence[dict],
+    tools: Sequence[dict] | None,
+    kwargs: dict,
+    closers: Closers,
+) -> tuple[str, str, bool]:
     """(closer, tail, rewritten) for extending the stored `path` by `appended`.
 
     `rewritten`: the template re-rendered earlier turns, so the tail was anchored. Raises
@@ -152,15 +173,16 @@ def split_extension(renderer: Any, path: Sequence[dict], appended: Sequence[dict
     if rewritten:
         tail = anchored_tail(renderer, appended, tools, kwargs, closers, after, path[-1] if path else None)
     else:
-        tail = after[len(before):]
-    closer = closers.ending(after[:len(after) - len(tail)])
+        tail = after[len(before) :]
+    closer = closers.ending(after[: len(after) - len(tail)])
     if closer is None:
         raise BoundaryUnverified("the stored path does not end with a closer the template writes", "close_unresolved")
     return closer, tail, rewritten
 
 
-def join(served: Sequence[int], closer_ids: Sequence[int], tail_ids: Sequence[int],
-         stop_ids: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+def join(
+    served: Sequence[int], closer_ids: Sequence[int], tail_ids: Sequence[int], stop_ids: Sequence[int] = ()
+) -> tuple[list[int], list[int]]:
     """(glue, tail) such that `served + glue + tail` continues the served ids (module docstring rules)."""
     pieces = [*closer_ids, *tail_ids]
     overlap = _overlap(served, pieces)
@@ -191,4 +213,4 @@ def _common_suffix(a: str, b: str) -> str:
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
-    return a[len(a) - n:]
+    return a[len(a) - n :]

@@ -18,6 +18,7 @@ matches the stored one, hence fork counts. Policies:
 
 Every policy returns new objects; the input is never mutated.
 """
+
 from __future__ import annotations
 
 import copy
@@ -81,7 +82,9 @@ def slime_arguments(arguments: Any) -> dict:
 
 
 def _slime_tool_call(call: dict) -> dict:
-    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
     name = function.get("name", call.get("name"))
     arguments = function.get("arguments", call.get("arguments"))
     return {"type": "function", "function": {"name": name, "arguments": slime_arguments(arguments)}}
@@ -176,9 +179,10 @@ def canonicalize_messages(messages: Sequence[Any], policy: str | None = "slime")
 
 
 def canonicalize_response(message: dict | None, policy: str | None = "slime") -> dict | None:
-    """The recorded response message under the same policy (a missing role reads as assistant)."""
+    """The recorded response message under the same policy (a missing or null role reads as
+    assistant: row validation accepts both in a response)."""
     if message is None:
         return None
-    if isinstance(message, dict) and "role" not in message:
-        message = {"role": "assistant", **message}
+    if isinstance(message, dict) and message.get("role") is None:
+        message = {"role": "assistant", **{key: value for key, value in message.items() if key != "role"}}
     return _policy(policy)(message)

@@ -16,6 +16,7 @@ Two template properties are handled here rather than in every caller:
   a prompt depends on the day it was rendered. `pin_clock` replaces each `strftime_now(...)` call
   by the date a dump names (`trace_tools.render_date`), so replay renders what the recording saw.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,18 +40,47 @@ class ModelFamily:
 
 
 # Detection order matters only for templates that carry several families' markers (none do today).
-FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (
-    ModelFamily("gpt-oss", "harmony", "gpt-oss", ("<|return|>", "<|call|>", "<|endoftext|>"),
-                ("<|channel|>", "<|message|>"), "gpt-oss", one_call_per_turn=True),
-    ModelFamily("deepseek-v3", "deepseek", "deepseek-v3", ("<｜end▁of▁sentence｜>",),
-                ("<｜tool▁calls▁begin｜>",), "deepseekv3 (V3.1 layout too, as deepseekv31)"),
-    ModelFamily("glm4.5", "glm", "qwen3+glm4.5-specials", ("<|user|>", "<|observation|>", "<|endoftext|>"),
-                ("<arg_key>", "<arg_value>"), "glm45"),
-    ModelFamily("llama3.1", "llama", "llama3.1", ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
-                ("<|start_header_id|>", '"parameters"'), "llama3", one_call_per_turn=True),
-    ModelFamily("qwen3.5", "xml", "qwen3.5", ("<|im_end|>", "<|endoftext|>"), ("<function=",), "qwen3_coder"),
-    ModelFamily("qwen3", "json", "qwen3", ("<|im_end|>", "<|endoftext|>"), ("<tool_call>", '"name"'), "qwen25"),
-)}
+FAMILIES: dict[str, ModelFamily] = {
+    family.name: family
+    for family in (
+        ModelFamily(
+            "gpt-oss",
+            "harmony",
+            "gpt-oss",
+            ("<|return|>", "<|call|>", "<|endoftext|>"),
+            ("<|channel|>", "<|message|>"),
+            "gpt-oss",
+            one_call_per_turn=True,
+        ),
+        ModelFamily(
+            "deepseek-v3",
+            "deepseek",
+            "deepseek-v3",
+            ("<｜end▁of▁sentence｜>",),
+            ("<｜tool▁calls▁begin｜>",),
+            "deepseekv3 (V3.1 layout too, as deepseekv31)",
+        ),
+        ModelFamily(
+            "glm4.5",
+            "glm",
+            "qwen3+glm4.5-specials",
+            ("<|user|>", "<|observation|>", "<|endoftext|>"),
+            ("<arg_key>", "<arg_value>"),
+            "glm45",
+        ),
+        ModelFamily(
+            "llama3.1",
+            "llama",
+            "llama3.1",
+            ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+            ("<|start_header_id|>", '"parameters"'),
+            "llama3",
+            one_call_per_turn=True,
+        ),
+        ModelFamily("qwen3.5", "xml", "qwen3.5", ("<|im_end|>", "<|endoftext|>"), ("<function=",), "qwen3_coder"),
+        ModelFamily("qwen3", "json", "qwen3", ("<|im_end|>", "<|endoftext|>"), ("<tool_call>", '"name"'), "qwen25"),
+    )
+}
 TOOL_FORMATS = tuple(family.tool_format for family in FAMILIES.values())
 DEFAULT_STOP_TOKENS = FAMILIES["qwen3"].stop_tokens
 _CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(.*?)\1\s*\)""")

@@ -24,14 +24,21 @@ there it also terminates the last message.
 * **llama**: a call is one JSON object `{"name": ..., "parameters": {...}}` (or `"arguments"`),
   optionally after `<|python_tag|>`; several are separated by `;`. Text before the tag is content.
 """
+
 from __future__ import annotations
 
 import json
 import re
 from typing import Any, Sequence
 
-from trace_tools.render.parser import (THINK_CLOSE, THINK_OPEN, collect_calls, convert_parameter, schema_properties,
-                                      tool_call)
+from trace_tools.render.parser import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    collect_calls,
+    convert_parameter,
+    schema_properties,
+    tool_call,
+)
 
 Parsed = tuple[str, str, list[dict], list[str]]
 
@@ -52,7 +59,7 @@ def parse_glm(text: str, tools: Sequence[dict] | None) -> Parsed:
 def _glm_call(body: str, tools: Sequence[dict] | None) -> dict | str:
     name, _, arguments_text = body.partition("\n")
     if "<arg_key>" in name:  # no newline after the name
-        name, arguments_text = name[:name.index("<arg_key>")], body[name.index("<arg_key>"):]
+        name, arguments_text = name[: name.index("<arg_key>")], body[name.index("<arg_key>") :]
     name = name.strip()
     if not name:
         return "GLM tool call has no function name"
@@ -80,22 +87,23 @@ def parse_deepseek(text: str, tools: Sequence[dict] | None) -> Parsed:
     if start < 0:
         return reasoning, rest.strip(), [], []
     end = rest.find(DS_CALLS_END, start)
-    calls, errors, stray = collect_calls(rest, _DS_CALL, _deepseek_call, start + len(DS_CALLS_BEGIN),
-                                         end if end >= 0 else None)
+    calls, errors, stray = collect_calls(
+        rest, _DS_CALL, _deepseek_call, start + len(DS_CALLS_BEGIN), end if end >= 0 else None
+    )
     if end < 0:
         errors.append("unterminated <｜tool▁calls▁begin｜>")
     else:
-        stray += rest[end + len(DS_CALLS_END):]
+        stray += rest[end + len(DS_CALLS_END) :]
     return reasoning, _content(rest[:start], stray, _DS_MARKERS, errors), calls, errors
 
 
 def _deepseek_reasoning(text: str) -> tuple[str, str]:
     if THINK_CLOSE in text:
         inner, rest = text.split(THINK_CLOSE, 1)
-        inner = inner[inner.index(THINK_OPEN) + len(THINK_OPEN):] if inner.lstrip().startswith(THINK_OPEN) else inner
+        inner = inner[inner.index(THINK_OPEN) + len(THINK_OPEN) :] if inner.lstrip().startswith(THINK_OPEN) else inner
         return inner.strip("\n"), rest.lstrip("\n")
     if text.lstrip().startswith(THINK_OPEN):  # cut off while thinking
-        return text.lstrip()[len(THINK_OPEN):].strip("\n"), ""
+        return text.lstrip()[len(THINK_OPEN) :].strip("\n"), ""
     return "", text
 
 
@@ -173,10 +181,10 @@ def parse_llama(text: str, tools: Sequence[dict] | None) -> Parsed:
         return "", text, [], []
     objects, trailing = _json_objects(action)
     calls = [_llama_call(obj) for obj in objects]
-    if not objects or any(isinstance(call, str) for call in calls):
-        reason = next((c for c in calls if isinstance(c, str)), "Llama tool call is not valid JSON")
-        return "", text.strip(), [], [reason]
-    return "", (content + trailing).strip(), calls, []
+    failures = [call for call in calls if isinstance(call, str)]
+    if not objects or failures:
+        return "", text.strip(), [], [failures[0] if failures else "Llama tool call is not valid JSON"]
+    return "", (content + trailing).strip(), [call for call in calls if isinstance(call, dict)], []
 
 
 def _json_objects(text: str) -> tuple[list[Any], str]:
@@ -212,7 +220,7 @@ def _llama_call(payload: Any) -> dict | str:
 def _think_block(text: str) -> tuple[str, str]:
     stripped = text.lstrip("\n")
     if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
-        inner, rest = stripped[len(THINK_OPEN):].split(THINK_CLOSE, 1)
+        inner, rest = stripped[len(THINK_OPEN) :].split(THINK_CLOSE, 1)
         return inner.strip(), rest
     return "", text
 

@@ -34,6 +34,7 @@ Caches live for one session (`reset()` between sessions keeps memory bounded by 
 session); message digests are memoised by object identity, which is safe because messages are
 never mutated once built (canonicalization returns new objects).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,13 @@ class IncrementalRenderer:
     `encode(text) -> list[int]` tokenizes; `boundaries` maps hard-boundary token strings to ids.
     """
 
-    def __init__(self, apply: Callable[..., str], encode: Callable[[str], list[int]], boundaries: dict[str, int],
-                 verify: bool = False):
+    def __init__(
+        self,
+        apply: Callable[..., str],
+        encode: Callable[[str], list[int]],
+        boundaries: dict[str, int],
+        verify: bool = False,
+    ):
         self._apply, self._encode, self.verify = apply, encode, verify
         self._boundaries = _independent(boundaries)
         self.rules: Rules | None = CANDIDATES[0]
@@ -151,6 +157,7 @@ class IncrementalRenderer:
 
     def _extend(self, messages, tools, generation, kwargs, chain) -> _Text | None:
         """The incremental path; None (with the reason counted) when a full render is needed."""
+        assert self.rules is not None, "_render extends only under chosen rules"
         k = next((k for k in range(len(messages), 0, -1) if chain[k] in self._prefixes), 0)
         if k == 0:
             self.stats["full:no_cached_prefix"] += 1
@@ -169,10 +176,10 @@ class IncrementalRenderer:
         try:
             head_text = self._window_text(head, window_tools, False, kwargs)
             if context and prefix.tail is not None and prefix.tail[0] == start:
-                before = head_text + prefix.text[prefix.tail[1]:]  # the context as the full render has it
+                before = head_text + prefix.text[prefix.tail[1] :]  # the context as the full render has it
             else:
                 before = self._window_text(head + context, window_tools, False, kwargs)
-                if not (before.startswith(head_text) and prefix.text.endswith(before[len(head_text):])):
+                if not (before.startswith(head_text) and prefix.text.endswith(before[len(head_text) :])):
                     self.stats["full:context_mismatch"] += 1
                     return None
             plain, after = self._window_pair(head, head + context + delta, window_tools, generation, kwargs)
@@ -183,30 +190,32 @@ class IncrementalRenderer:
             self.stats["full:history_rewrite"] += 1
             return None
         self.stats["incremental"] += 1
-        grown = _Text(prefix.text + plain[len(before):], prefix, len(prefix.text), tail=(k, len(prefix.text)))
+        grown = _Text(prefix.text + plain[len(before) :], prefix, len(prefix.text), tail=(k, len(prefix.text)))
         self._put(self._prefixes, chain[-1], grown)
         if not generation:
             return grown
-        return self._with_generation_prompt(grown, prefix.text + after[len(before):])
+        return self._with_generation_prompt(grown, prefix.text + after[len(before) :])
 
-    def _window_pair(self, head: list[dict], messages: list[dict], tools, generation: bool,
-                     kwargs: dict) -> tuple[str, str]:
+    def _window_pair(
+        self, head: list[dict], messages: list[dict], tools, generation: bool, kwargs: dict
+    ) -> tuple[str, str]:
         """(plain render, render as asked) of a window: one render when the template's generation
         prompt is a pure suffix (the head's own generation prompt tells which)."""
         if not generation:
             plain = self._apply(messages, tools, False, kwargs)
             return plain, plain
         after = self._apply(messages, tools, True, kwargs)
+        assert self.rules is not None, "window renders belong to the incremental path"
         if self.rules.suffix:
             prompt = self._generation_prompt(head, tools, kwargs)
             if prompt is not None and after.endswith(prompt):
-                return after[:len(after) - len(prompt)], after
+                return after[: len(after) - len(prompt)], after
         return self._apply(messages, tools, False, kwargs), after
 
     def _generation_prompt(self, head: list[dict], tools, kwargs: dict) -> str | None:
         plain = self._window_text(head, tools, False, kwargs)
         prompted = self._window_text(head, tools, True, kwargs)
-        return prompted[len(plain):] if prompted.startswith(plain) else None
+        return prompted[len(plain) :] if prompted.startswith(plain) else None
 
     @staticmethod
     def _with_generation_prompt(plain: _Text, text: str) -> _Text:
@@ -236,7 +245,8 @@ class IncrementalRenderer:
         last = next((i for i in range(len(prefix) - 1, -1, -1) if prefix[i].get("role") == "assistant"), None)
         if last is None:
             return list(prefix), [], len(prefix)
-        head, dropped = [], []
+        head: list[dict] = []
+        dropped: list[dict] = []
         for message in prefix[:last]:
             (dropped if message.get("role") in _DELTA_ROLES else head).append(message)
         if any(_has_media(m) for m in dropped):
@@ -261,12 +271,13 @@ class IncrementalRenderer:
             entry = entry.base
         for item in reversed(pending):
             item.ids = self._encode_after(item)
-        return pending[0].ids if pending else entry.ids
+        ids = pending[0].ids if pending else entry.ids
+        assert ids is not None, "every pending text was encoded above"
+        return ids
 
     def _encode_after(self, entry: _Text) -> list[int]:
         base = entry.base
-        cut = self._boundary(base, entry.shared) if base is not None and base.ids is not None else None
-        if cut is None:
+        if base is None or base.ids is None or (cut := self._boundary(base, entry.shared)) is None:
             ids = self._encode(entry.text)
             self.stats["tokens_encoded"] += len(ids)
             return ids
@@ -292,6 +303,7 @@ class IncrementalRenderer:
         # every occurrence of an added token's text is that token, so it is the n-th occurrence of
         # its id counting from the end of the ids.
         from_end, token_id, ids = text.count(token, position), self._boundaries[token], base.ids
+        assert ids is not None, "a boundary is searched only in an encoded text"
         index = len(ids)
         while from_end:
             index -= 1
@@ -373,27 +385,41 @@ class IncrementalRenderer:
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:
     """Boundary tokens whose text occurs inside no other added token (so every occurrence of it
     in a text is that token)."""
-    return {token: i for token, i in boundaries.items()
-            if token and not any(token != other and token in other for other in boundaries)}
+    return {
+        token: i
+        for token, i in boundaries.items()
+        if token and not any(token != other and token in other for other in boundaries)
+    }
 
 
 def _has_media(message: dict) -> bool:
     content = message.get("content")
     if not isinstance(content, list):
         return False
-    return any(isinstance(part, dict) and part.get("type") not in ("text", "input_text", "output_text")
-               for part in content)
+    return any(
+        isinstance(part, dict) and part.get("type") not in ("text", "input_text", "output_text") for part in content
+    )
 
 
 def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
     """Shapes every strategy renders: tools or not, reasoning or not, parallel calls, multi-tool
     results, text turns, follow-up user turns."""
-    tools = [{"type": "function", "function": {
-        "name": "lookup", "description": "Look a key up.",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
-                       "required": ["key"]}}}]
+    tools: list[dict] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look a key up.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
+                    "required": ["key"],
+                },
+            },
+        }
+    ]
     call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "alpha", "n": 2}}}
-    with_tools = [
+    with_tools: list[dict] = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Find alpha."},
         {"role": "assistant", "content": "", "reasoning_content": "Need the tool.", "tool_calls": [call]},
@@ -407,7 +433,7 @@ def _probe_conversations() -> list[tuple[list[dict], list[dict] | None]]:
         {"role": "tool", "content": "alpha = 1"},
         {"role": "assistant", "content": "Still 1."},
     ]
-    plain = [
+    plain: list[dict] = [
         {"role": "user", "content": "Hi."},
         {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": "Bye."},

@@ -5,6 +5,7 @@ declared defaults the model left out and right-strips every line of string argum
 functions are the coarser views that recognise such an echo (slime PR #2282's rules). Both the
 echo-restoring strategies and drift analysis use them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -22,8 +23,9 @@ def tool_defaults(tools_schema: Sequence[dict] | None) -> dict[str, dict[str, An
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             continue
         properties = (function.get("parameters") or {}).get("properties") or {}
-        declared = {prop: spec["default"] for prop, spec in properties.items()
-                    if isinstance(spec, dict) and "default" in spec}
+        declared = {
+            prop: spec["default"] for prop, spec in properties.items() if isinstance(spec, dict) and "default" in spec
+        }
         if declared:
             defaults[function["name"]] = declared
     return defaults
@@ -45,8 +47,9 @@ def drop_schema_defaults(args: Any, defaults: dict[str, Any] | None) -> Any:
     """
     if not isinstance(args, dict) or not defaults:
         return args
-    return {key: value for key, value in args.items()
-            if not (key in defaults and _equals_default(value, defaults[key]))}
+    return {
+        key: value for key, value in args.items() if not (key in defaults and _equals_default(value, defaults[key]))
+    }
 
 
 def strip_trailing_ws(x: Any) -> Any:

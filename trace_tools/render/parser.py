@@ -13,6 +13,7 @@ Reasoning sits in `<think>...</think>`; with `reasoning_open` the generation pro
 it (the Qwen3.5 think template), so the text starts inside the reasoning. A malformed call never
 raises: the message gets `ill_formed=True` and the raw call text stays in `content`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -32,8 +33,14 @@ _STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
 _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 
-def parse_response_text(text: str, *, fmt: str | None, tools: Sequence[dict] | None = None,
-                        reasoning_open: bool = False, stop_strings: Sequence[str] = STOP_STRINGS) -> ParsedResponse:
+def parse_response_text(
+    text: str,
+    *,
+    fmt: str | None,
+    tools: Sequence[dict] | None = None,
+    reasoning_open: bool = False,
+    stop_strings: Sequence[str] = STOP_STRINGS,
+) -> ParsedResponse:
     """Split `text` into reasoning, content and tool calls.
 
     `fmt` is a tool-call format (`families.TOOL_FORMATS`: json, xml, glm, deepseek, harmony,
@@ -77,7 +84,7 @@ def split_reasoning(text: str, reasoning_open: bool) -> tuple[str, str]:
         return inner.strip("\n"), rest.lstrip("\n")
     stripped = text.lstrip("\n")
     if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
-        inner, rest = stripped[len(THINK_OPEN):].split(THINK_CLOSE, 1)
+        inner, rest = stripped[len(THINK_OPEN) :].split(THINK_CLOSE, 1)
         return inner.strip("\n"), rest.lstrip("\n")
     return "", text
 
@@ -101,8 +108,9 @@ def _split_calls(text: str, fmt: str, tools: Sequence[dict] | None, errors: list
     return content, calls
 
 
-def collect_calls(text: str, block: re.Pattern, parse: Callable[[str], dict | str], start: int = 0,
-                  end: int | None = None) -> tuple[list[dict], list[str], str]:
+def collect_calls(
+    text: str, block: re.Pattern, parse: Callable[[str], dict | str], start: int = 0, end: int | None = None
+) -> tuple[list[dict], list[str], str]:
     """Parse every `block` match (its group 1) in `text[start:end]`.
 
     Returns (calls, errors, stray): stray is the text between and around the calls, with the raw
@@ -111,7 +119,7 @@ def collect_calls(text: str, block: re.Pattern, parse: Callable[[str], dict | st
     end = len(text) if end is None else end
     calls, errors, stray, position = [], [], [], start
     for match in block.finditer(text, start, end):
-        stray.append(text[position:match.start()])
+        stray.append(text[position : match.start()])
         call = parse(match.group(1))
         if isinstance(call, str):
             errors.append(call)
@@ -179,7 +187,9 @@ def schema_properties(tools: Sequence[dict] | None, name: str) -> dict:
     for tool in tools or ():
         if not isinstance(tool, dict):
             continue
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            function = tool
         if function.get("name") != name:
             continue
         parameters = function.get("parameters") or {}

@@ -10,6 +10,7 @@ one already rendered renders only a short window around its new messages and enc
 text after the last shared special token, with every shortcut checked and a full render where
 a check fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,16 @@ def detect_tool_format(template: str) -> str | None:
 class Renderer:
     """Implements `trace_tools.render.base.RendererLike` for a real tokenizer and Jinja template."""
 
-    def __init__(self, tokenizer: Tokenizer | str, chat_template: str, template_kwargs: dict | None = None,
-                 template_identity: str = "", parser: str | None = None, render_date: str | None = None,
-                 verify_incremental: bool | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str,
+        chat_template: str,
+        template_kwargs: dict | None = None,
+        template_identity: str = "",
+        parser: str | None = None,
+        render_date: str | None = None,
+        verify_incremental: bool | None = None,
+    ):
         if parser is not None and parser not in families.TOOL_FORMATS:
             raise UnknownName("tool-call format", parser, families.TOOL_FORMATS)
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
@@ -61,19 +69,36 @@ class Renderer:
         if verify_incremental is None:
             verify_incremental = os.environ.get("TRACE_TOOLS_VERIFY_RENDER") == "1"
         self._verify = verify_incremental
-        self.engine = IncrementalRenderer(self._apply_template, self.tokenizer.encode,
-                                          self.tokenizer.hard_boundaries, verify=verify_incremental)
+        self.engine = IncrementalRenderer(
+            self._apply_template, self.tokenizer.encode, self.tokenizer.hard_boundaries, verify=verify_incremental
+        )
         self._reasoning_open: dict[str, bool] = {}
         self._jinja: Any = None
 
     def __reduce__(self):
         # Picklable for process pools: ship the recipe, not the caches and locks.
-        return (Renderer, (self.tokenizer, self.chat_template, self.template_kwargs, self.template_identity,
-                           self._parser, self.render_date, self._verify))
+        return (
+            Renderer,
+            (
+                self.tokenizer,
+                self.chat_template,
+                self.template_kwargs,
+                self.template_identity,
+                self._parser,
+                self.render_date,
+                self._verify,
+            ),
+        )
 
     @classmethod
-    def from_spec(cls, tokenizer: str | None, chat_template: str | None = None, dump_meta: DumpMeta | None = None,
-                  template_kwargs: dict | None = None, tool_format: str | None = None) -> "Renderer":
+    def from_spec(
+        cls,
+        tokenizer: str | None,
+        chat_template: str | None = None,
+        dump_meta: DumpMeta | None = None,
+        template_kwargs: dict | None = None,
+        tool_format: str | None = None,
+    ) -> "Renderer":
         """Resolve names the way the CLI does: options first, then the dump's own metadata.
 
         `tool_format` overrides the format detected from the template (`--tool-format`); the
@@ -81,32 +106,55 @@ class Renderer:
         """
         name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
         if not name:
-            raise TraceToolsError("no tokenizer: the dump names none (`trace_tools.tokenizer`); "
-                                  "pass `--tokenizer NAME|PATH`")
+            raise TraceToolsError(
+                "no tokenizer: the dump names none (`trace_tools.tokenizer`); pass `--tokenizer NAME|PATH`"
+            )
         tokenizer_obj = load_tokenizer(name)  # first, so a wrong name is reported as a tokenizer, not a template
-        text, identity = resolve_template(chat_template, tokenizer_name=name,
-                                          dump_template=dump_meta.chat_template if dump_meta else None)
+        text, identity = resolve_template(
+            chat_template, tokenizer_name=name, dump_template=dump_meta.chat_template if dump_meta else None
+        )
         render_date = dump_meta.extra.get("render_date") if dump_meta else None
-        return cls(tokenizer_obj, text, template_kwargs=template_kwargs, template_identity=identity,
-                   parser=tool_format, render_date=render_date)
+        return cls(
+            tokenizer_obj,
+            text,
+            template_kwargs=template_kwargs,
+            template_identity=identity,
+            parser=tool_format,
+            render_date=render_date,
+        )
 
     # -- RendererLike -------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
-    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-               add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def render(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
         return list(self.render_shared(messages, tools, add_generation_prompt, **template_kwargs))
 
-    def render_shared(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                      add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def render_shared(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
         """`render` without the copy: the cached list itself, which callers must not modify."""
         kwargs = {**self.template_kwargs, **template_kwargs}
         return self.engine.ids(messages, tools or None, add_generation_prompt, kwargs)
 
-    def render_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                    add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    def render_text(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
         kwargs = {**self.template_kwargs, **template_kwargs}
         return self.engine.text(messages, tools or None, add_generation_prompt, kwargs)
 
@@ -120,14 +168,21 @@ class Renderer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def parse_response(self, output_ids: Sequence[int], tools: Sequence[dict] | None = None,
-                       **template_kwargs: Any) -> ParsedResponse:
-        return parse_response_text(self.decode(output_ids), fmt=self.tool_format, tools=tools,
-                                   reasoning_open=self.reasoning_open(**template_kwargs), stop_strings=self.stop_tokens)
+    def parse_response(
+        self, output_ids: Sequence[int], tools: Sequence[dict] | None = None, **template_kwargs: Any
+    ) -> ParsedResponse:
+        return parse_response_text(
+            self.decode(output_ids),
+            fmt=self.tool_format,
+            tools=tools,
+            reasoning_open=self.reasoning_open(**template_kwargs),
+            stop_strings=self.stop_tokens,
+        )
 
     # -- beyond the protocol --------------------------------------------------------------------
-    def render_delta(self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None,
-                     **template_kwargs: Any) -> list[int] | None:
+    def render_delta(
+        self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None, **template_kwargs: Any
+    ) -> list[int] | None:
         """Ids D with `render(prev, gen=False) + D == render(prev + new, gen=True)`, or None.
 
         None when the extended render does not start with the prefix's (the template rewrites
@@ -136,12 +191,12 @@ class Renderer:
         """
         prefix = self.render_shared(prev, tools, False, **template_kwargs)
         full = self.render_shared([*prev, *new], tools, True, **template_kwargs)
-        if full[:len(prefix)] != prefix:
+        if full[: len(prefix)] != prefix:
             return None
         prefix_text = self.render_text(prev, tools, False, **template_kwargs)
         if not self.render_text([*prev, *new], tools, True, **template_kwargs).startswith(prefix_text):
             return None
-        return full[len(prefix):]
+        return full[len(prefix) :]
 
     @property
     def generation_prompt_tokens(self) -> int:
@@ -181,24 +236,34 @@ class Renderer:
         from trace_tools.render.tokenizer import import_transformers
 
         transformers = import_transformers()
-        return {"tokenizer": self.tokenizer.name, "template": self.template_identity,
-                "template_kwargs": self.template_kwargs, "tool_format": self.tool_format,
-                "render_date": self.render_date,
-                "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+        return {
+            "tokenizer": self.tokenizer.name,
+            "template": self.template_identity,
+            "template_kwargs": self.template_kwargs,
+            "tool_format": self.tool_format,
+            "render_date": self.render_date,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        }
 
     def cache_info(self) -> dict[str, int]:
         """What the incremental engine did: renders by path, fallbacks by reason, tokens encoded/reused."""
         return dict(self.engine.stats)
 
-    def _apply_template(self, messages: Sequence[dict], tools: Sequence[dict] | None,
-                        add_generation_prompt: bool, kwargs: dict) -> str:
+    def _apply_template(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
+    ) -> str:
         from jinja2 import TemplateError
 
         if self._jinja is None:
             self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template)
         try:
-            return self._jinja(families.template_messages(messages, self._text_arguments),
-                               list(tools) if tools else None, add_generation_prompt, kwargs)
+            return self._jinja(
+                families.template_messages(messages, self._text_arguments),
+                list(tools) if tools else None,
+                add_generation_prompt,
+                kwargs,
+            )
         except TemplateError as exc:
             raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
 
@@ -212,9 +277,16 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
     directory whose own special-token map a probe shows is not reproduced (the built-in
     tokenizers' map is known, which spares building a transformers tokenizer in every worker).
     """
+
     def reference(messages, tools, generation, kwargs):
-        return tokenizer.hf.apply_chat_template(messages, tools=tools, chat_template=chat_template,
-                                                add_generation_prompt=generation, tokenize=False, **kwargs)
+        return tokenizer.hf.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=chat_template,
+            add_generation_prompt=generation,
+            tokenize=False,
+            **kwargs,
+        )
 
     from trace_tools.render.tokenizer import import_transformers
 
@@ -227,9 +299,15 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
 
     def direct(messages, tools, generation, kwargs):
         rendered, _ = render_jinja_template(
-            conversations=[_normalize_chat_messages(messages)], tools=tools, documents=None,
-            chat_template=chat_template, return_assistant_tokens_mask=False, continue_final_message=False,
-            add_generation_prompt=generation, **{**specials, **kwargs})
+            conversations=[_normalize_chat_messages(messages)],
+            tools=tools,
+            documents=None,
+            chat_template=chat_template,
+            return_assistant_tokens_mask=False,
+            continue_final_message=False,
+            add_generation_prompt=generation,
+            **{**specials, **kwargs},
+        )
         return rendered[0]
 
     if tokenizer.builtin:

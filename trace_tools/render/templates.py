@@ -15,6 +15,7 @@ slow and pulls torch). Templates are never copied into this source tree. When `t
 a dump's embedded template stands in for `qwen3` / `qwen3.5`, else the one the bundled sample
 dump embeds (the same TRL text, recorded with it: DESIGN §10).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,16 +26,25 @@ from pathlib import Path
 from trace_tools.errors import TemplateNotFound
 
 # The template each built-in name means.
-NAMED_TEMPLATES = {"qwen3": "qwen3.jinja", "qwen3.5": "qwen3_5_think.jinja", "glm4.5": "glm4moe.jinja",
-                   "deepseek-v3": "deepseekv3.jinja", "gpt-oss": "gptoss.jinja", "llama3.1": "llama3_1.jinja"}
+NAMED_TEMPLATES = {
+    "qwen3": "qwen3.jinja",
+    "qwen3.5": "qwen3_5_think.jinja",
+    "glm4.5": "glm4moe.jinja",
+    "deepseek-v3": "deepseekv3.jinja",
+    "gpt-oss": "gptoss.jinja",
+    "llama3.1": "llama3_1.jinja",
+}
 # Built-in tokenizer names whose default template has another name (the GLM stand-in).
 TOKENIZER_TEMPLATES = {"qwen3+glm4.5-specials": "glm4.5"}
-_INSTALL_HINT = ("install the templates with `pip install --no-deps trl==1.16.0` (template files only, no torch) "
-                 "or pass `--chat-template FILE`")
+_INSTALL_HINT = (
+    "install the templates with `pip install --no-deps trl==1.16.0` (template files only, no torch) "
+    "or pass `--chat-template FILE`"
+)
 
 
-def resolve_template(spec: str | None, *, tokenizer_name: str | None = None,
-                     dump_template: str | None = None) -> tuple[str, str]:
+def resolve_template(
+    spec: str | None, *, tokenizer_name: str | None = None, dump_template: str | None = None
+) -> tuple[str, str]:
     """(template text, identity) for a spec; see the module docstring for the sources.
 
     With no spec the dump's own template wins (it is what the recording used), then the
@@ -48,8 +58,10 @@ def resolve_template(spec: str | None, *, tokenizer_name: str | None = None,
         return _resolve_spec(dump_template, None)
     if tokenizer_name:
         return _resolve_spec(TOKENIZER_TEMPLATES.get(tokenizer_name, tokenizer_name), None)
-    raise TemplateNotFound("no chat template: the dump carries none and no tokenizer was given; "
-                           "pass `--chat-template FILE` or `--tokenizer NAME|PATH`")
+    raise TemplateNotFound(
+        "no chat template: the dump carries none and no tokenizer was given; "
+        "pass `--chat-template FILE` or `--tokenizer NAME|PATH`"
+    )
 
 
 def _resolve_spec(spec: str, dump_template: str | None) -> tuple[str, str]:
@@ -60,7 +72,9 @@ def _resolve_spec(spec: str, dump_template: str | None) -> tuple[str, str]:
     if spec == "dump":
         if dump_template and looks_like_template(dump_template):
             return dump_template, identity("dump", dump_template)
-        raise TemplateNotFound("the dump carries no chat template (`trace_tools.chat_template`); pass `--chat-template FILE`")
+        raise TemplateNotFound(
+            "the dump carries no chat template (`trace_tools.chat_template`); pass `--chat-template FILE`"
+        )
     if looks_like_template(spec):
         return spec, identity("inline", spec)
     return _from_path(Path(spec).expanduser(), spec)
@@ -101,14 +115,17 @@ def _from_path(path: Path, spec: str) -> tuple[str, str]:
         text = path.read_text(encoding="utf-8")
         return text, identity(f"file:{path.resolve()}", text)
     if path.is_dir():
-        text = tokenizer_dir_template(path)
-        if text is None:
-            raise TemplateNotFound(f"tokenizer directory {path} has no chat template "
-                                   "(chat_template.jinja or tokenizer_config.json); pass `--chat-template FILE`")
-        return text, identity(f"tokenizer:{path.resolve()}", text)
+        found = tokenizer_dir_template(path)
+        if found is None:
+            raise TemplateNotFound(
+                f"tokenizer directory {path} has no chat template "
+                "(chat_template.jinja or tokenizer_config.json); pass `--chat-template FILE`"
+            )
+        return found, identity(f"tokenizer:{path.resolve()}", found)
     names = ", ".join([*NAMED_TEMPLATES, "trl:<name>", "dump"])
-    raise TemplateNotFound(f"chat template {spec!r} is neither a known name ({names}) nor an existing file; "
-                           "pass `--chat-template FILE`")
+    raise TemplateNotFound(
+        f"chat template {spec!r} is neither a known name ({names}) nor an existing file; pass `--chat-template FILE`"
+    )
 
 
 def embedded_metadata(dump_file: Path, key: str) -> str | None:

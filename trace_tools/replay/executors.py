@@ -4,6 +4,7 @@ Every executor maps the same `SessionReplayer` over the session stream and yield
 submission order, keeping a bounded number of sessions in flight, so memory follows the
 concurrency and the run directory does not depend on the executor or the worker count.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,13 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_sessions(sessions: Iterable[Session], options: ReplayOptions, workers: int, executor: str = "local",
-                 address: str | None = None) -> Iterator[SessionRows]:
+def run_sessions(
+    sessions: Iterable[Session],
+    options: ReplayOptions,
+    workers: int,
+    executor: str = "local",
+    address: str | None = None,
+) -> Iterator[SessionRows]:
     """Replay `sessions` and yield their rows in the same order."""
     if executor not in EXECUTORS:
         raise TraceToolsError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
@@ -76,20 +82,24 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
             while pending:
                 yield pending.popleft().result()
     except BrokenProcessPool:
-        raise TraceToolsError("a worker process died (out of memory, or a program started from stdin that "
-                              "worker processes cannot re-import); rerun with --workers 1, or fewer workers; "
-                              "finished shards are kept and the rerun resumes") from None
+        raise TraceToolsError(
+            "a worker process died (out of memory, or a program started from stdin that "
+            "worker processes cannot re-import); rerun with --workers 1, or fewer workers; "
+            "finished shards are kept and the rerun resumes"
+        ) from None
 
 
 # -- Ray -------------------------------------------------------------------------------------------
-def _ray(sessions: Iterable[Session], options: ReplayOptions, workers: int, address: str | None) -> Iterator[SessionRows]:
+def _ray(
+    sessions: Iterable[Session], options: ReplayOptions, workers: int, address: str | None
+) -> Iterator[SessionRows]:
     try:
         import ray
     except ImportError:
-        raise TraceToolsError("--executor ray needs Ray; install it with `pip install \"trace-tools[ray]\"`") from None
+        raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
-                 **({} if address else {"num_cpus": workers}))
+        # With an address the cluster decides the CPUs; None is ray.init's own default.
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers)
     task = ray.remote(_ray_replay)
     shared = ray.put(options)
     pending: deque = deque()

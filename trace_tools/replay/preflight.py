@@ -7,6 +7,7 @@ session, a tokenizer and template that resolve for every recording in it, or no 
 needs one); `check_run_dir` the output directory (a directory, not another run made with other
 options unless `overwrite`).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ def _require_no_rendering(label: str, strategies: list[str], prompt_source: str)
         needs = f"strategies {', '.join(renders)} render" if renders else "--prompt-source rendered renders"
         from trace_tools.render.tokenizer import known_names
 
-        raise UsageError(f"{label} names no tokenizer (trace_tools.tokenizer) and {needs} prompts; "
-                         f"pass --tokenizer {'|'.join(known_names())}|PATH")
+        raise UsageError(
+            f"{label} names no tokenizer (trace_tools.tokenizer) and {needs} prompts; "
+            f"pass --tokenizer {'|'.join(known_names())}|PATH"
+        )
 
 
 def check_run_dir(run_dir: Path, fingerprint: str, overwrite: bool, options: dict[str, Any] | None = None) -> None:
@@ -74,12 +77,16 @@ def check_run_dir(run_dir: Path, fingerprint: str, overwrite: bool, options: dic
     marker = run_dir / "shards" / "FINGERPRINT"
     if marker.is_file():
         if marker.read_text().strip() != fingerprint and not overwrite:
-            raise UsageError(f"{run_dir} holds a run made with other options ({_changed(run_dir, options or {})}); "
-                             "pass --overwrite to replace it, or choose another --out")
+            raise UsageError(
+                f"{run_dir} holds a run made with other options ({_changed(run_dir, options or {})}); "
+                "pass --overwrite to replace it, or choose another --out"
+            )
         return
     if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
-        raise UsageError(f"--out {run_dir} is a directory that holds other files, not a trace-tools run; "
-                         "pass a new or empty directory (or --overwrite)")
+        raise UsageError(
+            f"--out {run_dir} is a directory that holds other files, not a trace-tools run; "
+            "pass a new or empty directory (or --overwrite)"
+        )
 
 
 def _changed(run_dir: Path, options: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ file's renderer, computes its strategy-independent facts once, runs every strate
 prepared turns, and returns run-directory rows. Nothing here depends on where it runs, so the
 output is the same for any worker count and executor.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,8 +60,9 @@ class SessionReplayer:
             return rows
         rows.fidelity = facts.fidelity
         rows.drift = drift_rows(prepared, facts.drift)
-        ctx = ReplayContext(prepared.renderer, self.options.canonicalization, self.options.prompt_source,
-                            self.options.params)
+        ctx = ReplayContext(
+            prepared.renderer, self.options.canonicalization, self.options.prompt_source, self.options.params
+        )
         samples = []
         for name in self.options.strategies:
             samples += self._run_strategy(name, prepared, ctx, facts, rows)
@@ -74,8 +76,9 @@ class SessionReplayer:
         renderer = self.renderers.for_session(session)
         return prepare_session(session, renderer, self.options.canonicalization, self.options.prompt_source)
 
-    def _run_strategy(self, name: str, prepared: PreparedSession, ctx: ReplayContext, facts: Any,
-                      rows: SessionRows) -> list[dict[str, Any]]:
+    def _run_strategy(
+        self, name: str, prepared: PreparedSession, ctx: ReplayContext, facts: Any, rows: SessionRows
+    ) -> list[dict[str, Any]]:
         started = time.perf_counter()
         try:
             result = get_strategy(name)(ctx).replay(prepared)
@@ -110,7 +113,8 @@ def strategy_turn_view(prepared: PreparedSession, ctx: ReplayContext, name: str,
     result = get_strategy(name)(ctx).replay(prepared)
     row = next(r for r in turn_rows(name, prepared.session, result, {}, {}) if r["turn_index"] == turn_index)
     return {k: row[k] for k in ("event", "prompt_event", "generated_tokens", "trained_tokens")} | {
-        "samples": len(result.samples)}
+        "samples": len(result.samples)
+    }
 
 
 def _quarantine(session_id: str, detail: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """Turn one strategy's ReplayResult into the DESIGN §5/§6 rows: per turn, per session, per sample."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ def trained_by_turn(result: ReplayResult) -> Counter:
     """Loss-1 tokens per producing turn, counted by provenance over every emitted sample."""
     trained: Counter = Counter()
     for sample in result.samples:
-        region = sample.source_turn[len(sample.source_turn) - sample.response_length:]
+        region = sample.source_turn[len(sample.source_turn) - sample.response_length :]
         trained.update(compress(region, sample.loss_mask))  # C-level: samples run to 50k tokens
     for source in [source for source in trained if source < 0]:
         del trained[source]
@@ -28,29 +29,38 @@ def turn_event(generated: int, trained: int, strategy_event: str | None) -> str:
     return strategy_event or "untrained"
 
 
-def turn_rows(strategy: str, session: Session, result: ReplayResult, tool_names: dict[int, list[str]],
-              prompt_lengths: dict[int, int]) -> list[dict[str, Any]]:
+def turn_rows(
+    strategy: str,
+    session: Session,
+    result: ReplayResult,
+    tool_names: dict[int, list[str]],
+    prompt_lengths: dict[int, int],
+) -> list[dict[str, Any]]:
     trained = trained_by_turn(result)
     behaviour = behaviour_label(_ground_truth(session.turns[0].metadata, "behaviours") if session.turns else None)
     rows = []
     for turn in session.turns:
         names = tool_names.get(turn.turn_index, [])
         generated = len(turn.output_ids)
-        rows.append({
-            "strategy": strategy,
-            "session_id": session.session_id,
-            "turn_index": turn.turn_index,
-            "tool": names[0] if names else "text",
-            "tool_names": names,
-            "generated_tokens": generated,
-            "trained_tokens": trained.get(turn.turn_index, 0),
-            "event": turn_event(generated, trained.get(turn.turn_index, 0), result.turn_events.get(turn.turn_index)),
-            "prompt_event": result.prompt_events.get(turn.turn_index, "clean"),
-            "drift_position": result.drift_positions.get(turn.turn_index),
-            "prompt_tokens": prompt_lengths.get(turn.turn_index),
-            "genuine": _ground_truth(turn.metadata, "genuine"),
-            "behaviour": behaviour,
-        })
+        rows.append(
+            {
+                "strategy": strategy,
+                "session_id": session.session_id,
+                "turn_index": turn.turn_index,
+                "tool": names[0] if names else "text",
+                "tool_names": names,
+                "generated_tokens": generated,
+                "trained_tokens": trained.get(turn.turn_index, 0),
+                "event": turn_event(
+                    generated, trained.get(turn.turn_index, 0), result.turn_events.get(turn.turn_index)
+                ),
+                "prompt_event": result.prompt_events.get(turn.turn_index, "clean"),
+                "drift_position": result.drift_positions.get(turn.turn_index),
+                "prompt_tokens": prompt_lengths.get(turn.turn_index),
+                "genuine": _ground_truth(turn.metadata, "genuine"),
+                "behaviour": behaviour,
+            }
+        )
     return rows
 
 
@@ -81,10 +91,21 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
 
 def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[dict[str, Any]]:
     """`samples.parquet` rows (`io.rundir.SAMPLES_SCHEMA`); metadata as JSON."""
-    return [{"strategy": strategy, "session_id": session_id, "sample_index": i, "token_ids": s.token_ids,
-             "response_length": s.response_length, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
-             "source_turn": s.source_turn, "reward": s.reward,
-             "metadata": json.dumps(s.metadata, sort_keys=True, default=str)} for i, s in enumerate(result.samples)]
+    return [
+        {
+            "strategy": strategy,
+            "session_id": session_id,
+            "sample_index": i,
+            "token_ids": s.token_ids,
+            "response_length": s.response_length,
+            "loss_mask": s.loss_mask,
+            "logprobs": s.logprobs,
+            "source_turn": s.source_turn,
+            "reward": s.reward,
+            "metadata": json.dumps(s.metadata, sort_keys=True, default=str),
+        }
+        for i, s in enumerate(result.samples)
+    ]
 
 
 def extra_counters(result: ReplayResult) -> dict[str, int]:

@@ -1,4 +1,5 @@
 """Compare two runs (or two strategies of one run), and compare strategies by simulated behaviour."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,13 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
         if not names:
             raise TraceToolsError("the two runs share no strategy; replay both with a common --strategy")
         pairs, labels = [(s, s) for s in names], (str(run_a), str(run_b))
-    return Comparison(labels[0], labels[1], _metric_deltas(summary_a, summary_b, pairs),
-                      _tool_sides(summary_a, summary_b, pairs), _changed_sessions(sessions_a, sessions_b, pairs))
+    return Comparison(
+        labels[0],
+        labels[1],
+        _metric_deltas(summary_a, summary_b, pairs),
+        _tool_sides(summary_a, summary_b, pairs),
+        _changed_sessions(sessions_a, sessions_b, pairs),
+    )
 
 
 def _require_strategies(run: str | Path, summary: dict[str, Any], names: list[str]) -> None:
@@ -55,8 +61,10 @@ def _require_strategies(run: str | Path, summary: dict[str, Any], names: list[st
     have = list(summary["strategies"])
     for name in names:
         if name not in have:
-            raise UsageError(f"run {run} has no strategy {name!r} (it has: {', '.join(have)}); "
-                             f"replay it with --strategy {name}, or compare strategies it has")
+            raise UsageError(
+                f"run {run} has no strategy {name!r} (it has: {', '.join(have)}); "
+                f"replay it with --strategy {name}, or compare strategies it has"
+            )
 
 
 def flatten(block: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -79,8 +87,15 @@ def _metric_deltas(a: dict, b: dict, pairs: list[tuple[str, str]]) -> pd.DataFra
             delta = vb - va if va is not None and vb is not None else None
             rows.append({"pair": _pair(sa, sb), "metric": metric, "a": va, "b": vb, "delta": delta})
     for key in ("quarantined", "sessions_total"):
-        rows.append({"pair": "run", "metric": key, "a": a.get(key), "b": b.get(key),
-                     "delta": (b.get(key) or 0) - (a.get(key) or 0)})
+        rows.append(
+            {
+                "pair": "run",
+                "metric": key,
+                "a": a.get(key),
+                "b": b.get(key),
+                "delta": (b.get(key) or 0) - (a.get(key) or 0),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -91,10 +106,17 @@ def _tool_sides(a: dict, b: dict, pairs: list[tuple[str, str]]) -> pd.DataFrame:
         for tool in sorted(set(ta) | set(tb)):
             ca = a["strategies"][sa]["coverage_by_tool"].get(tool)
             cb = b["strategies"][sb]["coverage_by_tool"].get(tool)
-            rows.append({"pair": _pair(sa, sb), "tool": tool, "turns": (ta.get(tool) or tb.get(tool))["turns"],
-                         "coverage_a": ca, "coverage_b": cb,
-                         "dropped_a": (ta.get(tool) or {}).get("dropped_turns"),
-                         "dropped_b": (tb.get(tool) or {}).get("dropped_turns")})
+            rows.append(
+                {
+                    "pair": _pair(sa, sb),
+                    "tool": tool,
+                    "turns": (ta.get(tool) or tb.get(tool))["turns"],
+                    "coverage_a": ca,
+                    "coverage_b": cb,
+                    "dropped_a": (ta.get(tool) or {}).get("dropped_turns"),
+                    "dropped_b": (tb.get(tool) or {}).get("dropped_turns"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -104,8 +126,11 @@ def _changed_sessions(a: pd.DataFrame, b: pd.DataFrame, pairs: list[tuple[str, s
         left = a[a["strategy"] == sa].set_index("session_id")[OUTCOME_COLUMNS]
         right = b[b["strategy"] == sb].set_index("session_id")[OUTCOME_COLUMNS]
         joined = left.join(right, lsuffix="_a", rsuffix="_b", how="outer")
-        changed = joined[(joined[[f"{c}_a" for c in OUTCOME_COLUMNS]].values
-                          != joined[[f"{c}_b" for c in OUTCOME_COLUMNS]].values).any(axis=1)]
+        changed = joined[
+            (
+                joined[[f"{c}_a" for c in OUTCOME_COLUMNS]].values != joined[[f"{c}_b" for c in OUTCOME_COLUMNS]].values
+            ).any(axis=1)
+        ]
         frames.append(changed.reset_index().assign(pair=_pair(sa, sb)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -122,21 +147,29 @@ def compare_by_behaviour(run: str | Path) -> pd.DataFrame:
     tables = read_run(run)
     sessions, turns = tables["sessions"], tables["turns"]
     if not len(sessions) or sessions["ideal_samples"].isna().all():
-        raise TraceToolsError("this run has no simulator ground truth (metadata.behaviours / ideal_samples); "
-                              "--by behaviour needs a dump made by `trace-tools simulate`")
+        raise TraceToolsError(
+            "this run has no simulator ground truth (metadata.behaviours / ideal_samples); "
+            "--by behaviour needs a dump made by `trace-tools simulate`"
+        )
     genuine = _genuine_share(turns)
     exploded = sessions.assign(behaviour=sessions["behaviours"].apply(behaviour_label))
     rows = []
     for (behaviour, strategy), group in exploded.groupby(["behaviour", "strategy"], sort=True):
         trained, total = genuine.get(strategy, {}).get(behaviour, (0, 0))
-        rows.append({
-            "behaviour": behaviour, "strategy": strategy, "sessions": len(group),
-            "samples_per_session": group["samples"].mean(),
-            "ideal_samples_per_session": group["ideal_samples"].astype(float).mean(),
-            "trained_share": trained / total if total else None,
-            "forwarded_vs_ideal": group["forwarded_tokens"].sum() / group["ideal_forwarded_tokens"].astype(float).sum()
-            if group["ideal_forwarded_tokens"].notna().all() and group["ideal_forwarded_tokens"].astype(float).sum() else None,
-        })
+        rows.append(
+            {
+                "behaviour": behaviour,
+                "strategy": strategy,
+                "sessions": len(group),
+                "samples_per_session": group["samples"].mean(),
+                "ideal_samples_per_session": group["ideal_samples"].astype(float).mean(),
+                "trained_share": trained / total if total else None,
+                "forwarded_vs_ideal": group["forwarded_tokens"].sum()
+                / group["ideal_forwarded_tokens"].astype(float).sum()
+                if group["ideal_forwarded_tokens"].notna().all() and group["ideal_forwarded_tokens"].astype(float).sum()
+                else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -147,5 +180,8 @@ def _genuine_share(turns: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]]]
     frame = turns[turns["genuine"].fillna(False).astype(bool)]
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for (strategy, behaviour), group in frame.groupby(["strategy", "behaviour"]):
-        out.setdefault(strategy, {})[behaviour] = (int(group["trained_tokens"].sum()), int(group["generated_tokens"].sum()))
+        out.setdefault(strategy, {})[behaviour] = (
+            int(group["trained_tokens"].sum()),
+            int(group["generated_tokens"].sum()),
+        )
     return out

@@ -1,4 +1,5 @@
 """Terminal views of compare and gate results, fitted to the console by `layout.fit`."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,7 @@ from rich.text import Text
 from trace_tools.report.layout import Column, fit, label, legend, middle
 from trace_tools.strategies import BUILTIN_STRATEGIES
 
-KEY_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens",
-               "context_tokens")
+KEY_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens", "context_tokens")
 SESSIONS_SHOWN = 30
 BEHAVIOUR_LINE = 26  # behaviour recipes longer than this break after a `+`
 
@@ -27,8 +27,11 @@ def comparison_view(result: Any, width: int) -> list[Any]:
             out += [Text(""), Text(f"Coverage by tool (dropped turns): {pair}", style="bold"), *_tools(tools, width)]
         sessions = result.sessions[result.sessions["pair"] == pair] if len(result.sessions) else result.sessions
         if len(sessions):
-            out += [Text(""), Text(f"Sessions whose outcome changed: {len(sessions)} ({pair})", style="bold"),
-                    *_sessions(sessions.head(SESSIONS_SHOWN), width)]
+            out += [
+                Text(""),
+                Text(f"Sessions whose outcome changed: {len(sessions)} ({pair})", style="bold"),
+                *_sessions(sessions.head(SESSIONS_SHOWN), width),
+            ]
     return out
 
 
@@ -36,24 +39,41 @@ def _metrics(frame: pd.DataFrame, pair: str, width: int) -> list[Any]:
     rows = frame[(frame["pair"] == pair) & ((frame["delta"].fillna(1) != 0) | frame["metric"].isin(KEY_METRICS))]
     if not len(rows):
         return []
-    return fit([Column("metric", list(rows["metric"]), justify="left")],
-               [Column("A", [_num(v) for v in rows["a"]]), Column("B", [_num(v) for v in rows["b"]]),
-                Column("Δ (B − A)", [_num(v, signed=True) for v in rows["delta"]])], width)
+    return fit(
+        [Column("metric", list(rows["metric"]), justify="left")],
+        [
+            Column("A", [_num(v) for v in rows["a"]]),
+            Column("B", [_num(v) for v in rows["b"]]),
+            Column("Δ (B − A)", [_num(v, signed=True) for v in rows["delta"]]),
+        ],
+        width,
+    )
 
 
 def _tools(frame: pd.DataFrame, width: int) -> list[Any]:
-    return fit([Column("tool", list(frame["tool"]), justify="left"), Column("turns", [str(n) for n in frame["turns"]])],
-               [Column("A", [_cov(c, d) for c, d in zip(frame["coverage_a"], frame["dropped_a"])]),
-                Column("B", [_cov(c, d) for c, d in zip(frame["coverage_b"], frame["dropped_b"])])], width)
+    return fit(
+        [Column("tool", list(frame["tool"]), justify="left"), Column("turns", [str(n) for n in frame["turns"]])],
+        [
+            Column("A", [_cov(c, d) for c, d in zip(frame["coverage_a"], frame["dropped_a"])]),
+            Column("B", [_cov(c, d) for c, d in zip(frame["coverage_b"], frame["dropped_b"])]),
+        ],
+        width,
+    )
 
 
 def _sessions(frame: pd.DataFrame, width: int) -> list[Any]:
     def change(column: str) -> list[str]:
         return [f"{_num(a)} → {_num(b)}" for a, b in zip(frame[f"{column}_a"], frame[f"{column}_b"])]
 
-    return fit([Column("session", [middle(str(s)) for s in frame["session_id"]], justify="left")],
-               [Column("samples", change("samples")), Column("trained", change("trained_tokens")),
-                Column("forwarded", change("forwarded_tokens"))], width)
+    return fit(
+        [Column("session", [middle(str(s)) for s in frame["session_id"]], justify="left")],
+        [
+            Column("samples", change("samples")),
+            Column("trained", change("trained_tokens")),
+            Column("forwarded", change("forwarded_tokens")),
+        ],
+        width,
+    )
 
 
 def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
@@ -65,8 +85,10 @@ def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
     sessions = [str(max(cells[b, s].sessions for s in strategies if (b, s) in cells)) for b in behaviours]
     key = [Column("behaviour", [_break_at_plus(b) for b in behaviours], justify="left"), Column("sessions", sessions)]
     values = [Column(label(s), [_behaviour_cell(cells.get((b, s))) for b in behaviours]) for s in strategies]
-    note = ("each cell: % of genuine generated tokens trained / forwarded tokens ÷ ideal (the ideal forwards "
-            "each genuine branch once; simulator ground truth)")
+    note = (
+        "each cell: % of genuine generated tokens trained / forwarded tokens ÷ ideal (the ideal forwards "
+        "each genuine branch once; simulator ground truth)"
+    )
     out: list[Any] = [Text("Behaviour × strategy", style="bold"), *fit(key, values, width), Text(note)]
     key_text = legend(strategies)
     return out + ([Text(key_text)] if key_text else [])
@@ -94,10 +116,15 @@ def _break_at_plus(text: str) -> str:
 def gate_view(results: list[Any], width: int) -> list[Any]:
     """One row per evaluated rule: PASS/FAIL, the rule, actual and expected values, a note."""
     rules = [r.rule.name or (f"{label(r.strategy)}." if r.strategy else "") + r.rule.metric for r in results]
-    key = [Column("", ["PASS" if r.passed else "FAIL" for r in results], justify="left"),
-           Column("rule", rules, justify="left")]
-    values = [Column("actual", [_num(r.actual) for r in results]), Column("expected", [r.expected for r in results]),
-              Column("note", [r.message for r in results], justify="left", wrap=True)]
+    key = [
+        Column("", ["PASS" if r.passed else "FAIL" for r in results], justify="left"),
+        Column("rule", rules, justify="left"),
+    ]
+    values = [
+        Column("actual", [_num(r.actual) for r in results]),
+        Column("expected", [r.expected for r in results]),
+        Column("note", [r.message for r in results], justify="left", wrap=True),
+    ]
     out: list[Any] = [Text("Gate", style="bold"), *fit(key, values, width)]
     key_text = legend(dict.fromkeys(r.strategy for r in results if r.strategy))
     return out + ([Text(key_text)] if key_text else [])

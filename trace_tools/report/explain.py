@@ -1,4 +1,5 @@
 """Explain one session's drift: the aligned token diff, the message-level difference and the cause."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,20 +32,39 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {"session_id": self.session_id, "findings": [asdict(f) for f in self.findings],
-                "focus": asdict(self.focus) if self.focus else None,
-                "window": asdict(self.window) if self.window else None,
-                "strategy": self.strategy, "strategy_turn": self.strategy_turn}
+        return {
+            "session_id": self.session_id,
+            "findings": [asdict(f) for f in self.findings],
+            "focus": asdict(self.focus) if self.focus else None,
+            "window": asdict(self.window) if self.window else None,
+            "strategy": self.strategy,
+            "strategy_turn": self.strategy_turn,
+        }
 
 
-def explain(dump: str | Path, session_id: str, *, turn: int | None = None, tokenizer: str | None = None,
-            chat_template: str | None = None, prompt_source: str = "auto", canonicalization: str = "slime",
-            context: int = 8, tool_format: str | None = None) -> Explanation:
+def explain(
+    dump: str | Path,
+    session_id: str,
+    *,
+    turn: int | None = None,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    prompt_source: str = "auto",
+    canonicalization: str = "slime",
+    context: int = 8,
+    tool_format: str | None = None,
+) -> Explanation:
     """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted one)."""
     from trace_tools.pipeline import Pipeline
 
-    pipeline = Pipeline(dump, tokenizer=tokenizer, chat_template=chat_template, canonicalization=canonicalization,
-                        prompt_source=prompt_source, tool_format=tool_format)
+    pipeline = Pipeline(
+        dump,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        canonicalization=canonicalization,
+        prompt_source=prompt_source,
+        tool_format=tool_format,
+    )
     return explain_prepared(pipeline.session(session_id), turn=turn, context=context)
 
 
@@ -73,8 +93,9 @@ def _window(focus: DriftFinding, prepared: Any, context: int) -> TokenWindow:
     from trace_tools.pipeline.facts import token_window
 
     turns = {p.turn.turn_index: p for p in prepared.turns}
-    window = token_window(turns[focus.turn_index], turns[focus.echo_turn], focus, prepared.renderer,
-                          before=context, after=context)
+    window = token_window(
+        turns[focus.turn_index], turns[focus.echo_turn], focus, prepared.renderer, before=context, after=context
+    )
 
     def labelled(name: str) -> list[tuple[int, str]]:
         return list(zip(window[f"{name}_ids"], window[f"{name}_tokens"]))

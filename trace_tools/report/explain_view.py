@@ -1,4 +1,5 @@
 """Rich rendering of an Explanation: colour-coded aligned tokens, message diff, cause."""
+
 from __future__ import annotations
 
 from rich import box
@@ -25,9 +26,16 @@ def explanation_renderables(result) -> list:
     if focus is None:
         out.append(Text("No turn of this session is echoed by a later request: nothing can drift."))
         return out
-    out.append(Text.assemble(("turn ", "bold"), (str(focus.turn_index), "bold cyan"), " echoed by turn ",
-                             (str(focus.echo_turn), "bold cyan"), ": ",
-                             (CAUSE_TEXT.get(focus.cause, "no difference") if focus.cause else "no difference", "bold")))
+    out.append(
+        Text.assemble(
+            ("turn ", "bold"),
+            (str(focus.turn_index), "bold cyan"),
+            " echoed by turn ",
+            (str(focus.echo_turn), "bold cyan"),
+            ": ",
+            (CAUSE_TEXT.get(focus.cause, "no difference") if focus.cause else "no difference", "bold"),
+        )
+    )
     if result.window is not None:
         out.append(_aligned(result.window, focus.divergence))
     if focus.message_diff:
@@ -38,9 +46,13 @@ def explanation_renderables(result) -> list:
         out.append(diff)
     if result.strategy_turn:
         v = result.strategy_turn
-        out.append(Text(f"{result.strategy}: turn {focus.turn_index} event={v['event']} "
-                        f"trained {v['trained_tokens']}/{v['generated_tokens']} tokens; "
-                        f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {v['samples']} sample(s)"))
+        out.append(
+            Text(
+                f"{result.strategy}: turn {focus.turn_index} event={v['event']} "
+                f"trained {v['trained_tokens']}/{v['generated_tokens']} tokens; "
+                f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {v['samples']} sample(s)"
+            )
+        )
     return out
 
 
@@ -60,16 +72,23 @@ def _findings_table(result) -> Table:
 
 def _aligned(window, divergence: int) -> Table:
     """The shared context once (its tail), then each side's next tokens in full: the difference is never cut."""
-    table = Table(title=f"Tokens around the first divergence (position {divergence})", title_justify="left",
-                  box=box.SIMPLE_HEAD)
+    table = Table(
+        title=f"Tokens around the first divergence (position {divergence})", title_justify="left", box=box.SIMPLE_HEAD
+    )
     table.add_column("side", no_wrap=True)
     table.add_column("ids", overflow="fold")
     table.add_column("text", overflow="fold")
-    table.add_row("shared", Text(" ".join(str(i) for i, _ in window.shared), style="dim"),
-                  Text(_visible("".join(t for _, t in window.shared))[-SHARED_CHARS:], style="dim"))
+    table.add_row(
+        "shared",
+        Text(" ".join(str(i) for i, _ in window.shared), style="dim"),
+        Text(_visible("".join(t for _, t in window.shared))[-SHARED_CHARS:], style="dim"),
+    )
     for side, tokens, style in (("served", window.served, "red"), ("re-rendered", window.rendered, "green")):
-        table.add_row(side, Text(" ".join(str(i) for i, _ in tokens), style=f"bold {style}"),
-                      Text(_visible("".join(t for _, t in tokens)), style=f"bold {style}"))
+        table.add_row(
+            side,
+            Text(" ".join(str(i) for i, _ in tokens), style=f"bold {style}"),
+            Text(_visible("".join(t for _, t in tokens)), style=f"bold {style}"),
+        )
     return table
 
 

@@ -14,6 +14,7 @@ Rules file (TOML), one `[[rule]]` table per rule:
     max_regression = 0.02              # needs --baseline RUN; fails when the metric got worse by more
     better = "higher"                  # which direction is better (default "higher")
 """
+
 from __future__ import annotations
 
 import difflib
@@ -21,7 +22,7 @@ import operator
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules
@@ -31,13 +32,33 @@ TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", 
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
 # Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
 STRATEGY_METRICS = (
-    "sessions", "samples", "generated_tokens", "trained_tokens", "forwarded_tokens", "context_tokens", "coverage",
-    "forks.total", "forks.mean", "forks.max", *(f"counters.{name}" for name in COUNTERS), "coverage_by_tool.*",
+    "sessions",
+    "samples",
+    "generated_tokens",
+    "trained_tokens",
+    "forwarded_tokens",
+    "context_tokens",
+    "coverage",
+    "forks.total",
+    "forks.mean",
+    "forks.max",
+    *(f"counters.{name}" for name in COUNTERS),
+    "coverage_by_tool.*",
     *(f"tool_turns.*.{field}" for field in ("turns", "dropped_turns", "generated_tokens", "trained_tokens")),
-    "turn_events.*", "prompt_events.*", "samples_per_session.*",
+    "turn_events.*",
+    "prompt_events.*",
+    "samples_per_session.*",
 )
-TOP_METRICS = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity.turns_compared",
-               "prompt_fidelity.exact", "prompt_fidelity.rate", "quarantined_by_reason.*", "warnings.*")
+TOP_METRICS = (
+    "quarantined",
+    "sessions_total",
+    "turns_total",
+    "prompt_fidelity.turns_compared",
+    "prompt_fidelity.exact",
+    "prompt_fidelity.rate",
+    "quarantined_by_reason.*",
+    "warnings.*",
+)
 
 
 @dataclass
@@ -99,16 +120,23 @@ def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
     if unknown:
         raise MalformedRules(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(RULE_KEYS)}")
     if not isinstance(table.get("metric"), str) or not table["metric"]:
-        raise MalformedRules(f"{where}: rule needs a `metric` string such as \"coverage_by_tool.Edit\"")
-    rule = Rule(metric=table["metric"], line=line, strategy=table.get("strategy"), op=table.get("op"),
-                value=table.get("value"), max_regression=table.get("max_regression"),
-                better=table.get("better", "higher"), name=table.get("name"))
+        raise MalformedRules(f'{where}: rule needs a `metric` string such as "coverage_by_tool.Edit"')
+    rule = Rule(
+        metric=table["metric"],
+        line=line,
+        strategy=table.get("strategy"),
+        op=table.get("op"),
+        value=table.get("value"),
+        max_regression=table.get("max_regression"),
+        better=table.get("better", "higher"),
+        name=table.get("name"),
+    )
     _check_metric(rule.metric, where)
     if rule.is_regression:
         if not _is_number(rule.max_regression) or rule.max_regression < 0:
             raise MalformedRules(f"{where}: max_regression must be a non-negative number")
         if rule.better not in ("higher", "lower"):
-            raise MalformedRules(f"{where}: better must be \"higher\" or \"lower\"")
+            raise MalformedRules(f'{where}: better must be "higher" or "lower"')
         return rule
     if rule.op not in OPS:
         raise MalformedRules(f"{where}: op must be one of {', '.join(OPS)} (got {rule.op!r})")
@@ -125,8 +153,9 @@ def _check_metric(metric: str, where: str) -> None:
     close = difflib.get_close_matches(metric, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     shown = [pattern for pattern in known if not pattern.startswith("counters.")] + ["counters.<counter>"]
-    raise MalformedRules(f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} "
-                         "(* = a tool, event or reason name)")
+    raise MalformedRules(
+        f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} (* = a tool, event or reason name)"
+    )
 
 
 def _matches(metric: str, pattern: str) -> bool:
@@ -140,8 +169,9 @@ def _check_strategy(rule: Rule, summary: dict[str, Any]) -> None:
     if rule.strategy is not None and rule.strategy not in have:
         close = difflib.get_close_matches(str(rule.strategy), have, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise MalformedRules(f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}"
-                             f"it has: {', '.join(have)}")
+        raise MalformedRules(
+            f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}it has: {', '.join(have)}"
+        )
 
 
 def evaluate(rules: list[Rule], summary: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[RuleResult]:
@@ -167,7 +197,8 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
     actual = lookup(summary, rule.metric, strategy)
     if actual is None:
         return RuleResult(rule, strategy, None, "present", False, f"{rule.metric} is not in this run")
-    if not rule.is_regression:
+    if rule.max_regression is None:  # a threshold rule
+        assert rule.op is not None and rule.value is not None, "parse_rules gives a threshold rule op and value"
         ok = OPS[rule.op](actual, rule.value)
         return RuleResult(rule, strategy, actual, f"{rule.op} {rule.value:g}", ok, "")
     base = lookup(baseline, rule.metric, strategy)
@@ -175,7 +206,8 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
         return RuleResult(rule, strategy, actual, "baseline", False, f"{rule.metric} is not in the baseline run")
     worse_by = (base - actual) if rule.better == "higher" else (actual - base)
     ok = worse_by <= rule.max_regression + 1e-12
-    expected = f"{'≥' if rule.better == 'higher' else '≤'} {base:g} {'-' if rule.better == 'higher' else '+'} {rule.max_regression:g}"
+    higher = rule.better == "higher"
+    expected = f"{'≥' if higher else '≤'} {base:g} {'-' if higher else '+'} {rule.max_regression:g}"
     return RuleResult(rule, strategy, actual, expected, ok, f"baseline {base:g}, worse by {max(worse_by, 0):g}")
 
 
@@ -191,7 +223,7 @@ def lookup(summary: dict[str, Any] | None, metric: str, strategy: str | None) ->
     return float(node) if _is_number(node) else None
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -208,13 +240,15 @@ def junit_xml(results: list[RuleResult]) -> str:
     from xml.sax.saxutils import escape, quoteattr
 
     failures = sum(not r.passed for r in results)
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuite name="trace-tools gate" tests="{len(results)}" failures="{failures}">']
+    lines = [
+        '<?xml version="1.0" encoding="utf-8"?>',
+        f'<testsuite name="trace-tools gate" tests="{len(results)}" failures="{failures}">',
+    ]
     for r in results:
         lines.append(f'  <testcase classname="trace-tools.gate" name={quoteattr(r.label)}>')
         if not r.passed:
             text = f"actual {r.actual} expected {r.expected} {r.message}".strip()
-            lines.append(f'    <failure message={quoteattr(text)}>{escape(text)}</failure>')
+            lines.append(f"    <failure message={quoteattr(text)}>{escape(text)}</failure>")
         lines.append("  </testcase>")
     lines.append("</testsuite>")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ columns as fit. Numbers never wrap; only columns marked `wrap` (free text such a
 note) may break between words. Long identifiers are shortened from the middle (`middle`), so ids
 that share a prefix stay distinct. Strategy names become short labels (`LABELS`) with a legend.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -20,8 +21,16 @@ from rich.text import Text
 
 GAP = 2  # columns are separated by two spaces
 # One short label per strategy, the same in every table; `legend` explains those that differ.
-LABELS = {"tree": "tree", "echo-restore": "restore", "linear": "linear", "linear+restore": "lin+rst",
-          "chains": "chains", "session-v1": "sess-v1", "session-v2": "sess-v2", "checkpoint-tree": "ckpt"}
+LABELS = {
+    "tree": "tree",
+    "echo-restore": "restore",
+    "linear": "linear",
+    "linear+restore": "lin+rst",
+    "chains": "chains",
+    "session-v1": "sess-v1",
+    "session-v2": "sess-v2",
+    "checkpoint-tree": "ckpt",
+}
 WRAP_WIDTH = 12  # what a wrapping text column asks for; it takes whatever width is left over
 
 
@@ -40,7 +49,7 @@ def middle(text: str, limit: int = 24) -> str:
     if cell_len(text) <= limit:
         return text
     keep = limit - 1
-    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2:]
+    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2 :]
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Run-level metrics (DESIGN §5) computed from the run tables; `summary.json` is their JSON form."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,7 +39,10 @@ def drift_causes(turns: pd.DataFrame) -> dict[str, dict[str, dict[str, int]]]:
     for (strategy, cause), group in drifted.groupby(["strategy", "drift_cause"], sort=True):
         lost = group["generated_tokens"] - group["trained_tokens"]
         out.setdefault(str(strategy), {})[str(cause)] = {
-            "turns": int(len(group)), "turns_losing_tokens": int((lost > 0).sum()), "tokens_lost": int(lost.sum())}
+            "turns": int(len(group)),
+            "turns_losing_tokens": int((lost > 0).sum()),
+            "tokens_lost": int(lost.sum()),
+        }
     return out
 
 
@@ -57,8 +61,10 @@ def strategy_summary(turns: pd.DataFrame, sessions: pd.DataFrame, name: str) -> 
         "forwarded_tokens": _int_sum(s, "forwarded_tokens"),
         "context_tokens": _int_sum(s, "context_tokens"),
         "coverage": trained / generated if generated else 0.0,
-        "coverage_by_tool": {tool: v["trained_tokens"] / v["generated_tokens"] if v["generated_tokens"] else 0.0
-                             for tool, v in tool_turns(t).items()},
+        "coverage_by_tool": {
+            tool: v["trained_tokens"] / v["generated_tokens"] if v["generated_tokens"] else 0.0
+            for tool, v in tool_turns(t).items()
+        },
         "tool_turns": tool_turns(t),
         "turn_events": _value_counts(t, "event"),
         "prompt_events": _value_counts(t, "prompt_event"),
@@ -98,10 +104,14 @@ def token_savings(strategies: dict[str, dict[str, Any]], baseline: str = "tree")
             continue
         savings = 1 - s["forwarded_tokens"] / base["forwarded_tokens"]
         trained_delta = s["trained_tokens"] - base["trained_tokens"]
-        out[name] = {"vs": baseline, "savings": savings, "samples_delta": s["samples"] - base["samples"],
-                     "forwarded_delta": s["forwarded_tokens"] - base["forwarded_tokens"],
-                     "trained_delta": trained_delta,
-                     "saves_by_training_less": bool(savings > 0 and trained_delta < 0)}
+        out[name] = {
+            "vs": baseline,
+            "savings": savings,
+            "samples_delta": s["samples"] - base["samples"],
+            "forwarded_delta": s["forwarded_tokens"] - base["forwarded_tokens"],
+            "trained_delta": trained_delta,
+            "saves_by_training_less": bool(savings > 0 and trained_delta < 0),
+        }
     return out
 
 
@@ -159,7 +169,12 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
     the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
     template re-renders earlier turns, `appended_role` for a new user or system message)."""
     reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
-    return {"incremental_renders": int(stats.get("incremental", 0)), "full_renders": int(stats.get("full", 0)),
-            "full_renders_by_reason": reasons, "cache_hits": int(stats.get("cache_hits", 0)),
-            "tokens_encoded": int(stats.get("tokens_encoded", 0)), "tokens_reused": int(stats.get("tokens_reused", 0)),
-            "templates_not_incremental": int(stats.get("template_not_incremental", 0))}
+    return {
+        "incremental_renders": int(stats.get("incremental", 0)),
+        "full_renders": int(stats.get("full", 0)),
+        "full_renders_by_reason": reasons,
+        "cache_hits": int(stats.get("cache_hits", 0)),
+        "tokens_encoded": int(stats.get("tokens_encoded", 0)),
+        "tokens_reused": int(stats.get("tokens_reused", 0)),
+        "templates_not_incremental": int(stats.get("template_not_incremental", 0)),
+    }

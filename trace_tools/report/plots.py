@@ -3,6 +3,7 @@
 The figures never touch pyplot or its global backend, so writing a report inside a notebook
 leaves the notebook's inline plots working. Each strategy keeps one colour in every plot.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,11 @@ MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins coun
 def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
     plot_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in (("coverage_by_tool", coverage_figure), ("samples_per_session", samples_figure),
-                       ("drift_start", drift_figure)):
+    for name, draw in (
+        ("coverage_by_tool", coverage_figure),
+        ("samples_per_session", samples_figure),
+        ("drift_start", drift_figure),
+    ):
         figure = draw(tables)
         if figure is not None:
             path = plot_dir / f"{name}.png"
@@ -90,7 +94,7 @@ def drift_figure(tables: dict[str, pd.DataFrame]) -> Any:
             ax.set_yticks([])
         ax.set_title(f"{strategy}: {len(group)} drifted turns" if len(group) else f"{strategy}: no drift", fontsize=9)
         ax.tick_params(labelsize=8)
-    for ax in axes[len(strategies):]:
+    for ax in axes[len(strategies) :]:
         ax.set_visible(False)
     figure.supxlabel("first divergence / prompt length", fontsize=9)
     figure.supylabel("drifted turns", fontsize=9)

@@ -1,4 +1,5 @@
 """report.md and plots for a run directory, rebuilt from its tables (never from live objects)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,8 +33,14 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
     causes = summary.get("drift_causes")
     if causes:
         lines += ["## Drift causes", "", *_causes_table(causes), ""]
-    lines += ["## Counterfactual replay", "", COUNTERFACTUAL_NOTE, "",
-              "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".", ""]
+    lines += [
+        "## Counterfactual replay",
+        "",
+        COUNTERFACTUAL_NOTE,
+        "",
+        "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".",
+        "",
+    ]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
     return "\n".join(lines)
@@ -56,30 +63,39 @@ def _overview(summary: dict[str, Any]) -> list[str]:
     fidelity = summary["prompt_fidelity"]
     rate = "n/a (no recorded prompt ids)" if fidelity["rate"] is None else f"{fidelity['rate']:.1%}"
     by_reason = ", ".join(f"{k}: {v}" for k, v in summary["quarantined_by_reason"].items()) or "none"
-    vocab = "" if summary.get("vocab_checked") else " Token ids were NOT checked against a vocabulary (no tokenizer known)."
+    vocab = (
+        "" if summary.get("vocab_checked") else " Token ids were NOT checked against a vocabulary (no tokenizer known)."
+    )
     warnings = ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in (summary.get("warnings") or {}).items() if n)
-    return [f"- sessions: {summary['sessions_total']} ({summary['quarantined']} quarantined: {by_reason})",
-            f"- turns: {summary['turns_total']}",
-            f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns."
-            f"{vocab}",
-            f"- warnings (legal, counted; sessions with a turn_index gap, turns with an empty generation): "
-            f"{warnings or 'none'}"]
+    return [
+        f"- sessions: {summary['sessions_total']} ({summary['quarantined']} quarantined: {by_reason})",
+        f"- turns: {summary['turns_total']}",
+        f"- prompt fidelity (rendered == recorded prompt ids): {rate} of {fidelity['turns_compared']} turns.{vocab}",
+        f"- warnings (legal, counted; sessions with a turn_index gap, turns with an empty generation): "
+        f"{warnings or 'none'}",
+    ]
 
 
 def _strategy_table(summary: dict[str, Any]) -> list[str]:
-    rows = ["| strategy | sessions | samples | samples/session | forks max | coverage | trained | forwarded | context |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| strategy | sessions | samples | samples/session | forks max | coverage | trained | forwarded | context |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, s in summary["strategies"].items():
         per = s["samples"] / s["sessions"] if s["sessions"] else 0
-        rows.append(f"| {name} | {s['sessions']} | {s['samples']} | {per:.2f} | {s['forks']['max']} | "
-                    f"{s['coverage']:.1%} | {s['trained_tokens']} | {s['forwarded_tokens']} | {s['context_tokens']} |")
+        rows.append(
+            f"| {name} | {s['sessions']} | {s['samples']} | {per:.2f} | {s['forks']['max']} | "
+            f"{s['coverage']:.1%} | {s['trained_tokens']} | {s['forwarded_tokens']} | {s['context_tokens']} |"
+        )
     return rows
 
 
 def _tool_table(summary: dict[str, Any]) -> list[str]:
     tools = sorted({t for s in summary["strategies"].values() for t in s["tool_turns"]})
-    rows = ["| tool | turns | " + " | ".join(summary["strategies"]) + " |",
-            "|---|---:|" + "---:|" * len(summary["strategies"])]
+    rows = [
+        "| tool | turns | " + " | ".join(summary["strategies"]) + " |",
+        "|---|---:|" + "---:|" * len(summary["strategies"]),
+    ]
     for tool in tools:
         cells, turns = [], 0
         for s in summary["strategies"].values():
@@ -97,18 +113,22 @@ def _savings_table(summary: dict[str, Any]) -> list[str]:
     rows = ["| strategy | samples Δ | forwarded Δ | trained Δ | savings | flag |", "|---|---:|---:|---:|---:|---|"]
     for name, v in savings.items():
         flag = "saves tokens by training fewer" if v["saves_by_training_less"] else ""
-        rows.append(f"| {name} | {v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d} | "
-                    f"{v['savings']:.1%} | {flag} |")
+        rows.append(
+            f"| {name} | {v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d} | "
+            f"{v['savings']:.1%} | {flag} |"
+        )
     return rows
 
 
 def _counter_table(summary: dict[str, Any]) -> list[str]:
-    names = [c for c in next(iter(summary["strategies"].values()), {}).get("counters", {})
-             if any(s["counters"].get(c) for s in summary["strategies"].values())]
+    first: dict[str, Any] = next(iter(summary["strategies"].values()), {})
+    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in summary["strategies"].values())]
     if not names:
         return ["(all counters zero)"]
     rows = ["| counter | " + " | ".join(summary["strategies"]) + " |", "|---|" + "---:|" * len(summary["strategies"])]
-    rows += [f"| {c} | " + " | ".join(str(s["counters"][c]) for s in summary["strategies"].values()) + " |" for c in names]
+    rows += [
+        f"| {c} | " + " | ".join(str(s["counters"][c]) for s in summary["strategies"].values()) + " |" for c in names
+    ]
     return rows
 
 

@@ -1,4 +1,5 @@
 """Rebuild report.md and plots of a finished run from its files."""
+
 from __future__ import annotations
 
 from pathlib import Path

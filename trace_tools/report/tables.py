@@ -5,6 +5,7 @@ each, where the full list is), warnings, the headline table with its footnotes, 
 dropped turns by tool, and one legend for the strategy labels. Every table goes through
 `layout.fit`, so nothing is cut at 80 columns or in a pipe.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,18 +15,25 @@ from rich.text import Text
 
 from trace_tools.report.layout import Column, fit, label, legend
 
-HEADLINE_NOTE = ("coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
-                 "trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded / forwarded of "
-                 "tree; * = saves tokens by training fewer.")
+HEADLINE_NOTE = (
+    "coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
+    "trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded / forwarded of "
+    "tree; * = saves tokens by training fewer."
+)
 
 
 def summary_view(summary: dict[str, Any], width: int, run_dir: Path | None = None) -> list[Any]:
     """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
     out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary)]
-    out += _section(f"What each strategy would train ({summary.get('sessions_total', 0)} sessions, "
-                    f"{summary.get('turns_total', 0)} turns)", headline_tables(summary, width)) + [Text(HEADLINE_NOTE)]
-    out += _section("Coverage by tool: trained / generated tokens of the turns whose first call is that tool",
-                    tool_tables(summary, width))
+    out += _section(
+        f"What each strategy would train ({summary.get('sessions_total', 0)} sessions, "
+        f"{summary.get('turns_total', 0)} turns)",
+        headline_tables(summary, width),
+    ) + [Text(HEADLINE_NOTE)]
+    out += _section(
+        "Coverage by tool: trained / generated tokens of the turns whose first call is that tool",
+        tool_tables(summary, width),
+    )
     out += _section("Dropped turns by tool: share of turns with no trained token", dropped_tables(summary, width))
     key = legend(summary["strategies"])
     return out + ([Text(""), Text(key)] if key else [])
@@ -36,8 +44,12 @@ def quarantine_view(summary: dict[str, Any], run_dir: Path | None = None) -> lis
     if not summary.get("quarantined"):
         return []
     examples = summary.get("quarantine_examples") or {}
-    lines = [Text(f"{summary['quarantined']} of {summary.get('sessions_total', '?')} sessions quarantined "
-                  "(not replayed):", style="yellow")]
+    lines = [
+        Text(
+            f"{summary['quarantined']} of {summary.get('sessions_total', '?')} sessions quarantined (not replayed):",
+            style="yellow",
+        )
+    ]
     for reason, sessions in summary["quarantined_by_reason"].items():
         example = f"  e.g. {examples[reason]}" if reason in examples else ""
         lines.append(Text(f"  {reason}: {sessions}{example}"))
@@ -51,12 +63,17 @@ def notes_view(summary: dict[str, Any]) -> list[Text]:
     lines = []
     fidelity = summary.get("prompt_fidelity") or {}
     if fidelity.get("rate") is not None:
-        lines.append(Text(f"prompt fidelity: {fidelity['exact']}/{fidelity['turns_compared']} turns re-render "
-                          "exactly"))
+        lines.append(Text(f"prompt fidelity: {fidelity['exact']}/{fidelity['turns_compared']} turns re-render exactly"))
     warnings = {kind: n for kind, n in (summary.get("warnings") or {}).items() if n}
     if warnings:
-        lines.append(Text("warnings: " + ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in warnings.items())
-                          + " (legal; see `trace-tools validate`)", style="yellow"))
+        lines.append(
+            Text(
+                "warnings: "
+                + ", ".join(f"{kind.replace('_', ' ')}: {n}" for kind, n in warnings.items())
+                + " (legal; see `trace-tools validate`)",
+                style="yellow",
+            )
+        )
     return lines
 
 
@@ -93,8 +110,12 @@ def _per_tool(summary: dict[str, Any], width: int, cell) -> list[Any]:
     tools = sorted({t for s in strategies.values() for t in s["tool_turns"]})
     turns = [max((s["tool_turns"].get(tool) or {}).get("turns", 0) for s in strategies.values()) for tool in tools]
     key = [Column("tool", tools, justify="left"), Column("turns", [_int(n) for n in turns])]
-    values = [Column(label(name), [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else "-"
-                                   for tool in tools]) for name, s in strategies.items()]
+    values = [
+        Column(
+            label(name), [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else "-" for tool in tools]
+        )
+        for name, s in strategies.items()
+    ]
     return fit(key, values, width)
 
 

@@ -13,6 +13,7 @@ Public API:
 * `load_model(spec, device, dtype) -> ScoringModel`; `score_requests`, `naive_logprobs`,
   `chunked_logprobs` -- the scoring primitives (also used by `benchmarks/bench_rescore.py`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,14 +21,27 @@ import importlib.util
 from typing import Any
 
 _EXPORTS = {
-    "rescore": "api", "RescoreResult": "api", "load_sessions": "api",
-    "fill_logprobs": "fill", "teacher_forced": "fill",
-    "sample_continuation": "sampling", "Continuation": "sampling",
-    "load_model": "models", "ScoringModel": "models", "MissingDependency": "models", "TINY_QWEN3": "models",
-    "build_tiny_qwen3": "models", "ensure_tiny_qwen3": "models",
-    "score_requests": "scoring", "ScoreRequest": "scoring", "naive_logprobs": "scoring",
-    "chunked_logprobs": "scoring", "check_head": "scoring",
-    "token_stats": "metrics", "DEFAULT_THRESHOLD": "metrics", "DEFAULT_MAX_THRESHOLD": "metrics",
+    "rescore": "api",
+    "RescoreResult": "api",
+    "load_sessions": "api",
+    "fill_logprobs": "fill",
+    "teacher_forced": "fill",
+    "sample_continuation": "sampling",
+    "Continuation": "sampling",
+    "load_model": "models",
+    "ScoringModel": "models",
+    "MissingDependency": "models",
+    "TINY_QWEN3": "models",
+    "build_tiny_qwen3": "models",
+    "ensure_tiny_qwen3": "models",
+    "score_requests": "scoring",
+    "ScoreRequest": "scoring",
+    "naive_logprobs": "scoring",
+    "chunked_logprobs": "scoring",
+    "check_head": "scoring",
+    "token_stats": "metrics",
+    "DEFAULT_THRESHOLD": "metrics",
+    "DEFAULT_MAX_THRESHOLD": "metrics",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -5,6 +5,7 @@ teacher-forced logprobs makes them what that model's sampler would have recorded
 tokens, so `rescore` with the same model is a positive control (Δ ≈ 0) and any other model,
 template or prompt a negative one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,16 @@ from trace_tools.data import DumpMeta, Session, Turn
 from trace_tools.rescore import plan, require_torch
 
 
-def fill_logprobs(table_or_sessions: Any, model_spec: Any = "tiny-qwen3", device: str = "auto", *,
-                  dtype: str = "auto", tokenizer: str | None = None, chat_template: str | None = None,
-                  max_batch_tokens: int | None = None) -> Any:
+def fill_logprobs(
+    table_or_sessions: Any,
+    model_spec: Any = "tiny-qwen3",
+    device: str = "auto",
+    *,
+    dtype: str = "auto",
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    max_batch_tokens: int | None = None,
+) -> Any:
     """The input with `output_logprobs` replaced by the model's teacher-forced logprobs of `output_ids`.
 
     Takes a schema-v1 `pyarrow.Table` (returns a Table with the same rows, order and schema
@@ -34,13 +42,22 @@ def fill_logprobs(table_or_sessions: Any, model_spec: Any = "tiny-qwen3", device
     turns = [turn for session in sessions for turn in session.turns]
     meta = sessions[0].meta if sessions else DumpMeta()
     values = iter(teacher_forced(turns, meta, model_spec, device, dtype, tokenizer, chat_template, max_batch_tokens))
-    return [dataclasses.replace(s, turns=[dataclasses.replace(t, output_logprobs=next(values)) for t in s.turns])
-            for s in sessions]
+    return [
+        dataclasses.replace(s, turns=[dataclasses.replace(t, output_logprobs=next(values)) for t in s.turns])
+        for s in sessions
+    ]
 
 
-def teacher_forced(turns: Sequence[Turn], meta: DumpMeta, model_spec: Any, device: str = "auto", dtype: str = "auto",
-                   tokenizer: str | None = None, chat_template: str | None = None,
-                   max_batch_tokens: int | None = None) -> list[list[float] | None]:
+def teacher_forced(
+    turns: Sequence[Turn],
+    meta: DumpMeta,
+    model_spec: Any,
+    device: str = "auto",
+    dtype: str = "auto",
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    max_batch_tokens: int | None = None,
+) -> list[list[float] | None]:
     """Per turn, the model's logprobs of its output tokens given its prompt (None when unscorable)."""
     require_torch()
     from trace_tools.rescore.api import PromptSource
@@ -53,8 +70,9 @@ def teacher_forced(turns: Sequence[Turn], meta: DumpMeta, model_spec: Any, devic
     for turn in turns:
         prompt_ids, origin, _ = prompts.prompt(turn, Session(turn.session_id, [turn], meta))
         reason = plan.sequence_problem(prompt_ids, turn.output_ids, model.vocab_size)
-        inputs.append(plan.TurnInput(turn.session_id, turn.turn_index, list(turn.output_ids), None, prompt_ids,
-                                     origin, reason))
+        inputs.append(
+            plan.TurnInput(turn.session_id, turn.turn_index, list(turn.output_ids), None, prompt_ids, origin, reason)
+        )
     scored = score_turns(model, inputs, max_batch_tokens=max_batch_tokens)
     return [_as_list(turn, values) for turn, values in zip(inputs, scored.recomputed)]
 
@@ -65,13 +83,21 @@ def _as_list(turn: plan.TurnInput, values: Any) -> list[float] | None:
     return None if values is None else [float(v) for v in values]
 
 
-def _fill_table(table: Any, model_spec: Any, device: str, dtype: str, tokenizer: str | None,
-                chat_template: str | None, max_batch_tokens: int | None) -> Any:
+def _fill_table(
+    table: Any,
+    model_spec: Any,
+    device: str,
+    dtype: str,
+    tokenizer: str | None,
+    chat_template: str | None,
+    max_batch_tokens: int | None,
+) -> Any:
     import pyarrow as pa
 
     turns = [_row_turn(row) for row in table.select(_present(table, _ROW_COLUMNS)).to_pylist()]
-    values = teacher_forced(turns, _table_meta(table), model_spec, device, dtype, tokenizer, chat_template,
-                            max_batch_tokens)
+    values = teacher_forced(
+        turns, _table_meta(table), model_spec, device, dtype, tokenizer, chat_template, max_batch_tokens
+    )
     column = pa.array(values, type=pa.list_(pa.float32()))
     if "output_logprobs" in table.column_names:
         table = table.set_column(table.column_names.index("output_logprobs"), "output_logprobs", column)
@@ -101,10 +127,15 @@ def _present(table: Any, names: Sequence[str]) -> list[str]:
 
 def _row_turn(row: dict[str, Any]) -> Turn:
     """Just enough of a Turn to find its prompt; unparsable JSON leaves the prompt to `prompt_ids`."""
-    return Turn(session_id=str(row.get("session_id")), turn_index=int(row.get("turn_index") or 0),
-                messages=_json(row.get("messages")) or [], output_ids=list(row.get("output_ids") or []),
-                tools=_json(row.get("tools")), prompt_ids=row.get("prompt_ids"),
-                chat_template_kwargs=_json(row.get("chat_template_kwargs")))
+    return Turn(
+        session_id=str(row.get("session_id")),
+        turn_index=int(row.get("turn_index") or 0),
+        messages=_json(row.get("messages")) or [],
+        output_ids=list(row.get("output_ids") or []),
+        tools=_json(row.get("tools")),
+        prompt_ids=row.get("prompt_ids"),
+        chat_template_kwargs=_json(row.get("chat_template_kwargs")),
+    )
 
 
 def _json(text: Any) -> Any:
@@ -118,6 +149,10 @@ def _json(text: Any) -> Any:
 
 def _table_meta(table: Any) -> DumpMeta:
     raw = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    return DumpMeta(schema_version=raw.get("trace_tools.schema_version"), tokenizer=raw.get("trace_tools.tokenizer"),
-                    chat_template=raw.get("trace_tools.chat_template"),
-                    history_mode=raw.get("trace_tools.history_mode"), harness=raw.get("trace_tools.harness"))
+    return DumpMeta(
+        schema_version=raw.get("trace_tools.schema_version"),
+        tokenizer=raw.get("trace_tools.tokenizer"),
+        chat_template=raw.get("trace_tools.chat_template"),
+        history_mode=raw.get("trace_tools.history_mode"),
+        harness=raw.get("trace_tools.harness"),
+    )

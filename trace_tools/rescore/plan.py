@@ -8,6 +8,7 @@ sequence carries the shorter one's logprobs too. `share_prefixes` therefore runs
 sequences longest first and lets every later turn whose sequence is a prefix of an already
 planned one read its span from it. Branching sessions (trees) share along each branch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ class SequencePlan:
         """Sorted unique positions to score: the union of the turns' output spans."""
         covered = np.zeros(len(self.ids), dtype=bool)
         for _, start, length in self.spans:
-            covered[start:start + length] = True
+            covered[start : start + length] = True
         return np.flatnonzero(covered)
 
 
@@ -113,7 +114,7 @@ def _session_plans(turns: Sequence[TurnInput], indices: list[int], share_prefix:
 def _host(plans: list[SequencePlan], sequence: list[int]) -> SequencePlan | None:
     """The first planned sequence that `sequence` is a prefix of."""
     for plan in plans:
-        if len(plan.ids) >= len(sequence) and plan.ids[:len(sequence)] == sequence:
+        if len(plan.ids) >= len(sequence) and plan.ids[: len(sequence)] == sequence:
             return plan
     return None
 
@@ -125,5 +126,5 @@ def read_spans(plans: Sequence[SequencePlan], scored: Sequence[np.ndarray], n_tu
         positions = plan.positions()
         for index, start, length in plan.spans:
             at = np.searchsorted(positions, start)
-            per_turn[index] = values[at:at + length]
+            per_turn[index] = values[at : at + length]
     return per_turn

@@ -5,6 +5,7 @@ reports. Decoding one token at a time through a KV cache runs different kernels 
 1) than rescoring's single teacher-forced pass, so recorded and recomputed logprobs agree only
 up to floating-point noise -- which is exactly what the rescore tolerance has to absorb.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -26,8 +27,15 @@ class Continuation:
     finish_reason: str  # "stop" (a stop id was sampled, and kept) or "length"
 
 
-def sample_continuation(model: ScoringModel | str, prompt_ids: Sequence[int], max_new_tokens: int, seed: int = 0, *,
-                        temperature: float = 1.0, stop_ids: Sequence[int] = ()) -> Continuation:
+def sample_continuation(
+    model: ScoringModel | str,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    seed: int = 0,
+    *,
+    temperature: float = 1.0,
+    stop_ids: Sequence[int] = (),
+) -> Continuation:
     """Sample up to `max_new_tokens` after `prompt_ids` from a seeded generator.
 
     `temperature > 0` samples from softmax(logits / temperature) and records log of that

@@ -17,6 +17,7 @@ the right and no attention mask is passed: in a causal model a real token only a
 earlier positions, which are all real, so padding cannot change any scored logprob, and without
 a mask SDPA keeps its `is_causal` flash/memory-efficient kernels.
 """
+
 from __future__ import annotations
 
 import time
@@ -69,8 +70,13 @@ class OutputHead:
         return logits
 
 
-def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
-                     chunk_positions: int = DEFAULT_CHUNK_POSITIONS) -> torch.Tensor:
+def chunked_logprobs(
+    head: OutputHead,
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_positions: int = DEFAULT_CHUNK_POSITIONS,
+) -> torch.Tensor:
     """log p(targets[i] | hidden[rows[i]]) in float32, `chunk_positions` rows of logits at a time.
 
     Numerically the naive recipe (`logits.float().log_softmax(-1)`, gathered) restricted to one
@@ -100,10 +106,14 @@ def length_buckets(lengths: Sequence[int], max_batch_tokens: int) -> list[list[i
     return batches
 
 
-def score_requests(scoring_model: ScoringModel, requests: Sequence[ScoreRequest], *,
-                   max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-                   chunk_positions: int = DEFAULT_CHUNK_POSITIONS,
-                   on_progress: Callable[[int, int], None] | None = None) -> list[np.ndarray]:
+def score_requests(
+    scoring_model: ScoringModel,
+    requests: Sequence[ScoreRequest],
+    *,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    chunk_positions: int = DEFAULT_CHUNK_POSITIONS,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[np.ndarray]:
     """The float64 logprobs of each request's positions, in request order.
 
     `on_progress(done_tokens, total_tokens)` is called after every batch.
@@ -137,25 +147,41 @@ class ScoredTurns:
         """Forwarded tokens, what prefix sharing saved against one sequence per turn, tokens/s."""
         forwarded = sum(len(p.ids) for p in self.plans)
         separately = sum(len(t.sequence) for t in inputs if t.skip_reason is None)
-        return {"sequences": len(self.plans), "forwarded_tokens": forwarded, "turn_sequence_tokens": separately,
-                "prefix_sharing_saving": (1 - forwarded / separately) if separately else 0.0,
-                "seconds": self.seconds, "tokens_per_s": forwarded / self.seconds if self.seconds > 0 else None}
+        return {
+            "sequences": len(self.plans),
+            "forwarded_tokens": forwarded,
+            "turn_sequence_tokens": separately,
+            "prefix_sharing_saving": (1 - forwarded / separately) if separately else 0.0,
+            "seconds": self.seconds,
+            "tokens_per_s": forwarded / self.seconds if self.seconds > 0 else None,
+        }
 
 
-def score_turns(scoring_model: ScoringModel, inputs: Sequence[plan.TurnInput], *, share_prefix: bool = True,
-                max_batch_tokens: int | None = None, chunk_positions: int | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> ScoredTurns:
+def score_turns(
+    scoring_model: ScoringModel,
+    inputs: Sequence[plan.TurnInput],
+    *,
+    share_prefix: bool = True,
+    max_batch_tokens: int | None = None,
+    chunk_positions: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ScoredTurns:
     """Plan (with prefix sharing), score and split back per turn: the whole scoring step of rescore."""
     plans = plan.plan_sequences(inputs, share_prefix)
     started = time.perf_counter()
-    scored = score_requests(scoring_model, [ScoreRequest(p.ids, p.positions()) for p in plans],
-                            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
-                            chunk_positions=chunk_positions or DEFAULT_CHUNK_POSITIONS, on_progress=on_progress)
+    scored = score_requests(
+        scoring_model,
+        [ScoreRequest(p.ids, p.positions()) for p in plans],
+        max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        chunk_positions=chunk_positions or DEFAULT_CHUNK_POSITIONS,
+        on_progress=on_progress,
+    )
     return ScoredTurns(plan.read_spans(plans, scored, len(inputs)), plans, time.perf_counter() - started)
 
 
-def _score_batch(scoring_model: ScoringModel, head: OutputHead, requests: list[ScoreRequest],
-                 chunk_positions: int) -> list[np.ndarray]:
+def _score_batch(
+    scoring_model: ScoringModel, head: OutputHead, requests: list[ScoreRequest], chunk_positions: int
+) -> list[np.ndarray]:
     device = scoring_model.device
     if not any(len(request.positions) for request in requests):
         return [np.empty(0) for _ in requests]
@@ -175,7 +201,7 @@ def _right_padded(requests: list[ScoreRequest]) -> torch.Tensor:
     width = max(len(request.ids) for request in requests)
     ids = torch.full((len(requests), width), _PAD_ID, dtype=torch.long)
     for row, request in enumerate(requests):
-        ids[row, :len(request.ids)] = torch.as_tensor(list(request.ids), dtype=torch.long)
+        ids[row, : len(request.ids)] = torch.as_tensor(list(request.ids), dtype=torch.long)
     return ids
 
 
@@ -183,8 +209,10 @@ def final_hidden_states(model: Any, ids: torch.Tensor) -> torch.Tensor:
     """The base model's last hidden states [B, L, H] (after the final norm), without a KV cache."""
     base = model.base_model
     if base is model:
-        raise TraceToolsError(f"{type(model).__name__} exposes no base model (`base_model_prefix`); "
-                              "rescore needs a Hugging Face *ForCausalLM model")
+        raise TraceToolsError(
+            f"{type(model).__name__} exposes no base model (`base_model_prefix`); "
+            "rescore needs a Hugging Face *ForCausalLM model"
+        )
     return base(input_ids=ids, use_cache=False).last_hidden_state
 
 
@@ -218,5 +246,6 @@ def check_head(scoring_model: ScoringModel, probe_length: int = 16) -> float:
     if not difference <= tolerance:
         raise TraceToolsError(
             f"model {scoring_model.name!r}: the chunked output head disagrees with the model's own forward "
-            f"(max |diff| {difference:.3g} > {tolerance}); its head does something this tool does not repeat")
+            f"(max |diff| {difference:.3g} > {tolerance}); its head does something this tool does not repeat"
+        )
     return difference

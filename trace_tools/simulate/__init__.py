@@ -16,6 +16,7 @@ docs/simulator.md):
 * and per turn `kind`, `echo_of`, `rewritten_echoes`, `template_rewrite`,
   `noncanonical_splits`, `superseded_by` / `retry_of`.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,19 @@ RENDER_DATE = "2025-03-03"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list[str] | None = None,
-             recording: str = "tree", out: str | None = None, *, max_turns: int | None = None,
-             logprobs_model: str | None = None, profile: str = "swe", chat_template: str | None = None) -> Any:
+def simulate(
+    sessions: int,
+    seed: int,
+    template: str = "qwen3",
+    behaviours: list[str] | None = None,
+    recording: str = "tree",
+    out: str | None = None,
+    *,
+    max_turns: int | None = None,
+    logprobs_model: str | None = None,
+    profile: str = "swe",
+    chat_template: str | None = None,
+) -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
     Args:
@@ -67,8 +78,9 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     size = get_profile(profile)
     max_turns = size.default_max_turns if max_turns is None else max_turns
     _check(sessions, recording, max_turns)
-    session_objects, meta = simulate_sessions(sessions, seed, family.name, recipes, recording, max_turns, profile,
-                                              chat_template=chat_template)
+    session_objects, meta = simulate_sessions(
+        sessions, seed, family.name, recipes, recording, max_turns, profile, chat_template=chat_template
+    )
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
         from trace_tools.rescore import fill_logprobs
@@ -79,9 +91,17 @@ def simulate(sessions: int, seed: int, template: str = "qwen3", behaviours: list
     return table
 
 
-def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tuple[str, ...]], recording: str,
-                      max_turns: int = 40, profile: str = "swe", *,
-                      chat_template: str | None = None) -> tuple[list[Any], Any]:
+def simulate_sessions(
+    sessions: int,
+    seed: int,
+    template: str,
+    recipes: list[tuple[str, ...]],
+    recording: str,
+    max_turns: int = 40,
+    profile: str = "swe",
+    *,
+    chat_template: str | None = None,
+) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
     from trace_tools.render.families import stamps_date
@@ -89,21 +109,33 @@ def simulate_sessions(sessions: int, seed: int, template: str, recipes: list[tup
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
     family = _family(template)
-    renderer = Renderer.from_spec(family.tokenizer, chat_template or family.template,
-                                  dump_meta=DumpMeta(extra={"render_date": RENDER_DATE}))
+    renderer = Renderer.from_spec(
+        family.tokenizer, chat_template or family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE})
+    )
     dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile))
     built = []
     for index in range(sessions):
         rows = SessionBuilder(ctx, index, recipes[index % len(recipes)]).build()
         built.append(Session(rows[0]["session_id"], [_turn(row) for row in rows]))
-    arguments = {"sessions": sessions, "seed": seed, "template": family.name, "recipes": ["+".join(r) for r in recipes],
-                 "recording": recording, "max_turns": max_turns}
+    arguments = {
+        "sessions": sessions,
+        "seed": seed,
+        "template": family.name,
+        "recipes": ["+".join(r) for r in recipes],
+        "recording": recording,
+        "max_turns": max_turns,
+    }
     if profile != "swe":  # the default leaves the recorded arguments (and the bundled sample) unchanged
         arguments["profile"] = profile
-    meta = DumpMeta(schema_version="1", tokenizer=family.tokenizer, chat_template=renderer.chat_template,
-                    history_mode="linear" if recording == "linear" else "tree", harness=HARNESS,
-                    extra={"simulator": json.dumps(arguments), "recording": recording, **dated})
+    meta = DumpMeta(
+        schema_version="1",
+        tokenizer=family.tokenizer,
+        chat_template=renderer.chat_template,
+        history_mode="linear" if recording == "linear" else "tree",
+        harness=HARNESS,
+        extra={"simulator": json.dumps(arguments), "recording": recording, **dated},
+    )
     for session in built:
         session.meta = meta
     return built, meta
@@ -116,8 +148,17 @@ def summarize(table: Any) -> list[dict[str, Any]]:
     for text, session_id in zip(table.column("metadata").to_pylist(), table.column("session_id").to_pylist()):
         truth = json.loads(text)
         label = "+".join(truth["behaviours"])
-        row = out.setdefault(label, {"behaviours": label, "sessions": 0, "turns": 0, "genuine_turns": 0,
-                                     "ideal_samples": 0, "ideal_forwarded_tokens": 0})
+        row = out.setdefault(
+            label,
+            {
+                "behaviours": label,
+                "sessions": 0,
+                "turns": 0,
+                "genuine_turns": 0,
+                "ideal_samples": 0,
+                "ideal_forwarded_tokens": 0,
+            },
+        )
         row["turns"] += 1
         row["genuine_turns"] += bool(truth["genuine"])
         if session_id not in seen:
@@ -150,4 +191,3 @@ def _check(sessions: int, recording: str, max_turns: int) -> None:
         raise TraceToolsError(f"--sessions must be at least 1 (got {sessions})")
     if max_turns < 3:
         raise TraceToolsError(f"--max-turns must be at least 3 (got {max_turns})")
-

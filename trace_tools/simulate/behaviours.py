@@ -11,6 +11,7 @@ Two kinds:
 A *recipe* is the set of behaviours one session uses. `--behaviour a+b` combines two in one
 session; repeating `--behaviour` makes sessions cycle through the recipes given.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,22 +26,22 @@ from trace_tools.simulate.tools import HARNESS_FILLED_DEFAULTS, UNTOUCHED_BY_CLA
 BEHAVIOURS: dict[str, str] = {
     "byte-exact": "The harness echoes every assistant message exactly as the gateway returned it.",
     "claude-code": "Echo fills the defaults that harness fills (Edit replace_all=false) and right-strips every line "
-                   "of string arguments, except for Bash and Read calls, which pass through untouched.",
+    "of string arguments, except for Bash and Read calls, which pass through untouched.",
     "json-reserialize": "Echo re-serializes tool-call arguments with sorted keys and compact separators "
-                        "(equal as dicts, different as text).",
+    "(equal as dicts, different as text).",
     "reasoning-dropped": "Echo leaves out reasoning_content.",
     "reasoning-rekeyed": "Echo carries the reasoning under `reasoning` instead of `reasoning_content`.",
     "streaming": "Echo is rebuilt from a stream: tool-call `index` dropped or renumbered 0..n-1 and tool-call ids "
-                 "regenerated (the tool results answer the new ids).",
+    "regenerated (the tool results answer the new ids).",
     "retry": "One request is re-issued unchanged after a client timeout; the first generation is superseded.",
     "subagent": "A Task call runs a subagent conversation (own system prompt and tools) inside the same session.",
     "compaction": "The harness asks for a summary, then replaces the history with it and continues.",
     "truncation": "One turn stops at the output-token limit (finish_reason=length, no stop token); the harness "
-                  "echoes the partial reply, asks to continue, and the turn is generated again.",
+    "echoes the partial reply, asks to continue, and the turn is generated again.",
     "history-edit": "The harness clears the content of old tool results in place (a genuine edit of earlier "
-                    "history) and continues.",
+    "history) and continues.",
     "noncanonical-tokenization": "The model emits splits the tokenizer would merge (two '\\n' tokens where the "
-                                 "tokenizer has one '\\n\\n'); text and messages are unchanged.",
+    "tokenizer has one '\\n\\n'); text and messages are unchanged.",
 }
 ECHO_BEHAVIOURS = ("claude-code", "json-reserialize", "reasoning-dropped", "reasoning-rekeyed", "streaming")
 SESSION_BEHAVIOURS = ("retry", "subagent", "compaction", "truncation", "history-edit", "noncanonical-tokenization")
@@ -77,8 +78,9 @@ def _recipe(spec: str) -> tuple[str, ...]:
         raise BehaviourConflict(f"behaviour recipe {spec!r} combines byte-exact with an echo rewrite; drop one of them")
     for a, b in CONFLICTS:
         if a in names and b in names:
-            raise BehaviourConflict(f"behaviours {a} and {b} cannot share a session; give them as separate "
-                                    f"--behaviour values")
+            raise BehaviourConflict(
+                f"behaviours {a} and {b} cannot share a session; give them as separate --behaviour values"
+            )
     return names
 
 
@@ -112,7 +114,9 @@ class Echo:
     def _json_reserialize(self, message: dict) -> dict:
         for call in message.get("tool_calls") or []:
             arguments = json.loads(call["function"]["arguments"])
-            call["function"]["arguments"] = json.dumps(arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+            call["function"]["arguments"] = json.dumps(
+                arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":")
+            )
         return message
 
     def _reasoning_dropped(self, message: dict) -> dict:
@@ -152,7 +156,7 @@ def clear_old_tool_results(messages: list[dict], keep_last: int, placeholder: st
     """Replace the content of all but the last `keep_last` tool messages, in place; returns how many."""
     positions = [i for i, m in enumerate(messages) if m.get("role") == "tool"]
     cleared = 0
-    for i in positions[:max(len(positions) - keep_last, 0)]:
+    for i in positions[: max(len(positions) - keep_last, 0)]:
         if messages[i]["content"] != placeholder:
             messages[i]["content"] = placeholder
             cleared += 1

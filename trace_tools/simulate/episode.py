@@ -5,6 +5,7 @@ the model's own key order, and the results the harness will send back. Steps are
 a `Workspace`, whose files change as the agent edits them, so payloads and results agree with
 each other. Turning a step into tokens is the job of `formats` (per template family).
 """
+
 from __future__ import annotations
 
 import random
@@ -36,8 +37,16 @@ class Step:
 
 # The planned main episode before the final answer, and how essential each intent is: when an
 # episode is short, the least essential intents are left out (order is kept).
-BASE_PLAN = (("explore", 2), ("read", 0), ("todo", 5), ("reproduce", 3), ("edit", 0), ("verify", 1),
-             ("add_test", 4), ("verify", 4))
+BASE_PLAN = (
+    ("explore", 2),
+    ("read", 0),
+    ("todo", 5),
+    ("reproduce", 3),
+    ("edit", 0),
+    ("verify", 1),
+    ("add_test", 4),
+    ("verify", 4),
+)
 EXTRA_CYCLE = ("grep", "read_other", "tidy", "verify", "shell")
 
 
@@ -66,14 +75,17 @@ def plan_main(rng: random.Random, ws: Workspace, turns: int, task_at: int | None
 
 
 def final_step(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
-    return Step("final", prose.reasoning(rng, "final"),
-                prose.final_summary(rng, bug.name, bug.path, ws.test_path(bug.path), results.test_count(ws)))
+    bug = ws.planted_bug
+    return Step(
+        "final",
+        prose.reasoning(rng, "final"),
+        prose.final_summary(rng, bug.name, bug.path, ws.test_path(bug.path), results.test_count(ws)),
+    )
 
 
 def summary_step(rng: random.Random, ws: Workspace, done: list[Step]) -> Step:
     """The text-only turn a harness asks for before compacting the history."""
-    bug = ws.bug
+    bug = ws.planted_bug
     lines = [_done_line(step) for step in done if step.calls]
     return Step("summary", prose.reasoning(rng, "summary"), prose.compaction_summary(rng, bug.name, bug.path, lines))
 
@@ -96,19 +108,30 @@ def _prose_intent(intent: str) -> str:
 
 
 def _slots(ws: Workspace, function: Function) -> dict[str, str]:
-    return {"func": function.name, "path": function.path, "ns": plural(function.noun),
-            "bad": function.bad.strip(), "good": function.good.strip()}
+    return {
+        "func": function.name,
+        "path": function.path,
+        "ns": plural(function.noun),
+        "bad": function.bad.strip(),
+        "good": function.good.strip(),
+    }
 
 
 def _step(rng: random.Random, intent: str, slots: dict[str, str], calls: list[Call], outputs: list[str]) -> Step:
     prose_intent = _prose_intent(intent)
-    return Step(intent, prose.reasoning(rng, prose_intent, **slots), prose.visible(rng, prose_intent, **slots),
-                calls, outputs, slots=slots)
+    return Step(
+        intent,
+        prose.reasoning(rng, prose_intent, **slots),
+        prose.visible(rng, prose_intent, **slots),
+        calls,
+        outputs,
+        slots=slots,
+    )
 
 
 # -- phases -----------------------------------------------------------------------------------
 def explore(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     calls = [Call("Grep", {"pattern": f"def {bug.name}", "path": ws.root, "output_mode": "content"})]
     if rng.random() < 0.5:  # a parallel call
         calls.append(Call("Glob", {"pattern": "tests/**/*.py"}))
@@ -116,7 +139,7 @@ def explore(rng: random.Random, ws: Workspace) -> Step:
 
 
 def read(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     calls = [Call("Read", {"file_path": bug.path})]
     if rng.random() < 0.3:
         calls.append(Call("Read", {"file_path": ws.test_path(bug.path)}))
@@ -134,28 +157,32 @@ def read_other(rng: random.Random, ws: Workspace) -> Step:
 
 
 def todo(rng: random.Random, ws: Workspace) -> Step:
-    items = ["Reproduce the reported failure", f"Fix {ws.bug.name}", "Add a regression test", "Run the full test suite"]
-    todos = [{"content": text, "status": "in_progress" if i == 0 else "pending", "id": str(i + 1)}
-             for i, text in enumerate(items)]
+    fix = f"Fix {ws.planted_bug.name}"
+    items = ["Reproduce the reported failure", fix, "Add a regression test", "Run the full test suite"]
+    todos = [
+        {"content": text, "status": "in_progress" if i == 0 else "pending", "id": str(i + 1)}
+        for i, text in enumerate(items)
+    ]
     call = Call("TodoWrite", {"todos": todos})
-    return _step(rng, "todo", _slots(ws, ws.bug), [call], [results.run(ws, call, rng)])
+    return _step(rng, "todo", _slots(ws, ws.planted_bug), [call], [results.run(ws, call, rng)])
 
 
 def reproduce(rng: random.Random, ws: Workspace) -> Step:
-    return _bash(rng, ws, "reproduce", f"python -m pytest {_rel(ws, ws.test_path(ws.bug.path))} -q",
-                 "Run the module's tests")
+    tests = _rel(ws, ws.test_path(ws.planted_bug.path))
+    return _bash(rng, ws, "reproduce", f"python -m pytest {tests} -q", "Run the module's tests")
 
 
 def verify(rng: random.Random, ws: Workspace) -> Step:
     if rng.random() < 0.5:
         return _bash(rng, ws, "verify", "python -m pytest -q", "Run the whole test suite")
-    return _bash(rng, ws, "verify", f"python -m pytest {_rel(ws, ws.test_path(ws.bug.path))} -q",
-                 "Rerun the module's tests")
+    tests = _rel(ws, ws.test_path(ws.planted_bug.path))
+    return _bash(rng, ws, "verify", f"python -m pytest {tests} -q", "Rerun the module's tests")
 
 
 def shell(rng: random.Random, ws: Workspace) -> Step:
-    command, description = rng.choice((("git status --short", "Show changed files"),
-                                       ("git diff --stat", "Summarise the diff")))
+    command, description = rng.choice(
+        (("git status --short", "Show changed files"), ("git diff --stat", "Summarise the diff"))
+    )
     return _bash(rng, ws, "shell", command, description)
 
 
@@ -164,11 +191,11 @@ def _bash(rng: random.Random, ws: Workspace, intent: str, command: str, descript
     if rng.random() < 0.25:
         arguments["timeout"] = rng.choice((60000, 300000, 600000))
     call = Call("Bash", arguments)
-    return _step(rng, intent, _slots(ws, ws.bug), [call], [results.run(ws, call, rng)])
+    return _step(rng, intent, _slots(ws, ws.planted_bug), [call], [results.run(ws, call, rng)])
 
 
 def edit(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     start, lines = function_block(ws, bug)
     at = next((i for i, line in enumerate(lines) if line == bug.bad), len(lines) // 2)
     lo, hi = max(at - rng.randint(0, 2), 1), min(at + rng.randint(1, 3), len(lines))
@@ -186,8 +213,10 @@ def tidy(rng: random.Random, ws: Workspace) -> Step:
     docstring = next((line for line in lines if '"""' in line), lines[0])
     comment = "    # Kept deliberately simple; see the module docstring." + rng.choice(("", "  "))
     if rng.random() < 0.4:
-        edits = [{"old_string": docstring, "new_string": docstring + "\n" + comment},
-                 {"old_string": lines[-1], "new_string": lines[-1].rstrip() + "  # noqa: RET504"}]
+        edits = [
+            {"old_string": docstring, "new_string": docstring + "\n" + comment},
+            {"old_string": lines[-1], "new_string": lines[-1].rstrip() + "  # noqa: RET504"},
+        ]
         call = Call("MultiEdit", {"file_path": function.path, "edits": edits})
     else:
         call = Call("Edit", _edit_arguments(rng, function.path, docstring, docstring + "\n" + comment))
@@ -202,7 +231,7 @@ def _edit_arguments(rng: random.Random, path: str, old: str, new: str) -> dict[s
 
 
 def add_test(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     module = bug.path.rsplit("/", 1)[1][:-3]
     body = results.regression_test(rng, ws.package, module, bug)
     if rng.random() < 0.6:
@@ -211,14 +240,19 @@ def add_test(rng: random.Random, ws: Workspace) -> Step:
     else:
         path = ws.test_path(bug.path)
         first = ws.lines(path)[0]
-        edits = [{"old_string": first, "new_string": first + "\nimport pytest"},
-                 {"old_string": ws.lines(path)[-2], "new_string": ws.lines(path)[-2] + "\n\n\n" + body.split("\n\n\n", 1)[-1].rstrip("\n")}]
+        edits = [
+            {"old_string": first, "new_string": first + "\nimport pytest"},
+            {
+                "old_string": ws.lines(path)[-2],
+                "new_string": ws.lines(path)[-2] + "\n\n\n" + body.split("\n\n\n", 1)[-1].rstrip("\n"),
+            },
+        ]
         call = Call("MultiEdit", {"file_path": path, "edits": edits})
     return _step(rng, "add_test", _slots(ws, bug), [call], [results.run(ws, call, rng)])
 
 
 def grep(rng: random.Random, ws: Workspace) -> Step:
-    bug = ws.bug
+    bug = ws.planted_bug
     arguments: dict[str, Any] = {"pattern": bug.name}
     if rng.random() < 0.5:
         arguments.update(glob="*.py", output_mode="content")
@@ -228,11 +262,19 @@ def grep(rng: random.Random, ws: Workspace) -> Step:
 
 def task(rng: random.Random, ws: Workspace) -> Step:
     """A Task call; its result is the final answer of the subagent conversation planned here."""
-    bug = ws.bug
-    prompt = (f"In the repository at {ws.root}, find every call site of `{bug.name}` outside its own definition "
-              "and say which tests exercise it. Report file paths with line numbers. Do not modify files.")
-    call = Call("Task", {"description": f"Map callers of {bug.name}", "prompt": prompt,
-                         "subagent_type": rng.choice(("explore", "general-purpose"))})
+    bug = ws.planted_bug
+    prompt = (
+        f"In the repository at {ws.root}, find every call site of `{bug.name}` outside its own definition "
+        "and say which tests exercise it. Report file paths with line numbers. Do not modify files."
+    )
+    call = Call(
+        "Task",
+        {
+            "description": f"Map callers of {bug.name}",
+            "prompt": prompt,
+            "subagent_type": rng.choice(("explore", "general-purpose")),
+        },
+    )
     sub = plan_subagent(rng, ws, bug)
     step = _step(rng, "task", _slots(ws, bug), [call], [sub[-1].content])
     step.subagent = sub
@@ -257,11 +299,20 @@ def plan_subagent(rng: random.Random, ws: Workspace, function: Function) -> list
 
 
 def _rel(ws: Workspace, path: str) -> str:
-    return path[len(ws.root) + 1:] if path.startswith(ws.root + "/") else path
+    return path[len(ws.root) + 1 :] if path.startswith(ws.root + "/") else path
 
 
 PHASES: dict[str, Callable[[random.Random, Workspace], Step]] = {
-    "explore": explore, "read": read, "read_other": read_other, "todo": todo, "reproduce": reproduce,
-    "edit": edit, "verify": verify, "add_test": add_test, "grep": grep, "tidy": tidy, "shell": shell,
+    "explore": explore,
+    "read": read,
+    "read_other": read_other,
+    "todo": todo,
+    "reproduce": reproduce,
+    "edit": edit,
+    "verify": verify,
+    "add_test": add_test,
+    "grep": grep,
+    "tidy": tidy,
+    "shell": shell,
     "task": task,
 }

@@ -40,6 +40,7 @@ A step with several calls becomes consecutive single-call turns for the one-call
 (`Family.turn_steps`). Content and reasoning never start or end with whitespace (the templates
 strip it, so a model that emitted it could not be reproduced by any echo).
 """
+
 from __future__ import annotations
 
 import json
@@ -90,15 +91,25 @@ class Family:
                 out.append(step)
                 continue
             out.append(replace(step, calls=step.calls[:1], results=step.results[:1]))
-            out += [replace(step, reasoning=f"Next, the {call.name} call from the same plan.", content="",
-                            calls=[call], results=[result], subagent=[])
-                    for call, result in zip(step.calls[1:], step.results[1:])]
+            out += [
+                replace(
+                    step,
+                    reasoning=f"Next, the {call.name} call from the same plan.",
+                    content="",
+                    calls=[call],
+                    results=[result],
+                    subagent=[],
+                )
+                for call, result in zip(step.calls[1:], step.results[1:])
+            ]
         return out
 
 
 def _qwen3(step: Step, opened: bool) -> str:
-    calls = ['<tool_call>\n{"name": "' + c.name + '", "arguments": ' + _json(c.arguments) + "}\n</tool_call>"
-             for c in step.calls]
+    calls = [
+        '<tool_call>\n{"name": "' + c.name + '", "arguments": ' + _json(c.arguments) + "}\n</tool_call>"
+        for c in step.calls
+    ]
     body = (step.content + "\n" if step.content and calls else step.content) + "\n".join(calls)
     return f"{'' if opened else THINK_OPENER}{step.reasoning}\n</think>\n\n{body}<|im_end|>"
 
@@ -110,7 +121,9 @@ def _qwen35(step: Step, opened: bool) -> str:
 
 
 def _xml_call(call: Call) -> str:
-    parameters = "".join(f"<parameter={key}>\n{xml_value(value)}\n</parameter>\n" for key, value in call.arguments.items())
+    parameters = "".join(
+        f"<parameter={key}>\n{xml_value(value)}\n</parameter>\n" for key, value in call.arguments.items()
+    )
     return f"<tool_call>\n<function={call.name}>\n{parameters}</function>\n</tool_call>"
 
 
@@ -122,17 +135,25 @@ def xml_value(value: Any) -> str:
 
 
 def _glm(step: Step, opened: bool) -> str:
-    calls = "".join(f"\n<tool_call>{c.name}\n" + "".join(
-        f"<arg_key>{key}</arg_key>\n<arg_value>{value if isinstance(value, str) else _json(value)}</arg_value>\n"
-        for key, value in c.arguments.items()) + "</tool_call>" for c in step.calls)
+    calls = "".join(
+        f"\n<tool_call>{c.name}\n"
+        + "".join(
+            f"<arg_key>{key}</arg_key>\n<arg_value>{value if isinstance(value, str) else _json(value)}</arg_value>\n"
+            for key, value in c.arguments.items()
+        )
+        + "</tool_call>"
+        for c in step.calls
+    )
     content = f"\n{step.content}" if step.content else ""
     return f"\n<think>{step.reasoning}</think>{content}{calls}{'<|observation|>' if step.calls else '<|user|>'}"
 
 
 def _deepseek(step: Step, opened: bool) -> str:
     reasoning = f"{step.reasoning}\n</think>\n\n" if opened else ""
-    calls = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{_json(c.arguments)}\n```<｜tool▁call▁end｜>"
-                      for c in step.calls)
+    calls = "\n".join(
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{_json(c.arguments)}\n```<｜tool▁call▁end｜>"
+        for c in step.calls
+    )
     section = f"<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜>" if calls else ""
     return f"{reasoning}{step.content}{section}<｜end▁of▁sentence｜>"
 
@@ -141,7 +162,9 @@ def _harmony(step: Step, opened: bool) -> str:
     analysis = f"<|channel|>analysis<|message|>{step.reasoning}<|end|><|start|>assistant" if step.reasoning else ""
     if step.calls:
         call = step.calls[0]
-        return f"{analysis} to=functions.{call.name}<|channel|>commentary json<|message|>{_json(call.arguments)}<|call|>"
+        return (
+            f"{analysis} to=functions.{call.name}<|channel|>commentary json<|message|>{_json(call.arguments)}<|call|>"
+        )
     return f"{analysis}<|channel|>final<|message|>{step.content}<|return|>"
 
 
@@ -157,17 +180,41 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-FAMILIES = {family.name: family for family in (
-    Family("qwen3", "qwen3", "qwen3", _qwen3),
-    Family("qwen3.5", "qwen3.5", "qwen3.5", _qwen35),
-    Family("glm4.5", "qwen3+glm4.5-specials", "glm4.5", _glm),
-    Family("deepseek-v3", "deepseek-v3", "deepseek-v3", _deepseek, reasoning="when_opened",
-           call_opener="<｜tool▁calls▁begin｜>"),
-    Family("gpt-oss", "gpt-oss", "gpt-oss", _harmony, one_call_per_turn=True, content_with_calls=False,
-           call_opener="<|start|>"),
-    Family("llama3.1", "llama3.1", "llama3.1", _llama, one_call_per_turn=True, reasoning="never",
-           content_with_calls=False, call_opener=None),
-)}
+FAMILIES = {
+    family.name: family
+    for family in (
+        Family("qwen3", "qwen3", "qwen3", _qwen3),
+        Family("qwen3.5", "qwen3.5", "qwen3.5", _qwen35),
+        Family("glm4.5", "qwen3+glm4.5-specials", "glm4.5", _glm),
+        Family(
+            "deepseek-v3",
+            "deepseek-v3",
+            "deepseek-v3",
+            _deepseek,
+            reasoning="when_opened",
+            call_opener="<｜tool▁calls▁begin｜>",
+        ),
+        Family(
+            "gpt-oss",
+            "gpt-oss",
+            "gpt-oss",
+            _harmony,
+            one_call_per_turn=True,
+            content_with_calls=False,
+            call_opener="<|start|>",
+        ),
+        Family(
+            "llama3.1",
+            "llama3.1",
+            "llama3.1",
+            _llama,
+            one_call_per_turn=True,
+            reasoning="never",
+            content_with_calls=False,
+            call_opener=None,
+        ),
+    )
+}
 
 
 def call_id(rng: random.Random) -> str:
@@ -186,9 +233,14 @@ def response_message(step: Step, tools: list[dict], rng: random.Random) -> dict[
         message["reasoning_content"] = step.reasoning
     if step.calls:
         message["tool_calls"] = [
-            {"id": call_id(rng), "index": tool_position(tools, c.name), "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-            for c in step.calls]
+            {
+                "id": call_id(rng),
+                "index": tool_position(tools, c.name),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+            }
+            for c in step.calls
+        ]
     return message
 
 
@@ -200,8 +252,15 @@ def wire_from_parsed(parsed: dict[str, Any], tools: list[dict], rng: random.Rand
     calls = parsed.get("tool_calls") or []
     if calls:
         message["tool_calls"] = [
-            {"id": call_id(rng), "index": tool_position(tools, c["function"]["name"]), "type": "function",
-             "function": {"name": c["function"]["name"],
-                          "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
-            for c in calls]
+            {
+                "id": call_id(rng),
+                "index": tool_position(tools, c["function"]["name"]),
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                },
+            }
+            for c in calls
+        ]
     return message

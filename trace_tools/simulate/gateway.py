@@ -18,6 +18,7 @@ in for the closer). When the template re-renders earlier turns (Qwen and GLM dro
 reasoning once a new user message arrives, gpt-oss drops analysis once a final answer is in the
 history), the ideal still extends the served ids; the tail is the appended messages' rendering.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ class Splicer:
             self._closers = Closers.probe(self.renderer, None, {})
         return self._closers
 
-    def extend(self, served: list[int], prev: list[dict], new: list[dict], tools: list[dict] | None,
-               follow_rewrites: bool) -> tuple[list[int] | None, bool]:
+    def extend(
+        self, served: list[int], prev: list[dict], new: list[dict], tools: list[dict] | None, follow_rewrites: bool
+    ) -> tuple[list[int] | None, bool]:
         """(extended ids, whether the template rewrote earlier messages).
 
         Without `follow_rewrites`, a rewrite gives None (a linear gateway cannot splice there).
@@ -80,14 +82,20 @@ class LinearGateway:
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], str]:
         """(ids fed to the engine, "healed" | "rendered" | "reset")."""
         held = self.held
-        if held is not None and messages[:len(held.messages)] == held.messages and tools == held.tools:
-            ids, _ = self.splicer.extend(held.served, held.messages, messages[len(held.messages):], tools, False)
+        if held is not None and messages[: len(held.messages)] == held.messages and tools == held.tools:
+            ids, _ = self.splicer.extend(held.served, held.messages, messages[len(held.messages) :], tools, False)
             if ids is not None:
                 return ids, "healed"
         return self.renderer.render(messages, tools, True), "rendered" if held is None else "reset"
 
-    def commit(self, prompt_ids: list[int], output_ids: list[int], messages: list[dict], response: dict,
-               tools: list[dict] | None) -> None:
+    def commit(
+        self,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        messages: list[dict],
+        response: dict,
+        tools: list[dict] | None,
+    ) -> None:
         self.held = _Held(prompt_ids + output_ids, [*messages, response], tools)
 
 
@@ -98,16 +106,25 @@ class IdealSequences:
         self.renderer, self.splicer = renderer, Splicer(renderer)
         self.branches: dict[str, _Held] = {}
 
-    def turn(self, branch: str, messages: list[dict], tools: list[dict] | None, output_ids: list[int],
-             response: dict, commit: bool) -> bool:
+    def turn(
+        self,
+        branch: str,
+        messages: list[dict],
+        tools: list[dict] | None,
+        output_ids: list[int],
+        response: dict,
+        commit: bool,
+    ) -> bool:
         """Account one turn on `branch` (canonical messages); returns whether the template rewrote history."""
         held = self.branches.get(branch)
         if held is None:
             prompt, rewrite = self.renderer.render(messages, tools, True), False
         else:
-            if messages[:len(held.messages)] != held.messages:
+            if messages[: len(held.messages)] != held.messages:
                 raise AssertionError(f"simulator bug: branch {branch} is not append-only")
-            prompt, rewrite = self.splicer.extend(held.served, held.messages, messages[len(held.messages):], tools, True)
+            prompt, rewrite = self.splicer.extend(
+                held.served, held.messages, messages[len(held.messages) :], tools, True
+            )
         if commit:
             self.branches[branch] = _Held(prompt + output_ids, [*messages, response], tools)
         return rewrite

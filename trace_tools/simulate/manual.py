@@ -5,6 +5,7 @@ project memory file, environment facts, and tool descriptions with detailed usag
 `swe-long` profile (`profiles.py`) reproduces that weight so replay is measured on realistic
 contexts. The text is written for this project and is deterministic given the workspace.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,7 +49,7 @@ MANUAL = """
 - Keep messages to the user short and factual. Name files and line numbers when referring to code.
 - When you are blocked, say what you tried, what you observed, and what you need.
 - Your final message summarises the change, the tests you ran and their results, and anything left undone.
-"""
+"""  # noqa: E501 (prompt text: each line is one rule of the simulated system prompt)
 
 ENVIRONMENT = """
 # Environment
@@ -69,8 +70,10 @@ TOOL_NOTES = {
         "Reading several files in one turn is encouraged when they are all needed for the next decision.",
     ],
     "Edit": [
-        "old_string must match the file exactly once unless replace_all is true; otherwise the edit fails and nothing changes.",
-        "Copy old_string from a recent Read of the file, preserving every space and tab; do not include the line-number prefix.",
+        "old_string must match the file exactly once unless replace_all is true; otherwise the edit fails and nothing "
+        "changes.",
+        "Copy old_string from a recent Read of the file, preserving every space and tab; do not include the "
+        "line-number prefix.",
         "new_string replaces old_string verbatim, so it must carry the indentation the code needs.",
         "Use replace_all to rename a symbol throughout one file; it is false by default.",
         "The result shows the lines around the change so you can check it without another Read.",
@@ -90,15 +93,18 @@ TOOL_NOTES = {
     ],
     "Bash": [
         "Each command runs in a fresh shell in the repository root; cd and exported variables do not persist.",
-        "Output longer than 30000 characters is truncated in the middle; redirect to a file and read it when you need all of it.",
+        "Output longer than 30000 characters is truncated in the middle; redirect to a file and read it when you need "
+        "all of it.",
         "Set timeout (milliseconds) for commands that may run long; the default is two minutes and the maximum ten.",
-        "Do not use this tool to read, search or edit files; the dedicated tools are faster and their results are easier to check.",
+        "Do not use this tool to read, search or edit files; the dedicated tools are faster and their results are "
+        "easier to check.",
         "Never run interactive commands, commands that need the network, or commands that change global system state.",
         "Give a short description so the user can follow what you are doing.",
     ],
     "Grep": [
         "The pattern is a ripgrep regular expression; escape literal braces, parentheses and dots.",
-        "output_mode content prints matching lines with their paths and line numbers; files_with_matches prints paths only; count prints counts per file.",
+        "output_mode content prints matching lines with their paths and line numbers; files_with_matches prints paths "
+        "only; count prints counts per file.",
         "Restrict the search with glob (for example '*.py') or path to keep the result short.",
         "Searches respect .gitignore; generated and vendored files are usually skipped.",
     ],
@@ -131,9 +137,12 @@ def project_memory(ws: Workspace) -> str:
     """A CLAUDE.md-style memory file: layout and one line per function of the repository."""
     lines = ["# Project memory (CLAUDE.md)", "", f"Package `{ws.package}`; sources under src/, tests under tests/.", ""]
     for path in ws.module_paths():
-        lines.append(f"## {path[len(ws.root) + 1:]}")
-        lines += [f"- `{f.name}`: handles {f.noun} values; see its docstring for the contract."
-                  for f in ws.functions if f.path == path]
+        lines.append(f"## {path[len(ws.root) + 1 :]}")
+        lines += [
+            f"- `{f.name}`: handles {f.noun} values; see its docstring for the contract."
+            for f in ws.functions
+            if f.path == path
+        ]
         lines.append("")
     return "\n".join(lines)
 

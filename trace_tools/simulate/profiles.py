@@ -7,6 +7,7 @@ harness in a real RL run: a harness manual and detailed tool descriptions in the
 thousand tokens, and 25–45 turns, so contexts end between roughly 25k and 60k tokens. It is the
 shape the replay benchmark measures (`benchmarks/bench_replay.py`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ Results follow the shapes real tools print (`cat -n` numbering for Read, `path:l
 Grep, pytest's own summary lines for Bash) at realistic lengths, and writes change the workspace
 so later reads see them.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,7 +29,7 @@ def _read(ws: Workspace, args: dict, rng: random.Random) -> str:
         lines = lines[:-1]
     first = int(args.get("offset", 1))
     limit = int(args.get("limit", len(lines)))
-    return numbered(lines[first - 1:first - 1 + limit], first)
+    return numbered(lines[first - 1 : first - 1 + limit], first)
 
 
 def _edit(ws: Workspace, args: dict, rng: random.Random) -> str:
@@ -36,7 +37,7 @@ def _edit(ws: Workspace, args: dict, rng: random.Random) -> str:
     line = ws.replace(path, args["old_string"], args["new_string"])
     lines = ws.lines(path)
     lo = max(line - 3, 1)
-    snippet = numbered(lines[lo - 1:lo + 8], lo)
+    snippet = numbered(lines[lo - 1 : lo + 8], lo)
     return f"Edited {path}. The lines around the change now read:\n{snippet}"
 
 
@@ -59,14 +60,19 @@ def _bash(ws: Workspace, args: dict, rng: random.Random) -> str:
         only = command.split()[3] if len(command.split()) > 4 else None
         return pytest_output(ws, rng, only)
     if command == "git status --short":
-        return "\n".join(f" M {p[len(ws.root) + 1:]}" for p in changed_paths(ws)) or "(no output)"
+        return "\n".join(f" M {p[len(ws.root) + 1 :]}" for p in changed_paths(ws)) or "(no output)"
     paths = changed_paths(ws)
-    rows = [f" {p[len(ws.root) + 1:]} | {rng.randint(2, 14)} {'+' * rng.randint(1, 6)}{'-' * rng.randint(0, 3)}" for p in paths]
+    rows = [
+        f" {p[len(ws.root) + 1 :]} | {rng.randint(2, 14)} {'+' * rng.randint(1, 6)}{'-' * rng.randint(0, 3)}"
+        for p in paths
+    ]
     return "\n".join(rows + [f" {len(paths)} files changed"]) if paths else "(no output)"
 
 
 def _grep(ws: Workspace, args: dict, rng: random.Random) -> str:
-    hits = grep_hits(ws, args["pattern"].removeprefix("def ").strip(), definition_only=args["pattern"].startswith("def "))
+    hits = grep_hits(
+        ws, args["pattern"].removeprefix("def ").strip(), definition_only=args["pattern"].startswith("def ")
+    )
     if args.get("output_mode") == "content":
         return "\n".join(hits) or "No matches found"
     files = sorted({hit.split(":", 1)[0] for hit in hits})
@@ -90,8 +96,15 @@ def _task(ws: Workspace, args: dict, rng: random.Random) -> str:
 
 
 RUNNERS: dict[str, Callable[[Workspace, dict, random.Random], str]] = {
-    "Read": _read, "Edit": _edit, "MultiEdit": _multi_edit, "Write": _write, "Bash": _bash, "Grep": _grep,
-    "Glob": _glob, "TodoWrite": _todo, "Task": _task,
+    "Read": _read,
+    "Edit": _edit,
+    "MultiEdit": _multi_edit,
+    "Write": _write,
+    "Bash": _bash,
+    "Grep": _grep,
+    "Glob": _glob,
+    "TodoWrite": _todo,
+    "Task": _task,
 }
 
 
@@ -117,7 +130,8 @@ def test_count(ws: Workspace) -> int:
 def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
     """A pytest report; the planted bug fails its regression test until the fix is in."""
     files = [p for p in ws.files if "/tests/" in p and (only is None or p.endswith(only))]
-    fixed = ws.bug.good in ws.files[ws.bug.path]
+    bug = ws.planted_bug
+    fixed = bug.good in ws.files[bug.path]
     failing = None if fixed else next((p for p in files if p.endswith("_regression.py")), None)
     lines, total = [], 0
     for path in files:
@@ -127,25 +141,42 @@ def pytest_output(ws: Workspace, rng: random.Random, only: str | None) -> str:
             lines += _verbose_lines(ws, path, path == failing)
             continue
         marks = "." * count if path != failing else "." * (count - 1) + "F"
-        lines.append(f"{path[len(ws.root) + 1:]} {marks}".ljust(WIDTH - 7) + f"[{100 * (files.index(path) + 1) // len(files):3d}%]")
+        lines.append(
+            f"{path[len(ws.root) + 1 :]} {marks}".ljust(WIDTH - 7)
+            + f"[{100 * (files.index(path) + 1) // len(files):3d}%]"
+        )
     seconds = f"{rng.uniform(0.04, 1.9):.2f}s"
-    head = [_rule(" test session starts "), "platform linux -- Python 3.11.9, pytest-8.3.2, pluggy-1.5.0",
-            f"rootdir: {ws.root}", "configfile: pyproject.toml", f"collected {total} items", ""]
+    head = [
+        _rule(" test session starts "),
+        "platform linux -- Python 3.11.9, pytest-8.3.2, pluggy-1.5.0",
+        f"rootdir: {ws.root}",
+        "configfile: pyproject.toml",
+        f"collected {total} items",
+        "",
+    ]
     if failing is None:
         return "\n".join(head + lines + ["", _rule(f" {total} passed in {seconds} ")])
-    rel = failing[len(ws.root) + 1:]
-    failure = [_rule(" FAILURES "), _rule(f" test_{ws.bug.name}_boundary ", "_"), "",
-               f"    def test_{ws.bug.name}_boundary():", f">       assert {ws.bug.name}(BOUNDARY) == EXPECTED",
-               "E       AssertionError: assert <result> == <expected>", "", f"{rel}:9: AssertionError",
-               _rule(" short test summary info "), f"FAILED {rel}::test_{ws.bug.name}_boundary - AssertionError",
-               _rule(f" 1 failed, {total - 1} passed in {seconds} ")]
+    rel = failing[len(ws.root) + 1 :]
+    failure = [
+        _rule(" FAILURES "),
+        _rule(f" test_{bug.name}_boundary ", "_"),
+        "",
+        f"    def test_{bug.name}_boundary():",
+        f">       assert {bug.name}(BOUNDARY) == EXPECTED",
+        "E       AssertionError: assert <result> == <expected>",
+        "",
+        f"{rel}:9: AssertionError",
+        _rule(" short test summary info "),
+        f"FAILED {rel}::test_{bug.name}_boundary - AssertionError",
+        _rule(f" 1 failed, {total - 1} passed in {seconds} "),
+    ]
     return "\n".join(head + lines + [""] + failure)
 
 
 def _verbose_lines(ws: Workspace, path: str, failing: bool) -> list[str]:
     """`pytest -v` lines of one test module: one per test, its outcome."""
-    rel = path[len(ws.root) + 1:]
-    names = [line[4:line.index("(")] for line in ws.files[path].split("\n") if line.startswith("def test_")]
+    rel = path[len(ws.root) + 1 :]
+    names = [line[4 : line.index("(")] for line in ws.files[path].split("\n") if line.startswith("def test_")]
     outcomes = ["PASSED"] * len(names)
     if failing and outcomes:
         outcomes[-1] = "FAILED"
@@ -160,8 +191,9 @@ def _rule(title: str, char: str = "=") -> str:
 def regression_test(rng: random.Random, package: str, module: str, bug: Function) -> str:
     """A pytest module pinning the boundary case (some blank lines keep their indentation)."""
     blank = "    " if rng.random() < 0.5 else ""
-    return (f'"""Regression test for {bug.name} at the boundary."""\nimport pytest\n\n'
-            f"from {package}.{module} import {bug.name}\n\nBOUNDARY = []\nEXPECTED = {bug.name}(BOUNDARY)\n\n\n"
-            f"def test_{bug.name}_boundary():\n    result = {bug.name}(BOUNDARY)\n{blank}\n"
-            f"    assert result == EXPECTED\n")
-
+    return (
+        f'"""Regression test for {bug.name} at the boundary."""\nimport pytest\n\n'
+        f"from {package}.{module} import {bug.name}\n\nBOUNDARY = []\nEXPECTED = {bug.name}(BOUNDARY)\n\n\n"
+        f"def test_{bug.name}_boundary():\n    result = {bug.name}(BOUNDARY)\n{blank}\n"
+        f"    assert result == EXPECTED\n"
+    )

@@ -6,6 +6,7 @@ encodes "\\n\\n" as one token, 271 in Qwen3, but "\\n","\\n" (198, 198) decodes 
 text). Such an output parses to the same message, yet re-tokenizing the re-rendered history gives
 different ids: the tokenizer-boundary drift cause. `split_merged_tokens` produces it on purpose.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,7 +26,8 @@ def split_merged_tokens(tokenizer: Any, ids: list[int], rng: random.Random, coun
     if len(options) < count:
         options += [i for i, t in enumerate(ids) if t not in special and i not in options and _split(tokenizer, t)]
     chosen = sorted(rng.sample(options, min(count, len(options))))
-    out, positions = [], []
+    out: list[int] = []
+    positions: list[int] = []
     for i, token in enumerate(ids):
         if chosen and i == chosen[0]:
             chosen.pop(0)
@@ -50,7 +52,9 @@ def _split(tokenizer: Any, token: int) -> list[int]:
     return []
 
 
-def truncation_point(tokenizer: Any, ids: list[int], rng: random.Random, call_opener: str | None = "<tool_call>") -> int:
+def truncation_point(
+    tokenizer: Any, ids: list[int], rng: random.Random, call_opener: str | None = "<tool_call>"
+) -> int:
     """Where an output-token limit cuts `ids`: inside the first tool call (after `call_opener`) when there is one."""
     opener = tokenizer.token_to_id(call_opener) if call_opener else None
     start = ids.index(opener) + 1 if opener is not None and opener in ids else len(ids) // 3

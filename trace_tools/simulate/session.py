@@ -9,6 +9,7 @@ Randomness comes from three streams seeded by (seed, session index): `plan` (wor
 event positions; independent of the template, so both families simulate the same episodes),
 `harness` (echo ids), `sample` (tokens, logprobs, timings).
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,7 +54,9 @@ class Conversation:
         return cls(branch, tools, copy.deepcopy(messages), messages, [None, None])
 
     def fork(self, branch: str) -> "Conversation":
-        return Conversation(branch, self.tools, copy.deepcopy(self.wire), copy.deepcopy(self.pristine), list(self.echoes))
+        return Conversation(
+            branch, self.tools, copy.deepcopy(self.wire), copy.deepcopy(self.pristine), list(self.echoes)
+        )
 
     def add_reply(self, turn: int, response: dict, echo: dict) -> None:
         self.wire.append(echo)
@@ -111,7 +114,7 @@ class SessionBuilder:
         task_at = self.plan_rng.randint(1, turns - 2) if "subagent" in self.recipe else None
         steps = self.ctx.family.turn_steps(episode.plan_main(self.plan_rng, ws, turns, task_at=task_at))
         events = self._events(steps)
-        bug = ws.bug
+        bug = ws.planted_bug
         task = prose.task_text(self.plan_rng, bug.name, bug.path, plural(bug.noun))
         conv = Conversation.start("main", self._tools(MAIN_TOOLS), self._system(prose.MAIN_SYSTEM, ws), task)
         for i, step in enumerate(steps):
@@ -144,7 +147,9 @@ class SessionBuilder:
         last = len(steps) - 1
         events: dict[str, int] = {}
         if "truncation" in self.recipe:
-            events["truncation"] = next((i for i, s in enumerate(steps) if any(c.name in EDIT_TOOLS for c in s.calls)), last)
+            events["truncation"] = next(
+                (i for i, s in enumerate(steps) if any(c.name in EDIT_TOOLS for c in s.calls)), last
+            )
         if "retry" in self.recipe:
             choices = [i for i in range(1, last + 1) if i != events.get("truncation")]
             events["retry"] = self.plan_rng.choice(choices)
@@ -178,8 +183,9 @@ class SessionBuilder:
 
     def _run_subagent(self, step: Step, ws: Any) -> None:
         prompt = step.calls[0].arguments["prompt"]
-        sub = Conversation.start(self._new_branch("subagent"), self._tools(SUBAGENT_TOOLS),
-                                 self._system(prose.SUB_SYSTEM, ws), prompt)
+        sub = Conversation.start(
+            self._new_branch("subagent"), self._tools(SUBAGENT_TOOLS), self._system(prose.SUB_SYSTEM, ws), prompt
+        )
         for sub_step in step.subagent:
             self._run_step(sub, sub_step, ws)
 
@@ -193,7 +199,9 @@ class SessionBuilder:
 
     def _edit_history(self, conv: Conversation) -> Conversation:
         edited = conv.fork(self._new_branch("edit"))
-        cleared = [clear_old_tool_results(h, KEEP_RECENT_RESULTS, prose.CLEARED_RESULT) for h in (edited.wire, edited.pristine)]
+        cleared = [
+            clear_old_tool_results(h, KEEP_RECENT_RESULTS, prose.CLEARED_RESULT) for h in (edited.wire, edited.pristine)
+        ]
         if not all(cleared):
             raise AssertionError("simulator bug: a history edit found no old tool result to clear")
         return edited
@@ -213,19 +221,32 @@ class SessionBuilder:
         output_ids, splits = self._output_ids(text, truncate)
         response, finish = self._reply(step, output_ids, tools, truncate)
         stored = canonicalize_response(response, "slime")
-        rewrite = self.ideal.turn(conv.branch, canonical(conv.pristine), tools, output_ids, stored,
-                                  commit=kind != "superseded")
+        assert stored is not None, "slime canonicalization keeps an assistant reply"
+        rewrite = self.ideal.turn(
+            conv.branch, canonical(conv.pristine), tools, output_ids, stored, commit=kind != "superseded"
+        )
         if self.linear is not None:
             self.linear.commit(prompt_ids, output_ids, messages, stored, tools)
         started, finished = self._timing(len(prompt_ids), len(output_ids), kind)
-        self.rows.append({
-            "session_id": self.session_id, "turn_index": turn, "messages": request, "tools": tools,
-            "output_ids": output_ids, "output_logprobs": logprobs(self.sample_rng, output_ids, self.special, set(splits)),
-            "prompt_ids": None if self.ctx.recording == "none" else prompt_ids, "response": response,
-            "finish_reason": finish, "request_id": self._request_id(turn), "started_at": started,
-            "finished_at": finished, "chat_template_kwargs": None, "reward": None,
-            "metadata": self._turn_truth(conv, turn, kind, rewrite, len(splits), prompt_event),
-        })
+        self.rows.append(
+            {
+                "session_id": self.session_id,
+                "turn_index": turn,
+                "messages": request,
+                "tools": tools,
+                "output_ids": output_ids,
+                "output_logprobs": logprobs(self.sample_rng, output_ids, self.special, set(splits)),
+                "prompt_ids": None if self.ctx.recording == "none" else prompt_ids,
+                "response": response,
+                "finish_reason": finish,
+                "request_id": self._request_id(turn),
+                "started_at": started,
+                "finished_at": finished,
+                "chat_template_kwargs": None,
+                "reward": None,
+                "metadata": self._turn_truth(conv, turn, kind, rewrite, len(splits), prompt_event),
+            }
+        )
         return turn
 
     def _prompt(self, messages: list[dict], tools: list[dict]) -> tuple[list[int], str]:
@@ -267,13 +288,23 @@ class SessionBuilder:
         return f"chatcmpl-{digest[:24]}"
 
     # -- ground truth ----------------------------------------------------------------------------
-    def _turn_truth(self, conv: Conversation, turn: int, kind: str, rewrite: bool, splits: int,
-                    prompt_event: str) -> dict[str, Any]:
+    def _turn_truth(
+        self, conv: Conversation, turn: int, kind: str, rewrite: bool, splits: int, prompt_event: str
+    ) -> dict[str, Any]:
         echo_of = [t for t in conv.echoes if t is not None]
-        rewritten = [t for t, wire, kept in zip(conv.echoes, conv.wire, conv.pristine) if t is not None and wire != kept]
-        truth = {"behaviours": list(self.recipe), "genuine": kind != "superseded", "branch": conv.branch,
-                 "kind": kind, "echo_of": echo_of, "rewritten_echoes": rewritten,
-                 "template_rewrite": rewrite, "noncanonical_splits": splits}
+        rewritten = [
+            t for t, wire, kept in zip(conv.echoes, conv.wire, conv.pristine) if t is not None and wire != kept
+        ]
+        truth = {
+            "behaviours": list(self.recipe),
+            "genuine": kind != "superseded",
+            "branch": conv.branch,
+            "kind": kind,
+            "echo_of": echo_of,
+            "rewritten_echoes": rewritten,
+            "template_rewrite": rewrite,
+            "noncanonical_splits": splits,
+        }
         if self.linear is not None:
             truth["linear_event"] = prompt_event
         return truth

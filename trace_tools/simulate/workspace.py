@@ -6,13 +6,25 @@ the edit, Grep finds the functions that exist. The code is deliberately a little
 blank lines keep their indentation and some statements end in spaces, which is exactly the
 trailing whitespace a harness that right-strips string arguments destroys.
 """
+
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
-PROJECTS = ("ledgerkit", "tinyrouter", "csvkit_lite", "feedparse", "taskqueue", "confmerge", "logslice",
-            "unitconv", "mdtable", "semverx")
+PROJECTS = (
+    "ledgerkit",
+    "tinyrouter",
+    "csvkit_lite",
+    "feedparse",
+    "taskqueue",
+    "confmerge",
+    "logslice",
+    "unitconv",
+    "mdtable",
+    "semverx",
+)
 MODULES = ("parser", "records", "io_utils", "filters", "cli", "config", "formatting", "validate")
 NOUNS = ("row", "entry", "token", "record", "header", "field", "segment", "item")
 PLURALS = {"entry": "entries"}
@@ -23,43 +35,57 @@ KEYS = ("kind", "owner", "status", "region", "bucket", "label")
 # Function templates: lines, with one (correct, buggy) pair marked by a tuple. Slots: {f} name,
 # {a} argument, {n} noun, {k} key, {num} a number, {sep} a separator.
 TEMPLATES: tuple[tuple, ...] = (
-    ("def {f}({a}, keep=None):",
-     '    """Return the {ns} of `{a}` accepted by `keep` (all of them when keep is None)."""',
-     "    result = []",
-     "    for item in {a}:",
-     ("        if keep is not None and not keep(item):", "        if keep is not None and keep(item):"),
-     "            continue",
-     "        result.append(item)",
-     "    return result"),
-    ("def {f}({a}: str) -> list[str]:",
-     '    """Split one {n} line into fields; empty trailing fields are kept."""',
-     ('    fields = {a}.split("{sep}")', '    fields = {a}.rstrip("{sep}").split("{sep}")'),
-     "    return [field.strip() for field in fields]"),
-    ("def {f}({a}, limit={num}):",
-     '    """Cut `{a}` down to at most `limit` {ns}."""',
-     ("    if len({a}) > limit:", "    if len({a}) >= limit:"),
-     "        return {a}[:limit]",
-     "    return {a}"),
-    ("def {f}(records):",
-     '    """Group {n} records by their `{k}` field, in first-seen order."""',
-     "    groups = {{}}",
-     "    for record in records:",
-     ('        key = record.get("{k}")', '        key = record.get("{k}", "")'),
-     "        groups.setdefault(key, []).append(record)",
-     "    return groups"),
-    ("def {f}({a}, default=0):",
-     '    """Parse `{a}` as a non-negative {n} count, or return `default`."""',
-     "    try:",
-     "        value = int({a})",
-     "    except (TypeError, ValueError):",
-     "        return default",
-     ("    return max(value, 0)", "    return max(value, 1)")),
-    ("def {f}(path):",
-     '    """Read the {n} file at `path` and return its non-comment lines."""',
-     '    with open(path, encoding="utf-8") as handle:',
-     "        lines = handle.read().splitlines()",
-     ('    return [line for line in lines if line and not line.startswith("#")]',
-      '    return [line for line in lines if not line.startswith("#")]')),
+    (
+        "def {f}({a}, keep=None):",
+        '    """Return the {ns} of `{a}` accepted by `keep` (all of them when keep is None)."""',
+        "    result = []",
+        "    for item in {a}:",
+        ("        if keep is not None and not keep(item):", "        if keep is not None and keep(item):"),
+        "            continue",
+        "        result.append(item)",
+        "    return result",
+    ),
+    (
+        "def {f}({a}: str) -> list[str]:",
+        '    """Split one {n} line into fields; empty trailing fields are kept."""',
+        ('    fields = {a}.split("{sep}")', '    fields = {a}.rstrip("{sep}").split("{sep}")'),
+        "    return [field.strip() for field in fields]",
+    ),
+    (
+        "def {f}({a}, limit={num}):",
+        '    """Cut `{a}` down to at most `limit` {ns}."""',
+        ("    if len({a}) > limit:", "    if len({a}) >= limit:"),
+        "        return {a}[:limit]",
+        "    return {a}",
+    ),
+    (
+        "def {f}(records):",
+        '    """Group {n} records by their `{k}` field, in first-seen order."""',
+        "    groups = {{}}",
+        "    for record in records:",
+        ('        key = record.get("{k}")', '        key = record.get("{k}", "")'),
+        "        groups.setdefault(key, []).append(record)",
+        "    return groups",
+    ),
+    (
+        "def {f}({a}, default=0):",
+        '    """Parse `{a}` as a non-negative {n} count, or return `default`."""',
+        "    try:",
+        "        value = int({a})",
+        "    except (TypeError, ValueError):",
+        "        return default",
+        ("    return max(value, 0)", "    return max(value, 1)"),
+    ),
+    (
+        "def {f}(path):",
+        '    """Read the {n} file at `path` and return its non-comment lines."""',
+        '    with open(path, encoding="utf-8") as handle:',
+        "        lines = handle.read().splitlines()",
+        (
+            '    return [line for line in lines if line and not line.startswith("#")]',
+            '    return [line for line in lines if not line.startswith("#")]',
+        ),
+    ),
 )
 
 
@@ -69,7 +95,7 @@ class Function:
     name: str
     first_line: str
     good: str  # the correct line of the marked pair
-    bad: str   # its buggy twin
+    bad: str  # its buggy twin
     noun: str
 
 
@@ -83,6 +109,12 @@ class Workspace:
     functions: list[Function] = field(default_factory=list)
     bug: Function | None = None
     verbose: bool = False  # long profile: whole-file reads and per-test pytest lines
+
+    @property
+    def planted_bug(self) -> Function:
+        """The function that carries the planted bug (`build_workspace` always plants one)."""
+        assert self.bug is not None, "the workspace has no planted bug"
+        return self.bug
 
     def lines(self, path: str) -> list[str]:
         return self.files[path].split("\n")
@@ -100,12 +132,13 @@ class Workspace:
         at = text.find(old, max(text.find(after), 0) if after else 0)
         if at < 0:
             return 1
-        self.files[path] = text[:at] + new + text[at + len(old):]
+        self.files[path] = text[:at] + new + text[at + len(old) :]
         return text[:at].count("\n") + 1
 
 
-def build_workspace(rng: random.Random, modules: tuple[int, int] = (3, 5),
-                    functions_per_module: tuple[int, int] = (3, 6)) -> Workspace:
+def build_workspace(
+    rng: random.Random, modules: tuple[int, int] = (3, 5), functions_per_module: tuple[int, int] = (3, 6)
+) -> Workspace:
     """A repository of `modules` modules with `functions_per_module` functions each (inclusive
     ranges); one function carries the planted bug."""
     project = rng.choice(PROJECTS)
@@ -115,7 +148,10 @@ def build_workspace(rng: random.Random, modules: tuple[int, int] = (3, 5),
         path = f"{ws.root}/src/{project}/{module}.py"
         functions = [_function(rng, path, taken) for _ in range(rng.randint(*functions_per_module))]
         ws.functions.extend(f for f, _ in functions)
-        header = f'"""{module.replace("_", " ").capitalize()} helpers for {project}."""\nfrom __future__ import annotations\n\n\n'
+        header = (
+            f'"""{module.replace("_", " ").capitalize()} helpers for {project}."""\n'
+            "from __future__ import annotations\n\n\n"
+        )
         ws.files[path] = header + "\n\n".join(lines for _, lines in functions) + "\n"
     ws.bug = rng.choice(ws.functions)
     for function in ws.functions:  # every function starts correct except the planted bug
@@ -128,8 +164,14 @@ def build_workspace(rng: random.Random, modules: tuple[int, int] = (3, 5),
 
 def _function(rng: random.Random, path: str, taken: set[str]) -> tuple[Function, str]:
     template = rng.choice(TEMPLATES)
-    slots = {"f": f"{rng.choice(VERBS)}_{plural(rng.choice(NOUNS))}", "a": rng.choice(ARGS), "n": rng.choice(NOUNS),
-             "k": rng.choice(KEYS), "num": rng.choice((8, 16, 64, 100, 256)), "sep": rng.choice((",", ";", "|", "\\t"))}
+    slots: dict[str, Any] = {  # str.format slots: names and words, and one number
+        "f": f"{rng.choice(VERBS)}_{plural(rng.choice(NOUNS))}",
+        "a": rng.choice(ARGS),
+        "n": rng.choice(NOUNS),
+        "k": rng.choice(KEYS),
+        "num": rng.choice((8, 16, 64, 100, 256)),
+        "sep": rng.choice((",", ";", "|", "\\t")),
+    }
     slots["ns"] = plural(slots["n"])
     while slots["f"] in taken:  # names stay unique so Grep and Edit hit one definition
         slots["f"] += f"_{rng.randint(2, 9)}"
@@ -159,9 +201,14 @@ def _test_module(rng: random.Random, ws: Workspace, path: str) -> str:
     names = [f.name for f in ws.functions if f.path == path]
     lines = [f"from {ws.package}.{module} import {', '.join(names)}"]
     for name in names:
-        lines += ["", "", f"def test_{name}_handles_empty_input():",
-                  f"    assert {name}([]) in ([], {{}}, 0, None)" if rng.random() < 0.5 else
-                  f"    assert {name}('') is not None"]
+        lines += [
+            "",
+            "",
+            f"def test_{name}_handles_empty_input():",
+            f"    assert {name}([]) in ([], {{}}, 0, None)"
+            if rng.random() < 0.5
+            else f"    assert {name}('') is not None",
+        ]
     return "\n".join(lines) + "\n"
 
 

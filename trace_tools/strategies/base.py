@@ -10,6 +10,7 @@ engine would have seen), declare its options in `params` (`trace_tools.options.P
 `replay_session`, and decorate the class with `@register`. Options are read with
 `self.setting(name)`: typed, defaulted and checked against the declaration, never parsed by hand.
 """
+
 from __future__ import annotations
 
 from abc import ABC
@@ -45,7 +46,6 @@ class ReplayContext:
     canonicalization: str = "slime"
     prompt_source: str = "auto"  # auto | recorded | rendered
     params: dict[str, Any] = field(default_factory=dict)
-
 
 
 class Strategy(ABC):

@@ -22,6 +22,7 @@ full), `rejected` (the adapter refused the request) or `failed` (the gateway wou
 a turn whose tokens a later rollback cut gets turn_event `rolled_back`, a refused one `rejected`,
 a failed one `failed`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,10 +33,16 @@ from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.strategies.base import ReplayContext, Strategy, register
 from trace_tools.strategies.chains_core import (
-    CONTEXT, ChainCodec, ChainSession, RequestRejected, ServerError, StepOutcome, Trajectory,
+    CONTEXT,
+    ChainCodec,
+    ChainSession,
+    RequestRejected,
+    ServerError,
+    StepOutcome,
+    Trajectory,
 )
 
-CHAINS_PARAMS = (
+CHAINS_PARAMS: tuple[Param, ...] = (
     Param("rollback", bool, True, "roll back a rewritten latest assistant instead of forking a new chain"),
     Param("prompt_length", int, None, "chain capacity: prompt tokens (enforced with response_length)", minimum=1),
     Param("response_length", int, None, "chain capacity: response tokens (enforced with prompt_length)", minimum=1),
@@ -70,13 +77,21 @@ class ChainsStrategy(Strategy):
         _count(chains, result)
         return result
 
-    def _replay_turn(self, chains: ChainSession, prepared: PreparedTurn, wants_logprobs: bool,
-                     result: ReplayResult) -> None:
+    def _replay_turn(
+        self, chains: ChainSession, prepared: PreparedTurn, wants_logprobs: bool, result: ReplayResult
+    ) -> None:
         turn = prepared.turn
         index = turn.turn_index
         try:
-            outcome = chains.step(turn.messages, turn.tools, turn.output_ids, turn.output_logprobs,
-                                  self._recorded_assistant(turn), turn_index=index, request_logprobs=wants_logprobs)
+            outcome = chains.step(
+                turn.messages,
+                turn.tools,
+                turn.output_ids,
+                turn.output_logprobs,
+                self._recorded_assistant(turn),
+                turn_index=index,
+                request_logprobs=wants_logprobs,
+            )
         except RequestRejected:
             result.turn_events[index] = result.prompt_events[index] = "rejected"
             result.counters["rejected_requests"] += 1
@@ -97,6 +112,7 @@ class ChainsStrategy(Strategy):
         """
         if turn.response is not None:
             return turn.response
+        assert self.ctx.renderer is not None, "replay_session refuses to run without a renderer"
         return self.ctx.renderer.parse_response(turn.output_ids, turn.tools).message
 
 
@@ -114,12 +130,21 @@ def trajectory_to_sample(trajectory: Trajectory) -> Sample:
     """slime's layout: the chain's first prompt is context, its response region carries the mask."""
     n = len(trajectory.response_ids)
     logprobs = trajectory.response_logprobs if trajectory.response_logprobs is not None else [0.0] * n
-    metadata: dict[str, Any] = {"chain_id": trajectory.chain_id, "order_seq": trajectory.order_seq,
-                                "num_turns": trajectory.num_turns, **trajectory.extra_fields}
-    return Sample(token_ids=trajectory.prompt_ids + trajectory.response_ids, response_length=n,
-                  loss_mask=list(trajectory.response_mask), logprobs=list(logprobs),
-                  source_turn=[CONTEXT] * len(trajectory.prompt_ids) + trajectory.response_source,
-                  reward=float(trajectory.reward_info.get("reward", 0.0)), metadata=metadata)
+    metadata: dict[str, Any] = {
+        "chain_id": trajectory.chain_id,
+        "order_seq": trajectory.order_seq,
+        "num_turns": trajectory.num_turns,
+        **trajectory.extra_fields,
+    }
+    return Sample(
+        token_ids=trajectory.prompt_ids + trajectory.response_ids,
+        response_length=n,
+        loss_mask=list(trajectory.response_mask),
+        logprobs=list(logprobs),
+        source_turn=[CONTEXT] * len(trajectory.prompt_ids) + trajectory.response_source,
+        reward=float(trajectory.reward_info.get("reward", 0.0)),
+        metadata=metadata,
+    )
 
 
 def session_template_kwargs(session: Session) -> dict:

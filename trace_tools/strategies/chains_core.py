@@ -17,6 +17,7 @@ for prompt and incremental context.
 Left out on purpose (see docs/upstream_chains.md): media, weight versions, reservations and
 concurrency, backend failures, abort.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,6 +62,7 @@ class ServerError(GatewayError):
 # Adapter normalization (§3.2)
 # ---------------------------------------------------------------------------------------------
 
+
 def normalize_request(messages: Any, tools: Any) -> tuple[list[dict], list | None]:
     """Check and lower an OpenAI chat request the way uni-agent's adapter does before hashing.
 
@@ -82,7 +84,10 @@ def normalize_assistant(message: dict) -> dict:
     Keeps role, content (None becomes ""), name, tool_calls (string arguments that parse as a
     JSON object become that object, ids and `index` stay), tool_call_id and reasoning_content.
     """
-    return canonicalize_response(message, policy="uniagent")
+    stored = canonicalize_response(message, policy="uniagent")
+    if stored is None:
+        raise RequestRejected(f"the recorded response needs a non-empty string role, got {message.get('role')!r}")
+    return stored
 
 
 def _check_message(message: Any) -> None:
@@ -91,21 +96,25 @@ def _check_message(message: Any) -> None:
     if not isinstance(message.get("role"), str) or not message["role"]:
         raise RequestRejected("each message needs a non-empty string role")
     if message.get("content") is not None and not isinstance(message["content"], (str, list, dict)):
-        raise RequestRejected(f"message content must be a string, a list or an object, "
-                              f"got {type(message['content']).__name__}")
+        raise RequestRejected(
+            f"message content must be a string, a list or an object, got {type(message['content']).__name__}"
+        )
     if message.get("name") is not None and not isinstance(message["name"], str):
         raise RequestRejected("a message name must be a string")
     if message.get("reasoning_content") is not None and not isinstance(message["reasoning_content"], str):
         raise RequestRejected("reasoning_content must be a string or null")
     calls = message.get("tool_calls")
-    if calls is not None and (not isinstance(calls, list)
-                              or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
+    if calls is not None and (
+        not isinstance(calls, list)
+        or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+    ):
         raise RequestRejected("tool_calls must be a list of objects, each with a `function` object")
 
 
 # ---------------------------------------------------------------------------------------------
 # Canonical form and cumulative prefix hashes (§3.3)
 # ---------------------------------------------------------------------------------------------
+
 
 def canonical_message(message: dict) -> dict:
     """The form that is hashed: tool-call ids and `tool_call_id` removed, arguments tagged.
@@ -173,8 +182,9 @@ class ChainCodec:
     `eos_token_ids` defaults to the renderer's `stop_token_ids` (or `eos_token_id`).
     """
 
-    def __init__(self, renderer: RendererLike, template_kwargs: dict | None = None,
-                 eos_token_ids: Sequence[int] | None = None):
+    def __init__(
+        self, renderer: RendererLike, template_kwargs: dict | None = None, eos_token_ids: Sequence[int] | None = None
+    ):
         self.renderer = renderer
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _renderer_eos_ids(renderer))
@@ -182,8 +192,9 @@ class ChainCodec:
         self.turn_separator = self._probe_turn_separator()
         self.separator_text = renderer.decode(self.turn_separator) if self.turn_separator else ""
 
-    def render_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                    add_generation_prompt: bool = True) -> str:
+    def render_text(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None = None, add_generation_prompt: bool = True
+    ) -> str:
         """Render text; if the template refuses (e.g. no user message), render behind an empty user.
 
         The fallback mirrors verl's `apply_chat_template`: the empty user's own rendering is cut off
@@ -199,7 +210,7 @@ class ChainCodec:
                 raise first_error from None
             if not anchored.startswith(anchor):
                 raise first_error
-            return anchored[len(anchor):]
+            return anchored[len(anchor) :]
 
     def encode_full(self, messages: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
         """A new chain's prompt: the whole request rendered with the generation prompt."""
@@ -219,13 +230,15 @@ class ChainCodec:
         try:
             full_text = self.render_text([*_ANCHOR, *messages], None, True)
         except ReplayError as exc:  # e.g. gpt-oss refuses a tool message with no call before it: a 500 upstream
-            raise ServerError(f"the chat template cannot render the appended messages behind the anchor: {exc}") from exc
+            raise ServerError(
+                f"the chat template cannot render the appended messages behind the anchor: {exc}"
+            ) from exc
         if not anchor_text.endswith(self.separator_text):
             raise ServerError("The turn separator is not a suffix of the rendered anchor message")
-        prefix = anchor_text[:len(anchor_text) - len(self.separator_text)]
+        prefix = anchor_text[: len(anchor_text) - len(self.separator_text)]
         if not full_text.startswith(prefix):
             raise ServerError("Incremental chat template is not prefix-stable")
-        return self.renderer.encode(full_text[len(prefix):])
+        return self.renderer.encode(full_text[len(prefix) :])
 
     def _render(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool) -> str:
         return self.renderer.render_text(list(messages), tools, generation, **self.template_kwargs)
@@ -233,10 +246,12 @@ class ChainCodec:
     def _probe_generation_prompt(self) -> list[int]:
         without = self.renderer.encode(self.render_text(list(_ANCHOR), None, False))
         with_gp = self.renderer.encode(self.render_text(list(_ANCHOR), None, True))
-        if with_gp[:len(without)] != without:
-            raise ChainsSetupError("the chat template's generation prompt is not a stable token suffix; "
-                                   "the chains strategy needs a template whose prompt only appends it")
-        return with_gp[len(without):]
+        if with_gp[: len(without)] != without:
+            raise ChainsSetupError(
+                "the chat template's generation prompt is not a stable token suffix; "
+                "the chains strategy needs a template whose prompt only appends it"
+            )
+        return with_gp[len(without) :]
 
     def _probe_turn_separator(self) -> list[int]:
         """verl's `initialize_turn_separator`: the common tail of two user turns after the last EOS."""
@@ -262,19 +277,20 @@ def _common_suffix(a: list[int], b: list[int]) -> list[int]:
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
-    return a[len(a) - n:]
+    return a[len(a) - n :]
 
 
 def _separator_from_suffix(suffix: list[int], eos_ids: frozenset[int]) -> list[int]:
     eos_positions = [i for i, token in enumerate(suffix) if token in eos_ids]
     if eos_positions:
-        return suffix[eos_positions[-1] + 1:]
+        return suffix[eos_positions[-1] + 1 :]
     return suffix[1:]
 
 
 # ---------------------------------------------------------------------------------------------
 # Session state (§3.4)
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class TokenBuffer:
@@ -287,8 +303,13 @@ class TokenBuffer:
     response_source: list[int] = field(default_factory=list)
 
     def copy(self) -> "TokenBuffer":
-        return TokenBuffer(list(self.prompt_ids), list(self.response_ids), list(self.response_mask),
-                           list(self.response_logprobs), list(self.response_source))
+        return TokenBuffer(
+            list(self.prompt_ids),
+            list(self.response_ids),
+            list(self.response_mask),
+            list(self.response_logprobs),
+            list(self.response_source),
+        )
 
     def append(self, ids: Sequence[int], trained: bool, source: int, logprobs: Sequence[float] | None) -> None:
         self.response_ids += ids
@@ -399,14 +420,16 @@ class _Candidate:
 # Chain selection (§3.7, HEAD)
 # ---------------------------------------------------------------------------------------------
 
+
 def is_exact_prefix(chain: Chain, hashes: Sequence[str]) -> bool:
     """The chain's whole history is a prefix of the request (an empty history prefixes anything)."""
     n = len(chain.message_history)
     return n <= len(hashes) and (n == 0 or chain.message_tip_hash == hashes[n - 1])
 
 
-def select_chain(chains: Sequence[Chain], tools: list | None, hashes: Sequence[str],
-                 rollback_enabled: bool) -> tuple[Chain, bool] | None:
+def select_chain(
+    chains: Sequence[Chain], tools: list | None, hashes: Sequence[str], rollback_enabled: bool
+) -> tuple[Chain, bool] | None:
     """(chain, rollback?) to continue, or None for a new chain.
 
     Candidates share the whole prompt of their latest generation with the request. Exact ones
@@ -445,6 +468,7 @@ def select_chain(chains: Sequence[Chain], tools: list | None, hashes: Sequence[s
 # The session (§3.6 – §3.11)
 # ---------------------------------------------------------------------------------------------
 
+
 class ChainSession:
     """One gateway session's chains, driven by recorded turns instead of an engine.
 
@@ -453,8 +477,13 @@ class ChainSession:
     assistant of a chain rolls that generation back instead of starting a new chain.
     """
 
-    def __init__(self, codec: ChainCodec, prompt_length: int | None = None, response_length: int | None = None,
-                 enable_last_assistant_rollback: bool = True):
+    def __init__(
+        self,
+        codec: ChainCodec,
+        prompt_length: int | None = None,
+        response_length: int | None = None,
+        enable_last_assistant_rollback: bool = True,
+    ):
         _require_positive("response_length", response_length)
         _require_positive("prompt_length", prompt_length)
         self.codec = codec
@@ -473,9 +502,17 @@ class ChainSession:
         self.capacity_exhausted = 0
 
     # -- the request path ---------------------------------------------------------------------
-    def step(self, messages: Any, tools: Any, output_ids: Sequence[int], logprobs: Sequence[float] | None,
-             assistant_message: dict, *, turn_index: int = CONTEXT,
-             request_logprobs: bool | None = None) -> StepOutcome:
+    def step(
+        self,
+        messages: Any,
+        tools: Any,
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        assistant_message: dict,
+        *,
+        turn_index: int = CONTEXT,
+        request_logprobs: bool | None = None,
+    ) -> StepOutcome:
         """Replay one request whose engine output is known: prepare, then commit the recorded output.
 
         `request_logprobs` is the request's `logprobs` flag (default: whether `logprobs` is given);
@@ -519,31 +556,43 @@ class ChainSession:
 
     def _prepare_new_chain(self, messages: list[dict], tools: list | None, hashes: list[str]) -> Preparation:
         prompt = self.codec.encode_full(messages, tools)
-        exhausted = bool(self.capacity) and len(prompt) >= self.capacity
+        exhausted = self._reaches_capacity(len(prompt))
         return Preparation(TokenBuffer(prompt), messages, tools, hashes, None, capacity_exhausted=exhausted)
 
-    def _prepare_continuation(self, chain: Chain, rollback: bool, messages: list[dict], tools: list | None,
-                              hashes: list[str], wants_logprobs: bool) -> Preparation:
+    def _prepare_continuation(
+        self,
+        chain: Chain,
+        rollback: bool,
+        messages: list[dict],
+        tools: list | None,
+        hashes: list[str],
+        wants_logprobs: bool,
+    ) -> Preparation:
         prep = Preparation(chain.buffer.copy(), messages, tools, hashes, chain.chain_id)
         prep.buffer.check_logprob_alignment()
         start = len(chain.message_history)
         if rollback:
             start = self._roll_back(chain, prep)
         current = prep.buffer.length
-        exhausted = bool(self.capacity) and current >= self.capacity
+        exhausted = self._reaches_capacity(current)
         incremental: list[int] = []
         if messages[start:] and not exhausted:
             incremental = self.codec.encode_incremental(messages[start:])
-            exhausted = bool(self.capacity) and current + len(incremental) >= self.capacity
+            exhausted = self._reaches_capacity(current + len(incremental))
         if not exhausted:
             prep.buffer.append(incremental, False, CONTEXT, [0.0] * len(incremental) if wants_logprobs else None)
             prep.buffer.check_logprob_alignment()
         prep.capacity_exhausted = exhausted
         return prep
 
+    def _reaches_capacity(self, tokens: int) -> bool:
+        """Whether `tokens` context tokens leave no room to generate (never without a capacity)."""
+        return tokens >= self.capacity if self.capacity else False
+
     def _roll_back(self, chain: Chain, prep: Preparation) -> int:
         """Cut the latest generation and the GP + separator before it; return where new messages start."""
         start = chain.last_assistant_start
+        assert start is not None, "select_chain rolls back only a chain with a latest generation"
         buffer = prep.buffer
         abandoned = range(start.response_ids_len, len(buffer.response_ids))
         prep.rollback = True
@@ -552,7 +601,7 @@ class ChainSession:
         prep.rollback_history_len = start.message_history_len
         gp = self.codec.generation_prompt
         cut = start.response_ids_len - len(gp)
-        if cut < 0 or buffer.response_ids[cut:start.response_ids_len] != gp:
+        if cut < 0 or buffer.response_ids[cut : start.response_ids_len] != gp:
             raise ServerError("Stored response does not end its assistant prefix with the generation prompt")
         # The separator is not checked: the incremental encoding starts with it again.
         buffer.truncate(cut - len(self.codec.turn_separator))
@@ -577,9 +626,15 @@ class ChainSession:
         else:
             index = self._active_index(prep.chain_id)
             old = self.active_chains[index]
-            self.active_chains[index] = replace(old, message_history=history, message_tip_hash=tip,
-                                                tools=prep.tools, buffer=prep.buffer,
-                                                last_assistant_start=start, updated_seq=seq)
+            self.active_chains[index] = replace(
+                old,
+                message_history=history,
+                message_tip_hash=tip,
+                tools=prep.tools,
+                buffer=prep.buffer,
+                last_assistant_start=start,
+                updated_seq=seq,
+            )
 
     def close_chain_for_length(self, prep: Preparation) -> None:
         """Materialize only the selected chain, without the incremental context that was not sent."""
@@ -587,8 +642,12 @@ class ChainSession:
         chain = self.active_chains.pop(index)
         if prep.rollback:
             boundary = prep.rollback_history_len
-            chain = replace(chain, message_history=prep.messages[:boundary],
-                            message_tip_hash=prep.hashes[boundary - 1], buffer=prep.buffer)
+            chain = replace(
+                chain,
+                message_history=prep.messages[:boundary],
+                message_tip_hash=prep.hashes[boundary - 1],
+                buffer=prep.buffer,
+            )
         self._record_rollback(prep)
         extra = {"materialization_reason": MAX_TRAJECTORY_LENGTH}
         self.materialized.append(_materialize(chain, self._next_order_seq(), extra))
@@ -626,28 +685,46 @@ class ChainSession:
 
     @staticmethod
     def _outcome(kind: str, prep: Preparation, completion_tokens: int) -> StepOutcome:
-        return StepOutcome(kind, prep.chain_id, prep.created_chain, prep.rollback,
-                           prep.dropped_tokens, prep.dropped_turns, prep.prompt_tokens, completion_tokens,
-                           prep.max_tokens)
+        return StepOutcome(
+            kind,
+            prep.chain_id,
+            prep.created_chain,
+            prep.rollback,
+            prep.dropped_tokens,
+            prep.dropped_turns,
+            prep.prompt_tokens,
+            completion_tokens,
+            prep.max_tokens,
+        )
 
 
 def _materialize(chain: Chain, order_seq: int, extra_fields: dict) -> Trajectory:
     buffer = chain.buffer
     buffer.check_logprob_alignment()
     turns = sum(1 for m in chain.message_history if m.get("role") in ("user", "assistant")) + 1
-    return Trajectory(chain.chain_id, list(buffer.prompt_ids), list(buffer.response_ids), list(buffer.response_mask),
-                      list(buffer.response_logprobs) or None, list(buffer.response_source), turns, order_seq,
-                      extra_fields=dict(extra_fields))
+    return Trajectory(
+        chain.chain_id,
+        list(buffer.prompt_ids),
+        list(buffer.response_ids),
+        list(buffer.response_mask),
+        list(buffer.response_logprobs) or None,
+        list(buffer.response_source),
+        turns,
+        order_seq,
+        extra_fields=dict(extra_fields),
+    )
 
 
 def _require_positive(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ChainsSetupError(f"chains option {name} must be a positive integer (got {value!r}); "
-                               f"omit it to disable the capacity check")
+        raise ChainsSetupError(
+            f"chains option {name} must be a positive integer (got {value!r}); omit it to disable the capacity check"
+        )
 
 
-def _respect_max_tokens(max_tokens: int | None, output_ids: list[int],
-                        logprobs: Sequence[float] | None) -> tuple[list[int], list[float] | None]:
+def _respect_max_tokens(
+    max_tokens: int | None, output_ids: list[int], logprobs: Sequence[float] | None
+) -> tuple[list[int], list[float] | None]:
     """The engine would have stopped at `max_tokens`; replay cuts the recorded output there."""
     if max_tokens is None or len(output_ids) <= max_tokens:
         return output_ids, None if logprobs is None else list(logprobs)

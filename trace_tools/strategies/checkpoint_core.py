@@ -20,6 +20,7 @@ docs/checkpoint_tree.md for the full rules and the reasons behind them):
 
 Nothing here knows about dumps or strategies; `checkpoint_tree.py` drives it turn by turn.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ EQUAL, ECHO = "equal", "echo"
 
 
 # -- echo equivalence ------------------------------------------------------------------------
-def message_match(held: Any, incoming: Any, defaults: dict[str, dict[str, Any]] | None = None,
-                  echo_rules: bool = True) -> str | None:
+def message_match(
+    held: Any, incoming: Any, defaults: dict[str, dict[str, Any]] | None = None, echo_rules: bool = True
+) -> str | None:
     """How `incoming` relates to the stored message `held`: EQUAL, ECHO or None (different).
 
     EQUAL: dict equality, or a tool message that differs only in its wire `tool_call_id` (the
@@ -100,9 +102,12 @@ def _split_reasoning(message: dict) -> tuple[str, str]:
 def _call_view(call: Any, defaults: dict[str, dict[str, Any]]) -> Any:
     if not isinstance(call, dict):
         return call
-    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = call
     name = function.get("name")
-    arguments = drop_schema_defaults(_parse_arguments(function.get("arguments")), defaults.get(name, {}))
+    name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
+    arguments = drop_schema_defaults(_parse_arguments(function.get("arguments")), name_defaults)
     return name, _typed(strip_trailing_ws(arguments))
 
 
@@ -170,7 +175,8 @@ class Node:
         return self.finish_reason == "length"
 
     def path_nodes(self) -> list["Node"]:
-        nodes, node = [], self
+        nodes: list[Node] = []
+        node: Node | None = self
         while node is not None:
             nodes.append(node)
             node = node.parent
@@ -201,15 +207,18 @@ class CheckpointTree:
         self.nodes: list[Node] = []
         self.roots: list[Node] = []
 
-    def find_attach(self, messages: Sequence[dict], tools: Sequence[dict] | None,
-                    template_kwargs: dict | None = None) -> AttachPoint:
+    def find_attach(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, template_kwargs: dict | None = None
+    ) -> AttachPoint:
         """The deepest node whose whole path the request repeats (echo-equivalently); ties: latest.
 
         Depth is the number of messages consumed. A node whose path is longer than the request,
         or that differs anywhere, is no candidate and neither is its subtree.
         """
         best, misses = AttachPoint(), []
-        stack = [(root, 0, ()) for root in reversed(self.roots) if self._compatible(root, tools, template_kwargs)]
+        stack: list[tuple[Node, int, tuple[int, ...]]] = [
+            (root, 0, ()) for root in reversed(self.roots) if self._compatible(root, tools, template_kwargs)
+        ]
         while stack:
             node, echoes, echoed = stack.pop()
             status, found, response_echoed = self._match_delta(node, messages)
@@ -264,17 +273,37 @@ class CheckpointTree:
                     break
         return out, restored
 
-    def add(self, parent: Node | None, turn_index: int, request: list[dict], response: dict,
-            tools: Sequence[dict] | None, template_kwargs: dict | None, prompt_ids: Sequence[int],
-            output_ids: Sequence[int], logprobs: Sequence[float] | None, finish_reason: str | None) -> Node:
+    def add(
+        self,
+        parent: Node | None,
+        turn_index: int,
+        request: list[dict],
+        response: dict,
+        tools: Sequence[dict] | None,
+        template_kwargs: dict | None,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        finish_reason: str | None,
+    ) -> Node:
         """Attach one generated turn under `parent` (None: a new root)."""
-        if parent is not None and list(prompt_ids[:len(parent.token_ids)]) != parent.token_ids:
+        if parent is not None and list(prompt_ids[: len(parent.token_ids)]) != parent.token_ids:
             raise AssertionError("a child's prompt must extend its parent's token checkpoint")
         token_ids = [*prompt_ids, *output_ids]
         recorded = list(logprobs) if logprobs is not None else [0.0] * len(output_ids)
-        node = Node(len(self.nodes), turn_index, list(request), response, normalize_tools(tools),
-                    dict(template_kwargs or {}), token_ids, (len(prompt_ids), len(token_ids)), recorded,
-                    finish_reason, parent)
+        node = Node(
+            len(self.nodes),
+            turn_index,
+            list(request),
+            response,
+            normalize_tools(tools),
+            dict(template_kwargs or {}),
+            token_ids,
+            (len(prompt_ids), len(token_ids)),
+            recorded,
+            finish_reason,
+            parent,
+        )
         (parent.children if parent is not None else self.roots).append(node)
         self.nodes.append(node)
         return node
@@ -338,8 +367,8 @@ def leaf_sample(leaf: Node, owner: dict[int, int], reward: float) -> Sample:
         lo, hi = node.output_span
         source[lo:hi] = [node.turn_index] * (hi - lo)
         if owner.get(node.seq) == leaf.seq:
-            loss[lo - start:hi - start] = [1] * (hi - lo)
-            logprobs[lo - start:hi - start] = node.logprobs
+            loss[lo - start : hi - start] = [1] * (hi - lo)
+            logprobs[lo - start : hi - start] = node.logprobs
     metadata = {"leaf_turn": leaf.turn_index, "path_turns": [node.turn_index for node in path]}
     return Sample(tokens, len(tokens) - start, loss, logprobs, source, reward, metadata)
 
@@ -378,8 +407,9 @@ class PromptAssembler:
         self._closers: dict[str, Closers] = {}
         self._stop_ids = list(getattr(renderer, "stop_token_ids", None) or [])
 
-    def extend(self, node: Node, appended: list[dict], tools: Sequence[dict] | None,
-               template_kwargs: dict | None = None) -> Assembly:
+    def extend(
+        self, node: Node, appended: list[dict], tools: Sequence[dict] | None, template_kwargs: dict | None = None
+    ) -> Assembly:
         """The prompt for `node.path + appended`; raises AssemblyFailed when nothing verifies."""
         kwargs = dict(template_kwargs or {})
         try:

@@ -12,6 +12,7 @@ Options (`CHECKPOINT_PARAMS`):
   request; "keep" keeps every sibling as its own sample (e.g. n>1 sampling on purpose).
 * `echo_rules` (True): False matches messages by dict equality only (for comparison).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -24,20 +25,47 @@ from trace_tools.ids import common_prefix_len
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
 from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register
-from trace_tools.strategies.checkpoint_core import (Assembly, AssemblyFailed, AttachPoint, CheckpointTree, Node,
-                                                    PromptAssembler, build_samples)
+from trace_tools.strategies.checkpoint_core import (
+    Assembly,
+    AssemblyFailed,
+    AttachPoint,
+    CheckpointTree,
+    Node,
+    PromptAssembler,
+    build_samples,
+)
 
 RETRY_POLICIES = ("supersede", "keep")
-CHECKPOINT_PARAMS = (
-    Param("retries", str, "supersede", "an unanswered earlier attempt: trim it (supersede) or keep both",
-          choices=RETRY_POLICIES),
+CHECKPOINT_PARAMS: tuple[Param, ...] = (
+    Param(
+        "retries",
+        str,
+        "supersede",
+        "an unanswered earlier attempt: trim it (supersede) or keep both",
+        choices=RETRY_POLICIES,
+    ),
     Param("echo_rules", bool, True, "look past cosmetic echo rewrites; false matches messages by equality only"),
 )
 # Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
-OWN_COUNTERS = ("tree_branches", "restored_echoes", "unrecognized_echoes", "trimmed_leaves", "resets",
-                "close_unresolved", "healed_turns", "healed_prefix_tokens")
-EXTRA_COUNTERS = ("new_roots", "boundary_fallbacks", "boundary_unverified", "render_failed",
-                  "restored_distinct_echoes", "truncated_extensions", "counterfactual_prompts")
+OWN_COUNTERS = (
+    "tree_branches",
+    "restored_echoes",
+    "unrecognized_echoes",
+    "trimmed_leaves",
+    "resets",
+    "close_unresolved",
+    "healed_turns",
+    "healed_prefix_tokens",
+)
+EXTRA_COUNTERS = (
+    "new_roots",
+    "boundary_fallbacks",
+    "boundary_unverified",
+    "render_failed",
+    "restored_distinct_echoes",
+    "truncated_extensions",
+    "counterfactual_prompts",
+)
 
 
 @dataclass(slots=True)
@@ -70,8 +98,13 @@ def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) 
     shares); a raw `Turn` is prepared with `ctx` first."""
     if not isinstance(prepared, PreparedTurn):
         prepared = prepare(Session(prepared.session_id, [prepared]), ctx or ReplayContext()).turns[0]
-    return TurnInput(prepared.turn, prepared.messages, prepared.tools,
-                     prepared.response_message or {"role": "assistant", "content": ""}, prepared.template_kwargs)
+    return TurnInput(
+        prepared.turn,
+        prepared.messages,
+        prepared.tools,
+        prepared.response_message or {"role": "assistant", "content": ""},
+        prepared.template_kwargs,
+    )
 
 
 class CheckpointReplay:
@@ -94,7 +127,7 @@ class CheckpointReplay:
         self.counters["unrecognized_echoes"] += int(attach.unrecognized)
         if attach.node is None:
             return self._new_root(item, "new_root")
-        appended, carried = self.tree.restore_carried(item.messages[len(attach.node.path):], item.tools)
+        appended, carried = self.tree.restore_carried(item.messages[len(attach.node.path) :], item.tools)
         try:
             assembly = self.assembler.extend(attach.node, appended, item.tools, item.template_kwargs)
         except AssemblyFailed as failure:
@@ -118,8 +151,18 @@ class CheckpointReplay:
 
     def _add(self, parent: Node | None, item: TurnInput, request: list[dict], prompt_ids: list[int]) -> Node:
         turn = item.turn
-        return self.tree.add(parent, turn.turn_index, request, item.response, item.tools, item.template_kwargs,
-                             prompt_ids, turn.output_ids, turn.output_logprobs, turn.finish_reason)
+        return self.tree.add(
+            parent,
+            turn.turn_index,
+            request,
+            item.response,
+            item.tools,
+            item.template_kwargs,
+            prompt_ids,
+            turn.output_ids,
+            turn.output_logprobs,
+            turn.finish_reason,
+        )
 
     def _count_echoes(self, echoed: tuple[int, ...], carried: list[Node], path_echoes: int = 0) -> None:
         self.counters["restored_echoes"] += path_echoes + len(carried)
@@ -128,6 +171,7 @@ class CheckpointReplay:
 
     def _count_attach(self, item: TurnInput, attach: AttachPoint, carried: list[Node], assembly: Assembly) -> None:
         parent, turn = attach.node, item.turn
+        assert parent is not None, "only a request that attached to a node is counted here"
         self._count_echoes(attach.echoed_nodes, carried, attach.echoes)
         self.counters["healed_turns"] += 1
         self.counters["healed_prefix_tokens"] += len(parent.token_ids) + len(assembly.glue)
@@ -152,6 +196,7 @@ class CheckpointReplay:
 
 def _prompt_event(attach: AttachPoint, carried: list[Node], mode: str) -> str:
     """forked (a new sibling) > anchored (template rewrote history) > restored (echo recognised) > clean."""
+    assert attach.node is not None, "a new root has no prompt event to choose"
     if len(attach.node.children) > 1:
         return "forked"
     if mode == "anchored":

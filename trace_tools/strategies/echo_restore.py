@@ -19,6 +19,7 @@ extra `restored_distinct_echoes` (generated turns restored at least once, compar
 `restored` marks a turn whose prompt needed a restore and then extended the held tokens cleanly;
 if it still forked or realigned, the tree's event is kept.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -27,8 +28,8 @@ from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
 from trace_tools.options import Param
-from trace_tools.strategies.base import register
 from trace_tools.pipeline.prepared import render_prompt
+from trace_tools.strategies.base import register
 from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
 from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
@@ -71,12 +72,15 @@ class EchoRestoreStrategy(TreeStrategy):
     name = "echo-restore"
     counterfactual = True
     description = "slime PR #2282: restore re-rendered assistant echoes before rendering, then the slime tree"
-    params = (*TREE_PARAMS, Param("restore_prompt", bool, True,
-                                  "render the restored messages; false restores for routing only (seed 001)"))
+    params = (
+        *TREE_PARAMS,
+        Param("restore_prompt", bool, True, "render the restored messages; false restores for routing only (seed 001)"),
+    )
     renders_prompts = True
 
-    def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
-                        manager: TrajectoryManager | None = None) -> ReplayResult:
+    def replay_prepared(
+        self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None
+    ) -> ReplayResult:
         self.restore_log = RestoreLog()
         return super().replay_prepared(session_id, prepared_turns, reward, manager)
 

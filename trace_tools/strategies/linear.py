@@ -21,6 +21,7 @@ those). Counters: healed_turns, healed_prefix_tokens, nonlinear, close_unresolve
 restored_echoes / unrecognized_echoes for `linear+restore`) on top of the tree's. Every sample's
 metadata carries the session's healer stats under `linear_healer`, as agentcore attaches them.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -36,10 +37,15 @@ from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 _PROMPT_EVENTS = {"healed": "healed", "reset": "reset", "rendered": "rendered", "passthrough": "rendered"}
-LINEAR_PARAMS = (
+LINEAR_PARAMS: tuple[Param, ...] = (
     *TREE_PARAMS,
-    Param("on_nonlinear", str, "reset", "what a non-append-only request does: re-anchor, fail the session, or pass",
-          choices=ON_NONLINEAR),
+    Param(
+        "on_nonlinear",
+        str,
+        "reset",
+        "what a non-append-only request does: re-anchor, fail the session, or pass",
+        choices=ON_NONLINEAR,
+    ),
     Param("delta", bool, True, "heal through the text-space delta render first (the full render gives the same ids)"),
 )
 
@@ -59,8 +65,9 @@ class LinearStrategy(TreeStrategy):
             raise ReplayError(f"strategy {self.name} renders prompts; pass --tokenizer (and --chat-template)")
         return LinearHealer(self.ctx.renderer, on_nonlinear=self.setting("on_nonlinear"), delta=self.setting("delta"))
 
-    def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
-                        manager: TrajectoryManager | None = None) -> ReplayResult:
+    def replay_prepared(
+        self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None
+    ) -> ReplayResult:
         self.healer = self.make_healer()
         self.heal_events: dict[int, str] = {}
         self.restore_log = RestoreLog()
@@ -71,7 +78,9 @@ class LinearStrategy(TreeStrategy):
             prepared, _ = restore_prepared(manager, session_id, prepared, self.restore_log)
         outcome = heal_and_commit(self.healer, session_id, prepared)
         self.heal_events[prepared.turn.turn_index] = _PROMPT_EVENTS[outcome.event]
-        super().record_prepared(manager, session_id, replace(prepared, prompt_ids=outcome.ids, prompt_origin="rendered"))
+        super().record_prepared(
+            manager, session_id, replace(prepared, prompt_ids=outcome.ids, prompt_origin="rendered")
+        )
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         result = super().finish(manager, session_id, reward)

@@ -34,6 +34,7 @@ nonlinear_template`:
   after the last assistant cannot be resolved (also counted in `close_unresolved`).
 `paths` counts which path produced each healed turn (diagnostic only).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,15 @@ from trace_tools.render.base import RendererLike
 log = logging.getLogger(__name__)
 
 ON_NONLINEAR = ("reset", "error", "passthrough")
-COUNTER_KEYS = ("healed_turns", "healed_prefix_tokens", "nonlinear", "nonlinear_history", "nonlinear_template",
-                "close_unresolved", "resets")
+COUNTER_KEYS = (
+    "healed_turns",
+    "healed_prefix_tokens",
+    "nonlinear",
+    "nonlinear_history",
+    "nonlinear_template",
+    "close_unresolved",
+    "resets",
+)
 # Two probe bodies whose last characters differ, so the common suffix of their renders is
 # exactly the template glue after an assistant message, never a piece of the body.
 PROBE_A = "trace-tools closer probe, first body ends in A"
@@ -105,13 +113,15 @@ class LinearHealer:
         self.paths: Counter = Counter()
 
     # -- the two calls a gateway makes per turn ---------------------------------------------
-    def heal(self, sid: str, messages: list[dict], tools: Sequence[dict] | None = None,
-             **template_kwargs: Any) -> list[int]:
+    def heal(
+        self, sid: str, messages: list[dict], tools: Sequence[dict] | None = None, **template_kwargs: Any
+    ) -> list[int]:
         """The prompt ids to feed the engine for this turn (see `heal_turn`)."""
         return self.heal_turn(sid, messages, tools, **template_kwargs).ids
 
-    def heal_turn(self, sid: str, messages: list[dict], tools: Sequence[dict] | None = None,
-                  **template_kwargs: Any) -> HealOutcome:
+    def heal_turn(
+        self, sid: str, messages: list[dict], tools: Sequence[dict] | None = None, **template_kwargs: Any
+    ) -> HealOutcome:
         """Heal one turn: splice the served prefix when the history only grew, else handle the jump."""
         state = self._state.get(sid)
         if state is None or sid in self._disabled:
@@ -125,9 +135,16 @@ class LinearHealer:
                 return self._splice(sid, state, *pieces, path="delta")
         return self._heal_full(sid, state, new)
 
-    def commit(self, sid: str, fed_prompt_ids: Sequence[int], output_ids: Sequence[int],
-               messages: list[dict], response_message: dict | None,
-               tools: Sequence[dict] | None = None, **template_kwargs: Any) -> None:
+    def commit(
+        self,
+        sid: str,
+        fed_prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        messages: list[dict],
+        response_message: dict | None,
+        tools: Sequence[dict] | None = None,
+        **template_kwargs: Any,
+    ) -> None:
         """Advance the session after a turn was recorded: served ids and messages grow by one turn.
 
         Call it only for turns that are actually recorded, so the healer stays in lockstep with
@@ -136,8 +153,12 @@ class LinearHealer:
         if sid in self._disabled:
             return
         closing = response_message or {"role": "assistant", "content": ""}
-        self._state[sid] = _State(list(fed_prompt_ids) + list(output_ids), list(messages) + [closing],
-                                  _normalize_tools(tools), dict(template_kwargs))
+        self._state[sid] = _State(
+            list(fed_prompt_ids) + list(output_ids),
+            list(messages) + [closing],
+            _normalize_tools(tools),
+            dict(template_kwargs),
+        )
 
     # -- stats -------------------------------------------------------------------------------
     def pop_stats(self, sid: str) -> dict[str, int]:
@@ -160,13 +181,13 @@ class LinearHealer:
         kwargs = state.template_kwargs
         r_prev = self._render(state.prev_messages, state.prev_tools, False, kwargs)
         r_ext = self._render(state.prev_messages + new, state.prev_tools, True, kwargs)
-        if r_ext[:len(r_prev)] != r_prev:  # the template is not prefix-consistent here
+        if r_ext[: len(r_prev)] != r_prev:  # the template is not prefix-consistent here
             return self._handle_nonlinear(sid, r_ext, "template")
         close = self.assistant_close(state.prev_messages, state.prev_tools, r_prev, kwargs)
         if close is None:
             self._bump(sid, "close_unresolved")
             return self._handle_nonlinear(sid, r_ext, "template")
-        return self._splice(sid, state, close, r_ext[len(r_prev):], path="full")
+        return self._splice(sid, state, close, r_ext[len(r_prev) :], path="full")
 
     def _delta_pieces(self, state: _State, new: list[dict]) -> tuple[list[int], list[int]] | None:
         """(close ids, tail ids) computed in text space, or None to fall back to the full path.
@@ -181,13 +202,18 @@ class LinearHealer:
             return None
         probe_a = self.renderer.render_text(prev[:-1] + [_probe(PROBE_A)], tools, False, **kwargs)
         probe_b = self.renderer.render_text(prev[:-1] + [_probe(PROBE_B)], tools, False, **kwargs)
-        close_text = probe_a[len(probe_a) - _common_suffix_len(probe_a, probe_b):]
+        close_text = probe_a[len(probe_a) - _common_suffix_len(probe_a, probe_b) :]
         if not before.endswith(close_text):
             return None
-        return self.renderer.encode(close_text), self.renderer.encode(after[len(before):])
+        return self.renderer.encode(close_text), self.renderer.encode(after[len(before) :])
 
-    def assistant_close(self, prev_messages: list[dict], tools: Sequence[dict] | None,
-                        r_prev: Sequence[int], template_kwargs: dict | None = None) -> list[int] | None:
+    def assistant_close(
+        self,
+        prev_messages: list[dict],
+        tools: Sequence[dict] | None,
+        r_prev: Sequence[int],
+        template_kwargs: dict | None = None,
+    ) -> list[int] | None:
         """The template's glue after the last assistant message, in ids; None if it cannot be trusted.
 
         The glue is the common suffix of two renders that differ only in the last assistant's
@@ -199,8 +225,8 @@ class LinearHealer:
         probe_a = self._render(before + [_probe(PROBE_A)], tools, False, kwargs)
         probe_b = self._render(before + [_probe(PROBE_B)], tools, False, kwargs)
         n = _common_suffix_len(probe_a, probe_b)
-        close = list(probe_a[len(probe_a) - n:])
-        if close and list(r_prev[-len(close):]) != close:
+        close = list(probe_a[len(probe_a) - n :])
+        if close and list(r_prev[-len(close) :]) != close:
             return None
         return close
 
@@ -222,7 +248,8 @@ class LinearHealer:
             raise NonlinearHistory(
                 f"linear history mode: session {sid!r} broke the append-only assumption (a prior "
                 "message was edited or dropped, or the tools changed); use on_nonlinear=reset or "
-                "passthrough, or replay it with the tree strategy")
+                "passthrough, or replay it with the tree strategy"
+            )
         self._state.pop(sid, None)
         if self.on_nonlinear == "passthrough":
             self._disabled.add(sid)
@@ -232,8 +259,9 @@ class LinearHealer:
         log.info("linear healing re-anchored session %s on a fresh render", sid)
         return HealOutcome(rendered, "reset")
 
-    def _render(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool,
-                template_kwargs: dict) -> list[int]:
+    def _render(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, template_kwargs: dict
+    ) -> list[int]:
         return list(self.renderer.render(list(messages), tools, generation, **template_kwargs))
 
 
@@ -244,8 +272,15 @@ def heal_and_commit(healer: LinearHealer, session_id: str, prepared: Any) -> Hea
     """
     kwargs = prepared.turn.chat_template_kwargs or {}
     outcome = healer.heal_turn(session_id, prepared.messages, prepared.tools, **kwargs)
-    healer.commit(session_id, outcome.ids, prepared.turn.output_ids, prepared.messages,
-                  prepared.response_message, prepared.tools, **kwargs)
+    healer.commit(
+        session_id,
+        outcome.ids,
+        prepared.turn.output_ids,
+        prepared.messages,
+        prepared.response_message,
+        prepared.tools,
+        **kwargs,
+    )
     return outcome
 
 
@@ -268,8 +303,9 @@ class PathDifference:
     cause: str
 
 
-def path_differences(session_id: str, prepared_turns: Sequence[Any], delta: Sequence[HealOutcome],
-                     full: Sequence[HealOutcome]) -> list[PathDifference]:
+def path_differences(
+    session_id: str, prepared_turns: Sequence[Any], delta: Sequence[HealOutcome], full: Sequence[HealOutcome]
+) -> list[PathDifference]:
     """Every turn where `heal_session` on the two paths disagreed, explained (DESIGN §10: never hidden).
 
     Both paths render the same text; they can only disagree where tokenization depends on
@@ -282,22 +318,26 @@ def path_differences(session_id: str, prepared_turns: Sequence[Any], delta: Sequ
         if d.ids == f.ids and d.event == f.event:
             continue
         position = next((i for i, (a, b) in enumerate(zip(d.ids, f.ids)) if a != b), min(len(d.ids), len(f.ids)))
-        differences.append(PathDifference(session_id, prepared.turn.turn_index, d.event, f.event, position,
-                                          _difference_cause(d, f)))
+        differences.append(
+            PathDifference(session_id, prepared.turn.turn_index, d.event, f.event, position, _difference_cause(d, f))
+        )
     return differences
 
 
 def _difference_cause(delta: HealOutcome, full: HealOutcome) -> str:
     if delta.event == "healed" and full.event != "healed":
-        return ("tokenizer boundary: encoding the whole history merges ids across the closer/tail boundary, "
-                "so the full render is not token-prefix-consistent while the text is")
+        return (
+            "tokenizer boundary: encoding the whole history merges ids across the closer/tail boundary, "
+            "so the full render is not token-prefix-consistent while the text is"
+        )
     if delta.event == full.event == "healed":
         return "tokenizer boundary: the closer or tail encoded on its own splits differently than in context"
     return "an earlier disagreement left the two healers in different states"
 
 
-def linear_delta(state: _State, messages: Sequence[dict], tools: Sequence[dict] | None,
-                 template_kwargs: dict | None = None) -> list[dict] | None:
+def linear_delta(
+    state: _State, messages: Sequence[dict], tools: Sequence[dict] | None, template_kwargs: dict | None = None
+) -> list[dict] | None:
     """The messages appended since the stored history, or None when it is not a pure append.
 
     Message lists compare with `==` (key order irrelevant, values exact); tools must be equal

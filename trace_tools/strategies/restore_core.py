@@ -22,6 +22,7 @@ Counters (documented in docs/upstream_restore_linear.md):
   stops there, so a call counts at most one; once the turn is recorded the tree holds the client's
   version, so the same echo is not counted again on later turns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,8 +55,13 @@ def is_same_tool_call_echo(held: Any, incoming: Any, defaults: dict[str, dict[st
     if held.get("role") != incoming.get("role"):
         return False
     held_calls, incoming_calls = held.get("tool_calls"), incoming.get("tool_calls")
-    if not held_calls or not incoming_calls or not isinstance(held_calls, list) \
-            or not isinstance(incoming_calls, list) or len(held_calls) != len(incoming_calls):
+    if (
+        not held_calls
+        or not incoming_calls
+        or not isinstance(held_calls, list)
+        or not isinstance(incoming_calls, list)
+        or len(held_calls) != len(incoming_calls)
+    ):
         return False
     if _without_tool_calls(held) != _without_tool_calls(incoming):
         return False
@@ -74,7 +80,8 @@ def _same_call(held: Any, incoming: Any, defaults: dict[str, dict[str, Any]]) ->
         return False
     if held.get("type") != incoming.get("type") or held_fn.get("name") != incoming_fn.get("name"):
         return False
-    name_defaults = defaults.get(held_fn.get("name"), {})
+    name = held_fn.get("name")
+    name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
 
     def norm(args: Any) -> Any:
         return strip_trailing_ws(drop_schema_defaults(args, name_defaults))
@@ -82,8 +89,9 @@ def _same_call(held: Any, incoming: Any, defaults: dict[str, dict[str, Any]]) ->
     return norm(held_fn.get("arguments")) == norm(incoming_fn.get("arguments"))
 
 
-def restore_walk(manager: Any, sid: str, messages: list[dict],
-                 tools_schema: Sequence[dict] | None = None) -> RestoreOutcome:
+def restore_walk(
+    manager: Any, sid: str, messages: list[dict], tools_schema: Sequence[dict] | None = None
+) -> RestoreOutcome:
     """Walk the sid's message tree along `messages`, restoring recognised echoes; see the module doc.
 
     The input list is never mutated; untouched items stay the same objects. With no tree for the
@@ -100,8 +108,11 @@ def restore_walk(manager: Any, sid: str, messages: list[dict],
         if exact is not None:
             node, depth = exact, depth + 1
             continue
-        echoes = [child for child in node.children if _is_generated_assistant(child)
-                  and is_same_tool_call_echo(child.message, message, defaults)]
+        echoes = [
+            child
+            for child in node.children
+            if _is_generated_assistant(child) and is_same_tool_call_echo(child.message, message, defaults)
+        ]
         if len(echoes) != 1:
             outcome.unrecognized += int(_stops_on_generated_echo(node, message))
             break
@@ -113,8 +124,9 @@ def restore_walk(manager: Any, sid: str, messages: list[dict],
     return outcome
 
 
-def restore_generated_messages(manager: Any, sid: str, messages: list[dict],
-                               tools_schema: Sequence[dict] | None = None) -> list[dict]:
+def restore_generated_messages(
+    manager: Any, sid: str, messages: list[dict], tools_schema: Sequence[dict] | None = None
+) -> list[dict]:
     """PR #2282's pre-render restore: `messages` with recognised echoes swapped for stored dicts.
 
     Call it after canonicalization and before rendering the prompt, so both the rendered tokens
@@ -137,5 +149,8 @@ def _is_generated_assistant(node: Any) -> bool:
 
 
 def _stops_on_generated_echo(node: Any, message: Any) -> bool:
-    return (isinstance(message, dict) and message.get("role") == "assistant"
-            and any(_is_generated_assistant(child) for child in node.children))
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "assistant"
+        and any(_is_generated_assistant(child) for child in node.children)
+    )

@@ -15,6 +15,7 @@ commits the generation that was recorded for it (`Generation`). The prompt the T
 builds may differ from the recorded prompt ids; the strategies report that (counterfactual
 replay, DESIGN §3).
 """
+
 from __future__ import annotations
 
 import copy
@@ -82,8 +83,7 @@ def without_wire_keys(calls: Any) -> Any:
     """TC(): a shallow copy of each dict call minus `index`; null-valued keys stay (final upstream rule)."""
     if not isinstance(calls, list):
         return calls
-    return [{k: v for k, v in c.items() if k not in _WIRE_ONLY_CALL_KEYS} if isinstance(c, dict) else c
-            for c in calls]
+    return [{k: v for k, v in c.items() if k not in _WIRE_ONLY_CALL_KEYS} if isinstance(c, dict) else c for c in calls]
 
 
 def strict_match(stored: dict, new: dict) -> bool:
@@ -117,8 +117,9 @@ def loose_tool_call_match(stored: dict, new: dict) -> bool:
             return True
     except RecursionError:
         pass
-    if not all(collapse_empty(stored.get(k)) == collapse_empty(new.get(k))
-               for k in ("role", "content", "reasoning_content")):
+    if not all(
+        collapse_empty(stored.get(k)) == collapse_empty(new.get(k)) for k in ("role", "content", "reasoning_content")
+    ):
         return False
     left, right = collapse_empty(stored.get("tool_calls")), collapse_empty(new.get("tool_calls"))
     if not isinstance(left, list) or not isinstance(right, list):
@@ -179,8 +180,13 @@ def json_object_tree(value: Any) -> Any:
     parsed = value
     if type(value) is str:
         try:
-            parsed = json.loads(value, object_pairs_hook=_no_duplicate_keys, parse_int=Decimal,
-                                parse_float=_finite_decimal, parse_constant=_no_constant)
+            parsed = json.loads(
+                value,
+                object_pairs_hook=_no_duplicate_keys,
+                parse_int=Decimal,
+                parse_float=_finite_decimal,
+                parse_constant=_no_constant,
+            )
         except (OverflowError, RecursionError, TypeError, ValueError):
             return INVALID_JSON_OBJECT
     if type(parsed) is not dict:
@@ -276,8 +282,20 @@ def common_prefix_messages(stored: Sequence[dict], request: Sequence[dict], matc
 # ---------------------------------------------------------------------------------------------
 # Request preparation (§2.2, §2.4.1)
 # ---------------------------------------------------------------------------------------------
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "y": True, "on": True, "t": True,
-               "false": False, "0": False, "no": False, "n": False, "off": False, "f": False}
+_BOOL_WORDS = {
+    "true": True,
+    "1": True,
+    "yes": True,
+    "y": True,
+    "on": True,
+    "t": True,
+    "false": False,
+    "0": False,
+    "no": False,
+    "n": False,
+    "off": False,
+    "f": False,
+}
 
 
 def sglang_tools(tools: Sequence[Any] | None) -> list[dict] | None:
@@ -306,8 +324,12 @@ def _sglang_tool(tool: Any) -> dict:
         raise ServerError(f"tool {name!r}: description must be a string")
     tool_defer = _optional_model_bool(wrapped.get("defer_loading"), name)
     function_defer = _optional_model_bool(function.get("defer_loading"), name)
-    dumped = {"description": description, "name": name, "parameters": function.get("parameters"),
-              "strict": _model_bool(function.get("strict", False), name)}
+    dumped = {
+        "description": description,
+        "name": name,
+        "parameters": function.get("parameters"),
+        "strict": _model_bool(function.get("strict", False), name),
+    }
     if function_defer is None:
         function_defer = tool_defer  # the model's after-validator propagates the tool-level flag
     if function_defer is not None:
@@ -382,10 +404,12 @@ class TitoFamily:
 FAMILIES: dict[str, TitoFamily] = {
     "default": TitoFamily("default"),
     "qwen3": TitoFamily("qwen3", "<|im_end|>", 0, (("clear_thinking", False),)),
-    "qwen35": TitoFamily("qwen35", "<|im_end|>", 0, (("clear_thinking", False),),
-                         frozenset({"tool", "user", "assistant"})),
-    "glm47": TitoFamily("glm47", None, 1, (("clear_thinking", False),),
-                        dropped_boundaries=("<|observation|>", "<|user|>")),
+    "qwen35": TitoFamily(
+        "qwen35", "<|im_end|>", 0, (("clear_thinking", False),), frozenset({"tool", "user", "assistant"})
+    ),
+    "glm47": TitoFamily(
+        "glm47", None, 1, (("clear_thinking", False),), dropped_boundaries=("<|observation|>", "<|user|>")
+    ),
 }
 # Renderer.family -> miles family. miles has no V3, gpt-oss or Llama family: those use `default`.
 _RENDERER_FAMILIES = {"qwen3": "qwen3", "qwen3.5": "qwen35", "glm4.5": "glm47"}
@@ -434,8 +458,10 @@ class TitoTokenizer:
             return self
         for key, fixed in self.family.extra_kwargs:
             if key in request_kwargs and request_kwargs[key] != fixed:
-                raise RequestRejected(f"chat_template_kwargs[{key!r}]={request_kwargs[key]!r} conflicts with the "
-                                      f"{self.family.name} fixed template value {fixed!r}")
+                raise RequestRejected(
+                    f"chat_template_kwargs[{key!r}]={request_kwargs[key]!r} conflicts with the "
+                    f"{self.family.name} fixed template value {fixed!r}"
+                )
         derived = TitoTokenizer(self.renderer, self.family, {**self.template_kwargs, **request_kwargs})
         derived._boundary_id = self._boundary_id
         return derived
@@ -471,26 +497,31 @@ class TitoTokenizer:
         """
         self._check_append_only(old, new)
         last_calls = (old[-1].get("tool_calls") if old else None) or []
-        base = [dict(self.DUMMY_SYSTEM), {"role": "assistant", "content": "", "reasoning_content": " ",
-                                          "tool_calls": last_calls}]
+        base: list[dict] = [
+            dict(self.DUMMY_SYSTEM),
+            {"role": "assistant", "content": "", "reasoning_content": " ", "tool_calls": last_calls},
+        ]
         before = self.render_text(base, tools, False)
-        after = self.render_text(base + list(new[len(old):]), tools, True)
+        after = self.render_text(base + list(new[len(old) :]), tools, True)
         if not after.startswith(before):
-            raise ServerError(f"rendered suffix diff failed: the {self.family.name} template does not render "
-                              f"base + appended as an extension of base")
-        return self.renderer.encode(after[len(before):])
+            raise ServerError(
+                f"rendered suffix diff failed: the {self.family.name} template does not render "
+                f"base + appended as an extension of base"
+            )
+        return self.renderer.encode(after[len(before) :])
 
     def _check_append_only(self, old: Sequence[dict], new: Sequence[dict]) -> None:
         # Always passes when called from the session paths (they pass the stored objects as the
         # prefix and gate roles first); kept because a violation here would be silent corruption.
         if len(new) < len(old) or common_prefix_messages(old, new, strict_match) < len(old):
             raise ServerError("tokenize_additional_messages: new messages do not extend the stored ones")
-        for message in new[len(old):]:
+        for message in new[len(old) :]:
             if message.get("role") not in self.family.allowed_append_roles:
                 raise ServerError(f"tokenize_additional_messages: role {message.get('role')!r} cannot be appended")
 
-    def merge_tokens(self, old: Sequence[dict], new: Sequence[dict], prefix_ids: Sequence[int],
-                     tools: Sequence[dict] | None) -> list[int]:
+    def merge_tokens(
+        self, old: Sequence[dict], new: Sequence[dict], prefix_ids: Sequence[int], tools: Sequence[dict] | None
+    ) -> list[int]:
         """The next prompt: the checkpoint (boundary-fixed) followed by the appended messages' ids."""
         return self.fix_boundary(prefix_ids) + self.tokenize_additional(old, new, tools)
 
@@ -583,8 +614,10 @@ def check_prefix(previous: Sequence[int], all_ids: Sequence[int], max_trim: int)
     keep = len(previous) - max_trim
     if keep > 0 and list(all_ids[:keep]) != list(previous[:keep]):
         first = next((i for i, (a, b) in enumerate(zip(all_ids, previous)) if a != b), min(len(all_ids), keep))
-        raise ServerError(f"TokenizationError: pretokenized prefix mismatch at token {first} "
-                          f"(checkpoint has {len(previous)} tokens, new snapshot {len(all_ids)})")
+        raise ServerError(
+            f"TokenizationError: pretokenized prefix mismatch at token {first} "
+            f"(checkpoint has {len(previous)} tokens, new snapshot {len(all_ids)})"
+        )
 
 
 def _serve(outcome: TurnOutcome, action: Callable[[], None]) -> TurnOutcome:
@@ -639,37 +672,42 @@ class LinearTrajectory:
             raise RequestRejected(
                 f"rollback failed: discard_count={discard} exceeds max_assistant_rollback_steps="
                 f"{MAX_ASSISTANT_ROLLBACK_STEPS} (stored has {len(self.messages)} messages, "
-                f"request has {len(request)} messages)")
-        dropped = self.records[keep + 1:]
-        self.messages = self.messages[:self.message_ends[keep] if keep >= 0 else 0]
-        del self.records[keep + 1:], self.checkpoints[keep + 1:], self.message_ends[keep + 1:]
+                f"request has {len(request)} messages)"
+            )
+        dropped = self.records[keep + 1 :]
+        self.messages = self.messages[: self.message_ends[keep] if keep >= 0 else 0]
+        del self.records[keep + 1 :], self.checkpoints[keep + 1 :], self.message_ends[keep + 1 :]
         return dropped
 
-    def prompt_for(self, request: list[dict], tools: list[dict] | None, tito: TitoTokenizer,
-                   match: Matcher) -> tuple[list[int], str]:
+    def prompt_for(
+        self, request: list[dict], tools: list[dict] | None, tito: TitoTokenizer, match: Matcher
+    ) -> tuple[list[int], str]:
         """The TITO prompt of a request (after any rollback) and how it was built."""
         if not self.token_ids:
             return tito.full_render(request, tools), "full_render"
         check_append_only(self.messages, request, match, tito.family.allowed_append_roles)
-        effective = self.messages + request[len(self.messages):]  # stored spellings win inside the prefix
+        effective = self.messages + request[len(self.messages) :]  # stored spellings win inside the prefix
         return tito.merge_tokens(self.messages, effective, self.token_ids, tools), "extend"
 
-    def commit(self, request: list[dict], prompt_ids: list[int], turn_index: int, generation: Generation,
-               max_trim: int) -> None:
+    def commit(
+        self, request: list[dict], prompt_ids: list[int], turn_index: int, generation: Generation, max_trim: int
+    ) -> None:
         record = Record(turn_index, prompt_ids, generation)
         check_prefix(self.token_ids, record.all_ids, max_trim)
-        self.messages = self.messages + request[len(self.messages):] + [generation.message]
+        self.messages = self.messages + request[len(self.messages) :] + [generation.message]
         self.records.append(record)
         self.checkpoints.append(record.all_ids)
         self.message_ends.append(len(request) + 1)
 
 
-def check_append_only(stored: Sequence[dict], request: Sequence[dict], match: Matcher,
-                      allowed_roles: Iterable[str]) -> None:
+def check_append_only(
+    stored: Sequence[dict], request: Sequence[dict], match: Matcher, allowed_roles: Iterable[str]
+) -> None:
     """400 unless `request` extends `stored` under `match` with only allowed roles appended."""
     if len(request) < len(stored):
-        raise RequestRejected(f"new messages ({len(request)}) are fewer than stored messages ({len(stored)})"
-                              + _ROLE_GATE_SUFFIX)
+        raise RequestRejected(
+            f"new messages ({len(request)}) are fewer than stored messages ({len(stored)})" + _ROLE_GATE_SUFFIX
+        )
     agreed = common_prefix_messages(stored, request, match)
     if agreed < len(stored):
         raise RequestRejected(f"message mismatch at index {agreed}" + _ROLE_GATE_SUFFIX)
@@ -686,21 +724,28 @@ def serve_v1(state: LinearTrajectory, request: SessionRequest, tito: TitoTokeniz
         outcome.rolled_back = [r.turn_index for r in dropped]
         outcome.dropped_tokens = sum(len(r.output_ids) for r in dropped)
         outcome.prompt_ids, outcome.placement = state.prompt_for(request.messages, request.tools, request_tito, match)
-        state.commit(request.messages, outcome.prompt_ids, request.turn_index, request.generation,
-                     request_tito.family.max_trim_tokens)
+        state.commit(
+            request.messages,
+            outcome.prompt_ids,
+            request.turn_index,
+            request.generation,
+            request_tito.family.max_trim_tokens,
+        )
 
     return _serve(outcome, run)
 
 
-def replay_v1(requests: Sequence[SessionRequest], tito: TitoTokenizer,
-              match: Matcher = strict_match) -> tuple[LinearTrajectory, list[TurnOutcome]]:
+def replay_v1(
+    requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match
+) -> tuple[LinearTrajectory, list[TurnOutcome]]:
     """Serve every request in arrival order; a refused request stores nothing and replay goes on."""
     state = LinearTrajectory()
     return state, [serve_v1(state, request, tito, match) for request in requests]
 
 
-def assemble_v1(state: LinearTrajectory, max_trim: int, max_seq_len: int | None = None,
-                reward: float = 0.0) -> list[Sample]:
+def assemble_v1(
+    state: LinearTrajectory, max_trim: int, max_seq_len: int | None = None, reward: float = 0.0
+) -> list[Sample]:
     """The samples op of v1: at most one sample (none for `no_records` / `all_truncated`)."""
     if not state.records:
         return []
@@ -733,10 +778,16 @@ class TurnSample:
     records: list[Record]  # the records whose outputs this sample covers, in order
 
     def to_sample(self, reward: float = 0.0, metadata: dict | None = None) -> Sample:
-        source = chain_provenance(self.records)[:len(self.tokens)]
-        return Sample(token_ids=list(self.tokens), response_length=self.response_length,
-                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs), source_turn=source,
-                      reward=reward, metadata={"status": self.status, **(metadata or {})})
+        source = chain_provenance(self.records)[: len(self.tokens)]
+        return Sample(
+            token_ids=list(self.tokens),
+            response_length=self.response_length,
+            loss_mask=list(self.loss_mask),
+            logprobs=list(self.logprobs),
+            source_turn=source,
+            reward=reward,
+            metadata={"status": self.status, **(metadata or {})},
+        )
 
 
 def chain_provenance(records: Sequence[Record]) -> list[int]:
@@ -753,10 +804,14 @@ def chain_provenance(records: Sequence[Record]) -> list[int]:
     for i in range(start, len(records)):
         record = records[i]
         previous, inherited = (records[i - 1].all_ids, records[i - 1].provenance) if i else ([], [])
+        assert inherited is not None, "the records before `start` have provenance, and this loop fills the rest"
         kept = common_prefix_len(previous, record.prompt_ids)
-        record.provenance = (inherited[:kept] + [-1] * (len(record.prompt_ids) - kept)
-                             + [record.turn_index] * len(record.output_ids))
-    return list(records[-1].provenance) if records else []
+        record.provenance = (
+            inherited[:kept] + [-1] * (len(record.prompt_ids) - kept) + [record.turn_index] * len(record.output_ids)
+        )
+    last = records[-1].provenance if records else []
+    assert last is not None, "the loop above filled every record's provenance"
+    return list(last)
 
 
 def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim: int) -> list[TurnSample]:
@@ -772,10 +827,12 @@ def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim
         matched = _matched_output(record.output_ids, acc, cursor)
         trim = len(record.output_ids) - matched
         if trim > (0 if last else max_trim):
-            raise AssemblyError(f"turn {record.turn_index}: {trim} trailing output tokens are not in the "
-                                f"final token history (allowed {0 if last else max_trim})")
+            raise AssemblyError(
+                f"turn {record.turn_index}: {trim} trailing output tokens are not in the "
+                f"final token history (allowed {0 if last else max_trim})"
+            )
         cursor += matched
-        samples.append(per_turn_sample(record, trim, list(records[:i + 1])))
+        samples.append(per_turn_sample(record, trim, list(records[: i + 1])))
     if cursor != len(acc):
         raise AssemblyError(f"records cover {cursor} tokens but the token history has {len(acc)}")
     return samples
@@ -793,9 +850,14 @@ def _matched_output(output: Sequence[int], acc: Sequence[int], start: int) -> in
 def per_turn_sample(record: Record, trim: int, records: list[Record]) -> TurnSample:
     kept = len(record.output_ids) - trim
     generation = record.generation
-    return TurnSample(tokens=record.prompt_ids + generation.output_ids[:kept], response_length=kept,
-                      loss_mask=[1] * kept, logprobs=list(generation.logprobs[:kept]),
-                      status=sample_status(generation.finish_reason), records=records)
+    return TurnSample(
+        tokens=record.prompt_ids + generation.output_ids[:kept],
+        response_length=kept,
+        loss_mask=[1] * kept,
+        logprobs=list(generation.logprobs[:kept]),
+        status=sample_status(generation.finish_reason),
+        records=records,
+    )
 
 
 def truncate_turn_samples(samples: Sequence[TurnSample], max_len: int) -> list[TurnSample]:
@@ -811,8 +873,16 @@ def truncate_turn_samples(samples: Sequence[TurnSample], max_len: int) -> list[T
         over = len(sample.tokens) - max_len
         length = sample.response_length - over
         if length > 0:
-            kept.append(TurnSample(sample.tokens[:-over], length, sample.loss_mask[:length],
-                                   sample.logprobs[:length], TRUNCATED, sample.records))
+            kept.append(
+                TurnSample(
+                    sample.tokens[:-over],
+                    length,
+                    sample.loss_mask[:length],
+                    sample.logprobs[:length],
+                    TRUNCATED,
+                    sample.records,
+                )
+            )
         break
     return kept
 
@@ -830,19 +900,25 @@ def merge_turn_samples(samples: Sequence[TurnSample]) -> TurnSample:
 def merge_pair(a: TurnSample, b: TurnSample) -> TurnSample:
     """b extends a: a's response, the context between them (mask 0, logprob 0.0), b's response."""
     between = len(b.tokens) - len(a.tokens) - b.response_length
-    if b.tokens[:len(a.tokens)] != a.tokens:
+    if b.tokens[: len(a.tokens)] != a.tokens:
         raise AssemblyError("merge: the later turn's tokens do not extend the earlier turn's")
     if between <= 0:
         raise AssemblyError(f"merge: observation length {between} must be positive")
     if a.status != COMPLETED:
         raise AssemblyError("merge: the earlier turn is not COMPLETED")
-    return TurnSample(tokens=b.tokens, response_length=a.response_length + between + b.response_length,
-                      loss_mask=a.loss_mask + [0] * between + b.loss_mask,
-                      logprobs=a.logprobs + [0.0] * between + b.logprobs, status=b.status, records=b.records)
+    return TurnSample(
+        tokens=b.tokens,
+        response_length=a.response_length + between + b.response_length,
+        loss_mask=a.loss_mask + [0] * between + b.loss_mask,
+        logprobs=a.logprobs + [0.0] * between + b.logprobs,
+        status=b.status,
+        records=b.records,
+    )
 
 
-def assemble_records(records: Sequence[Record], acc: Sequence[int], max_trim: int,
-                     max_seq_len: int | None = None) -> TurnSample | None:
+def assemble_records(
+    records: Sequence[Record], acc: Sequence[int], max_trim: int, max_seq_len: int | None = None
+) -> TurnSample | None:
     """compute → truncate → merge for one chain of records; None when truncation leaves nothing."""
     samples = compute_turn_samples(records, acc, max_trim)
     if max_seq_len:
@@ -877,7 +953,8 @@ class TrajectoryNode:
         return self.finish_reason == "length"
 
     def path_nodes(self) -> list["TrajectoryNode"]:
-        path, node = [], self
+        path: list[TrajectoryNode] = []
+        node: TrajectoryNode | None = self
         while node is not None:
             path.append(node)
             node = node.parent
@@ -899,8 +976,14 @@ class SessionTree:
     def leaves(self) -> list[TrajectoryNode]:
         return [node for node in self.nodes if not node.children]
 
-    def create_node(self, parent: TrajectoryNode | None, delta: list[dict], token_ids: list[int],
-                    span: tuple[int, int], record: Record) -> TrajectoryNode:
+    def create_node(
+        self,
+        parent: TrajectoryNode | None,
+        delta: list[dict],
+        token_ids: list[int],
+        span: tuple[int, int],
+        record: Record,
+    ) -> TrajectoryNode:
         if len(self.nodes) >= self.max_nodes:
             raise ValueError(f"session tree is full ({self.max_nodes} nodes)")
         node = TrajectoryNode(len(self.nodes), delta, token_ids, span, record, parent)
@@ -914,8 +997,8 @@ class SessionTree:
 @dataclass(slots=True)
 class AttachPoint:
     node: TrajectoryNode | None  # None = a new root
-    matched: int                 # request messages the node's path consumes
-    overlap: int                 # deepest partial agreement seen (diagnostics)
+    matched: int  # request messages the node's path consumes
+    overlap: int  # deepest partial agreement seen (diagnostics)
 
 
 def find_attach_point(tree: SessionTree, request: Sequence[dict], match: Matcher) -> AttachPoint:
@@ -955,8 +1038,9 @@ class SessionForest:
         self.tree = SessionTree(max_nodes)
         self.active_leaf: TrajectoryNode | None = None
 
-    def prompt_for(self, request: list[dict], tools: list[dict] | None, tito: TitoTokenizer,
-                   match: Matcher) -> tuple[list[int], str]:
+    def prompt_for(
+        self, request: list[dict], tools: list[dict] | None, tito: TitoTokenizer, match: Matcher
+    ) -> tuple[list[int], str]:
         attach = find_attach_point(self.tree, request, match)
         node = attach.node
         if node is not None and node.truncated:
@@ -966,19 +1050,21 @@ class SessionForest:
             return tito.full_render(request, tools), "new_root" if self.tree.roots else "root"
         stored = node.path_messages()
         gate_roles(request, len(stored), tito.family.allowed_append_roles)
-        ids = tito.merge_tokens(stored, stored + request[len(stored):], node.token_ids, tools)
+        ids = tito.merge_tokens(stored, stored + request[len(stored) :], node.token_ids, tools)
         return ids, "sibling" if node.children else "child"
 
-    def commit(self, request: list[dict], prompt_ids: list[int], turn_index: int, generation: Generation,
-               max_trim: int) -> TrajectoryNode:
+    def commit(
+        self, request: list[dict], prompt_ids: list[int], turn_index: int, generation: Generation, max_trim: int
+    ) -> TrajectoryNode:
         parent = self.active_leaf
         record = Record(turn_index, prompt_ids, generation)
         all_ids = record.all_ids
         check_prefix(parent.token_ids if parent else [], all_ids, max_trim)
         consumed = len(parent.path_messages()) if parent else 0
         try:
-            node = self.tree.create_node(parent, request[consumed:] + [generation.message], all_ids,
-                                         (len(prompt_ids), len(all_ids)), record)
+            node = self.tree.create_node(
+                parent, request[consumed:] + [generation.message], all_ids, (len(prompt_ids), len(all_ids)), record
+            )
         except ValueError as exc:  # upstream: not a SessionError, so a 500
             raise ServerError(str(exc)) from exc
         self.active_leaf = node
@@ -990,8 +1076,9 @@ def gate_roles(request: Sequence[dict], stored_count: int, allowed_roles: Iterab
     for index in range(stored_count, len(request)):
         role = request[index].get("role")
         if role not in allowed:
-            raise RequestRejected(f"appended message at index {index} has role={role!r}, allowed={allowed}"
-                                  + _ROLE_GATE_SUFFIX)
+            raise RequestRejected(
+                f"appended message at index {index} has role={role!r}, allowed={allowed}" + _ROLE_GATE_SUFFIX
+            )
 
 
 def serve_v2(state: SessionForest, request: SessionRequest, tito: TitoTokenizer, match: Matcher) -> TurnOutcome:
@@ -1001,14 +1088,20 @@ def serve_v2(state: SessionForest, request: SessionRequest, tito: TitoTokenizer,
     def run() -> None:
         request_tito = tito.for_request(request.chat_template_kwargs)
         outcome.prompt_ids, outcome.placement = state.prompt_for(request.messages, request.tools, request_tito, match)
-        state.commit(request.messages, outcome.prompt_ids, request.turn_index, request.generation,
-                     request_tito.family.max_trim_tokens)
+        state.commit(
+            request.messages,
+            outcome.prompt_ids,
+            request.turn_index,
+            request.generation,
+            request_tito.family.max_trim_tokens,
+        )
 
     return _serve(outcome, run)
 
 
-def replay_v2(requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match,
-              max_nodes: int = MAX_NODES) -> tuple[SessionForest, list[TurnOutcome]]:
+def replay_v2(
+    requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match, max_nodes: int = MAX_NODES
+) -> tuple[SessionForest, list[TurnOutcome]]:
     state = SessionForest(max_nodes)
     return state, [serve_v2(state, request, tito, match) for request in requests]
 
@@ -1030,9 +1123,14 @@ def collect_v2(tree: SessionTree, max_trim: int, max_seq_len: int | None = None)
         merged = assemble_records([n.record for n in path], leaf.token_ids, max_trim, max_seq_len)
         if merged is None:
             continue
-        metadata = {"leaf": {"node_id": leaf.seq, "parent": leaf.parent.seq if leaf.parent else None,
-                             "path_node_ids": [n.seq for n in path],
-                             "response_id": leaf.record.generation.response_id}}
+        metadata = {
+            "leaf": {
+                "node_id": leaf.seq,
+                "parent": leaf.parent.seq if leaf.parent else None,
+                "path_node_ids": [n.seq for n in path],
+                "response_id": leaf.record.generation.response_id,
+            }
+        }
         material.append(LeafSample(leaf, path, merged.to_sample(metadata=metadata)))
     return material
 
@@ -1043,7 +1141,8 @@ def drop_retries(samples: Sequence[LeafSample]) -> tuple[list[LeafSample], list[
     Roots and leaves without a later sibling survive (an abandoned deep branch included).
     Survivors come deepest first, then latest first. Returns (kept, trimmed).
     """
-    kept, trimmed = [], []
+    kept: list[LeafSample] = []
+    trimmed: list[LeafSample] = []
     for item in samples:
         parent = item.leaf.parent
         later = parent is not None and any(c.seq > item.leaf.seq for c in parent.children)
@@ -1080,8 +1179,9 @@ def _mask_unowned(item: LeafSample, owner: dict[int, int]) -> None:
             sample.loss_mask[a:b] = [0] * (b - a)
 
 
-def samples_v2(tree: SessionTree, max_trim: int, max_seq_len: int | None = None,
-               reward: float | None = None) -> tuple[list[LeafSample], list[LeafSample]]:
+def samples_v2(
+    tree: SessionTree, max_trim: int, max_seq_len: int | None = None, reward: float | None = None
+) -> tuple[list[LeafSample], list[LeafSample]]:
     """The v2 samples op with the default hooks: (emitted, trimmed)."""
     kept, trimmed = drop_retries(collect_v2(tree, max_trim, max_seq_len))
     default_postprocess(kept, reward)
@@ -1100,10 +1200,16 @@ def session_requests(prepared: Any) -> list[SessionRequest]:
 
 def request_from_turn(turn: Any, parsed_response: dict | None = None) -> SessionRequest:
     logprobs = list(turn.output_logprobs) if turn.output_logprobs is not None else [0.0] * len(turn.output_ids)
-    generation = Generation(list(turn.output_ids), logprobs, turn.finish_reason,
-                            stored_response(turn.response, parsed_response), turn.request_id or "")
-    return SessionRequest(turn.turn_index, list(turn.messages), turn.tools or None, generation,
-                          turn.chat_template_kwargs)
+    generation = Generation(
+        list(turn.output_ids),
+        logprobs,
+        turn.finish_reason,
+        stored_response(turn.response, parsed_response),
+        turn.request_id or "",
+    )
+    return SessionRequest(
+        turn.turn_index, list(turn.messages), turn.tools or None, generation, turn.chat_template_kwargs
+    )
 
 
 def stored_response(recorded: dict | None, parsed: dict | None) -> dict:

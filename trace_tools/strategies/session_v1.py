@@ -7,20 +7,36 @@ the appended messages' ids), then the RECORDED generation is committed in place 
 call. At the end the samples op assembles one sample. Refused requests store nothing and replay
 continues with the next recorded request.
 """
+
 from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
-from trace_tools.strategies.session_core import (FAMILIES, MATCHERS, AssemblyError, assemble_v1, record_outcomes,
-                                                 replay_v1, resolve_matcher, session_requests, tito_from_context)
+from trace_tools.strategies.session_core import (
+    FAMILIES,
+    MATCHERS,
+    AssemblyError,
+    assemble_v1,
+    record_outcomes,
+    replay_v1,
+    resolve_matcher,
+    session_requests,
+    tito_from_context,
+)
 
-SESSION_PARAMS = (
-    Param("matcher", str, "strict", "how a request's history is compared with the stored messages",
-          choices=tuple(MATCHERS)),
-    Param("tito_family", str, None, "miles TITO family (default: the one matching the template)",
-          choices=tuple(FAMILIES)),
+SESSION_PARAMS: tuple[Param, ...] = (
+    Param(
+        "matcher",
+        str,
+        "strict",
+        "how a request's history is compared with the stored messages",
+        choices=tuple(MATCHERS),
+    ),
+    Param(
+        "tito_family", str, None, "miles TITO family (default: the one matching the template)", choices=tuple(FAMILIES)
+    ),
     Param("max_seq_len", int, None, "truncate each sample to this many tokens, as miles does", minimum=1),
 )
 
@@ -41,8 +57,9 @@ class SessionV1(Strategy):
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         _record_rollbacks(result, outcomes)
         try:
-            result.samples = assemble_v1(state, tito.family.max_trim_tokens, self.setting("max_seq_len"),
-                                         session.reward)
+            result.samples = assemble_v1(
+                state, tito.family.max_trim_tokens, self.setting("max_seq_len"), session.reward
+            )
         except AssemblyError:
             result.counters["assembly_errors"] += 1
         return result

@@ -5,14 +5,23 @@ Every request attaches to the node whose whole path it repeats and consumes the 
 leaf's path into one sample, trims leaves that a later sibling retried (`drop_retries`) and
 masks every shared completion so it trains in exactly one sample (`default_postprocess`).
 """
+
 from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.session_core import (
+    AssemblyError,
+    LeafSample,
+    record_outcomes,
+    replay_v2,
+    resolve_matcher,
+    samples_v2,
+    session_requests,
+    tito_from_context,
+)
 from trace_tools.strategies.session_v1 import SESSION_PARAMS
-from trace_tools.strategies.session_core import (AssemblyError, LeafSample, record_outcomes, replay_v2,
-                                                 resolve_matcher, samples_v2, session_requests, tito_from_context)
 
 
 @register
@@ -31,8 +40,9 @@ class SessionV2(Strategy):
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         result.counters["tree_branches"] += state.tree.branches
         try:
-            kept, trimmed = samples_v2(state.tree, tito.family.max_trim_tokens, self.setting("max_seq_len"),
-                                       session.reward)
+            kept, trimmed = samples_v2(
+                state.tree, tito.family.max_trim_tokens, self.setting("max_seq_len"), session.reward
+            )
         except AssemblyError:
             result.counters["assembly_errors"] += 1
             return result

@@ -8,6 +8,7 @@ of slime or TRL, slime's per-sample token budget, and whether upstream's unsafe 
 Other strategies reuse this one: subclass `TreeStrategy` and override `record_prepared` (e.g. to
 restore echoes or heal prompts before recording), or call `replay_prepared` with their own turns.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -16,17 +17,34 @@ from trace_tools.data import ReplayResult
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy, register
-from trace_tools.strategies.tree_core import (REALIGN_GATES, REALIGN_STARTS, BaseSample, TrajectoryManager, TreeSample,
-                                              TurnRecord)
+from trace_tools.strategies.tree_core import (
+    REALIGN_GATES,
+    REALIGN_STARTS,
+    BaseSample,
+    TrajectoryManager,
+    TreeSample,
+    TurnRecord,
+)
 
-TREE_PARAMS = (
+TREE_PARAMS: tuple[Param, ...] = (
     Param("fork_threshold", int, 1024, "FORK / rewrite-merge threshold in tokens; <= 0 = agentcore CLEAN/FORK only"),
-    Param("realign_gate", str, "output", "REALIGN gate on the incoming output length (slime) or the drift size (TRL)",
-          choices=REALIGN_GATES),
-    Param("realign_from", str, "response", "REALIGN from the response start (slime) or the divergence point (TRL)",
-          choices=REALIGN_STARTS),
-    Param("max_sample_tokens", int, 0, "truncate each sample to this many tokens as slime does; 0 = no limit",
-          minimum=0),
+    Param(
+        "realign_gate",
+        str,
+        "output",
+        "REALIGN gate on the incoming output length (slime) or the drift size (TRL)",
+        choices=REALIGN_GATES,
+    ),
+    Param(
+        "realign_from",
+        str,
+        "response",
+        "REALIGN from the response start (slime) or the divergence point (TRL)",
+        choices=REALIGN_STARTS,
+    ),
+    Param(
+        "max_sample_tokens", int, 0, "truncate each sample to this many tokens as slime does; 0 = no limit", minimum=0
+    ),
     Param("safe_edges", bool, True, "guard upstream's unsafe edge cases; false reproduces them"),
 )
 
@@ -43,12 +61,16 @@ class TreeStrategy(Strategy):
 
     def make_manager(self) -> TrajectoryManager:
         """A manager configured from the declared options."""
-        return TrajectoryManager(fork_threshold=self.setting("fork_threshold"),
-                                 realign_gate=self.setting("realign_gate"),
-                                 realign_from=self.setting("realign_from"), safe_edges=self.setting("safe_edges"))
+        return TrajectoryManager(
+            fork_threshold=self.setting("fork_threshold"),
+            realign_gate=self.setting("realign_gate"),
+            realign_from=self.setting("realign_from"),
+            safe_edges=self.setting("safe_edges"),
+        )
 
-    def replay_prepared(self, session_id: str, prepared_turns: Sequence[Any], reward: float,
-                        manager: TrajectoryManager | None = None) -> ReplayResult:
+    def replay_prepared(
+        self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None
+    ) -> ReplayResult:
         """Record every prepared turn (`pipeline.PreparedTurn` or alike), then linearize."""
         manager = manager or self.make_manager()
         for prepared in prepared_turns:
@@ -57,26 +79,43 @@ class TreeStrategy(Strategy):
 
     def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
         """Record one turn the way slime's adapter does (`metadata={"sid": ...}`), tagged with its turn_index."""
-        manager.record_turn(session_id, turn=turn_record(prepared), prompt_messages=prepared.messages,
-                            response_message=prepared.response_message, metadata={"sid": session_id},
-                            source=prepared.turn.turn_index)
+        manager.record_turn(
+            session_id,
+            turn=turn_record(prepared),
+            prompt_messages=prepared.messages,
+            response_message=prepared.response_message,
+            metadata={"sid": session_id},
+            source=prepared.turn.turn_index,
+        )
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         """Linearize the session and package samples, counters and per-turn events."""
-        samples = manager.get_trajectory(session_id, base_sample=BaseSample(rollout_id=session_id), reward=reward,
-                                         max_sample_tokens=self.setting("max_sample_tokens"))
+        samples = manager.get_trajectory(
+            session_id,
+            base_sample=BaseSample(rollout_id=session_id),
+            reward=reward,
+            max_sample_tokens=self.setting("max_sample_tokens"),
+        )
         return result_from(samples, manager.pop_stats(session_id))
 
 
 def turn_record(prepared: Any) -> TurnRecord:
     """The engine-side view of a prepared turn: prompt ids fed, ids sampled, their logprobs."""
     turn = prepared.turn
-    return TurnRecord(prompt_ids=list(prepared.prompt_ids), output_ids=list(turn.output_ids),
-                      finish_reason=turn.finish_reason or "stop",
-                      output_log_probs=list(turn.output_logprobs or ()), ill_formed=bool(prepared.ill_formed))
+    return TurnRecord(
+        prompt_ids=list(prepared.prompt_ids),
+        output_ids=list(turn.output_ids),
+        finish_reason=turn.finish_reason or "stop",
+        output_log_probs=list(turn.output_logprobs or ()),
+        ill_formed=bool(prepared.ill_formed),
+    )
 
 
 def result_from(samples: list[TreeSample], stats: Any) -> ReplayResult:
-    return ReplayResult(samples=[s.to_sample() for s in samples], turn_events=dict(stats.turn_events),
-                        prompt_events=dict(stats.prompt_events), counters=stats.counters,
-                        drift_positions=dict(stats.drift_positions))
+    return ReplayResult(
+        samples=[s.to_sample() for s in samples],
+        turn_events=dict(stats.turn_events),
+        prompt_events=dict(stats.prompt_events),
+        counters=stats.counters,
+        drift_positions=dict(stats.drift_positions),
+    )

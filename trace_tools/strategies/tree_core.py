@@ -26,6 +26,7 @@ default; `safe_edges=False` reproduces them. docs/upstream_tree.md lists every d
 
 Pure and deterministic: no tokenizer, no torch.
 """
+
 from __future__ import annotations
 
 import enum
@@ -54,9 +55,9 @@ class SampleLayoutError(ReplayError, ValueError):
 
 
 class DriftKind(enum.Enum):
-    CLEAN = "clean"      # the held tokens are a prefix of the new prompt
+    CLEAN = "clean"  # the held tokens are a prefix of the new prompt
     REALIGN = "realign"  # drift inside the last response, small enough: overwrite it as context
-    FORK = "fork"        # anything else: start a new sample
+    FORK = "fork"  # anything else: start a new sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,26 +116,42 @@ class TreeSample:
 
     def __post_init__(self) -> None:
         if len(self.loss_mask) > len(self.token_ids):
-            raise SampleLayoutError(f"loss_mask has {len(self.loss_mask)} entries but token_ids has only "
-                                    f"{len(self.token_ids)}; the mask must cover a suffix of the tokens")
+            raise SampleLayoutError(
+                f"loss_mask has {len(self.loss_mask)} entries but token_ids has only "
+                f"{len(self.token_ids)}; the mask must cover a suffix of the tokens"
+            )
         if len(self.logprobs) != len(self.loss_mask):
-            raise SampleLayoutError(f"logprobs has {len(self.logprobs)} entries but loss_mask has "
-                                    f"{len(self.loss_mask)}; they must cover the same response region")
+            raise SampleLayoutError(
+                f"logprobs has {len(self.logprobs)} entries but loss_mask has "
+                f"{len(self.loss_mask)}; they must cover the same response region"
+            )
         if len(self.source_turn) != len(self.token_ids):
-            raise SampleLayoutError(f"source_turn has {len(self.source_turn)} entries but token_ids has "
-                                    f"{len(self.token_ids)}; provenance needs one entry per token")
+            raise SampleLayoutError(
+                f"source_turn has {len(self.source_turn)} entries but token_ids has "
+                f"{len(self.token_ids)}; provenance needs one entry per token"
+            )
 
     def to_sample(self) -> Sample:
         """The toolkit-wide `Sample` (the identity fields stay behind: the engine keys by session)."""
-        return Sample(list(self.token_ids), self.response_length, list(self.loss_mask), list(self.logprobs),
-                      list(self.source_turn), self.reward, dict(self.metadata))
+        return Sample(
+            list(self.token_ids),
+            self.response_length,
+            list(self.loss_mask),
+            list(self.logprobs),
+            list(self.source_turn),
+            self.reward,
+            dict(self.metadata),
+        )
 
 
 def full_length_layout(sample: TreeSample | Sample) -> tuple[list[int], list[int], list[float]]:
     """TRL's row layout `(input_ids, completion_mask, old_log_probs)`: mask and logprobs padded to full length."""
     prompt_len = len(sample.token_ids) - sample.response_length
-    return (list(sample.token_ids), [0] * prompt_len + list(sample.loss_mask),
-            [0.0] * prompt_len + list(sample.logprobs))
+    return (
+        list(sample.token_ids),
+        [0] * prompt_len + list(sample.loss_mask),
+        [0.0] * prompt_len + list(sample.logprobs),
+    )
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], chunk: int = 4096) -> int:
@@ -161,8 +178,17 @@ class MessageNode:
     (the dump's `turn_index`), defaulting to `turn_index`.
     """
 
-    __slots__ = ("role", "message", "metadata", "parent", "children", "turn", "turn_index",
-                 "response_trained", "source")
+    __slots__ = (
+        "role",
+        "message",
+        "metadata",
+        "parent",
+        "children",
+        "turn",
+        "turn_index",
+        "response_trained",
+        "source",
+    )
 
     def __init__(self, role: str | None = None, message: dict | None = None, metadata: dict | None = None):
         self.role = role
@@ -274,7 +300,7 @@ class _SampleBuilder:
         if kind is DriftKind.REALIGN:
             zeroed = self.align_to_prompt(turn.prompt_ids)
         else:
-            self._append(turn.prompt_ids[len(self.tokens):], 0, None, -1)
+            self._append(turn.prompt_ids[len(self.tokens) :], 0, None, -1)
         self.last_response_start_idx = len(self.tokens)
         self._append(turn.output_ids, int(trained), turn.output_log_probs if trained else None, source)
         self._last_source, self._last_trained = source, trained and len(turn.output_ids) > 0
@@ -302,22 +328,32 @@ class _SampleBuilder:
         self.source.extend([source] * len(ids))
 
     def has_trained_response(self) -> bool:
-        return any(self.loss_mask[self.leading_prompt_len:])
+        return any(self.loss_mask[self.leading_prompt_len :])
 
-    def to_sample(self, base: BaseSample, metadata: dict, max_sample_tokens: int = 0,
-                  safe_edges: bool = True) -> TreeSample | None:
+    def to_sample(
+        self, base: BaseSample, metadata: dict, max_sample_tokens: int = 0, safe_edges: bool = True
+    ) -> TreeSample | None:
         """The sample, first prompt stripped from the response region; None when `safe_edges` drops it."""
         start = self.leading_prompt_len
         toks, mask, lps, src = self.tokens, self.loss_mask, self.logprobs, self.source
         if max_sample_tokens and len(toks) > max_sample_tokens:
-            toks, mask, lps, src = (x[:max_sample_tokens] for x in (toks, mask, lps, src))
+            cut = max_sample_tokens
+            toks, mask, lps, src = toks[:cut], mask[:cut], lps[:cut], src[:cut]
         if safe_edges and not any(mask[start:]):
             return None  # truncated below the first prompt, or every trained token cut off
         return TreeSample(
-            token_ids=list(toks), response_length=len(mask) - start, loss_mask=list(mask[start:]),
-            logprobs=list(lps[start:]), source_turn=list(src), metadata=dict(metadata), index=base.index,
-            group_index=base.group_index, prompt=base.prompt, label=base.label,
-            rollout_id=base.rollout_id if base.rollout_id is not None else base.index)
+            token_ids=list(toks),
+            response_length=len(mask) - start,
+            loss_mask=list(mask[start:]),
+            logprobs=list(lps[start:]),
+            source_turn=list(src),
+            metadata=dict(metadata),
+            index=base.index,
+            group_index=base.group_index,
+            prompt=base.prompt,
+            label=base.label,
+            rollout_id=base.rollout_id if base.rollout_id is not None else base.index,
+        )
 
 
 class TrajectoryManager:
@@ -331,8 +367,13 @@ class TrajectoryManager:
     `safe_edges`: guard upstream's edge cases (see docs/upstream_tree.md); False reproduces them.
     """
 
-    def __init__(self, fork_threshold: int | None = None, realign_gate: str = "output",
-                 realign_from: str = "response", safe_edges: bool = True):
+    def __init__(
+        self,
+        fork_threshold: int | None = None,
+        realign_gate: str = "output",
+        realign_from: str = "response",
+        safe_edges: bool = True,
+    ):
         if realign_gate not in REALIGN_GATES:
             raise UnknownName("realign gate", realign_gate, REALIGN_GATES)
         if realign_from not in REALIGN_STARTS:
@@ -366,8 +407,16 @@ class TrajectoryManager:
 
     # ---- layer 1: routing --------------------------------------------------------------------
 
-    def record_turn(self, sid: str, *, turn: TurnRecord, prompt_messages: Sequence[dict],
-                    response_message: dict | None, metadata: dict | None = None, source: int | None = None) -> None:
+    def record_turn(
+        self,
+        sid: str,
+        *,
+        turn: TurnRecord,
+        prompt_messages: Sequence[dict],
+        response_message: dict | None,
+        metadata: dict | None = None,
+        source: int | None = None,
+    ) -> None:
         """Route one turn into the session's message tree and attach its generated assistant leaf."""
         if not prompt_messages:
             log.debug("record_turn(%s): empty prompt_messages, turn not recorded", sid)
@@ -393,7 +442,8 @@ class TrajectoryManager:
             raise AssertionError("len(turn.output_log_probs) must equal len(turn.output_ids)")
         raise LogprobsLengthMismatch(
             f"turn {source}: output_log_probs has {len(turn.output_log_probs)} entries but output_ids has "
-            f"{len(turn.output_ids)}; drop the logprobs or fix the row (validation quarantines it as logprobs_length)")
+            f"{len(turn.output_ids)}; drop the logprobs or fix the row (validation quarantines it as logprobs_length)"
+        )
 
     @staticmethod
     def find_mount_point(root: MessageNode, messages: Sequence[dict]) -> tuple[MessageNode, int]:
@@ -401,15 +451,15 @@ class TrajectoryManager:
         node, depth = root, 0
         while depth < len(messages):
             message = messages[depth]
-            child = next((c for c in node.children
-                          if c.role == message.get("role") and c.message == message), None)
+            child = next((c for c in node.children if c.role == message.get("role") and c.message == message), None)
             if child is None:
                 break
             node, depth = child, depth + 1
         return node, depth
 
-    def try_merge_assistant_rewrite(self, sid: str, node: MessageNode, messages: Sequence[dict],
-                                    depth: int) -> tuple[MessageNode, int]:
+    def try_merge_assistant_rewrite(
+        self, sid: str, node: MessageNode, messages: Sequence[dict], depth: int
+    ) -> tuple[MessageNode, int]:
         """Absorb a rewritten echo of a short, childless generated leaf instead of branching.
 
         The only assistant child at the mount point is demoted to routing-only (its tokens never
@@ -420,8 +470,9 @@ class TrajectoryManager:
         candidates = [c for c in node.children if c.role == "assistant"]
         if len(candidates) != 1:
             if candidates:
-                log.debug("record_turn(%s): %d assistant candidates for a rewrite merge; branching",
-                            sid, len(candidates))
+                log.debug(
+                    "record_turn(%s): %d assistant candidates for a rewrite merge; branching", sid, len(candidates)
+                )
                 self._stats[sid].counters["ambiguous_merges"] += 1
             return node, depth
         child = candidates[0]
@@ -432,8 +483,11 @@ class TrajectoryManager:
 
     def _demote(self, sid: str, node: MessageNode, client_message: dict) -> None:
         """Make a generated leaf routing-only (its tokens never train) under the client's version of it."""
-        node.metadata["merged_rewrite"] = {"abandoned_turn_index": node.turn_index,
-                                           "abandoned_response_tokens": len(node.turn.output_ids)}
+        assert node.turn is not None and node.source is not None, "only a generated leaf is demoted"
+        node.metadata["merged_rewrite"] = {
+            "abandoned_turn_index": node.turn_index,
+            "abandoned_response_tokens": len(node.turn.output_ids),
+        }
         stats = self._stats[sid]
         stats.counters["rewrite_merges"] += 1
         stats.turn_events[node.source] = "demoted_by_merge"
@@ -442,8 +496,15 @@ class TrajectoryManager:
 
     # ---- layer 2: linearization ------------------------------------------------------------
 
-    def get_trajectory(self, sid: str, *, base_sample: BaseSample, reward: float = 0.0,
-                       extra_metadata: dict | None = None, max_sample_tokens: int = 0) -> list[TreeSample]:
+    def get_trajectory(
+        self,
+        sid: str,
+        *,
+        base_sample: BaseSample,
+        reward: float = 0.0,
+        extra_metadata: dict | None = None,
+        max_sample_tokens: int = 0,
+    ) -> list[TreeSample]:
         """Every leaf's samples in DFS order, each carrying the full reward; consumes the session."""
         root = self._trees.get(sid)
         if root is None:
@@ -453,16 +514,23 @@ class TrajectoryManager:
         stats.counters["tree_branches"] = max(len(leaves) - 1, 0)
         samples: list[TreeSample] = []
         for leaf in leaves:
-            samples += self._chain_to_samples(leaf.path_from_root(), base_sample, extra_metadata,
-                                              max_sample_tokens, stats)
+            samples += self._chain_to_samples(
+                leaf.path_from_root(), base_sample, extra_metadata, max_sample_tokens, stats
+            )
         for sample in samples:
             sample.reward = reward
         del self._trees[sid]
         self._turn_count.pop(sid, None)
         return samples
 
-    def _chain_to_samples(self, chain: list[MessageNode], base: BaseSample, extra_metadata: dict | None,
-                          max_sample_tokens: int, stats: SessionStats) -> list[TreeSample]:
+    def _chain_to_samples(
+        self,
+        chain: list[MessageNode],
+        base: BaseSample,
+        extra_metadata: dict | None,
+        max_sample_tokens: int,
+        stats: SessionStats,
+    ) -> list[TreeSample]:
         generated = [n for n in chain if n.role == "assistant" and n.turn is not None]
         metadata = {**(extra_metadata or {}), **chain_metadata(generated)}
         samples = []
@@ -480,18 +548,20 @@ class TrajectoryManager:
     def _split_chain_into_builders(self, generated: list[MessageNode], stats: SessionStats) -> list[_SampleBuilder]:
         builders: list[_SampleBuilder] = []
         for node in generated:
+            turn, source = node.turn, node.source
+            assert turn is not None and source is not None, "a generated node carries its turn and source"
             trained = not node.response_trained
             node.response_trained = True  # claimed even if the span is later REALIGNed or the builder dropped
             if builders:
-                drift = builders[-1].measure_drift(node.turn)
-                stats.classified(node.source, drift)
+                drift = builders[-1].measure_drift(turn)
+                stats.classified(source, drift)
                 if drift.kind is not DriftKind.FORK:
-                    zeroed = builders[-1].append_turn(node.turn, drift.kind, trained=trained, source=node.source)
+                    zeroed = builders[-1].append_turn(turn, drift.kind, trained=trained, source=source)
                     if zeroed is not None:
                         stats.turn_events[zeroed] = "zeroed_by_realign"
                     continue
             builders.append(self._new_builder())
-            builders[-1].append_turn(node.turn, DriftKind.CLEAN, trained=trained, source=node.source)
+            builders[-1].append_turn(turn, DriftKind.CLEAN, trained=trained, source=source)
         return builders
 
     def _new_builder(self) -> _SampleBuilder:
@@ -500,8 +570,9 @@ class TrajectoryManager:
 
 def chain_metadata(generated: list[MessageNode]) -> dict[str, bool]:
     """Per-chain flags shared by all of its samples: last turn truncated, any tool call, any ill-formed call."""
+    turns = [n.turn for n in generated if n.turn is not None]  # every one: generated nodes carry a turn
     return {
-        "truncated": bool(generated) and generated[-1].turn.finish_reason == "length",
+        "truncated": bool(turns) and turns[-1].finish_reason == "length",
         "use_tool": any(bool((n.message or {}).get("tool_calls")) for n in generated),
-        "ill_formed": any(n.turn.ill_formed for n in generated),
+        "ill_formed": any(t.ill_formed for t in turns),
     }

@@ -5,6 +5,7 @@ the Jinja2 templates shipped in `templates/`; the session list, the session page
 view are drawn by the page's own script from an embedded index and lazily decompressed
 per-session chunks (see `sessions.py`). The page reads only the run directory's files.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ REPORT_NAME = "report.html"
 
 def write_html_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path."""
-    from trace_tools.io.write import write_text_atomic
     from trace_tools.io.rundir import require_run
+    from trace_tools.io.write import write_text_atomic
 
     run = require_run(Path(run_dir))
     target = Path(out) if out is not None else run / REPORT_NAME
@@ -42,10 +43,14 @@ def render_html(run_dir: Path) -> str:
     tools = overview.tool_columns(summary)
     counter_names, counter_rows = overview.counter_rows(summary)
     context = {
-        "run": _run_info(run_dir), "summary": summary, "strategies": strategies,
+        "run": _run_info(run_dir),
+        "summary": summary,
+        "strategies": strategies,
         "strategy_rows": overview.strategy_rows(summary, counterfactual_names(summary)),
-        "tools": tools, "tool_rows": overview.tool_rows(summary, tools),
-        "counter_names": counter_names, "counter_rows": counter_rows,
+        "tools": tools,
+        "tool_rows": overview.tool_rows(summary, tools),
+        "counter_names": counter_names,
+        "counter_rows": counter_rows,
         "cause_rows": overview.cause_rows(summary, CAUSE_TEXT),
         "quarantine": overview.quarantine_view(summary, quarantine),
         "plots": overview.inline_plots(run_dir / "plots"),
@@ -55,8 +60,9 @@ def render_html(run_dir: Path) -> str:
         "chunks": data.chunks,
     }
     env = _environment()
-    return env.get_template("report.html.j2").render(**context, css=_asset(env, "report.css"),
-                                                     script=_asset(env, "report.js"))
+    return env.get_template("report.html.j2").render(
+        **context, css=_asset(env, "report.css"), script=_asset(env, "report.js")
+    )
 
 
 def script_json(value: Any) -> str:
@@ -70,8 +76,12 @@ def script_json(value: Any) -> str:
 def _run_info(run_dir: Path) -> dict[str, Any]:
     info_path = run_dir / "run.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    return {"name": run_dir.resolve().name, "created_at": info.get("created_at", ""),
-            "dump": (info.get("inputs") or {}).get("dump", ""), "version": info.get("trace_tools_version", "")}
+    return {
+        "name": run_dir.resolve().name,
+        "created_at": info.get("created_at", ""),
+        "dump": (info.get("inputs") or {}).get("dump", ""),
+        "version": info.get("trace_tools_version", ""),
+    }
 
 
 def _asset(env, name: str):
@@ -84,9 +94,13 @@ def _asset(env, name: str):
 def _environment():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("trace_tools.report.html", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
-                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("trace_tools.report.html", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
     return env
 

@@ -4,6 +4,7 @@ Used by the browser tests and `docs/screenshots/make_screenshots.py`. It talks t
 over `--remote-debugging-pipe` (NUL-separated JSON on file descriptors 3 and 4), so it needs no
 websocket library and opens no port. Chromium comes from the system (`apt-get install chromium`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -20,14 +21,24 @@ from typing import Any, Self
 from trace_tools.errors import TraceToolsError
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--remote-debugging-pipe")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+)
 
 # The command pipe is created first, so its fd is lower than the reply pipe's: moving it to 3
 # can never overwrite the reply end before that one is moved to 4.
-WIRE_FDS = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
-            "os.execv(sys.argv[3], sys.argv[3:])")
+WIRE_FDS = (
+    "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); os.execv(sys.argv[3], sys.argv[3:])"
+)
 
 
 def find_chromium() -> str | None:
@@ -42,9 +53,12 @@ class Chromium:
     """One headless browser with one page; use as a context manager."""
 
     def __init__(self, binary: str | None = None, width: int = 1280, height: int = 860, timeout: float = 30.0):
-        self.binary = binary or find_chromium()
-        if not self.binary:
-            raise TraceToolsError("no Chromium found; install it (`apt-get install chromium`) or set TRACE_TOOLS_CHROMIUM")
+        found = binary or find_chromium()
+        if not found:
+            raise TraceToolsError(
+                "no Chromium found; install it (`apt-get install chromium`) or set TRACE_TOOLS_CHROMIUM"
+            )
+        self.binary: str = found
         self.width, self.height, self.timeout = width, height, timeout
         self._next_id = 0
         self._buffer = b""
@@ -56,17 +70,33 @@ class Chromium:
         self._from_browser, replies = os.pipe()
         # Chromium reads commands on fd 3 and writes replies to fd 4; a tiny launcher moves our pipe ends there
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", WIRE_FDS, str(commands), str(replies), self.binary, *FLAGS,
-             f"--user-data-dir={self._profile}", f"--window-size={self.width},{self.height}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(commands, replies))
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                WIRE_FDS,
+                str(commands),
+                str(replies),
+                self.binary,
+                *FLAGS,
+                f"--user-data-dir={self._profile}",
+                f"--window-size={self.width},{self.height}",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(commands, replies),
+        )
         os.close(commands)
         os.close(replies)
         self._session = self._attach_page()
         self.send("Page.enable")
         self.send("Runtime.enable")
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False},
+        )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -118,20 +148,33 @@ class Chromium:
         """PNG of the viewport, or of the element matching the CSS selector `element` (plus `margin` px)."""
         params: dict[str, Any] = {"format": "png"}
         if element:
-            box = self.evaluate(f"(() => {{ const r = document.querySelector({json.dumps(element)}).getBoundingClientRect();"
-                                " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
-            params |= {"captureBeyondViewport": True,
-                       "clip": {"x": max(box[0] - margin, 0), "y": max(box[1] - margin, 0),
-                                "width": box[2] + 2 * margin, "height": box[3] + 2 * margin, "scale": 1}}
+            box = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(element)}).getBoundingClientRect();"
+                " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()"
+            )
+            params |= {
+                "captureBeyondViewport": True,
+                "clip": {
+                    "x": max(box[0] - margin, 0),
+                    "y": max(box[1] - margin, 0),
+                    "width": box[2] + 2 * margin,
+                    "height": box[3] + 2 * margin,
+                    "scale": 1,
+                },
+            }
         data = self.send("Page.captureScreenshot", params)["data"]
         Path(path).write_bytes(base64.b64decode(data))
         return Path(path)
 
     def console_errors(self) -> list[str]:
         """Uncaught exceptions seen since the last `open`."""
-        return [e["params"]["exceptionDetails"].get("text", "") + " " +
-                str((e["params"]["exceptionDetails"].get("exception") or {}).get("description", ""))
-                for e in self._events if e.get("method") == "Runtime.exceptionThrown"]
+        return [
+            e["params"]["exceptionDetails"].get("text", "")
+            + " "
+            + str((e["params"]["exceptionDetails"].get("exception") or {}).get("description", ""))
+            for e in self._events
+            if e.get("method") == "Runtime.exceptionThrown"
+        ]
 
     def send(self, method: str, params: dict[str, Any] | None = None, session: bool = True) -> dict[str, Any]:
         self._next_id += 1
@@ -150,8 +193,9 @@ class Chromium:
     def _attach_page(self) -> str:
         targets = self.send("Target.getTargets", session=False)["targetInfos"]
         page = next(t for t in targets if t["type"] == "page")
-        return self.send("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True},
-                         session=False)["sessionId"]
+        return self.send("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, session=False)[
+            "sessionId"
+        ]
 
     def _wait_event(self, method: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
@@ -174,4 +218,3 @@ class Chromium:
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
-

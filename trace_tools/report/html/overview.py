@@ -1,12 +1,16 @@
 """The overview tab's tables, built from summary.json (static HTML rows; the page's JS only sorts them)."""
+
 from __future__ import annotations
 
 import base64
 from pathlib import Path
 from typing import Any
 
-PLOT_TITLES = {"coverage_by_tool": "Loss-mask coverage by tool", "samples_per_session": "Samples per session",
-               "drift_start": "Where in the context drift starts"}
+PLOT_TITLES = {
+    "coverage_by_tool": "Loss-mask coverage by tool",
+    "samples_per_session": "Samples per session",
+    "drift_start": "Where in the context drift starts",
+}
 QUARANTINE_ROWS_SHOWN = 200
 
 
@@ -16,13 +20,23 @@ def strategy_rows(summary: dict[str, Any], counterfactual: list[str]) -> list[di
     rows = []
     for name, s in summary["strategies"].items():
         saving = savings.get(name)
-        rows.append({"name": name, "counterfactual": name in counterfactual, "sessions": s["sessions"],
-                     "samples": s["samples"], "per_session": s["samples"] / s["sessions"] if s["sessions"] else 0.0,
-                     "forks_max": s["forks"]["max"], "coverage": s["coverage"], "trained": s["trained_tokens"],
-                     "forwarded": s["forwarded_tokens"], "context": s["context_tokens"],
-                     "savings": saving["savings"] if saving else None,
-                     "trained_delta": saving["trained_delta"] if saving else None,
-                     "flagged": bool(saving and saving["saves_by_training_less"])})
+        rows.append(
+            {
+                "name": name,
+                "counterfactual": name in counterfactual,
+                "sessions": s["sessions"],
+                "samples": s["samples"],
+                "per_session": s["samples"] / s["sessions"] if s["sessions"] else 0.0,
+                "forks_max": s["forks"]["max"],
+                "coverage": s["coverage"],
+                "trained": s["trained_tokens"],
+                "forwarded": s["forwarded_tokens"],
+                "context": s["context_tokens"],
+                "savings": saving["savings"] if saving else None,
+                "trained_delta": saving["trained_delta"] if saving else None,
+                "flagged": bool(saving and saving["saves_by_training_less"]),
+            }
+        )
     return rows
 
 
@@ -42,8 +56,13 @@ def tool_rows(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict
         cells = []
         for tool in tools:
             tt = s["tool_turns"].get(tool["name"])
-            cells.append({"coverage": s["coverage_by_tool"].get(tool["name"]), "dropped": tt["dropped_turns"] if tt else 0,
-                          "turns": tt["turns"] if tt else 0})
+            cells.append(
+                {
+                    "coverage": s["coverage_by_tool"].get(tool["name"]),
+                    "dropped": tt["dropped_turns"] if tt else 0,
+                    "turns": tt["turns"] if tt else 0,
+                }
+            )
         rows.append({"name": name, "cells": cells})
     return rows
 
@@ -51,16 +70,18 @@ def tool_rows(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict
 def counter_rows(summary: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """Counters that are non-zero for some strategy: (names, one row per strategy)."""
     blocks = summary["strategies"]
-    names = [c for c in next(iter(blocks.values()), {}).get("counters", {})
-             if any(s["counters"].get(c) for s in blocks.values())]
+    first: dict[str, Any] = next(iter(blocks.values()), {})
+    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in blocks.values())]
     return names, [{"name": n, "counts": [s["counters"].get(c, 0) for c in names]} for n, s in blocks.items()]
 
 
 def cause_rows(summary: dict[str, Any], cause_text: dict[str, str]) -> list[dict[str, Any]]:
     """Per drift cause: each strategy's drifted turns, turns that lost tokens and tokens lost."""
     by_strategy = summary.get("drift_causes") or {}
-    causes = sorted({c for v in by_strategy.values() for c in v}, key=lambda c: (list(cause_text).index(c)
-                                                                                  if c in cause_text else 99, c))
+    causes = sorted(
+        {c for v in by_strategy.values() for c in v},
+        key=lambda c: (list(cause_text).index(c) if c in cause_text else 99, c),
+    )
     rows = []
     for cause in causes:
         cells = [by_strategy.get(name, {}).get(cause) for name in summary["strategies"]]
@@ -77,11 +98,21 @@ def quarantine_view(summary: dict[str, Any], quarantine) -> dict[str, Any]:
     if quarantine is not None and len(quarantine):
         for rec in quarantine.head(QUARANTINE_ROWS_SHOWN).to_dict("records"):
             turn = rec.get("turn_index")
-            rows.append({"session_id": rec.get("session_id") or "<file>", "reason": rec.get("reason"),
-                         "turn": "" if pd.isna(turn) else int(turn), "detail": rec.get("detail") or ""})
+            rows.append(
+                {
+                    "session_id": rec.get("session_id") or "<file>",
+                    "reason": rec.get("reason"),
+                    "turn": "" if pd.isna(turn) else int(turn),
+                    "detail": rec.get("detail") or "",
+                }
+            )
     total = 0 if quarantine is None else len(quarantine)
-    return {"sessions": summary.get("quarantined", 0), "by_reason": summary.get("quarantined_by_reason") or {},
-            "rows": rows, "hidden": max(total - len(rows), 0)}
+    return {
+        "sessions": summary.get("quarantined", 0),
+        "by_reason": summary.get("quarantined_by_reason") or {},
+        "rows": rows,
+        "hidden": max(total - len(rows), 0),
+    }
 
 
 def inline_plots(plot_dir: Path) -> list[dict[str, str]]:
@@ -89,6 +120,11 @@ def inline_plots(plot_dir: Path) -> list[dict[str, str]]:
     plots = []
     for path in sorted(plot_dir.glob("*.png")):
         data = base64.b64encode(path.read_bytes()).decode("ascii")
-        plots.append({"name": path.stem, "title": PLOT_TITLES.get(path.stem, path.stem.replace("_", " ")),
-                      "src": f"data:image/png;base64,{data}"})
+        plots.append(
+            {
+                "name": path.stem,
+                "title": PLOT_TITLES.get(path.stem, path.stem.replace("_", " ")),
+                "src": f"data:image/png;base64,{data}",
+            }
+        )
     return plots

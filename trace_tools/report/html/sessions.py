@@ -5,6 +5,7 @@ The index (one entry per session, one per drifted turn) is plain JSON. Each sess
 CHUNK_BYTES of JSON, gzip-compressed and base64-encoded; the page decompresses a chunk only when
 one of its sessions is opened, so the load time does not grow with the number of sessions.
 """
+
 from __future__ import annotations
 
 import base64
@@ -21,8 +22,16 @@ import numpy as np
 import pandas as pd
 
 CHUNK_BYTES = 256 * 1024
-TURN_COLUMNS = ["strategy", "session_id", "turn_index", "tool", "generated_tokens", "trained_tokens", "event",
-                "prompt_event"]
+TURN_COLUMNS = [
+    "strategy",
+    "session_id",
+    "turn_index",
+    "tool",
+    "generated_tokens",
+    "trained_tokens",
+    "event",
+    "prompt_event",
+]
 OPTIONAL_TURN_COLUMNS = ["drift_cause", "behaviour", "genuine"]
 SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "response_length", "loss_mask", "source_turn"]
 
@@ -37,7 +46,9 @@ def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFram
     """The session index and the compressed per-session chunks of one run directory."""
     turns = TurnTable(run_dir / "turns.parquet")
     sessions = _read_columns(run_dir / "sessions.parquet", ["strategy", "session_id", "samples"])
-    samples = {(sid, name): n for sid, name, n in zip(sessions["session_id"], sessions["strategy"], sessions["samples"])}
+    samples = {
+        (sid, name): n for sid, name, n in zip(sessions["session_id"], sessions["strategy"], sessions["samples"])
+    }
     bars = sample_bars(run_dir / "samples.parquet")
     drift = read_drift(run_dir / "drift.parquet")
     reasons = _quarantine_reasons(quarantine)
@@ -51,17 +62,28 @@ def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFram
         detail = session_detail(sid, turns, strategies, bars, drift.get(sid, []) if drift is not None else None)
         pending.append(_json(sid) + ":" + _json(detail))
         pending_bytes += len(pending[-1])
-        entries.append(_index_entry(detail, [samples.get((sid, name)) for name in strategies], len(chunks),
-                                    reasons.get(sid), codes))
-        drifted += [[position, d["turn"], d["echo"], _code(d["cause"], codes["causes"]), d["divergence"], d["served_len"]]
-                    for d in detail["drift"] or [] if d["cause"]]
+        entries.append(
+            _index_entry(
+                detail, [samples.get((sid, name)) for name in strategies], len(chunks), reasons.get(sid), codes
+            )
+        )
+        drifted += [
+            [position, d["turn"], d["echo"], _code(d["cause"], codes["causes"]), d["divergence"], d["served_len"]]
+            for d in detail["drift"] or []
+            if d["cause"]
+        ]
         if pending_bytes >= CHUNK_BYTES:
             chunks.append(_pack(pending))
             pending, pending_bytes = [], 0
     if pending:
         chunks.append(_pack(pending))
-    index = {"strategies": strategies, **codes, "sessions": entries, "drifted": drifted,
-             "has_drift_table": drift is not None}
+    index = {
+        "strategies": strategies,
+        **codes,
+        "sessions": entries,
+        "drifted": drifted,
+        "has_drift_table": drift is not None,
+    }
     return SessionData(index, chunks)
 
 
@@ -89,8 +111,9 @@ class TurnTable:
                 numbers.sort(key=turn_index.__getitem__)
 
 
-def session_detail(sid: str, turns: TurnTable, strategies: list[str], bars: dict | None,
-                   drift: list[dict[str, Any]] | None) -> dict[str, Any]:
+def session_detail(
+    sid: str, turns: TurnTable, strategies: list[str], bars: dict | None, drift: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     """Everything the session page shows: turns, each strategy's timeline and sample bars, drift."""
     c = turns.cols
     by_strategy = turns.rows.get(sid, {})
@@ -98,8 +121,16 @@ def session_detail(sid: str, turns: TurnTable, strategies: list[str], bars: dict
     detail: dict[str, Any] = {
         "id": sid,
         "behaviour": c["behaviour"][first[0]] if first else None,
-        "turns": [{"i": c["turn_index"][r], "tool": c["tool"][r], "gen": c["generated_tokens"][r],
-                   "cause": c["drift_cause"][r], "genuine": c["genuine"][r]} for r in first],
+        "turns": [
+            {
+                "i": c["turn_index"][r],
+                "tool": c["tool"][r],
+                "gen": c["generated_tokens"][r],
+                "cause": c["drift_cause"][r],
+                "genuine": c["genuine"][r],
+            }
+            for r in first
+        ],
         "strategies": {},
         "drift": drift,
     }
@@ -110,9 +141,15 @@ def session_detail(sid: str, turns: TurnTable, strategies: list[str], bars: dict
         sample_list = bars.get((name, sid), []) if bars is not None else None
         seen = {seg[0] for sample in sample_list or [] for seg in sample["segs"]}
         detail["strategies"][name] = {
-            "turns": [[c["trained_tokens"][r], c["event"][r], c["prompt_event"][r],
-                       _fate(c["event"][r], c["generated_tokens"][r], c["turn_index"][r], seen, sample_list is not None)]
-                      for r in rows],
+            "turns": [
+                [
+                    c["trained_tokens"][r],
+                    c["event"][r],
+                    c["prompt_event"][r],
+                    _fate(c["event"][r], c["generated_tokens"][r], c["turn_index"][r], seen, sample_list is not None),
+                ]
+                for r in rows
+            ],
             "samples": sample_list,
         }
     return detail
@@ -148,7 +185,9 @@ def _batch_bars(batch) -> list[dict[str, Any]]:
         # loss_mask covers the last `response_length` tokens (slime's layout); guard short masks
         take = int(min(response, bounds[row + 1] - bounds[row], mask_bounds[row + 1] - mask_bounds[row]))
         if take > 0:
-            trained[bounds[row + 1] - take:bounds[row + 1]] = mask[mask_bounds[row + 1] - take:mask_bounds[row + 1]] > 0
+            trained[bounds[row + 1] - take : bounds[row + 1]] = (
+                mask[mask_bounds[row + 1] - take : mask_bounds[row + 1]] > 0
+            )
     trained &= source >= 0
     key = np.where(source >= 0, source * 2 + trained, -1)
     starts = np.union1d(np.flatnonzero(np.diff(key)) + 1, bounds[:-1])
@@ -157,8 +196,14 @@ def _batch_bars(batch) -> list[dict[str, Any]]:
     segments = np.stack([np.maximum(source[starts], -1), trained[starts], counts], axis=1)
     cut = np.searchsorted(starts, bounds)
     running = np.concatenate(([0], np.cumsum(trained)))
-    return [{"n": int(bounds[row + 1] - bounds[row]), "trained": int(running[bounds[row + 1]] - running[bounds[row]]),
-             "segs": segments[cut[row]:cut[row + 1]].tolist()} for row in range(len(bounds) - 1)]
+    return [
+        {
+            "n": int(bounds[row + 1] - bounds[row]),
+            "trained": int(running[bounds[row + 1]] - running[bounds[row]]),
+            "segs": segments[cut[row] : cut[row + 1]].tolist(),
+        }
+        for row in range(len(bounds) - 1)
+    ]
 
 
 def read_drift(path: Path) -> dict[str, list[dict[str, Any]]] | None:
@@ -176,13 +221,22 @@ def read_drift(path: Path) -> dict[str, list[dict[str, Any]]] | None:
 def _drift_entry(rec: dict[str, Any]) -> dict[str, Any]:
     served, rendered = rec["served_ids"], rec["rendered_ids"]
     served_to_end = rec["window_start"] + len(rec["shared_ids"]) + len(served) >= rec["served_len"]
-    return {"turn": rec["turn_index"], "echo": rec["echo_turn"], "cause": rec["cause"], "causes": rec["causes"],
-            "token_drift": rec["token_drift"], "divergence": rec["divergence"], "served_len": rec["served_len"],
-            "prompt_len": rec["prompt_len"], "diff": rec["message_diff"], "start": rec["window_start"],
-            "shared": [[i, t] for i, t in zip(rec["shared_ids"], rec["shared_tokens"])],
-            "served": [[i, t] for i, t in zip(served, rec["served_tokens"])],
-            "rendered": [[i, t] for i, t in zip(rendered, rec["rendered_tokens"])],
-            "blocks": align_blocks(served, rendered, served_to_end) if rec["token_drift"] else []}
+    return {
+        "turn": rec["turn_index"],
+        "echo": rec["echo_turn"],
+        "cause": rec["cause"],
+        "causes": rec["causes"],
+        "token_drift": rec["token_drift"],
+        "divergence": rec["divergence"],
+        "served_len": rec["served_len"],
+        "prompt_len": rec["prompt_len"],
+        "diff": rec["message_diff"],
+        "start": rec["window_start"],
+        "shared": [[i, t] for i, t in zip(rec["shared_ids"], rec["shared_tokens"])],
+        "served": [[i, t] for i, t in zip(served, rec["served_tokens"])],
+        "rendered": [[i, t] for i, t in zip(rendered, rec["rendered_tokens"])],
+        "blocks": align_blocks(served, rendered, served_to_end) if rec["token_drift"] else [],
+    }
 
 
 def align_blocks(served: list[int], rendered: list[int], served_to_end: bool) -> list[list[Any]]:
@@ -191,7 +245,7 @@ def align_blocks(served: list[int], rendered: list[int], served_to_end: bool) ->
     Tags are difflib's (`equal`, `replace`, `insert`, `delete`), plus `next` for the echo's tokens
     past the end of what was served (the following turn: context, not drift).
     """
-    blocks = [list(op) for op in SequenceMatcher(None, served, rendered, autojunk=False).get_opcodes()]
+    blocks: list[list[Any]] = [list(op) for op in SequenceMatcher(None, served, rendered, autojunk=False).get_opcodes()]
     if served_to_end and len(blocks) > 1 and blocks[-1][0] == "insert":
         blocks[-1][0] = "next"
     return blocks
@@ -210,12 +264,20 @@ def _fate(event: str, generated: int, turn: int, seen: set[int], know_samples: b
     return "context" if turn in seen else "dropped"
 
 
-def _index_entry(detail: dict[str, Any], samples: list[int | None], chunk: int, quarantined: str | None,
-                 codes: dict[str, list[str]]) -> list[Any]:
+def _index_entry(
+    detail: dict[str, Any], samples: list[int | None], chunk: int, quarantined: str | None, codes: dict[str, list[str]]
+) -> list[Any]:
     """[id, behaviour code, turns, cause codes, samples per strategy, chunk, quarantine reason]."""
     causes = sorted({_code(t["cause"], codes["causes"]) for t in detail["turns"] if t["cause"]})
-    return [detail["id"], _code(detail["behaviour"] or "", codes["behaviours"]), len(detail["turns"]), causes, samples,
-            chunk, quarantined]
+    return [
+        detail["id"],
+        _code(detail["behaviour"] or "", codes["behaviours"]),
+        len(detail["turns"]),
+        causes,
+        samples,
+        chunk,
+        quarantined,
+    ]
 
 
 def _code(value: str, table: list[str]) -> int:
