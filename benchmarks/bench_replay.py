@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/performance.md")
+    parser.add_argument("--only", nargs="+", choices=list(TASKS), help="measure only these (implies --no-write)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
@@ -196,10 +197,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         results = {}
-        for task in TASKS:
+        for task in args.only or TASKS:
             results[task] = measure(task, single, scratch)
             print(f"  {task}: {results[task]['elapsed']:.1f} s, peak RSS {results[task]['peak_rss'] / 2**30:.2f} GiB",
                   flush=True)
+        if args.only:
+            return
         doubled = {task: measure(task, double, scratch / "double") for task in ("all-w1", "all-w2")}
         differing = check_prompts(single, scratch)
     table = report(shape, results, doubled, differing, args)

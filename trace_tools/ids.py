@@ -24,3 +24,48 @@ def common_prefix_len(a: Sequence, b: Sequence) -> int:
     while a[low] == b[low]:
         low += 1
     return low
+
+
+def suffix_prefix_overlap(a: Sequence, b: Sequence) -> int:
+    """The largest k with `a[-k:] == b[:k]` (0 when none): how much of `b` `a` already ends with.
+
+    Linear time: candidate starts come from C-level searches for `b[0]`; when `b[0]` is too common
+    to try them one by one, a Knuth–Morris–Pratt pass decides. (A loop trying every k from the
+    longest down compares O(k²) tokens, which on a 5k-token tail dominated a replay.)"""
+    limit = min(len(a), len(b))
+    if not limit:
+        return 0
+    tail = list(a[len(a) - limit :])
+    head = list(b[:limit])
+    start = -1
+    for _ in range(_CANDIDATES):
+        try:
+            start = tail.index(head[0], start + 1)
+        except ValueError:
+            return 0
+        k = limit - start
+        if head[k - 1] == tail[-1] and tail[start:] == head[:k]:
+            return k
+    return _kmp_overlap(tail, head)
+
+
+_CANDIDATES = 32
+
+
+def _kmp_overlap(text: list, pattern: list) -> int:
+    """Length of the longest prefix of `pattern` that is a suffix of `text`."""
+    failure = [0] * len(pattern)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = failure[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        failure[i] = k
+    k = 0
+    for token in text:
+        while k and (k == len(pattern) or token != pattern[k]):
+            k = failure[k - 1]
+        if token == pattern[k]:
+            k += 1
+    return k

@@ -227,27 +227,54 @@ def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[st
     return frozenset(ok)
 
 
-def _batch_records(batch: pa.RecordBatch, interned: frozenset[str]) -> list[dict[str, Any]]:
-    """The batch's rows as dicts (`rows.records`); the token-id columns in `interned` (checked in
-    range) become lists of shared int objects: a 50k-token prompt is then 400 kB of pointers, not
-    1.8 MB of ints."""
-    plain = batch.drop_columns(list(interned)) if interned else batch
+def _batch_records(batch: pa.RecordBatch, checked: frozenset[str], as_arrays: bool) -> list[dict[str, Any]]:
+    """The batch's rows as dicts (`rows.records`). The token-id columns in `checked` (in range)
+    become lists of shared int objects (a 50k-token prompt is then 400 kB of pointers, not 1.8 MB
+    of ints), or with `as_arrays` int32 arrays, which cross to worker processes as plain bytes
+    (`materialize_ids` turns them into lists there)."""
+    plain = batch.drop_columns(list(checked)) if checked else batch
     rows = records(plain)
-    for name in interned:
-        for row, ids in zip(rows, _interned_lists(batch.column(name))):
+    for name in checked:
+        values = _id_arrays(batch.column(name)) if as_arrays else _interned_lists(batch.column(name))
+        for row, ids in zip(rows, values):
             row[name] = ids
     return rows
 
 
-def _interned_lists(column: pa.Array) -> list[list[int] | None]:
-    """A list<int> column's rows, each a list of the process-wide shared int objects."""
+def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
+    """(flat values, row starts, row ends, validity) of a list<int> column."""
     flat = column.flatten().to_numpy(zero_copy_only=False)
-    values = _int_objects(int(flat.max()) + 1 if len(flat) else 0)[flat].tolist()
     offsets = column.offsets.to_numpy()
     base = int(offsets[0])
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    starts, ends = (offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist()
+    return flat, (offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist(), valid
+
+
+def _interned_lists(column: pa.Array) -> list[list[int] | None]:
+    """A list<int> column's rows, each a list of the process-wide shared int objects."""
+    flat, starts, ends, valid = _rows_of(column)
+    values = _int_objects(int(flat.max()) + 1 if len(flat) else 0)[flat].tolist()
     return [values[a:b] if ok else None for a, b, ok in zip(starts, ends, valid)]
+
+
+def _id_arrays(column: pa.Array) -> list[Any]:
+    """A list<int> column's rows as int32 arrays (copies, so the batch is not kept alive)."""
+    import numpy as np
+
+    flat, starts, ends, valid = _rows_of(column)
+    flat = flat.astype(np.int32, copy=False)
+    return [flat[a:b].copy() if ok else None for a, b, ok in zip(starts, ends, valid)]
+
+
+def materialize_ids(session: Session) -> Session:
+    """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
+    shared ints, in place (what strategies work on)."""
+    for turn in session.turns:
+        for name in ("output_ids", "prompt_ids"):
+            ids = getattr(turn, name)
+            if ids is not None and not isinstance(ids, list):
+                setattr(turn, name, _int_objects(int(ids.max()) + 1 if len(ids) else 0)[ids].tolist())
+    return session
 
 
 _INT_OBJECTS: list[Any] = []
@@ -316,8 +343,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         harness: str | None = None,
         vocab_size: int | None = None,
         columns: Iterable[str] | None = None,
+        id_arrays: bool = False,
     ):
         root = Path(path).expanduser()
+        self._id_arrays = id_arrays  # token ids as int32 arrays, to ship to worker processes
         # Only the columns a command needs are read (the required ones always); validation covers those.
         self._wanted = None if columns is None else set(columns) | set(REQUIRED)
         self._infos = [self._inspect(file, root) for file in find_files(root)]
@@ -464,7 +493,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         row = 0
         for batch in _iter_batches(info.path, columns, ROW_BATCH_ROWS):
             checked = _batch_ids_ok(batch, vocab)
-            for record in _batch_records(_utc_batch(batch), checked):
+            for record in _batch_records(_utc_batch(batch), checked, self._id_arrays):
                 self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked)
                 row += 1
             yield row
@@ -515,7 +544,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         """Legal but worth a look (DESIGN §6): a turn_index gap (a dropped request) and an empty generation."""
         indices = sorted({turn.turn_index for turn in turns})
         missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
-        empty = [turn.turn_index for turn in turns if not turn.output_ids]
+        empty = [turn.turn_index for turn in turns if not len(turn.output_ids)]
         for kind, found, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
             if found:
                 self.data_warnings[kind] = self.data_warnings.get(kind, 0) + count
@@ -546,6 +575,7 @@ def iter_sessions(
     harness: str | None = None,
     vocab_size: int | None = None,
     columns: Iterable[str] | None = None,
+    id_arrays: bool = False,
 ) -> SessionStream:
     """Stream a dump: yields each valid `Session` and each `QuarantineEntry` (see `SessionStream`).
 
@@ -560,6 +590,7 @@ def iter_sessions(
         harness=harness,
         vocab_size=vocab_size,
         columns=columns,
+        id_arrays=id_arrays,
     )
 
 

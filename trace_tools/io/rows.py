@@ -154,7 +154,8 @@ def turn_from_record(
     if record["turn_index"] < 0:
         raise BadRow("negative_turn", f"turn_index is {record['turn_index']}")
     messages = _messages(record, parser or json.loads)
-    output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked) or []  # not null
+    output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked)
+    output_ids = [] if output_ids is None else output_ids  # not null: checked above
     logprobs = _logprobs(record, len(output_ids))
     values = {
         name: _json_value(record, name, kind, parser.tools if parser and name == "tools" else json.loads)

@@ -120,11 +120,16 @@ class Pipeline:
         renderer: Any = None,
         vocab_size: int | None = None,
         tool_format: str | None = None,
+        id_arrays: bool = False,
     ):
+        """`id_arrays`: sessions carry their token ids as int32 arrays, cheap to send to worker
+        processes, which call `io.load.materialize_ids` (the engine does this with workers)."""
         from trace_tools.io.load import iter_sessions
 
         self.dump = Path(dump)
-        self.stream = iter_sessions(self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns)
+        self.stream = iter_sessions(
+            self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns, id_arrays=id_arrays
+        )
         self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format)
         self.renderers.check(self.stream.file_metas)
         self.canonicalization, self.prompt_source = canonicalization, prompt_source

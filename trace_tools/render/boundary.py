@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from trace_tools.errors import ReplayError
+from trace_tools.ids import suffix_prefix_overlap
 
 # Probe bodies whose last characters differ, so the common suffix of two renders is the closer.
 PROBE_A = "boundary probe, body one ends in A"
@@ -185,19 +186,12 @@ def join(
 ) -> tuple[list[int], list[int]]:
     """(glue, tail) such that `served + glue + tail` continues the served ids (module docstring rules)."""
     pieces = [*closer_ids, *tail_ids]
-    overlap = _overlap(served, pieces)
+    overlap = suffix_prefix_overlap(served, pieces)
     if not overlap and served and closer_ids and served[-1] in stop_ids:
         overlap = 1  # the served stop token stands in for the closer's end token
     kept_closer = max(len(closer_ids) - overlap, 0)
     rest = pieces[overlap:]
     return rest[:kept_closer], rest[kept_closer:]
-
-
-def _overlap(served: Sequence[int], pieces: Sequence[int]) -> int:
-    for k in range(min(len(served), len(pieces)), 0, -1):
-        if list(served[-k:]) == list(pieces[:k]):
-            return k
-    return 0
 
 
 def _probe_chat(body: str) -> list[dict]:

@@ -12,13 +12,28 @@ from typing import Any, Sequence
 
 
 def tool_defaults(tools_schema: Sequence[dict] | None) -> dict[str, dict[str, Any]]:
-    """`{tool name: {argument: declared default}}` from OpenAI-format tool schemas.
+    """`{tool name: {argument: declared default}}` from OpenAI-format tool schemas (read-only).
 
     Only properties whose schema carries a `"default"` key are collected, and tools that declare
-    none are left out, so an empty result means "nothing to drop".
+    none are left out, so an empty result means "nothing to drop". Memoised per schema list
+    object: a session's tools are parsed once and asked for on every echo check.
     """
+    if tools_schema is None:
+        return {}
+    known = _DEFAULTS.get(id(tools_schema))
+    if known is None or known[0] is not tools_schema:
+        if len(_DEFAULTS) > 1024:
+            _DEFAULTS.clear()
+        known = _DEFAULTS[id(tools_schema)] = (tools_schema, _collect_defaults(tools_schema))
+    return known[1]
+
+
+_DEFAULTS: dict[int, tuple[Any, dict[str, dict[str, Any]]]] = {}
+
+
+def _collect_defaults(tools_schema: Sequence[dict]) -> dict[str, dict[str, Any]]:
     defaults: dict[str, dict[str, Any]] = {}
-    for entry in tools_schema or ():
+    for entry in tools_schema:
         function = entry.get("function") if isinstance(entry, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             continue

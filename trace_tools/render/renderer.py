@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from typing import Any, Sequence
 
 from trace_tools.data import DumpMeta
@@ -74,6 +75,7 @@ class Renderer:
         )
         self._reasoning_open: dict[str, bool] = {}
         self._jinja: Any = None
+        self._encoded: OrderedDict[str, list[int]] = OrderedDict()
 
     def __reduce__(self):
         # Picklable for process pools: ship the recipe, not the caches and locks.
@@ -161,9 +163,20 @@ class Renderer:
     def reset_caches(self) -> None:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""
         self.engine.reset()
+        self._encoded.clear()
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        """Token ids of `text` (a copy: the strategies encode the same closers and tails again and
+        again, so encodings are memoised in a small per-renderer LRU)."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self.tokenizer.encode(text)
+            self._encoded[text] = ids
+            if len(self._encoded) > 4096:
+                self._encoded.pop(next(iter(self._encoded)))
+        else:
+            self._encoded.move_to_end(text)
+        return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)

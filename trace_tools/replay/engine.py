@@ -105,6 +105,7 @@ def run(
         canonicalization=options.canonicalization,
         prompt_source=options.prompt_source,
         tool_format=options.tool_format,
+        id_arrays=(workers or default_workers()) > 1 or executor == "ray",
     )
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)

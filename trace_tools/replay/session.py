@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError
+from trace_tools.io.load import materialize_ids
 from trace_tools.io.rundir import SAMPLES_SCHEMA, SessionRows
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
@@ -52,6 +53,7 @@ class SessionReplayer:
 
     def __call__(self, session: Session) -> SessionRows:
         rows = SessionRows()
+        materialize_ids(session)
         try:
             prepared = self.prepare(session)
             facts = session_facts(prepared)

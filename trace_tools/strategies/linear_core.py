@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.ids import suffix_prefix_overlap
 from trace_tools.render.base import RendererLike
 
 log = logging.getLogger(__name__)
@@ -356,12 +357,9 @@ def trim_overlap(served: Sequence[int], close: Sequence[int]) -> list[int]:
     """`close` minus its longest head that the served ids already end with.
 
     The served output usually ends with the stop token that opens the glue (`<|im_end|>` then
-    `\\n`), which must not appear twice.
+    `\n`), which must not appear twice.
     """
-    for k in range(min(len(close), len(served)), 0, -1):
-        if list(served[-k:]) == list(close[:k]):
-            return list(close[k:])
-    return list(close)
+    return list(close[suffix_prefix_overlap(served, close) :])
 
 
 def _normalize_tools(tools: Sequence[dict] | None) -> list[dict] | None:

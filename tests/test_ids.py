@@ -1,0 +1,44 @@
+"""Token-sequence helpers: exact against the obvious quadratic definitions, on random sequences
+over small alphabets (many repeats, so every search path is taken)."""
+from __future__ import annotations
+
+import random
+
+from trace_tools.ids import common_prefix_len, suffix_prefix_overlap
+
+
+def _overlap_by_definition(a: list[int], b: list[int]) -> int:
+    return next((k for k in range(min(len(a), len(b)), 0, -1) if a[len(a) - k:] == b[:k]), 0)
+
+
+def _prefix_by_definition(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _pairs(seed: int, count: int):
+    rng = random.Random(seed)
+    for _ in range(count):
+        alphabet = rng.randint(1, 4)
+        a = [rng.randrange(alphabet) for _ in range(rng.randint(0, 40))]
+        b = [rng.randrange(alphabet) for _ in range(rng.randint(0, 40))]
+        if a and rng.random() < 0.5:
+            b = a[len(a) - rng.randint(0, len(a)):] + b
+        yield a, b
+
+
+def test_suffix_prefix_overlap_matches_the_definition():
+    for a, b in _pairs(seed=1, count=20000):
+        assert suffix_prefix_overlap(a, b) == _overlap_by_definition(a, b), (a, b)
+
+
+def test_common_prefix_len_matches_the_definition_on_lists_and_strings():
+    for a, b in _pairs(seed=2, count=20000):
+        assert common_prefix_len(a, b) == _prefix_by_definition(a, b), (a, b)
+        text_a, text_b = "".join(map(str, a)), "".join(map(str, b))
+        assert common_prefix_len(text_a, text_b) == _prefix_by_definition(text_a, text_b)
+
+
+def test_long_overlaps_stay_cheap():
+    """A 20k-token tail whose first token is everywhere: the linear pass, not 20k² comparisons."""
+    served = [7] * 20000
+    assert suffix_prefix_overlap(served, [7] * 19999 + [8]) == 19999
