@@ -166,7 +166,7 @@ def sample_bars(path: Path) -> dict[tuple[str, str], list[dict[str, Any]]] | Non
     if not path.exists():
         return None
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for batch in pq.ParquetFile(path).iter_batches(columns=SAMPLE_COLUMNS, batch_size=4096):
+    for batch in pq.ParquetFile(path).iter_batches(columns=SAMPLE_COLUMNS, batch_size=64):
         keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
         for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
             out[key].append({"i": index, **bar})
@@ -176,10 +176,11 @@ def sample_bars(path: Path) -> dict[tuple[str, str], list[dict[str, Any]]] | Non
 def _batch_bars(batch) -> list[dict[str, Any]]:
     """Run-length segments of every sample of a record batch, computed on the flat token arrays."""
     source_col, mask_col = batch.column("source_turn"), batch.column("loss_mask")
-    source = source_col.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    bounds = source_col.offsets.to_numpy()
-    mask = mask_col.values.to_numpy(zero_copy_only=False)
-    mask_bounds = mask_col.offsets.to_numpy()
+    # flatten() and rebased offsets respect a batch that is a slice of a larger decoded array
+    source = source_col.flatten().to_numpy(zero_copy_only=False)
+    bounds = source_col.offsets.to_numpy() - source_col.offsets[0].as_py()
+    mask = mask_col.flatten().to_numpy(zero_copy_only=False)
+    mask_bounds = mask_col.offsets.to_numpy() - mask_col.offsets[0].as_py()
     trained = np.zeros(len(source), dtype=bool)
     for row, response in enumerate(batch.column("response_length").to_numpy()):
         # loss_mask covers the last `response_length` tokens (slime's layout); guard short masks
