@@ -9,6 +9,7 @@ the best run is kept. Prints per-path time, prompt tokens fed per second and the
 
     python benchmarks/bench_linear_delta.py --sessions 40 --template qwen3.5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,9 @@ def summarize(outcomes) -> tuple[int, int]:
 
 
 def differing_turns(delta_outcomes, full_outcomes) -> int:
-    return sum(d.ids != f.ids or d.event != f.event
-               for ds, fs in zip(delta_outcomes, full_outcomes) for d, f in zip(ds, fs))
+    return sum(
+        d.ids != f.ids or d.event != f.event for ds, fs in zip(delta_outcomes, full_outcomes) for d, f in zip(ds, fs)
+    )
 
 
 def main() -> None:
@@ -79,8 +81,10 @@ def main() -> None:
     full_s, full = best_of(meta, sessions, False, args.repeat)
     delta_s, delta = best_of(meta, sessions, True, args.repeat)
     tokens, healed = summarize(full)
-    print(f"{args.sessions} sessions, {turns} turns, {healed} healed turns, {tokens} prompt tokens fed "
-          f"(template {args.template}, best of {args.repeat})")
+    print(
+        f"{args.sessions} sessions, {turns} turns, {healed} healed turns, {tokens} prompt tokens fed "
+        f"(template {args.template}, best of {args.repeat})"
+    )
     for name, seconds in (("full", full_s), ("delta", delta_s)):
         print(f"  {name:<5} {seconds * 1000:9.1f} ms  {tokens / seconds:12,.0f} tokens/s")
     print(f"  speed ratio delta/full: {full_s / delta_s:.2f}x (baseline = full path)")

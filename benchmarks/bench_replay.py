@@ -13,6 +13,7 @@ turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conve
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def naive(dump: Path) -> dict:
     from trace_tools.strategies.tree import TreeStrategy
 
     meta = read_dump_meta(dump)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(ensure_tokenizer_json(meta.tokenizer)), eos_token="<|im_end|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(ensure_tokenizer_json(meta.tokenizer)), eos_token="<|im_end|>"
+    )
     rows = pq.read_table(dump).to_pylist()
     sessions: dict[str, list[dict]] = {}
     for row in rows:
@@ -59,11 +62,24 @@ def naive(dump: Path) -> dict:
         for row in sorted(turns, key=lambda r: r["turn_index"]):
             messages = canonicalize_messages(json.loads(row["messages"]))
             tools = json.loads(row["tools"]) if row["tools"] else None
-            ids = tokenizer.apply_chat_template(messages, tools=tools, chat_template=meta.chat_template,
-                                                add_generation_prompt=True, tokenize=True, return_dict=False)
-            turn = Turn(session_id, row["turn_index"], messages, row["output_ids"], tools=tools,
-                        output_logprobs=row["output_logprobs"], response=json.loads(row["response"]),
-                        finish_reason=row["finish_reason"])
+            ids = tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=meta.chat_template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+            turn = Turn(
+                session_id,
+                row["turn_index"],
+                messages,
+                row["output_ids"],
+                tools=tools,
+                output_logprobs=row["output_logprobs"],
+                response=json.loads(row["response"]),
+                finish_reason=row["finish_reason"],
+            )
             prepared.append(PreparedTurn(turn, messages, tools, canonicalize_response(turn.response), ids, "rendered"))
             prompts[(session_id, row["turn_index"])] = ids
         TreeStrategy(ReplayContext()).replay_prepared(session_id, prepared, 0.0)
@@ -150,13 +166,22 @@ def dumps(sessions: int, seed: int) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     single, double = folder / f"swe-long-{sessions}-s{seed}.parquet", folder / f"swe-long-{sessions}x2-s{seed}.parquet"
     if not single.exists():
-        simulate(sessions, seed, template="qwen3", behaviours=["byte-exact", "claude-code"], out=str(single),
-                 profile="swe-long")
+        simulate(
+            sessions,
+            seed,
+            template="qwen3",
+            behaviours=["byte-exact", "claude-code"],
+            out=str(single),
+            profile="swe-long",
+        )
     if not double.exists():
         table = pq.read_table(single)
-        copy = table.set_column(0, "session_id", pa.array([f"{s}-copy" for s in table.column("session_id").to_pylist()]))
-        pq.write_table(pa.concat_tables([table, copy]).replace_schema_metadata(table.schema.metadata), double,
-                       row_group_size=64)
+        copy = table.set_column(
+            0, "session_id", pa.array([f"{s}-copy" for s in table.column("session_id").to_pylist()])
+        )
+        pq.write_table(
+            pa.concat_tables([table, copy]).replace_schema_metadata(table.schema.metadata), double, row_group_size=64
+        )
     return single, double
 
 
@@ -170,9 +195,14 @@ def _shape(dump: Path) -> dict:
     for session_id, length in zip(table.column("session_id").to_pylist(), lengths):
         by_session[session_id] = max(by_session.get(session_id, 0), length)
     lengths.sort()
-    return {"sessions": len(by_session), "turns": len(lengths), "median_prompt": lengths[len(lengths) // 2],
-            "context_min": min(by_session.values()), "context_max": max(by_session.values()),
-            "mb": dump.stat().st_size / 2**20}
+    return {
+        "sessions": len(by_session),
+        "turns": len(lengths),
+        "median_prompt": lengths[len(lengths) // 2],
+        "context_min": min(by_session.values()),
+        "context_max": max(by_session.values()),
+        "mb": dump.stat().st_size / 2**20,
+    }
 
 
 def main() -> None:
@@ -192,15 +222,20 @@ def main() -> None:
 
     single, double = dumps(args.sessions, args.seed)
     shape = _shape(single)
-    print(f"dump: {shape['sessions']} sessions, {shape['turns']} turns, median prompt {shape['median_prompt']} tokens, "
-          f"contexts end at {shape['context_min']}–{shape['context_max']} tokens, {shape['mb']:.0f} MB", flush=True)
+    print(
+        f"dump: {shape['sessions']} sessions, {shape['turns']} turns, median prompt {shape['median_prompt']} tokens, "
+        f"contexts end at {shape['context_min']}–{shape['context_max']} tokens, {shape['mb']:.0f} MB",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         results = {}
         for task in args.only or TASKS:
             results[task] = measure(task, single, scratch)
-            print(f"  {task}: {results[task]['elapsed']:.1f} s, peak RSS {results[task]['peak_rss'] / 2**30:.2f} GiB",
-                  flush=True)
+            print(
+                f"  {task}: {results[task]['elapsed']:.1f} s, peak RSS {results[task]['peak_rss'] / 2**30:.2f} GiB",
+                flush=True,
+            )
         if args.only:
             return
         doubled = {task: measure(task, double, scratch / "double") for task in ("all-w1", "all-w2")}
@@ -214,28 +249,40 @@ def main() -> None:
 def report(shape: dict, results: dict, doubled: dict, differing: int, args: argparse.Namespace) -> str:
     base = shape["turns"] / results["naive"]["elapsed"]
     lines = [
-        "# Replay performance", "",
+        "# Replay performance",
+        "",
         "Measured by `python benchmarks/bench_replay.py"
-        + (f" --sessions {args.sessions}" if args.sessions != 40 else "") + "` on this machine "
+        + (f" --sessions {args.sessions}" if args.sessions != 40 else "")
+        + "` on this machine "
         f"({os.cpu_count()} cores), every row in the same run on the same dump: {shape['sessions']} simulated "
         f"`swe-long` Qwen3 sessions (byte-exact and claude-code), {shape['turns']} turns, median prompt "
         f"{shape['median_prompt']:,} tokens, contexts ending at {shape['context_min']:,}–{shape['context_max']:,} "
-        f"tokens, {shape['mb']:.0f} MB of Parquet. Peak RSS is the whole process tree's.", "",
+        f"tokens, {shape['mb']:.0f} MB of Parquet. Peak RSS is the whole process tree's.",
+        "",
         "| | turns/s | vs the naive method | peak RSS | peak RSS, sessions doubled |",
         "|---|---:|---:|---:|---:|",
     ]
     for task, label in TASKS.items():
         rate = shape["turns"] / results[task]["elapsed"]
         again = doubled.get(task)
-        growth = (f"{again['peak_rss'] / 2**30:.2f} GiB ({again['peak_rss'] / results[task]['peak_rss'] - 1:+.0%})"
-                  if again else "")
-        lines.append(f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |")
+        growth = (
+            f"{again['peak_rss'] / 2**30:.2f} GiB ({again['peak_rss'] / results[task]['peak_rss'] - 1:+.0%})"
+            if again
+            else ""
+        )
+        lines.append(
+            f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |"
+        )
     stats = results["all-w1"].get("reconstruction") or {}
-    lines += ["", f"The naive prompts equal the pipeline's on {shape['turns'] - differing} of {shape['turns']} turns.",
-              f"Reconstruction in the all-strategies run: {stats.get('incremental_renders', 0):,} incremental renders, "
-              f"{stats.get('full_renders', 0):,} full renders "
-              f"({', '.join(f'{k}: {v}' for k, v in (stats.get('full_renders_by_reason') or {}).items()) or 'none'}); "
-              f"{stats.get('tokens_encoded', 0):,} tokens encoded, {stats.get('tokens_reused', 0):,} reused.", ""]
+    lines += [
+        "",
+        f"The naive prompts equal the pipeline's on {shape['turns'] - differing} of {shape['turns']} turns.",
+        f"Reconstruction in the all-strategies run: {stats.get('incremental_renders', 0):,} incremental renders, "
+        f"{stats.get('full_renders', 0):,} full renders "
+        f"({', '.join(f'{k}: {v}' for k, v in (stats.get('full_renders_by_reason') or {}).items()) or 'none'}); "
+        f"{stats.get('tokens_encoded', 0):,} tokens encoded, {stats.get('tokens_reused', 0):,} reused.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ Examples:
     python benchmarks/bench_rescore.py                    # CPU: tiny Qwen3-shaped model, 512 and 2048 tokens
     python benchmarks/bench_rescore.py --preset qwen3-0.6b --lengths 8192 32768 --check   # one H200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +44,32 @@ import torch
 from trace_tools.rescore import plan
 from trace_tools.rescore.models import ScoringModel, resolve_device, resolve_dtype
 from trace_tools.rescore.scoring import (
-    DEFAULT_CHUNK_POSITIONS, ScoreRequest, naive_logprobs, score_requests,
+    DEFAULT_CHUNK_POSITIONS,
+    ScoreRequest,
+    naive_logprobs,
+    score_requests,
 )
 
 H200_BF16_TFLOPS = 790.0
 QWEN_VOCAB = 151936
 PRESETS: dict[str, dict[str, Any]] = {
     # A few-layer Qwen3 shape with the real vocabulary: the output head dominates, as in small models.
-    "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32),
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
 }
 # GPU targets (DESIGN §10): MFU, speed vs naive, naive/ours peak memory at the longest length.
 TARGET_MFU, TARGET_SPEEDUP, TARGET_MEMORY_RATIO = 0.40, 1.0, 4.0
@@ -79,8 +95,9 @@ def build_model(preset: str, device: torch.device, dtype: torch.dtype, attn: str
     """A randomly initialised Qwen3-shaped model of the preset (built on the CPU, then moved)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    config = Qwen3Config(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, max_position_embeddings=40960,
-                         **PRESETS[preset])
+    config = Qwen3Config(
+        vocab_size=QWEN_VOCAB, tie_word_embeddings=True, max_position_embeddings=40960, **PRESETS[preset]
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
     model = model.to(device=device, dtype=dtype).eval()
@@ -200,8 +217,12 @@ def sequence_scenario(model: ScoringModel, length: int, args: argparse.Namespace
     sequences = [rng.integers(0, model.vocab_size, size=length).tolist() for _ in range(args.sequences)]
     requests = [ScoreRequest(s, np.arange(1, length)) for s in sequences]
     flops = model_flops(model.model, [length] * len(sequences))
-    ours = lambda: score_requests(model, requests, max_batch_tokens=args.max_batch_tokens,  # noqa: E731
-                                  chunk_positions=args.chunk_positions)
+    ours = lambda: score_requests(
+        model,
+        requests,
+        max_batch_tokens=args.max_batch_tokens,  # noqa: E731
+        chunk_positions=args.chunk_positions,
+    )
     naive = lambda: [naive_logprobs(model, s) for s in sequences]  # noqa: E731
     return _compare("sequence", model, length, length * len(sequences), flops, ours, naive, args)
 
@@ -214,8 +235,11 @@ def session_plans(length: int, turns: int, vocab: int) -> tuple[list[int], list[
     for k in range(1, turns + 1):
         end, start = length * k // turns, length * (k - 1) // turns
         output_start = end - max(1, (end - start) // 4)
-        inputs.append(plan.TurnInput("bench", k - 1, ids[output_start:end], [0.0] * (end - output_start),
-                                     ids[:output_start], "recorded"))
+        inputs.append(
+            plan.TurnInput(
+                "bench", k - 1, ids[output_start:end], [0.0] * (end - output_start), ids[:output_start], "recorded"
+            )
+        )
     return ids, inputs
 
 
@@ -224,24 +248,37 @@ def session_scenario(model: ScoringModel, length: int, args: argparse.Namespace)
     plans = plan.plan_sequences(inputs)
     requests = [ScoreRequest(p.ids, p.positions()) for p in plans]
     turn_lengths = [len(t.sequence) for t in inputs]
-    ours = lambda: plan.read_spans(plans, score_requests(  # noqa: E731
-        model, requests, max_batch_tokens=args.max_batch_tokens, chunk_positions=args.chunk_positions),
-        len(inputs))
-    naive = lambda: [naive_logprobs(model, t.sequence)[-len(t.output_ids):] for t in inputs]  # noqa: E731
+    ours = lambda: plan.read_spans(
+        plans,
+        score_requests(  # noqa: E731
+            model, requests, max_batch_tokens=args.max_batch_tokens, chunk_positions=args.chunk_positions
+        ),
+        len(inputs),
+    )
+    naive = lambda: [naive_logprobs(model, t.sequence)[-len(t.output_ids) :] for t in inputs]  # noqa: E731
     scored = sum(len(t.output_ids) for t in inputs)
     return _compare("session", model, length, scored, None, ours, naive, args, naive_length=max(turn_lengths))
 
 
-def _compare(scenario: str, model: ScoringModel, length: int, tokens: int, flops: float | None,
-             ours: Callable[[], Any], naive: Callable[[], Any], args: argparse.Namespace,
-             naive_length: int | None = None) -> list[Measurement]:
+def _compare(
+    scenario: str,
+    model: ScoringModel,
+    length: int,
+    tokens: int,
+    flops: float | None,
+    ours: Callable[[], Any],
+    naive: Callable[[], Any],
+    args: argparse.Namespace,
+    naive_length: int | None = None,
+) -> list[Measurement]:
     results = []
     ours_time, ours_peak, ours_values = measure(ours, model.device, args.warmup, args.repeats)
     results.append(_measurement(scenario, "ours", length, tokens, ours_time, ours_peak, flops, args))
     reason = "--no-naive" if args.no_naive else naive_fits(model, naive_length or length)
     if reason:
-        results.append(Measurement(scenario, "naive", length, tokens, float("nan"), float("nan"), None, None, None,
-                                   skipped=reason))
+        results.append(
+            Measurement(scenario, "naive", length, tokens, float("nan"), float("nan"), None, None, None, skipped=reason)
+        )
         return results
     naive_time, naive_peak, naive_values = measure(naive, model.device, args.warmup, args.repeats)
     results.append(_measurement(scenario, "naive", length, tokens, naive_time, naive_peak, flops, args))
@@ -249,8 +286,16 @@ def _compare(scenario: str, model: ScoringModel, length: int, tokens: int, flops
     return results
 
 
-def _measurement(scenario: str, recipe: str, length: int, tokens: int, seconds: float, peak: int,
-                 flops: float | None, args: argparse.Namespace) -> Measurement:
+def _measurement(
+    scenario: str,
+    recipe: str,
+    length: int,
+    tokens: int,
+    seconds: float,
+    peak: int,
+    flops: float | None,
+    args: argparse.Namespace,
+) -> Measurement:
     achieved = flops / seconds / 1e12 if flops else None
     mfu = achieved / args.peak_tflops if achieved and args.peak_tflops else None
     return Measurement(scenario, recipe, length, tokens, seconds, tokens / seconds, peak, achieved, mfu)
@@ -261,23 +306,31 @@ def print_header(model: ScoringModel, args: argparse.Namespace) -> None:
     import transformers
 
     device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.processor() or "cpu"
-    print(f"rescore benchmark: preset {args.preset}, {matmul_parameters(model.model) / 1e6:.1f}M matmul parameters, "
-          f"vocab {model.vocab_size}, {model.dtype}, attention {args.attn}")
-    print(f"device {model.device} ({device}), torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"threads {torch.get_num_threads()}, chunk {args.chunk_positions} positions, "
-          f"max batch {args.max_batch_tokens} tokens, peak {args.peak_tflops or 'n/a'} TFLOP/s")
+    print(
+        f"rescore benchmark: preset {args.preset}, {matmul_parameters(model.model) / 1e6:.1f}M matmul parameters, "
+        f"vocab {model.vocab_size}, {model.dtype}, attention {args.attn}"
+    )
+    print(
+        f"device {model.device} ({device}), torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"threads {torch.get_num_threads()}, chunk {args.chunk_positions} positions, "
+        f"max batch {args.max_batch_tokens} tokens, peak {args.peak_tflops or 'n/a'} TFLOP/s"
+    )
 
 
 def print_rows(rows: list[Measurement]) -> None:
-    print(f"{'scenario':9} {'recipe':6} {'L':>6} {'tokens':>7} {'seconds':>9} {'tokens/s':>11} {'peak MiB':>10} "
-          f"{'TFLOP/s':>8} {'MFU':>6} {'max|ours-naive|':>15}")
+    print(
+        f"{'scenario':9} {'recipe':6} {'L':>6} {'tokens':>7} {'seconds':>9} {'tokens/s':>11} {'peak MiB':>10} "
+        f"{'TFLOP/s':>8} {'MFU':>6} {'max|ours-naive|':>15}"
+    )
     for r in rows:
         if r.skipped:
             print(f"{r.scenario:9} {r.recipe:6} {r.length:>6} {'':>7} skipped: {r.skipped}")
             continue
-        print(f"{r.scenario:9} {r.recipe:6} {r.length:>6} {r.tokens:>7} {r.seconds:>9.4f} {r.tokens_per_s:>11,.0f} "
-              f"{_mib(r.peak_bytes):>10} {_opt(r.model_tflops, '.2f'):>8} {_opt(r.mfu, '.1%'):>6} "
-              f"{_opt(r.max_abs_diff_vs_naive, '.2e'):>15}")
+        print(
+            f"{r.scenario:9} {r.recipe:6} {r.length:>6} {r.tokens:>7} {r.seconds:>9.4f} {r.tokens_per_s:>11,.0f} "
+            f"{_mib(r.peak_bytes):>10} {_opt(r.model_tflops, '.2f'):>8} {_opt(r.mfu, '.1%'):>6} "
+            f"{_opt(r.max_abs_diff_vs_naive, '.2e'):>15}"
+        )
 
 
 def ratios(rows: list[Measurement]) -> list[dict[str, Any]]:
@@ -289,15 +342,24 @@ def ratios(rows: list[Measurement]) -> list[dict[str, Any]]:
         if recipe != "ours" or naive is None or naive.skipped:
             continue
         memory = naive.peak_bytes / ours.peak_bytes if ours.peak_bytes and naive.peak_bytes else None
-        out.append({"scenario": scenario, "length": length, "speedup": naive.seconds / ours.seconds,
-                    "memory_ratio": memory, "mfu": ours.mfu})
+        out.append(
+            {
+                "scenario": scenario,
+                "length": length,
+                "speedup": naive.seconds / ours.seconds,
+                "memory_ratio": memory,
+                "mfu": ours.mfu,
+            }
+        )
     return out
 
 
 def print_ratios(found: list[dict[str, Any]]) -> None:
     for r in found:
-        print(f"{r['scenario']:9} L={r['length']:>6}: ours is {r['speedup']:.2f}x the naive speed, "
-              f"naive peak memory / ours = {_opt(r['memory_ratio'], '.1f')}")
+        print(
+            f"{r['scenario']:9} L={r['length']:>6}: ours is {r['speedup']:.2f}x the naive speed, "
+            f"naive peak memory / ours = {_opt(r['memory_ratio'], '.1f')}"
+        )
 
 
 def check_targets(rows: list[Measurement], found: list[dict[str, Any]]) -> list[str]:
@@ -314,8 +376,10 @@ def check_targets(rows: list[Measurement], found: list[dict[str, Any]]) -> list[
     if longest is None:
         failures.append("no naive measurement to compare memory with")
     elif longest["memory_ratio"] is None or longest["memory_ratio"] < TARGET_MEMORY_RATIO:
-        failures.append(f"naive/ours peak memory {_opt(longest['memory_ratio'], '.1f')} < {TARGET_MEMORY_RATIO:g} "
-                        f"at L={longest['length']}")
+        failures.append(
+            f"naive/ours peak memory {_opt(longest['memory_ratio'], '.1f')} < {TARGET_MEMORY_RATIO:g} "
+            f"at L={longest['length']}"
+        )
     return failures
 
 
@@ -329,10 +393,15 @@ def _opt(value: float | None, spec: str) -> str:
 
 # -- main ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="model shape (default: qwen3-0.6b on cuda, tiny on cpu)")
-    parser.add_argument("--lengths", type=int, nargs="+", help="tokens per sequence (default: 8192 32768 on cuda, 512 2048 on cpu)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="model shape (default: qwen3-0.6b on cuda, tiny on cpu)"
+    )
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", help="tokens per sequence (default: 8192 32768 on cuda, 512 2048 on cpu)"
+    )
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | flash_attention_2 | eager")
@@ -340,10 +409,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sequences", type=int, default=1, help="sequences per length in the sequence scenario")
     parser.add_argument("--turns", type=int, default=8, help="turns of the session scenario")
     parser.add_argument("--max-batch-tokens", type=int, default=32768)
-    parser.add_argument("--chunk-positions", type=int, default=None, help="positions per head chunk (default: 4096 on cuda, 1024 on cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default: 5 on cuda, 1 on cpu)")
+    parser.add_argument(
+        "--chunk-positions",
+        type=int,
+        default=None,
+        help="positions per head chunk (default: 4096 on cuda, 1024 on cpu)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed runs per measurement (default: 5 on cuda, 1 on cpu)"
+    )
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--peak-tflops", type=float, default=None, help=f"for MFU (default: {H200_BF16_TFLOPS:g} on cuda)")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help=f"for MFU (default: {H200_BF16_TFLOPS:g} on cuda)"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the base model (both recipes)")
     parser.add_argument("--no-naive", action="store_true", help="measure ours only")
     parser.add_argument("--allow-large-cpu", action="store_true", help="allow lengths above 2048 on the CPU")
@@ -361,7 +439,9 @@ def apply_device_defaults(args: argparse.Namespace, device: torch.device) -> Non
     args.repeats = args.repeats or (5 if gpu else 1)
     args.peak_tflops = args.peak_tflops or (H200_BF16_TFLOPS if gpu else None)
     if not gpu and max(args.lengths) > 2048 and not args.allow_large_cpu:
-        raise SystemExit("on the CPU the benchmark runs at <= 2048 tokens (DESIGN §10); pass --allow-large-cpu to insist")
+        raise SystemExit(
+            "on the CPU the benchmark runs at <= 2048 tokens (DESIGN §10); pass --allow-large-cpu to insist"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,12 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         print("targets: " + ("all met" if not failures else "; ".join(failures)))
     else:
-        print("targets (MFU >= 40 %, >= naive speed, <= 1/4 naive memory at 32k) apply to a GPU run; "
-              "this CPU run only shows the script works")
+        print(
+            "targets (MFU >= 40 %, >= naive speed, <= 1/4 naive memory at 32k) apply to a GPU run; "
+            "this CPU run only shows the script works"
+        )
     if args.json_path:
         with open(args.json_path, "w") as handle:
-            json.dump({"args": vars(args), "rows": [asdict(r) for r in rows], "ratios": found,
-                       "failures": failures}, handle, indent=2, default=str)
+            json.dump(
+                {"args": vars(args), "rows": [asdict(r) for r in rows], "ratios": found, "failures": failures},
+                handle,
+                indent=2,
+                default=str,
+            )
     return 1 if args.check and failures else 0
 
 
