@@ -25,7 +25,7 @@ _LAZY = {
     "validate": ("trace_tools.io.validate", "validate"),
     "replay": ("trace_tools.api", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
-    "explain": ("trace_tools.api", "explain"),
+    "explain": ("trace_tools.report.explain", "explain"),
     "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),

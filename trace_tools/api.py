@@ -145,45 +145,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def explain(
-    dump: str | Path,
-    session_id: str,
-    *,
-    turn: int | None = None,
-    strategy: str | None = None,
-    tokenizer: str | None = None,
-    chat_template: str | None = None,
-    prompt_source: str = "auto",
-    canonicalization: str = "slime",
-    context: int = 8,
-    tool_format: str | None = None,
-) -> Any:
-    """`report.explain` for one session, plus (with `strategy`) what that strategy made of the focused turn."""
-    from trace_tools.pipeline import Pipeline
-    from trace_tools.report.explain import explain_prepared
-
-    pipeline = Pipeline(
-        dump,
-        tokenizer=tokenizer,
-        chat_template=chat_template,
-        canonicalization=canonicalization,
-        prompt_source=prompt_source,
-        tool_format=tool_format,
-    )
-    prepared = pipeline.session(session_id)
-    result = explain_prepared(prepared, turn=turn, context=context)
-    if strategy and result.focus:
-        from trace_tools.replay.session import strategy_turn_view
-        from trace_tools.strategies.base import ReplayContext
-
-        ctx = ReplayContext(prepared.renderer, canonicalization, prompt_source)
-        result.strategy, result.strategy_turn = (
-            strategy,
-            strategy_turn_view(prepared, ctx, strategy, result.focus.turn_index),
-        )
-    return result
-
-
 @dataclass
 class Run:
     """A finished run directory loaded as DataFrames (DESIGN §6 columns)."""

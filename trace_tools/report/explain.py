@@ -47,6 +47,7 @@ def explain(
     session_id: str,
     *,
     turn: int | None = None,
+    strategy: str | None = None,
     tokenizer: str | None = None,
     chat_template: str | None = None,
     prompt_source: str = "auto",
@@ -54,7 +55,8 @@ def explain(
     context: int = 8,
     tool_format: str | None = None,
 ) -> Explanation:
-    """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted one)."""
+    """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted
+    one), plus (with `strategy`) what that strategy made of the focused turn."""
     from trace_tools.pipeline import Pipeline
 
     pipeline = Pipeline(
@@ -65,7 +67,16 @@ def explain(
         prompt_source=prompt_source,
         tool_format=tool_format,
     )
-    return explain_prepared(pipeline.session(session_id), turn=turn, context=context)
+    prepared = pipeline.session(session_id)
+    result = explain_prepared(prepared, turn=turn, context=context)
+    if strategy and result.focus:
+        from trace_tools.replay.session import strategy_turn_view
+        from trace_tools.strategies.base import ReplayContext
+
+        ctx = ReplayContext(prepared.renderer, canonicalization, prompt_source)
+        result.strategy = strategy
+        result.strategy_turn = strategy_turn_view(prepared, ctx, strategy, result.focus.turn_index)
+    return result
 
 
 def explain_prepared(prepared: Any, *, turn: int | None = None, context: int = 8) -> Explanation:
