@@ -57,17 +57,11 @@ class EngineResult:
 
 def default_dump() -> Path:
     """The bundled sample_traces/, found in an editable install and in a wheel install alike."""
-    from importlib import resources
+    from trace_tools.io.bundled import sample_dir
 
-    try:
-        candidate = Path(str(resources.files("trace_tools.sample_traces")))
-        if any(candidate.glob("*.parquet")):
-            return candidate
-    except (ModuleNotFoundError, TypeError):
-        pass
-    fallback = Path(__file__).resolve().parents[2] / "sample_traces"
-    if any(fallback.glob("*.parquet")):
-        return fallback
+    found = sample_dir()
+    if found is not None:
+        return found
     raise UnusableInput("the bundled sample_traces/ dump is missing from this install; pass a DUMP path")
 
 
