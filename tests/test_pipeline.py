@@ -66,6 +66,39 @@ def test_template_without_incremental_rules_renders_in_full():
     assert renderer.cache_info()["template_not_incremental"] == 1
 
 
+def test_the_template_check_runs_once_per_template_and_is_remembered(tmp_path, monkeypatch):
+    """The self-check's verdict is kept on disk per template: a second process renders with it
+    directly; a damaged verdict file, or verifying renders, checks the template again."""
+    from trace_tools.render.incremental import IncrementalRenderer
+    from trace_tools.render.templates import resolve_template
+
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
+    template, _ = resolve_template("qwen3")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "tool", "content": "c"}, {"role": "assistant", "content": "d"}]
+    checks = []
+    original = IncrementalRenderer.self_check
+    monkeypatch.setattr(IncrementalRenderer, "self_check", lambda self: checks.append(1) or original(self))
+
+    def render_all(**kwargs):
+        renderer = Renderer("qwen3", template, **kwargs)
+        ids = [renderer.render(messages[:end]) for end in range(1, 5)]
+        assert ids == [renderer.encode(renderer._apply_template(messages[:end], None, True, {})) for end in range(1, 5)]
+        return renderer
+
+    first = render_all()
+    (verdict,) = (tmp_path / "render-checks").iterdir()
+    second = render_all()
+    assert len(checks) == 1 and second.engine.rules == first.engine.rules is not None
+    assert second.cache_info()["incremental"] == first.cache_info()["incremental"] > 0
+
+    verdict.write_text("{not json")
+    render_all()
+    assert len(checks) == 2 and json.loads(verdict.read_text())["rules"] is not None
+    render_all(verify_incremental=True)
+    assert len(checks) == 3
+
+
 def test_reconstruct_renders_each_file_with_its_own_template():
     from trace_tools.reconstruct import reconstruct
     from trace_tools.replay.engine import default_dump

@@ -188,3 +188,22 @@ def test_builtin_special_tokens_map_is_what_transformers_gives(name):
     tok = load_tokenizer(name)
     assert tok.builtin
     assert tok.special_tokens_map == dict(tok.hf.special_tokens_map)
+
+
+@pytest.mark.parametrize("name", list(tk.RECIPES))
+def test_builtin_added_tokens_are_known_without_loading_the_backend(name):
+    """A replay of a built-in tokenizer with the fast encoder never loads tokenizer.json: its
+    boundaries, added-token ids and size come from the recipe, and must be exactly what the
+    backend reports."""
+    cached = load_tokenizer(name)
+    tok = tk.Tokenizer(cached.name, cached.tokenizer_json)  # not the shared one, which may be loaded
+    boundaries, size = tok.hard_boundaries, tok.vocab_size
+    encoded = tok.encode("<|im_start|>user\nhi<|im_end|>\n" + "".join(boundaries))
+    if tk._has_fast_encoder(name, None):
+        assert tok._backend is None, "the backend was loaded although the recipe knows everything asked"
+
+    decoder = tok.backend.get_added_tokens_decoder()
+    assert boundaries == {t.content: i for i, t in decoder.items() if not (t.lstrip or t.rstrip or t.single_word)}
+    assert size == max(tok.backend.get_vocab(with_added_tokens=True).values()) + 1
+    assert all(tok.token_to_id(content) == tok.backend.token_to_id(content) for content in boundaries)
+    assert encoded == tok.backend.encode(tok.decode(encoded), add_special_tokens=False).ids

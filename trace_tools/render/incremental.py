@@ -37,10 +37,14 @@ never mutated once built (canonicalization returns new objects).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
+import tempfile
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
@@ -106,8 +110,10 @@ class IncrementalRenderer:
         encode: Callable[[str], list[int]],
         boundaries: dict[str, int],
         verify: bool = False,
+        verdict_path: Callable[[], Path | None] | None = None,
     ):
         self._apply, self._encode, self.verify = apply, encode, verify
+        self._verdict_path = verdict_path
         self._boundaries = _independent(boundaries)
         self.rules: Rules | None = CANDIDATES[0]
         self.stats: Counter = Counter()
@@ -138,8 +144,7 @@ class IncrementalRenderer:
     # -- rendering -----------------------------------------------------------------------------
     def _render(self, messages: list[dict], tools, generation: bool, kwargs: dict) -> _Text:
         if not self._checked:
-            self._checked = True
-            self.self_check()
+            self._decide_rules()
         chain = self._chain(messages, tools, kwargs)
         key = chain[-1] + (b"g" if generation else b"p")
         cached = self._results.get(key)
@@ -344,6 +349,20 @@ class IncrementalRenderer:
             self.stats["verify_mismatch"] += 1
             raise AssertionError(f"incremental render differs from the full render after {len(messages)} messages")
 
+    def _decide_rules(self) -> None:
+        """`self_check`'s verdict, remembered on disk per template (the probes cost a second or
+        two in every process); re-checked whenever renders are being verified."""
+        path = self._verdict_path() if self._verdict_path else None
+        known = _read_verdict(path) if path and not self.verify else _UNKNOWN
+        if known is _UNKNOWN:
+            verdict = self.self_check()
+            if path:
+                _write_verdict(path, verdict)
+            return
+        self._checked, self.rules = True, known
+        if known is None:
+            self.stats["template_not_incremental"] += 1
+
     def self_check(self) -> Rules | None:
         """Find the cheapest rules under which synthetic conversations render exactly as in full;
         None (always render in full) when no candidate does."""
@@ -380,6 +399,37 @@ class IncrementalRenderer:
                 if self._render(messages, tools, generation, {}).text != expected:
                     return False
         return True
+
+
+_UNKNOWN: Any = object()
+
+
+def verdict_digest(*parts: Any) -> str:
+    """A key for `self_check`'s verdict: the given parts (template, its variables, library
+    versions) plus this module's own source, so any change to the checks or probes re-checks."""
+    source = Path(__file__).read_bytes()
+    return hashlib.sha256(_dumps([list(map(repr, parts)), hashlib.sha256(source).hexdigest()])).hexdigest()[:32]
+
+
+def _read_verdict(path: Path) -> Rules | None:
+    try:
+        data = json.loads(path.read_text())
+        return None if data["rules"] is None else Rules(**data["rules"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return _UNKNOWN
+
+
+def _write_verdict(path: Path, rules: Rules | None) -> None:
+    # Best effort (a read-only cache only costs the check again); atomic, as processes race.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".verdict-", dir=path.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"rules": None if rules is None else dataclasses.asdict(rules)}, out)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:

@@ -16,16 +16,17 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Sequence
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TraceToolsError, UnknownName
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
-from trace_tools.render.incremental import IncrementalRenderer
+from trace_tools.render.incremental import IncrementalRenderer, verdict_digest
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.templates import resolve_template
-from trace_tools.render.tokenizer import Tokenizer, load_tokenizer
+from trace_tools.render.tokenizer import Tokenizer, cache_dir, import_transformers, load_tokenizer
 
 # tool-call format -> family name of the templates that use it
 FAMILIES = {family.tool_format: family.name for family in families.FAMILIES.values()}
@@ -71,7 +72,11 @@ class Renderer:
             verify_incremental = os.environ.get("TRACE_TOOLS_VERIFY_RENDER") == "1"
         self._verify = verify_incremental
         self.engine = IncrementalRenderer(
-            self._apply_template, self.tokenizer.encode, self.tokenizer.hard_boundaries, verify=verify_incremental
+            self._apply_template,
+            self.tokenizer.encode,
+            self.tokenizer.hard_boundaries,
+            verify=verify_incremental,
+            verdict_path=self._verdict_path,
         )
         self._reasoning_open: dict[str, bool] = {}
         self._jinja: Any = None
@@ -246,8 +251,6 @@ class Renderer:
     def identity(self) -> dict[str, Any]:
         import tokenizers
 
-        from trace_tools.render.tokenizer import import_transformers
-
         transformers = import_transformers()
         return {
             "tokenizer": self.tokenizer.name,
@@ -262,6 +265,19 @@ class Renderer:
     def cache_info(self) -> dict[str, int]:
         """What the incremental engine did: renders by path, fallbacks by reason, tokens encoded/reused."""
         return dict(self.engine.stats)
+
+    def _verdict_path(self) -> Path:
+        import jinja2
+
+        transformers = import_transformers()
+        digest = verdict_digest(
+            self._rendered_template,
+            self.tokenizer.special_tokens_map,
+            self._text_arguments,
+            transformers.__version__,
+            jinja2.__version__,
+        )
+        return cache_dir() / "render-checks" / f"{digest}.json"
 
     def _apply_template(
         self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
@@ -300,8 +316,6 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
             tokenize=False,
             **kwargs,
         )
-
-    from trace_tools.render.tokenizer import import_transformers
 
     import_transformers()
     try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -256,12 +257,10 @@ class Tokenizer:
     """
 
     def __init__(self, name: str, tokenizer_json: Path, source_dir: Path | None = None):
-        from tokenizers import Tokenizer as _RustTokenizer
-
         self.name = name
         self.tokenizer_json = Path(tokenizer_json)
         self.source_dir = source_dir
-        self.backend = _RustTokenizer.from_file(str(self.tokenizer_json))
+        self._backend: Any = None
         self._hf = None
         self._hf_lock = threading.Lock()
         self._fast: _FastEncoder | None = None
@@ -275,8 +274,21 @@ class Tokenizer:
         return (Tokenizer, (self.name, self.tokenizer_json, self.source_dir))
 
     @property
+    def backend(self) -> Any:
+        """The `tokenizers.Tokenizer` (loaded on first use: a built-in tokenizer encodes through
+        its fast encoder and knows its added tokens from the recipe, so a replay never needs it)."""
+        with self._hf_lock:
+            if self._backend is None:
+                from tokenizers import Tokenizer as _RustTokenizer
+
+                self._backend = _RustTokenizer.from_file(str(self.tokenizer_json))
+            return self._backend
+
+    @property
     def vocab_size(self) -> int:
         """Full size including added tokens: one past the largest id."""
+        if self.builtin:
+            return RECIPES[self.name].vocab_size
         return _max_id(self.backend) + 1
 
     def encode(self, text: str) -> list[int]:
@@ -300,9 +312,19 @@ class Tokenizer:
         lstrip/rstrip/single-word matching): the text on either side of one encodes independently,
         which is what lets a prompt be tokenized one appended piece at a time."""
         if not hasattr(self, "_boundaries"):
-            decoder = self.backend.get_added_tokens_decoder()
-            self._boundaries = {t.content: i for i, t in decoder.items() if not (t.lstrip or t.rstrip or t.single_word)}
+            if self.builtin:  # the recipes add every token without lstrip/rstrip/single_word
+                self._boundaries = dict(self._recipe_added)
+            else:
+                decoder = self.backend.get_added_tokens_decoder()
+                self._boundaries = {
+                    t.content: i for i, t in decoder.items() if not (t.lstrip or t.rstrip or t.single_word)
+                }
         return self._boundaries
+
+    @functools.cached_property
+    def _recipe_added(self) -> dict[str, int]:
+        recipe = RECIPES[self.name]
+        return {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
@@ -311,6 +333,8 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=False)
 
     def token_to_id(self, token: str) -> int | None:
+        if self.builtin and token in (added := self._recipe_added):
+            return added[token]
         return self.backend.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
