@@ -207,3 +207,33 @@ def test_builtin_added_tokens_are_known_without_loading_the_backend(name):
     assert size == max(tok.backend.get_vocab(with_added_tokens=True).values()) + 1
     assert all(tok.token_to_id(content) == tok.backend.token_to_id(content) for content in boundaries)
     assert encoded == tok.backend.encode(tok.decode(encoded), add_special_tokens=False).ids
+
+
+def test_decoded_ranks_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
+    ranks = tk.ranks_path("qwen3")
+    decoded = tk._mergeable_ranks(ranks)
+    (cached,) = (tmp_path / "tokenizers").glob("*.ranks.marshal")
+    assert len(decoded) == 151643 and tk._mergeable_ranks(ranks) == decoded
+    for damage in (cached.read_bytes()[:1000], b"\xff not marshal data"):
+        cached.write_bytes(damage)
+        assert tk._mergeable_ranks(ranks) == decoded
+
+
+@pytest.mark.parametrize("name", [n for n in tk.RECIPES if tk._has_fast_encoder(n, None)])
+def test_fast_decode_is_the_backends_decode(name):
+    """Built-in tokenizers decode without loading tokenizer.json, exactly as the backend does:
+    every added token, text round trips, and byte-level tokens that split or break UTF-8."""
+    tok = load_tokenizer(name)
+    fast = tok._fast_encoder()
+    first = tk.RECIPES[name].first_added_id
+    rng = random.Random(7)
+    cases = [[i] for i in range(first, tk.RECIPES[name].vocab_size)]
+    cases += [tok.encode(text) for text in ("héllo wörld 日本語 🙂", "<|im_start|>user\n<think>\nx</think>", "")]
+    for _ in range(300):
+        cases.append([rng.choice((rng.randrange(256), rng.randrange(first), rng.randrange(first, first + 20)))
+                      for _ in range(rng.randrange(1, 12))])
+    for ids in cases:
+        assert fast.decode(ids) == tok.backend.decode(ids, skip_special_tokens=False), ids
+    assert fast.decode([tk.RECIPES[name].vocab_size + 5]) is None
+    assert tok.decode([tk.RECIPES[name].vocab_size + 5, 0]) == tok.backend.decode([tk.RECIPES[name].vocab_size + 5, 0])

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import marshal
 import os
 import sys
 import tempfile
@@ -330,7 +331,9 @@ class Tokenizer:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=False)
+        fast = self._fast_encoder()
+        text = fast.decode(ids) if fast is not None else None
+        return text if text is not None else self.backend.decode(list(ids), skip_special_tokens=False)
 
     def token_to_id(self, token: str) -> int | None:
         if self.builtin and token in (added := self._recipe_added):
@@ -374,20 +377,20 @@ class _FastEncoder:
     """
 
     def __init__(self, recipe: "_Recipe", ranks: Path):
-        import base64
         import re
 
         import tiktoken
 
-        mergeable = {
-            base64.b64decode(token): int(rank)
-            for token, rank in (line.split() for line in ranks.read_bytes().splitlines() if line)
-        }
         self._bpe = tiktoken.Encoding(
-            f"trace-tools-{ranks.stem}", pat_str=recipe.pattern, mergeable_ranks=mergeable, special_tokens={}
+            f"trace-tools-{ranks.stem}",
+            pat_str=recipe.pattern,
+            mergeable_ranks=_mergeable_ranks(ranks),
+            special_tokens={},
         )
         self._nfc = recipe.nfc
         self._added = {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
+        self._added_bytes = {i: content.encode() for content, i in self._added.items()}
+        self._first_added = recipe.first_added_id
         alternatives = sorted(self._added, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(token) for token in alternatives) + ")")
 
@@ -401,6 +404,46 @@ class _FastEncoder:
             elif piece:
                 out.extend(self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece) if self._nfc else piece))
         return out
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The backend's decode (byte-level bytes of every token, joined, invalid UTF-8 replaced);
+        None for an id outside the vocabulary, which the backend handles its own way."""
+        out, run = bytearray(), []
+        for token_id in ids:
+            if 0 <= token_id < self._first_added:
+                run.append(token_id)
+                continue
+            added = self._added_bytes.get(token_id)
+            if added is None:
+                return None
+            out += self._bpe.decode_bytes(run) + added
+            run = []
+        out += self._bpe.decode_bytes(run)
+        return out.decode("utf-8", errors="replace")
+
+
+def _mergeable_ranks(ranks: Path) -> dict[bytes, int]:
+    """A tiktoken ranks file as {token bytes: rank}, kept in the cache as marshal data: decoding
+    150k base64 lines costs half a second in every process that encodes."""
+    data = ranks.read_bytes()
+    cached = cache_dir() / "tokenizers" / f"{ranks.stem}-{hashlib.sha256(data).hexdigest()[:16]}.ranks.marshal"
+    try:
+        return marshal.loads(cached.read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    mergeable = {
+        base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)
+    }
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".ranks-", dir=cached.parent)
+        with os.fdopen(fd, "wb") as out:
+            out.write(marshal.dumps(mergeable))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # a read-only cache only costs the decoding again
+    return mergeable
 
 
 def _max_id(backend: Any) -> int:
