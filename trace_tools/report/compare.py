@@ -125,7 +125,7 @@ def _changed_sessions(a: pd.DataFrame, b: pd.DataFrame, pairs: list[tuple[str, s
     for sa, sb in pairs:
         left = a[a["strategy"] == sa].set_index("session_id")[OUTCOME_COLUMNS]
         right = b[b["strategy"] == sb].set_index("session_id")[OUTCOME_COLUMNS]
-        joined = left.join(right, lsuffix="_a", rsuffix="_b", how="outer")
+        joined = left.merge(right, how="outer", left_index=True, right_index=True, suffixes=("_a", "_b"))
         changed = joined[
             (
                 joined[[f"{c}_a" for c in OUTCOME_COLUMNS]].values != joined[[f"{c}_b" for c in OUTCOME_COLUMNS]].values
