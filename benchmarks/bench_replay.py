@@ -12,6 +12,8 @@ The baseline is the naive method of DESIGN §10, written out plainly below (`nai
 turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conversation with the
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
+`replay -s tree` is measured as a user types it (default `--workers`: every core) and at
+`--workers 1`; all strategies at `--workers 1` and `--workers 2`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = {
     "naive": "naive method (full render + tokenize every turn, then tree)",
     "reconstruct": "`reconstruct`",
-    "tree": "`replay -s tree`",
+    "tree": "`replay -s tree` (default `--workers`: every core)",
+    "tree-w1": "`replay -s tree --workers 1`",
     "all-w1": "`replay` (all 8 strategies), `--workers 1`",
     "all-w2": "`replay` (all 8 strategies), `--workers 2`",
 }
@@ -94,8 +97,8 @@ def project(task: str, dump: Path, out: Path) -> dict:
         return {"turns": result.summary["turns"], "exact": result.summary["exact"]}
     from trace_tools.api import replay
 
-    strategies = ["tree"] if task == "tree" else None
-    workers = 2 if task.endswith("w2") else 1
+    strategies = ["tree"] if task.startswith("tree") else None
+    workers = {"tree": None, "tree-w1": 1, "all-w1": 1, "all-w2": 2}[task]  # None: the command's default
     result = replay(dump, out=out, strategies=strategies, workers=workers)
     return {"turns": result.summary["turns_total"], "reconstruction": result.reconstruction}
 
@@ -117,7 +120,7 @@ def measure(task: str, dump: Path, scratch: Path) -> dict:
 
     out = scratch / task
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TRACE_TOOLS_WORKERS": "1"}
+    env = {key: value for key, value in os.environ.items() if key != "TRACE_TOOLS_WORKERS"}
     command = [sys.executable, __file__, "--task", task, "--dump", str(dump), "--scratch", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     peak = _sample_peak(psutil.Process(process.pid), process)
