@@ -77,9 +77,12 @@ metric = "coverage"
 strategy = "tree"
 max_regression = 0.05
 """)
-    assert _gate(sample_run.run_dir, "--rules", rules, "--baseline", baseline).exit_code == 1
+    failed = _gate(sample_run.run_dir, "--rules", rules, "--baseline", baseline, "--json")
+    assert failed.exit_code == 1 and json.loads(failed.output)[0]["message"].endswith("worse by 0.1")
     loose = _rules(tmp_path, '[[rule]]\nmetric = "coverage"\nstrategy = "tree"\nmax_regression = 0.2\n')
     assert _gate(sample_run.run_dir, "--rules", loose, "--baseline", baseline).exit_code == 0
+    improved = _gate(baseline, "--rules", loose, "--baseline", sample_run.run_dir, "--json")
+    assert improved.exit_code == 0 and json.loads(improved.output)[0]["message"].endswith("better by 0.1")
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -208,7 +208,8 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
     ok = worse_by <= rule.max_regression + 1e-12
     higher = rule.better == "higher"
     expected = f"{'≥' if higher else '≤'} {base:g} {'-' if higher else '+'} {rule.max_regression:g}"
-    return RuleResult(rule, strategy, actual, expected, ok, f"baseline {base:g}, worse by {max(worse_by, 0):g}")
+    change = f"worse by {worse_by:g}" if worse_by > 0 else f"better by {-worse_by:g}" if worse_by < 0 else "unchanged"
+    return RuleResult(rule, strategy, actual, expected, ok, f"baseline {base:g}, {change}")
 
 
 def lookup(summary: dict[str, Any] | None, metric: str, strategy: str | None) -> float | None:
