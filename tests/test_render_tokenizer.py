@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
 import os
 import random
 import subprocess
@@ -215,7 +216,7 @@ def test_decoded_ranks_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monke
     decoded = tk._mergeable_ranks(ranks)
     (cached,) = (tmp_path / "tokenizers").glob("*.ranks.marshal")
     assert len(decoded) == 151643 and tk._mergeable_ranks(ranks) == decoded
-    for damage in (cached.read_bytes()[:1000], b"\xff not marshal data"):
+    for damage in (cached.read_bytes()[:1000], b"\xff not marshal data", marshal.dumps([1, 2])):
         cached.write_bytes(damage)
         assert tk._mergeable_ranks(ranks) == decoded
 

@@ -406,9 +406,12 @@ _UNKNOWN: Any = object()
 
 def verdict_digest(*parts: Any) -> str:
     """A key for `self_check`'s verdict: the given parts (template, its variables, library
-    versions) plus this module's own source, so any change to the checks or probes re-checks."""
-    source = Path(__file__).read_bytes()
-    return hashlib.sha256(_dumps([list(map(repr, parts)), hashlib.sha256(source).hexdigest()])).hexdigest()[:32]
+    versions) plus the render layer's own source, so any change to how messages reach the
+    template, or to the checks and probes, checks again."""
+    sources = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        sources.update(path.read_bytes())
+    return hashlib.sha256(_dumps([list(map(repr, parts)), sources.hexdigest()])).hexdigest()[:32]
 
 
 def _read_verdict(path: Path) -> Rules | None:

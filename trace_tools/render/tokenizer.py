@@ -428,7 +428,9 @@ def _mergeable_ranks(ranks: Path) -> dict[bytes, int]:
     data = ranks.read_bytes()
     cached = cache_dir() / "tokenizers" / f"{ranks.stem}-{hashlib.sha256(data).hexdigest()[:16]}.ranks.marshal"
     try:
-        return marshal.loads(cached.read_bytes())
+        loaded = marshal.loads(cached.read_bytes())
+        if isinstance(loaded, dict):
+            return loaded
     except (OSError, ValueError, EOFError, TypeError):
         pass
     mergeable = {
