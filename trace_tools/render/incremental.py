@@ -40,8 +40,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -423,16 +421,13 @@ def _read_verdict(path: Path) -> Rules | None:
 
 
 def _write_verdict(path: Path, rules: Rules | None) -> None:
-    # Best effort (a read-only cache only costs the check again); atomic, as processes race.
+    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".verdict-", dir=path.parent)
-        with os.fdopen(fd, "w") as out:
+        with atomic_open(path, "w") as out:
             json.dump({"rules": None if rules is None else dataclasses.asdict(rules)}, out)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
     except OSError:
-        pass
+        pass  # a read-only cache only costs the check again
 
 
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:

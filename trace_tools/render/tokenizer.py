@@ -436,13 +436,11 @@ def _mergeable_ranks(ranks: Path) -> dict[bytes, int]:
     mergeable = {
         base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)
     }
+    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
+
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".ranks-", dir=cached.parent)
-        with os.fdopen(fd, "wb") as out:
+        with atomic_open(cached, "wb") as out:
             out.write(marshal.dumps(mergeable))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, cached)
     except OSError:
         pass  # a read-only cache only costs the decoding again
     return mergeable
