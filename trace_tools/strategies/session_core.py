@@ -352,17 +352,34 @@ def _model_bool(value: Any, name: str) -> bool:
 
 
 def template_messages(messages: Sequence[dict]) -> list[dict]:
-    """A deep copy prepared for the template: assistant content None → "", string arguments parsed.
+    """The messages prepared for the template: assistant content None → "", string arguments
+    parsed. Upstream deep-copies the request; only the messages this changes are copied here (the
+    others are never mutated), which keeps their identity for the render caches.
 
     An argument string that is not JSON raises (a 500 upstream: nothing on the chat path catches it).
     """
-    prepared = copy.deepcopy(list(messages))
-    for message in prepared:
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            if message.get("content") is None:
-                message["content"] = ""
-            _parse_arguments(message.get("tool_calls"))
+    return [_template_message(message) for message in messages]
+
+
+def _template_message(message: Any) -> Any:
+    if not (isinstance(message, dict) and message.get("role") == "assistant"):
+        return message
+    if message.get("content") is not None and not _has_string_arguments(message.get("tool_calls")):
+        return message
+    prepared = copy.deepcopy(message)
+    if prepared.get("content") is None:
+        prepared["content"] = ""
+    _parse_arguments(prepared.get("tool_calls"))
     return prepared
+
+
+def _has_string_arguments(calls: Any) -> bool:
+    return isinstance(calls, list) and any(
+        isinstance(call, dict)
+        and isinstance(call.get("function"), dict)
+        and isinstance(call["function"].get("arguments"), str)
+        for call in calls
+    )
 
 
 def _parse_arguments(calls: Any) -> None:
@@ -888,24 +905,26 @@ def truncate_turn_samples(samples: Sequence[TurnSample], max_len: int) -> list[T
 
 
 def merge_turn_samples(samples: Sequence[TurnSample]) -> TurnSample:
-    """Fold per-turn samples into one; a non-COMPLETED turn ends the trajectory."""
+    """Fold per-turn samples into one (`merge_pair` left to right); a non-COMPLETED turn ends the
+    trajectory. The masks grow in place: pairwise copies would be quadratic in a long session."""
     merged = samples[0]
+    loss_mask, logprobs = list(merged.loss_mask), list(merged.logprobs)
     for sample in samples[1:]:
         if merged.status != COMPLETED:
             break
-        merged = merge_pair(merged, sample)
+        between = _observation_length(merged, sample)
+        loss_mask += [0] * between
+        loss_mask += sample.loss_mask
+        logprobs += [0.0] * between
+        logprobs += sample.logprobs
+        length = merged.response_length + between + sample.response_length
+        merged = TurnSample(sample.tokens, length, loss_mask, logprobs, sample.status, sample.records)
     return merged
 
 
 def merge_pair(a: TurnSample, b: TurnSample) -> TurnSample:
     """b extends a: a's response, the context between them (mask 0, logprob 0.0), b's response."""
-    between = len(b.tokens) - len(a.tokens) - b.response_length
-    if b.tokens[: len(a.tokens)] != a.tokens:
-        raise AssemblyError("merge: the later turn's tokens do not extend the earlier turn's")
-    if between <= 0:
-        raise AssemblyError(f"merge: observation length {between} must be positive")
-    if a.status != COMPLETED:
-        raise AssemblyError("merge: the earlier turn is not COMPLETED")
+    between = _observation_length(a, b)
     return TurnSample(
         tokens=b.tokens,
         response_length=a.response_length + between + b.response_length,
@@ -914,6 +933,18 @@ def merge_pair(a: TurnSample, b: TurnSample) -> TurnSample:
         status=b.status,
         records=b.records,
     )
+
+
+def _observation_length(a: TurnSample, b: TurnSample) -> int:
+    """Tokens between a's end and b's response; raises unless b extends a COMPLETED a."""
+    between = len(b.tokens) - len(a.tokens) - b.response_length
+    if b.tokens[: len(a.tokens)] != a.tokens:
+        raise AssemblyError("merge: the later turn's tokens do not extend the earlier turn's")
+    if between <= 0:
+        raise AssemblyError(f"merge: observation length {between} must be positive")
+    if a.status != COMPLETED:
+        raise AssemblyError("merge: the earlier turn is not COMPLETED")
+    return between
 
 
 def assemble_records(
