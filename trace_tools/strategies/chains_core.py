@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.render.base import RendererLike
@@ -76,6 +76,40 @@ def normalize_request(messages: Any, tools: Any) -> tuple[list[dict], list | Non
     for message in messages:
         _check_message(message)
     return canonicalize_messages(messages, policy="uniagent"), tools
+
+
+class _Lowering:
+    """`normalize_request` and `message_hash` once per message object. A replayed session re-sends
+    its whole history every turn and the pipeline hands out the same (never mutated) message
+    objects turn after turn, so lowering and hashing them again each turn would be quadratic."""
+
+    def __init__(self) -> None:
+        self._lowered: dict[int, tuple[Any, dict | None]] = {}
+        self._hashes: dict[int, tuple[dict, str]] = {}
+
+    def request(self, messages: Any, tools: Any) -> tuple[list[dict], list | None]:
+        if not isinstance(messages, list) or not messages or (tools is not None and not isinstance(tools, list)):
+            return normalize_request(messages, tools)  # the adapter's own refusal
+        lowered = [self._lower(message) for message in messages]
+        return [m for m in lowered if m is not None], tools
+
+    def _lower(self, message: Any) -> dict | None:
+        hit = self._lowered.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        _check_message(message)
+        kept = canonicalize_messages([message], policy="uniagent")
+        lowered = kept[0] if kept else None
+        self._lowered[id(message)] = (message, lowered)
+        return lowered
+
+    def message_hash(self, message: dict) -> str:
+        hit = self._hashes.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        digest = message_hash(message)
+        self._hashes[id(message)] = (message, digest)
+        return digest
 
 
 def normalize_assistant(message: dict) -> dict:
@@ -155,16 +189,16 @@ def message_hash(message: dict) -> str:
     return hashlib.sha256(_MESSAGE_SALT + body.encode("utf-8")).hexdigest()
 
 
-def extend_prefix_hash(previous: str | None, message: dict) -> str:
-    link = (previous or EMPTY_PREFIX).encode("ascii") + b"\0" + message_hash(message).encode("ascii")
+def extend_prefix_hash(previous: str | None, message: dict, hash_message: Callable[[dict], str] = message_hash) -> str:
+    link = (previous or EMPTY_PREFIX).encode("ascii") + b"\0" + hash_message(message).encode("ascii")
     return hashlib.sha256(_PREFIX_SALT + link).hexdigest()
 
 
-def prefix_hashes(messages: Sequence[dict]) -> list[str]:
+def prefix_hashes(messages: Sequence[dict], hash_message: Callable[[dict], str] = message_hash) -> list[str]:
     """H[i] identifies messages[:i + 1]; equal H[i] means equal canonical prefixes."""
     hashes: list[str] = []
     for message in messages:
-        hashes.append(extend_prefix_hash(hashes[-1] if hashes else None, message))
+        hashes.append(extend_prefix_hash(hashes[-1] if hashes else None, message, hash_message))
     return hashes
 
 
@@ -500,6 +534,7 @@ class ChainSession:
         self.chains_created = 0
         self.chain_forks = 0
         self.capacity_exhausted = 0
+        self._lowering = _Lowering()
 
     # -- the request path ---------------------------------------------------------------------
     def step(
@@ -522,7 +557,7 @@ class ChainSession:
         unchanged.
         """
         self._require_active()
-        messages, tools = normalize_request(messages, tools)
+        messages, tools = self._lowering.request(messages, tools)
         stored = normalize_assistant(assistant_message)
         wants_logprobs = logprobs is not None if request_logprobs is None else request_logprobs
         prep = self.prepare(messages, tools, wants_logprobs)
@@ -540,7 +575,7 @@ class ChainSession:
 
     def prepare(self, messages: list[dict], tools: list | None, wants_logprobs: bool) -> Preparation:
         """Pick a chain (or none) and build the context ids on a copy (§3.8)."""
-        hashes = prefix_hashes(messages)
+        hashes = prefix_hashes(messages, self._lowering.message_hash)
         selected = select_chain(self.active_chains, tools, hashes, self.enable_last_assistant_rollback)
         if selected is None:
             prep = self._prepare_new_chain(messages, tools, hashes)
