@@ -238,3 +238,20 @@ def test_fast_decode_is_the_backends_decode(name):
         assert fast.decode(ids) == tok.backend.decode(ids, skip_special_tokens=False), ids
     assert fast.decode([tk.RECIPES[name].vocab_size + 5]) is None
     assert tok.decode([tk.RECIPES[name].vocab_size + 5, 0]) == tok.backend.decode([tk.RECIPES[name].vocab_size + 5, 0])
+
+
+def test_a_tokenizer_directory_without_config_builds_its_transformers_tokenizer(tmp_path):
+    """`.hf` for a bare tokenizer.json looks its eos token up through the lazily loaded backend;
+    the two lazy loads must not wait on each other (they once shared a lock and hung)."""
+    import shutil
+    import threading
+
+    shutil.copy(tk.ensure_tokenizer_json("qwen3"), tmp_path / "tokenizer.json")
+    tok = load_tokenizer(str(tmp_path))
+    built = []
+    worker = threading.Thread(target=lambda: built.append(tok.hf), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert built, "building the transformers tokenizer hung"
+    assert built[0].eos_token == "<|im_end|>"
+    assert built[0].encode("hi<|im_end|>", add_special_tokens=False) == tok.encode("hi<|im_end|>")

@@ -262,6 +262,7 @@ class Tokenizer:
         self.tokenizer_json = Path(tokenizer_json)
         self.source_dir = source_dir
         self._backend: Any = None
+        self._backend_lock = threading.Lock()  # its own: building `.hf` (under `_hf_lock`) may need the backend
         self._hf = None
         self._hf_lock = threading.Lock()
         self._fast: _FastEncoder | None = None
@@ -271,14 +272,14 @@ class Tokenizer:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
 
     def __reduce__(self):
-        # Rebuild from the file in the receiving process (the lock and the lazy `.hf` do not travel).
+        # Rebuild from the file in the receiving process (the locks and the lazy backend and `.hf` do not travel).
         return (Tokenizer, (self.name, self.tokenizer_json, self.source_dir))
 
     @property
     def backend(self) -> Any:
         """The `tokenizers.Tokenizer` (loaded on first use: a built-in tokenizer encodes through
         its fast encoder and knows its added tokens from the recipe, so a replay never needs it)."""
-        with self._hf_lock:
+        with self._backend_lock:
             if self._backend is None:
                 from tokenizers import Tokenizer as _RustTokenizer
 
