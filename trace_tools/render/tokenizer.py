@@ -203,6 +203,10 @@ class _Recipe:
     def vocab_size(self) -> int:
         return self.first_added_id + len(self.added)
 
+    def added_ids(self) -> dict[str, int]:
+        """Each added token's id: they follow the ranks in order."""
+        return {content: self.first_added_id + i for i, content in enumerate(self.added)}
+
 
 RECIPES = {
     "qwen3": _Recipe("resources/qwen.tiktoken", _QWEN3_PATTERN, _QWEN3_ADDED, 151643, eos="<|im_end|>"),
@@ -325,8 +329,7 @@ class Tokenizer:
 
     @functools.cached_property
     def _recipe_added(self) -> dict[str, int]:
-        recipe = RECIPES[self.name]
-        return {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
+        return RECIPES[self.name].added_ids()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
@@ -389,7 +392,7 @@ class _FastEncoder:
             special_tokens={},
         )
         self._nfc = recipe.nfc
-        self._added = {content: recipe.first_added_id + i for i, content in enumerate(recipe.added)}
+        self._added = recipe.added_ids()
         self._added_bytes = {i: content.encode() for content, i in self._added.items()}
         self._first_added = recipe.first_added_id
         alternatives = sorted(self._added, key=len, reverse=True)
