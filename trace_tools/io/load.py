@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
+from trace_tools.ids import shared_ints
 from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
 from trace_tools.io.schema import COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema
 
@@ -281,11 +282,15 @@ _INT_OBJECTS: list[Any] = []
 
 
 def _int_objects(size: int) -> Any:
-    """An object array whose i-th entry is the int i, shared by every list built from it."""
+    """An object array whose i-th entry is the int i: `ids.shared_ints`'s objects, so recorded and
+    tokenized ids compare by pointer."""
     import numpy as np
 
     if not _INT_OBJECTS or len(_INT_OBJECTS[0]) < size:
-        _INT_OBJECTS[:] = [np.arange(max(size, 1 << 18), dtype=object)]
+        table = shared_ints(size)
+        objects = np.empty(len(table), dtype=object)
+        objects[:] = table
+        _INT_OBJECTS[:] = [objects]
     return _INT_OBJECTS[0]
 
 

@@ -25,6 +25,7 @@ from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer, verdict_digest
 from trace_tools.render.parser import parse_response_text
+from trace_tools.render.template_runner import TemplateRunner
 from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import Tokenizer, cache_dir, import_transformers, load_tokenizer
 
@@ -169,6 +170,8 @@ class Renderer:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""
         self.engine.reset()
         self._encoded.clear()
+        if isinstance(self._jinja, TemplateRunner):
+            self._jinja.reset()
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (a copy: the strategies encode the same closers and tails again and
@@ -301,7 +304,8 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
     """`apply_chat_template(tokenize=False)`'s text, without its per-call overhead.
 
     Its steps are replayed with transformers' own functions (message normalisation, then
-    `render_jinja_template` with the special-token map as template variables). Where this
+    `render_jinja_template` with the special-token map as template variables), memoised per
+    message by a `TemplateRunner` where one reproduces them on probe conversations. Where this
     transformers lacks them, `apply_chat_template` itself is used; so is it for a tokenizer
     directory whose own special-token map a probe shows is not reproduced (the built-in
     tokenizers' map is known, which spares building a transformers tokenizer in every worker).
@@ -337,11 +341,12 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
         )
         return rendered[0]
 
-    if tokenizer.builtin:
-        return direct
-    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
-    try:
-        same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))
-    except Exception:
-        return reference
-    return direct if same else reference
+    if not tokenizer.builtin:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
+        try:
+            same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))
+        except Exception:
+            same = False
+        if not same:
+            return reference
+    return TemplateRunner.build(chat_template, specials, direct) or direct

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from trace_tools.errors import UnknownName
+from trace_tools.ids import interned
 from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, is_local_tokenizer, vocab_size_for  # noqa: F401 (re-exported)
 
 # Bump when the recipe changes, so stale cached tokenizer.json files are not reused.
@@ -290,7 +291,7 @@ class Tokenizer:
                 self._backend = _RustTokenizer.from_file(str(self.tokenizer_json))
             return self._backend
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
         """Full size including added tokens: one past the largest id."""
         if self.builtin:
@@ -298,10 +299,11 @@ class Tokenizer:
         return _max_id(self.backend) + 1
 
     def encode(self, text: str) -> list[int]:
+        """Ids of `text` without special-token additions, as the shared int objects
+        (`ids.shared_ints`), so they compare fast against recorded ids."""
         fast = self._fast_encoder()
-        if fast is not None:
-            return fast.encode(text)
-        return self.backend.encode(text, add_special_tokens=False).ids
+        ids = fast.encode(text) if fast is not None else self.backend.encode(text, add_special_tokens=False).ids
+        return interned(ids, self.vocab_size)
 
     def _fast_encoder(self) -> "_FastEncoder | None":
         # Built lazily: most processes that load a tokenizer only decode.

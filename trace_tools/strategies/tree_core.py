@@ -37,6 +37,7 @@ from typing import Any, Iterator, Sequence
 
 from trace_tools.data import COUNTERS, Sample
 from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.ids import common_prefix_len as _list_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,11 @@ def full_length_layout(sample: TreeSample | Sample) -> tuple[list[int], list[int
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], chunk: int = 4096) -> int:
-    """Length of the longest common prefix; compares whole chunks first, then token by token."""
+    """Length of the longest common prefix; compares whole chunks first, then token by token.
+
+    Two lists go to `trace_tools.ids.common_prefix_len`, which compares without copying chunk by chunk."""
+    if type(a) is list and type(b) is list:
+        return _list_prefix_len(a, b)
     limit = min(len(a), len(b))
     matched = 0
     while matched < limit:
