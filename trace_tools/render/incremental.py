@@ -124,6 +124,8 @@ class IncrementalRenderer:
         self._results: OrderedDict[bytes, _Text] = OrderedDict()
         self._windows: OrderedDict[bytes, str] = OrderedDict()
         self._messages: dict[int, tuple[Any, bytes]] = {}
+        self._links: dict[tuple[bytes, int], tuple[Any, bytes]] = {}
+        self._contexts: dict[tuple[int, bytes], tuple[Any, bytes]] = {}
         self._last: _Text | None = None
 
     # -- public --------------------------------------------------------------------------------
@@ -316,12 +318,24 @@ class IncrementalRenderer:
     # -- digests -------------------------------------------------------------------------------
     def _chain(self, messages: list[dict], tools, kwargs: dict) -> list[bytes]:
         """Running digests: [context, context+m0, context+m0+m1, ...]; [] when not JSON-like."""
-        link = _digest(_dumps([tools, kwargs]))
+        link = self._context_link(tools, kwargs)
         chain = [link]
+        links = self._links
         for message in messages:
-            link = _digest(link + self._message_digest(message))
+            # Keyed by the message object: the same history is chained again on every call.
+            hit = links.get((link, id(message)))
+            if hit is None or hit[0] is not message:
+                hit = links[link, id(message)] = (message, _digest(link + self._message_digest(message)))
+            link = hit[1]
             chain.append(link)
         return chain
+
+    def _context_link(self, tools, kwargs: dict) -> bytes:
+        options = _dumps(kwargs)
+        hit = self._contexts.get((id(tools), options))
+        if hit is None or hit[0] is not tools:
+            hit = self._contexts[id(tools), options] = (tools, _digest(_dumps([tools, kwargs])))
+        return hit[1]
 
     def _message_digest(self, message: Any) -> bytes:
         hit = self._messages.get(id(message))
@@ -330,6 +344,7 @@ class IncrementalRenderer:
         digest = _digest(_dumps(message))
         if len(self._messages) > 8 * _MAX_ENTRIES:
             self._messages.clear()
+            self._links.clear()
         self._messages[id(message)] = (message, digest)
         return digest
 

@@ -461,6 +461,9 @@ class TitoTokenizer:
         self.renderer, self.family = renderer, family
         self.template_kwargs = {**dict(family.extra_kwargs), **(template_kwargs or {})}
         self._boundary_id: int | None | bool = False  # False = not looked up yet
+        # Every request re-sends the history: each message and tool list is prepared once, and
+        # keeps one identity for the render caches (entries hold their source, so ids stay unique).
+        self._prepared: dict[int, tuple[Any, Any]] = {}
 
     def for_request(self, request_kwargs: Any) -> "TitoTokenizer":
         """The tokenizer one request renders with: its chat_template_kwargs merged over the family's.
@@ -480,7 +483,7 @@ class TitoTokenizer:
                     f"{self.family.name} fixed template value {fixed!r}"
                 )
         derived = TitoTokenizer(self.renderer, self.family, {**self.template_kwargs, **request_kwargs})
-        derived._boundary_id = self._boundary_id
+        derived._boundary_id, derived._prepared = self._boundary_id, self._prepared
         return derived
 
     # -- renders ---------------------------------------------------------------------------------
@@ -492,7 +495,8 @@ class TitoTokenizer:
         return self._render(self.renderer.render_text, messages, tools, add_generation_prompt)
 
     def _render(self, fn: Callable, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool) -> Any:
-        prepared, tool_defs = template_messages(messages), sglang_tools(tools)
+        prepared = [self._once(_template_message, message) for message in messages]
+        tool_defs = self._once(sglang_tools, tools) if tools else None
         errors = _template_errors()
         try:
             return fn(prepared, tool_defs, generation, **self.template_kwargs)
@@ -503,6 +507,12 @@ class TitoTokenizer:
             return fn(prepared, [t["function"] for t in tool_defs], generation, **self.template_kwargs)
         except errors as exc:
             raise ServerError(f"chat template rendering failed (tool format fallback): {exc}") from exc
+
+    def _once(self, prepare: Callable[[Any], Any], value: Any) -> Any:
+        hit = self._prepared.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = self._prepared[id(value)] = (value, prepare(value))
+        return hit[1]
 
     # -- incremental path --------------------------------------------------------------------------
     def tokenize_additional(self, old: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
