@@ -46,6 +46,13 @@ SAMPLES_SCHEMA = pa.schema(
         ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
     ]
 )
+# Samples hold every token of every sample: dictionary-encoding those columns costs time and
+# space (ids, masks and logprobs rarely repeat within a page), zstd halves the write time and
+# shrinks the file about fourfold against the default snappy + dictionary.
+SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "use_dictionary": ["strategy", "session_id", "metadata"],
+}
 DRIFT_SCHEMA = pa.schema(
     [
         ("session_id", pa.string()),
@@ -119,7 +126,9 @@ class ShardWriter:
         self.render_stats: Counter = Counter()
         self.renderers: dict[str, dict] = {}
         self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")
-        self._samples = pq.ParquetWriter(self._samples_tmp, SAMPLES_SCHEMA) if write_samples else None
+        self._samples = (
+            pq.ParquetWriter(self._samples_tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) if write_samples else None
+        )
 
     def add(self, rows: SessionRows) -> None:
         for name in SMALL_TABLES:
@@ -211,7 +220,7 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _stream_samples(paths: list[Path], target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
-    with pq.ParquetWriter(tmp, SAMPLES_SCHEMA) as writer:
+    with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
         for path in paths:
             source = pq.ParquetFile(path)
             for group in range(source.num_row_groups):

@@ -83,9 +83,11 @@ class TemplateRunner:
         self._steps, self._fallback = steps, fallback
         compiled = steps["compile"](chat_template)
         env = compiled.environment
+        self._json: dict[tuple, tuple[Any, str]] = {}
         if type(env) is ImmutableSandboxedEnvironment:
             overlay = env.overlay()
             overlay.__class__ = _CheapSandbox
+            overlay.filters = {**env.filters, "tojson": self._memoised_json(env.filters["tojson"])}
             compiled = overlay.from_string(chat_template)
         self._template = compiled
         self._variables = dict(variables)
@@ -118,9 +120,26 @@ class TemplateRunner:
         return runner
 
     def reset(self) -> None:
-        """Forget the memoised messages and tools (between sessions)."""
+        """Forget the memoised messages, tools and JSON texts (between sessions)."""
         self._messages: dict[int, tuple[Any, dict]] = {}
         self._tools: dict[tuple[int, ...], tuple[Sequence, Any]] = {}
+        self._json.clear()
+
+    def _memoised_json(self, tojson: Callable[..., str]) -> Callable[..., str]:
+        """The template's `tojson` filter, memoised by the identity of what it serialises: the
+        same tool schemas are written into every full render of a session's system prompt."""
+
+        def memoised(value: Any, *args: Any, **kwargs: Any) -> str:
+            key = (id(value), args, tuple(kwargs.items()))
+            try:
+                hit = self._json.get(key)
+            except TypeError:  # an unhashable option (a list of separators): nothing to share
+                return tojson(value, *args, **kwargs)
+            if hit is None or hit[0] is not value:
+                hit = self._json[key] = (value, tojson(value, *args, **kwargs))
+            return hit[1]
+
+        return memoised
 
     def __call__(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str:
         if tools is not None and not all(isinstance(tool, dict) for tool in tools):

@@ -639,8 +639,7 @@ class TurnOutcome:
 def check_prefix(previous: Sequence[int], all_ids: Sequence[int], max_trim: int) -> None:
     """Commit-time check that the new snapshot extends the old one (all but `max_trim` tokens)."""
     keep = len(previous) - max_trim
-    if keep > 0 and list(all_ids[:keep]) != list(previous[:keep]):
-        first = next((i for i, (a, b) in enumerate(zip(all_ids, previous)) if a != b), min(len(all_ids), keep))
+    if keep > 0 and (first := common_prefix_len(all_ids, previous)) < keep:
         raise ServerError(
             f"TokenizationError: pretokenized prefix mismatch at token {first} "
             f"(checkpoint has {len(previous)} tokens, new snapshot {len(all_ids)})"
@@ -1271,6 +1270,10 @@ def tito_from_context(ctx: Any, family: str | None = None) -> TitoTokenizer:
     return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, family))
 
 
+def _same_ids(recorded: Sequence[int], ids: Sequence[int] | None) -> bool:
+    return (recorded if isinstance(recorded, list) else list(recorded)) == ids  # no copy of a list
+
+
 def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) -> str:
     """How the turn's prompt was obtained (DESIGN §5 vocabulary, plus rejected/failed: none was)."""
     if outcome.rolled_back:
@@ -1279,7 +1282,7 @@ def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) ->
         return outcome.status  # "rejected" or "failed": no prompt reached the engine
     if outcome.placement in ("new_root", "sibling"):
         return "new_root" if outcome.placement == "new_root" else "forked"
-    if recorded_prompt is not None and list(recorded_prompt) != outcome.prompt_ids:
+    if recorded_prompt is not None and not _same_ids(recorded_prompt, outcome.prompt_ids):
         return "rendered"
     return "clean"
 
@@ -1298,5 +1301,5 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
             result.counters["server_errors"] += 1
         result.prompt_events[index] = prompt_event(outcome, recorded.get(index))
         prompt = recorded.get(index)
-        if prompt is not None and outcome.prompt_ids is not None and list(prompt) != outcome.prompt_ids:
+        if prompt is not None and outcome.prompt_ids is not None and not _same_ids(prompt, outcome.prompt_ids):
             result.drift_positions[index] = common_prefix_len(prompt, outcome.prompt_ids)

@@ -406,6 +406,12 @@ class TrajectoryManager:
     def root(self, sid: str) -> MessageNode | None:
         return self._trees.get(sid)
 
+    def _session_stats(self, sid: str) -> SessionStats:
+        stats = self._stats.get(sid)
+        if stats is None:
+            stats = self._stats[sid] = SessionStats()
+        return stats
+
     def pop_stats(self, sid: str) -> SessionStats:
         """Counters and events of a session (fresh zeros when it recorded nothing); forgets them."""
         return self._stats.pop(sid, None) or SessionStats()
@@ -428,7 +434,7 @@ class TrajectoryManager:
             return
         self._check_logprobs(turn, source)
         root = self._trees.setdefault(sid, MessageNode())
-        stats = self._stats.setdefault(sid, SessionStats())
+        stats = self._session_stats(sid)
         node, depth = self.find_mount_point(root, prompt_messages)
         node, depth = self.try_merge_assistant_rewrite(sid, node, prompt_messages, depth)
         for message in prompt_messages[depth:]:
@@ -456,7 +462,12 @@ class TrajectoryManager:
         node, depth = root, 0
         while depth < len(messages):
             message = messages[depth]
-            child = next((c for c in node.children if c.role == message.get("role") and c.message == message), None)
+            role = message.get("role")
+            # `is` first: replayed history hands back the same message objects, and == on a dict
+            # compares it deeply even against itself.
+            child = next(
+                (c for c in node.children if c.role == role and (c.message is message or c.message == message)), None
+            )
             if child is None:
                 break
             node, depth = child, depth + 1
@@ -514,7 +525,7 @@ class TrajectoryManager:
         root = self._trees.get(sid)
         if root is None:
             return []
-        stats = self._stats.setdefault(sid, SessionStats())
+        stats = self._session_stats(sid)
         leaves = [leaf for leaf in root.leaves() if not leaf.is_root]
         stats.counters["tree_branches"] = max(len(leaves) - 1, 0)
         samples: list[TreeSample] = []
