@@ -269,6 +269,23 @@ def matches(match: Matcher, stored: Any, new: Any) -> bool:
     return result
 
 
+def remembered(match: Matcher) -> Matcher:
+    """`match` with its verdicts memoised per (stored, request) message pair, for one session.
+
+    Every request re-sends the whole history, which the server compares against its stored
+    messages again; messages are never mutated, so a pair's verdict does not change. A matcher
+    that raises is asked again next time (its exception is not remembered)."""
+    verdicts: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+
+    def memoised(stored: Any, new: Any) -> Any:
+        hit = verdicts.get((id(stored), id(new)))
+        if hit is None or hit[0] is not stored or hit[1] is not new:
+            hit = verdicts[id(stored), id(new)] = (stored, new, match(stored, new))
+        return hit[2]
+
+    return memoised
+
+
 def common_prefix_messages(stored: Sequence[dict], request: Sequence[dict], match: Matcher) -> int:
     """Length of the pairwise common prefix under `match` (stops at the first mismatch)."""
     count = 0
@@ -765,7 +782,7 @@ def replay_v1(
     requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match
 ) -> tuple[LinearTrajectory, list[TurnOutcome]]:
     """Serve every request in arrival order; a refused request stores nothing and replay goes on."""
-    state = LinearTrajectory()
+    state, match = LinearTrajectory(), remembered(match)
     return state, [serve_v1(state, request, tito, match) for request in requests]
 
 
@@ -1142,7 +1159,7 @@ def serve_v2(state: SessionForest, request: SessionRequest, tito: TitoTokenizer,
 def replay_v2(
     requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match, max_nodes: int = MAX_NODES
 ) -> tuple[SessionForest, list[TurnOutcome]]:
-    state = SessionForest(max_nodes)
+    state, match = SessionForest(max_nodes), remembered(match)
     return state, [serve_v2(state, request, tito, match) for request in requests]
 
 
