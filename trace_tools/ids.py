@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
 _SHARED_INTS: list[int] = []
 
 

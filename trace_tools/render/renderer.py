@@ -13,6 +13,7 @@ a check fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections import OrderedDict
@@ -25,7 +26,7 @@ from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer, verdict_digest
 from trace_tools.render.parser import parse_response_text
-from trace_tools.render.template_runner import TemplateRunner
+from trace_tools.render.template_runner import TemplateRunner, build_runner
 from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import Tokenizer, cache_dir, import_transformers, load_tokenizer
 
@@ -252,17 +253,14 @@ class Renderer:
 
     @property
     def identity(self) -> dict[str, Any]:
-        import tokenizers
-
-        transformers = import_transformers()
         return {
             "tokenizer": self.tokenizer.name,
             "template": self.template_identity,
             "template_kwargs": self.template_kwargs,
             "tool_format": self.tool_format,
             "render_date": self.render_date,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
+            "transformers": _library_version("transformers"),
+            "tokenizers": _library_version("tokenizers"),
         }
 
     def cache_info(self) -> dict[str, int]:
@@ -270,17 +268,24 @@ class Renderer:
         return dict(self.engine.stats)
 
     def _verdict_path(self) -> Path:
+        return self._check_path("rules", self._text_arguments)
+
+    def _runner_verdict_path(self) -> Path:
+        return self._check_path("native")
+
+    def _check_path(self, kind: str, *parts: Any) -> Path:
+        """Where a verdict about this template is kept: per template, variables and library versions."""
         import jinja2
 
-        transformers = import_transformers()
         digest = verdict_digest(
+            kind,
             self._rendered_template,
             self.tokenizer.special_tokens_map,
-            self._text_arguments,
-            transformers.__version__,
+            *parts,
+            _library_version("transformers"),
             jinja2.__version__,
         )
-        return cache_dir() / "render-checks" / f"{digest}.json"
+        return cache_dir() / "render-checks" / f"{kind}-{digest}.json"
 
     def _apply_template(
         self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
@@ -288,7 +293,7 @@ class Renderer:
         from jinja2 import TemplateError
 
         if self._jinja is None:
-            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template)
+            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template, self._runner_verdict_path())
         try:
             return self._jinja(
                 families.template_messages(messages, self._text_arguments),
@@ -300,16 +305,19 @@ class Renderer:
             raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
 
 
-def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
+def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | None):
     """`apply_chat_template(tokenize=False)`'s text, without its per-call overhead.
 
-    Its steps are replayed with transformers' own functions (message normalisation, then
-    `render_jinja_template` with the special-token map as template variables), memoised per
-    message by a `TemplateRunner` where one reproduces them on probe conversations. Where this
-    transformers lacks them, `apply_chat_template` itself is used; so is it for a tokenizer
-    directory whose own special-token map a probe shows is not reproduced (the built-in
-    tokenizers' map is known, which spares building a transformers tokenizer in every worker).
+    A `TemplateRunner` renders where it reproduces transformers on probe conversations (its
+    verdict is kept at `verdict`, so a later process need not import transformers at all).
+    Otherwise transformers' steps are replayed with its own functions (message normalisation,
+    then `render_jinja_template` with the special-token map as template variables), or, where
+    this transformers lacks them, `apply_chat_template` itself is used; so is it for a
+    tokenizer directory whose own special-token map a probe shows is not reproduced (the
+    built-in tokenizers' map is known, which spares building a transformers tokenizer in every
+    worker).
     """
+    specials = tokenizer.special_tokens_map
 
     def reference(messages, tools, generation, kwargs):
         return tokenizer.hf.apply_chat_template(
@@ -321,32 +329,45 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str):
             **kwargs,
         )
 
-    import_transformers()
-    try:
-        from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
-    except ImportError:
-        return reference
-    specials = tokenizer.special_tokens_map
+    @functools.cache
+    def transformers_render():
+        import_transformers()
+        try:
+            from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+        except ImportError:
+            return reference
 
-    def direct(messages, tools, generation, kwargs):
-        rendered, _ = render_jinja_template(
-            conversations=[_normalize_chat_messages(messages)],
-            tools=tools,
-            documents=None,
-            chat_template=chat_template,
-            return_assistant_tokens_mask=False,
-            continue_final_message=False,
-            add_generation_prompt=generation,
-            **{**specials, **kwargs},
-        )
-        return rendered[0]
+        def direct(messages, tools, generation, kwargs):
+            rendered, _ = render_jinja_template(
+                conversations=[_normalize_chat_messages(messages)],
+                tools=tools,
+                documents=None,
+                chat_template=chat_template,
+                return_assistant_tokens_mask=False,
+                continue_final_message=False,
+                add_generation_prompt=generation,
+                **{**specials, **kwargs},
+            )
+            return rendered[0]
 
-    if not tokenizer.builtin:
+        if tokenizer.builtin:
+            return direct
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
         try:
             same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))
         except Exception:
             same = False
-        if not same:
-            return reference
-    return TemplateRunner.build(chat_template, specials, direct) or direct
+        return direct if same else reference
+
+    return build_runner(chat_template, specials, transformers_render, verdict) or transformers_render()
+
+
+def _library_version(name: str) -> str:
+    """An installed distribution's version, read without importing it (importing transformers
+    takes a second, and a replay that finds its render verdicts on disk never needs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"

@@ -6,44 +6,77 @@ call transformers rebuilds each message for the template (`_normalize_chat_messa
 a time), rebuilds the tool schemas, and its Jinja sandbox works out again, for every attribute
 the template reads, whether reading it is safe. Here:
 
-* a message's template form is built by those same transformers functions, once, and memoised by
-  object identity until `reset()` (messages are never mutated once built; see `incremental`);
+* a message's template form is built once and memoised by object identity until `reset()`
+  (messages are never mutated once built; see `incremental`);
 * the sandbox's verdict is memoised per (type, attribute name), the only things it depends
   on, and a key read as an attribute of a plain dict (`message.content`) is looked up
-  directly, as the sandbox ends up doing after its attribute lookup fails;
-* the template is compiled in an overlay of transformers' own environment, so its filters,
-  globals, extensions and options are transformers'.
+  directly, as the sandbox ends up doing after its attribute lookup fails.
 
-`TemplateRunner.build` returns None where this transformers renders differently (its functions
-are missing, or a probe conversation renders otherwise than `render_jinja_template` does), and
-the renderer then uses `render_jinja_template` itself.
+Two ways to build the template and the message forms, each used only where probe
+conversations render exactly as `render_jinja_template` renders them:
+
+* **native** (`NativeSteps`): our own environment with the options, filters, globals and
+  `{% generation %}` tag that transformers gives its chat templates, and our own message
+  preparation for plain JSON data (None-valued keys dropped, reasoning aliased under
+  `thinking` and `reasoning_content`). Its verdict is kept on disk per template and library
+  versions, so a process that finds it never imports transformers (a second per process). A
+  message or option that is not plain JSON is rendered by transformers itself.
+* **transformers' own functions** (`TransformersSteps`), in an overlay of its environment.
+
+`build_runner` returns None where neither reproduces the probes, and the renderer then calls
+`render_jinja_template` itself.
 """
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from jinja2 import nodes
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
-_PROBES: list[tuple[list[dict], list[dict] | None]] = [
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+_CALL = [{"type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": [True, None, 2.5]}}}]
+_TEXT_ARGUMENTS = {"name": "f", "arguments": '{"x": 1}'}
+_PROBES: list[tuple[list[dict], list[dict] | None, dict]] = [
     (
         [
             {"role": "system", "content": "s", "name": None},
             {"role": "user", "content": "u"},
-            {
-                "role": "assistant",
-                "content": "a",
-                "reasoning_content": "r",
-                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
-            },
+            {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": _CALL},
             {"role": "tool", "content": "t", "tool_call_id": None},
+            {"role": "user", "content": "v"},
             {"role": "assistant", "content": "b", "thinking": "q"},
+            {"role": "user", "content": "w"},
+            {"role": "assistant", "content": None, "reasoning": "p", "tool_calls": _CALL},
         ],
-        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+        {},
     ),
-    ([{"role": "user", "content": [{"type": "text", "text": "u"}]}], None),
+    (
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u", "name": None},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": _TEXT_ARGUMENTS}]},
+            {"role": "tool", "content": "t"},
+            {"role": "assistant", "content": "b", "reasoning_content": "r"},
+            {"role": "user", "content": "w"},
+        ],
+        None,
+        {},
+    ),
+    ([{"role": "user", "content": [{"type": "text", "text": "u"}]}], None, {"enable_thinking": False}),
 ]
+
+
+class _NotPlain(Exception):
+    """Data that is not plain JSON: the native steps leave it to transformers."""
 
 
 class _CheapSandbox(ImmutableSandboxedEnvironment):
@@ -75,49 +108,168 @@ class _CheapSandbox(ImmutableSandboxedEnvironment):
         return verdict
 
 
+# -- native steps ------------------------------------------------------------------------------
+class _GenerationTag(Extension):
+    """`{% generation %}…{% endgeneration %}` marks assistant spans for transformers' token
+    masks; a plain render writes the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Callable[[], str]) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Unlike Jinja's own filter: no HTML escaping, and the json.dumps options exposed.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(date_format: str) -> str:
+    return datetime.now().strftime(date_format)
+
+
+class _DictFactory:
+    """`dict(...)` and `dict.fromkeys(...)` inside a template, without exposing the type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _SafeNamespace(Namespace):
+    """`namespace(...)` that refuses underscore names, the way into Python's internals."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Namespace's own signature trick
+        self, values = args[0], dict(*args[1:], **kwargs)
+        for name in values:
+            _SafeNamespace._refuse_private(name)
+        Namespace.__init__(self, values)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _SafeNamespace._refuse_private(name)
+        Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _refuse_private(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a chat template cannot set the underscore name {name!r} on a namespace")
+
+
+def _plain_json(value: Any) -> Any:
+    """A copy of exact JSON types (str-keyed dicts, lists, scalars); anything else is `_NotPlain`."""
+    kind = type(value)
+    if kind is dict:
+        if not all(type(key) is str for key in value):
+            raise _NotPlain
+        return {key: _plain_json(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain_json(item) for item in value]
+    if value is None or kind is str or kind is int or kind is float or kind is bool:
+        return value
+    raise _NotPlain
+
+
+class NativeSteps:
+    """The template and message forms built here (see the module docstring)."""
+
+    name = "native"
+
+    @staticmethod
+    def environment(chat_template: str) -> Any:
+        env = _CheapSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals.update(
+            raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_DictFactory(), namespace=_SafeNamespace
+        )
+        return env
+
+    @staticmethod
+    def message(message: Any) -> dict:
+        if type(message) is not dict:
+            raise _NotPlain
+        form = {key: _plain_json(value) for key, value in message.items() if value is not None}
+        reasoning = next((form[key] for key in _REASONING_KEYS if form.get(key) is not None), None)
+        if reasoning is not None:
+            form = {"thinking": reasoning, **form, "reasoning_content": reasoning}
+        return form
+
+    plain = staticmethod(_plain_json)
+
+
+class TransformersSteps:
+    """transformers' own functions, and its environment under an overlay."""
+
+    name = "transformers"
+
+    def __init__(self) -> None:
+        from transformers.utils import chat_template_utils as ctu
+
+        self._ctu = ctu
+        self.plain = ctu._plain_template_data
+        for name in ("_compile_jinja_template", "_normalize_chat_messages", "_alias_reasoning_fields"):
+            getattr(ctu, name)  # an AttributeError here: this transformers renders another way
+
+    def environment(self, chat_template: str) -> Any:
+        env = self._ctu._compile_jinja_template(chat_template).environment
+        if type(env) is not ImmutableSandboxedEnvironment:
+            raise AttributeError("transformers' chat template environment is not the one expected")
+        overlay = env.overlay()
+        overlay.__class__ = _CheapSandbox
+        overlay.filters = dict(env.filters)  # an overlay shares the dict; the runner replaces tojson
+        return overlay
+
+    def message(self, message: Any) -> dict:
+        ctu = self._ctu
+        return ctu._alias_reasoning_fields([ctu._plain_template_data(ctu._normalize_chat_messages([message])[0])])[0]
+
+
 class TemplateRunner:
     """Renders one chat template as `render_jinja_template` does; `variables` are the extra
-    template variables (the special-token map) that `apply_chat_template` passes."""
+    template variables (the special-token map) that `apply_chat_template` passes, `fallback`
+    renders what the steps refuse."""
 
-    def __init__(self, chat_template: str, variables: dict, steps: dict[str, Callable], fallback: Callable[..., str]):
-        self._steps, self._fallback = steps, fallback
-        compiled = steps["compile"](chat_template)
-        env = compiled.environment
+    def __init__(self, chat_template: str, variables: dict, steps: Any, fallback: Callable[..., str]):
+        self.steps, self._fallback = steps, fallback
         self._json: dict[tuple, tuple[Any, str]] = {}
-        if type(env) is ImmutableSandboxedEnvironment:
-            overlay = env.overlay()
-            overlay.__class__ = _CheapSandbox
-            overlay.filters = {**env.filters, "tojson": self._memoised_json(env.filters["tojson"])}
-            compiled = overlay.from_string(chat_template)
-        self._template = compiled
+        env = steps.environment(chat_template)
+        env.filters["tojson"] = self._memoised_json(env.filters["tojson"])
+        self._template = env.from_string(chat_template)
         self._variables = dict(variables)
         self.reset()
 
-    @classmethod
-    def build(cls, chat_template: str, variables: dict, reference: Callable[..., str]) -> "TemplateRunner | None":
-        """A runner, or None when it cannot be shown to render as `reference` does."""
-        try:
-            from transformers.utils import chat_template_utils as ctu
-
-            steps = {
-                "compile": ctu._compile_jinja_template,
-                "normalize": ctu._normalize_chat_messages,
-                "plain": ctu._plain_template_data,
-                "alias": ctu._alias_reasoning_fields,
-            }
-            runner = cls(chat_template, variables, steps, reference)
-        except (ImportError, AttributeError):
-            return None
-        for messages, tools in _PROBES:
+    def reproduces(self, reference: Callable[..., str]) -> bool:
+        """True when the probe conversations render as `reference` renders them: the same text,
+        or an error where it fails (templates refuse different probes); at least one must render."""
+        rendered = 0
+        for messages, tools, kwargs in _PROBES:
             for generation in (False, True):
                 try:
-                    same = runner(messages, tools, generation, {}) == reference(messages, tools, generation, {})
+                    expected = reference(messages, tools, generation, kwargs)
                 except Exception:
-                    same = False
+                    expected = None
+                try:
+                    same = self(messages, tools, generation, kwargs) == expected
+                except Exception:
+                    same = expected is None
                 if not same:
-                    return None
-        runner.reset()
-        return runner
+                    return False
+                rendered += expected is not None
+        self.reset()
+        return rendered > 0
 
     def reset(self) -> None:
         """Forget the memoised messages, tools and JSON texts (between sessions)."""
@@ -144,21 +296,21 @@ class TemplateRunner:
     def __call__(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str:
         if tools is not None and not all(isinstance(tool, dict) for tool in tools):
             return self._fallback(messages, tools, generation, kwargs)  # it reports what is wrong
-        plain = self._steps["plain"]
+        try:
+            chat = [self._message(message) for message in messages]
+            variables = self.steps.plain({**self._variables, **kwargs})
+            schemas = self._tool_schemas(tools)
+        except _NotPlain:
+            return self._fallback(messages, tools, generation, kwargs)
         return self._template.render(
-            messages=[self._message(message) for message in messages],
-            tools=self._tool_schemas(tools),
-            documents=None,
-            add_generation_prompt=generation,
-            **plain({**self._variables, **kwargs}),
+            messages=chat, tools=schemas, documents=None, add_generation_prompt=generation, **variables
         )
 
     def _message(self, message: Any) -> dict:
         hit = self._messages.get(id(message))
         if hit is not None and hit[0] is message:
             return hit[1]
-        steps = self._steps
-        form = steps["alias"]([steps["plain"](steps["normalize"]([message])[0])])[0]
+        form = self.steps.message(message)
         self._messages[id(message)] = (message, form)
         return form
 
@@ -168,5 +320,51 @@ class TemplateRunner:
         key = tuple(map(id, tools))
         hit = self._tools.get(key)
         if hit is None:
-            hit = self._tools[key] = (tools, self._steps["plain"](list(tools)))
+            hit = self._tools[key] = (tools, self.steps.plain(list(tools)))
         return hit[1]
+
+
+def build_runner(
+    chat_template: str, variables: dict, reference: Callable[[], Callable[..., str]], verdict: Path | None
+) -> TemplateRunner | None:
+    """The fastest runner that reproduces `reference()` (transformers' render), or None.
+
+    `verdict` is where the native steps' verdict for this template is kept; a stored "yes"
+    spares building the reference (and importing transformers) at all.
+    """
+    native = TemplateRunner(chat_template, variables, NativeSteps(), lambda *call: reference()(*call))
+    stored = _read_verdict(verdict)
+    if stored is True:
+        return native
+    same = stored is None and native.reproduces(reference())
+    if stored is None:
+        _write_verdict(verdict, same)
+    if same:
+        return native
+    try:
+        runner = TemplateRunner(chat_template, variables, TransformersSteps(), reference())
+    except (ImportError, AttributeError):
+        return None
+    return runner if runner.reproduces(reference()) else None
+
+
+def _read_verdict(path: Path | None) -> bool | None:
+    if path is None:
+        return None
+    try:
+        value = json.loads(path.read_text())["native"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def _write_verdict(path: Path | None, same: bool) -> None:
+    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
+
+    if path is None:
+        return
+    try:
+        with atomic_open(path, "w") as out:
+            json.dump({"native": same}, out)
+    except OSError:
+        pass  # a read-only cache only costs the check again
