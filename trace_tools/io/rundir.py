@@ -163,8 +163,31 @@ def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(records)
 
 
+class SamplesFile:
+    """RUN/samples.parquet written as the sessions come back, beside the shards.
+
+    Merging the shards' samples at the end would decode and encode every token again (a second
+    on a long dump, after the last session); a run that resumed nothing has every session pass
+    through here in order, so this file is the merged one. A resumed run discards it and merges."""
+
+    def __init__(self, run_dir: Path):
+        self.target = run_dir / "samples.parquet"
+        self._tmp = _samples_tmp(self.target)
+        self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
+
+    def add(self, samples: pa.Table | None) -> None:
+        if samples is not None and samples.num_rows:
+            self._writer.write_table(samples)
+
+    def commit(self) -> None:
+        self._writer.close()
+        os.chmod(self._tmp, 0o644)
+        os.replace(self._tmp, self.target)
+
+
 def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
-    """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table."""
+    """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table
+    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False)."""
     for name in SMALL_TABLES:
         parts = _shard_files(run_dir, name, shards)
         if name == "quarantine":
@@ -218,8 +241,12 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _samples_tmp(target: Path) -> Path:
+    return target.with_name(f".{target.name}.tmp")
+
+
 def _stream_samples(paths: list[Path], target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = _samples_tmp(target)
     with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
         for path in paths:
             source = pq.ParquetFile(path)

@@ -124,15 +124,20 @@ def run(
     )
     load_quarantine: list[dict[str, Any]] = []
     shards = _Shards(run_dir, size, options.write_samples, progress, stream.session_count)
+    samples = rundir.SamplesFile(run_dir) if options.write_samples and not resumed else None
     in_flight: deque[int] = deque()
     todo = _pending(_sessions(pipeline, load_quarantine, shards), shards, in_flight)
     for rows in run_sessions(todo, options, workers or default_workers(), executor, address):
         shards.add(in_flight.popleft(), rows)
+        if samples is not None:
+            samples.add(rows.samples)
     shards.finish()
     result.sessions_replayed = shards.replayed
     result.data_warnings = dict(stream.data_warnings)
     result.render_stats, result.renderers = rundir.shard_meta(run_dir, shards.count)
-    rundir.merge_shards(run_dir, shards.count, load_quarantine, options.write_samples)
+    rundir.merge_shards(run_dir, shards.count, load_quarantine, options.write_samples and samples is None)
+    if samples is not None:
+        samples.commit()
     return result
 
 
