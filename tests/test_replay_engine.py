@@ -129,3 +129,20 @@ def test_report_rerenders_a_finished_run(sample_run):
     assert result.exit_code == 0
     assert json.loads(result.output) == sample_run.summary
     assert (sample_run.run_dir / "report.md").read_text().startswith("# trace-tools replay report")
+
+
+def test_samples_table_converts_shared_lists_once_and_equals_a_plain_conversion():
+    import pyarrow as pa
+
+    from trace_tools.io.rundir import SAMPLES_SCHEMA, samples_table
+
+    ids = list(range(5000))
+    rows = [
+        {"strategy": s, "session_id": "a", "sample_index": i, "token_ids": tokens, "response_length": 2,
+         "loss_mask": [1, 0], "logprobs": [-0.5, 0.0], "source_turn": [-1] * (len(tokens) - 1) + [3],
+         "reward": 0.0, "metadata": "{}"}
+        for i, (s, tokens) in enumerate([("tree", ids), ("linear", list(ids)), ("chains", ids[:-1] + [7]), ("x", [])])
+    ]
+    table = samples_table(rows)
+    assert table.equals(pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))
+    assert table.column("token_ids").to_pylist()[2][-1] == 7 and samples_table([]).num_rows == 0

@@ -287,3 +287,35 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
 def load_run_info(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "run.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+_LIST_COLUMNS = {field_.name: field_.type for field_ in SAMPLES_SCHEMA if pa.types.is_list(field_.type)}
+
+
+def samples_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """`SAMPLES_SCHEMA` rows as a table, converting each distinct id/mask/logprob list once.
+
+    A session's strategies mostly emit the same sequences (the same full trajectory, the same
+    provenance); converting 50k-element Python lists is the expensive part, and comparing two
+    lists of shared ints is cheap, so equal lists share one converted array."""
+    columns: dict[str, Any] = {}
+    for field_ in SAMPLES_SCHEMA:
+        values = [row[field_.name] for row in rows]
+        kind = _LIST_COLUMNS.get(field_.name)
+        columns[field_.name] = pa.array(values, field_.type) if kind is None else _list_column(values, kind)
+    return pa.Table.from_pydict(columns, schema=SAMPLES_SCHEMA)
+
+
+def _list_column(values: list[Any], kind: pa.ListType) -> pa.Array:
+    converted: dict[int, list[tuple[Any, pa.Array]]] = {}
+    pieces, offsets = [], [0]
+    for value in values:
+        same_length = converted.setdefault(len(value), [])
+        array = next((array for seen, array in same_length if seen is value or seen == value), None)
+        if array is None:
+            array = pa.array(value, kind.value_type)
+            same_length.append((value, array))
+        pieces.append(array)
+        offsets.append(offsets[-1] + len(value))
+    flat = pa.concat_arrays(pieces) if pieces else pa.array([], kind.value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=kind)

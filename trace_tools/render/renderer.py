@@ -1,10 +1,11 @@
 """The renderer: tokenizer + chat template (+ default kwargs) + a parser for the template's tool calls.
 
-`render` is, by construction, transformers' `apply_chat_template(..., tokenize=True)` with the same
-template: the text comes from `apply_chat_template(tokenize=False)` on a `PreTrainedTokenizerFast`
-built from the same tokenizer.json (so transformers' input normalisation applies: None-valued keys
-dropped, reasoning fields aliased), and the ids from encoding that text without special-token
-additions, which is what `apply_chat_template` does. Replay renders the same histories over and
+`render` is transformers' `apply_chat_template(..., tokenize=True)` with the same template: the
+text is `apply_chat_template(tokenize=False)`'s (transformers' input normalisation included:
+None-valued keys dropped, reasoning fields aliased), rendered by a `TemplateRunner` that is used
+only where probe conversations show it renders exactly what transformers renders
+(`template_runner`), and the ids come from encoding that text without special-token additions,
+which is what `apply_chat_template` does. Replay renders the same histories over and
 over, so both happen incrementally (`trace_tools.render.incremental`): a conversation that extends
 one already rendered renders only a short window around its new messages and encodes only the
 text after the last shared special token, with every shortcut checked and a full render where

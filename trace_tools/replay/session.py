@@ -14,12 +14,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError
 from trace_tools.io.load import materialize_ids
-from trace_tools.io.rundir import SAMPLES_SCHEMA, SessionRows
+from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
@@ -69,7 +67,7 @@ class SessionReplayer:
         for name in self.options.strategies:
             samples += self._run_strategy(name, prepared, ctx, facts, rows)
         if self.options.write_samples:
-            rows.samples = pa.Table.from_pylist(samples, schema=SAMPLES_SCHEMA)
+            rows.samples = samples_table(samples)
         rows.render_stats = self._render_stats(prepared.renderer)
         rows.renderer = dict(getattr(prepared.renderer, "identity", None) or {})
         return rows
