@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from types import BuiltinMethodType
 from typing import Any, Callable, Sequence
 
 from jinja2 import nodes
@@ -41,6 +42,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+# Public str methods the sandbox lets through unwrapped (it wraps only the two format methods).
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 _CALL = [{"type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": [True, None, 2.5]}}}]
 _TEXT_ARGUMENTS = {"name": "f", "arguments": '{"x": 1}'}
@@ -96,7 +99,13 @@ class _CheapSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except LookupError:
                 return self.undefined(obj=obj, name=attribute)
+        if type(obj) is str and attribute in _STR_METHODS:  # `content.startswith`: always safe
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
+
+    def is_safe_callable(self, obj: Any) -> bool:
+        # A builtin method cannot carry the `unsafe_callable`/`alters_data` marks the sandbox looks for.
+        return type(obj) is BuiltinMethodType or super().is_safe_callable(obj)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         kind = type(obj)
