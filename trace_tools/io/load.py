@@ -254,8 +254,9 @@ def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
 def _interned_lists(column: pa.Array) -> list[list[int] | None]:
     """A list<int> column's rows, each a list of the process-wide shared int objects."""
     flat, starts, ends, valid = _rows_of(column)
-    values = _int_objects(int(flat.max()) + 1 if len(flat) else 0)[flat].tolist()
-    return [values[a:b] if ok else None for a, b, ok in zip(starts, ends, valid)]
+    objects = _int_objects(int(flat.max()) + 1 if len(flat) else 0)
+    # Row by row: one list per row, without a whole-column list to slice copies from.
+    return [objects[flat[a:b]].tolist() if ok else None for a, b, ok in zip(starts, ends, valid)]
 
 
 def _id_arrays(column: pa.Array) -> list[Any]:
