@@ -42,3 +42,14 @@ def test_long_overlaps_stay_cheap():
     """A 20k-token tail whose first token is everywhere: the linear pass, not 20k² comparisons."""
     served = [7] * 20000
     assert suffix_prefix_overlap(served, [7] * 19999 + [8]) == 19999
+
+
+def test_starts_with_matches_the_definition_across_sequence_types():
+    from trace_tools.ids import starts_with
+
+    rng = random.Random(5)
+    for _ in range(500):
+        seq = [rng.randrange(3) for _ in range(rng.randrange(6))]
+        prefix = [rng.randrange(3) for _ in range(rng.randrange(6))]
+        expected = list(seq[: len(prefix)]) == prefix
+        assert starts_with(seq, prefix) == starts_with(tuple(seq), prefix) == expected, (seq, prefix)

@@ -44,6 +44,15 @@ def common_prefix_len(a: Sequence, b: Sequence) -> int:
     return low
 
 
+def starts_with(seq: Sequence, prefix: Sequence) -> bool:
+    """`list(seq[:len(prefix)]) == list(prefix)`, copying at most one slice of `seq`."""
+    n = len(prefix)
+    if len(seq) < n:
+        return False
+    head = seq if len(seq) == n else seq[:n]
+    return head == prefix if type(head) is type(prefix) else list(head) == list(prefix)
+
+
 def suffix_prefix_overlap(a: Sequence, b: Sequence) -> int:
     """The largest k with `a[-k:] == b[:k]` (0 when none): how much of `b` `a` already ends with.
 

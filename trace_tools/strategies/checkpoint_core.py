@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trace_tools.data import Sample
+from trace_tools.ids import starts_with
 from trace_tools.render.base import RendererLike
 from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
@@ -287,7 +288,7 @@ class CheckpointTree:
         finish_reason: str | None,
     ) -> Node:
         """Attach one generated turn under `parent` (None: a new root)."""
-        if parent is not None and list(prompt_ids[: len(parent.token_ids)]) != parent.token_ids:
+        if parent is not None and not starts_with(prompt_ids, parent.token_ids):
             raise AssertionError("a child's prompt must extend its parent's token checkpoint")
         token_ids = [*prompt_ids, *output_ids]
         recorded = list(logprobs) if logprobs is not None else [0.0] * len(output_ids)

@@ -155,8 +155,8 @@ class LinearHealer:
             return
         closing = response_message or {"role": "assistant", "content": ""}
         self._state[sid] = _State(
-            list(fed_prompt_ids) + list(output_ids),
-            list(messages) + [closing],
+            [*fed_prompt_ids, *output_ids],
+            [*messages, closing],
             _normalize_tools(tools),
             dict(template_kwargs),
         )
