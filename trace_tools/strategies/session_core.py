@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from trace_tools.data import Sample
 from trace_tools.errors import ReplayError, UnknownName
-from trace_tools.ids import common_prefix_len
+from trace_tools.ids import common_prefix_len, starts_with
 from trace_tools.render.base import RendererLike
 
 
@@ -574,7 +574,7 @@ class TitoTokenizer:
         token that opens the next message (GLM); identity otherwise."""
         boundary = self._boundary()
         if boundary is not None and ids and ids[-1] == boundary:
-            return list(ids) + self.renderer.encode("\n")
+            return [*ids, *self.renderer.encode("\n")]
         if ids and ids[-1] in self._dropped():
             return list(ids[:-1])
         return list(ids)
@@ -882,6 +882,8 @@ def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim
 
 
 def _matched_output(output: Sequence[int], acc: Sequence[int], start: int) -> int:
+    if acc[start : start + len(output)] == output:  # the usual case: all of it, compared at C speed
+        return len(output)
     matched = 0
     for token, expected in zip(output, acc[start:]):
         if token != expected:
@@ -964,7 +966,7 @@ def merge_pair(a: TurnSample, b: TurnSample) -> TurnSample:
 def _observation_length(a: TurnSample, b: TurnSample) -> int:
     """Tokens between a's end and b's response; raises unless b extends a COMPLETED a."""
     between = len(b.tokens) - len(a.tokens) - b.response_length
-    if b.tokens[: len(a.tokens)] != a.tokens:
+    if not starts_with(b.tokens, a.tokens):
         raise AssemblyError("merge: the later turn's tokens do not extend the earlier turn's")
     if between <= 0:
         raise AssemblyError(f"merge: observation length {between} must be positive")
