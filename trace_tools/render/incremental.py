@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
+from trace_tools.memo import IdentityMemo
 
 _DELTA_ROLES = ("assistant", "tool")
 _SCAN = 4096  # characters searched back for a boundary before widening the search
@@ -63,6 +64,10 @@ def _dumps(value: Any) -> bytes:
 
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _content_digest(message: Any) -> bytes:
+    return _digest(_dumps(message))
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ class IncrementalRenderer:
         self._prefixes: OrderedDict[bytes, _Text] = OrderedDict()
         self._results: OrderedDict[bytes, _Text] = OrderedDict()
         self._windows: OrderedDict[bytes, str] = OrderedDict()
-        self._messages: dict[int, tuple[Any, bytes]] = {}
+        self._messages: IdentityMemo[bytes] = IdentityMemo()
         self._links: dict[tuple[bytes, int], tuple[Any, bytes]] = {}
         self._contexts: dict[tuple[int, bytes], tuple[Any, bytes]] = {}
         self._last: _Text | None = None
@@ -338,15 +343,10 @@ class IncrementalRenderer:
         return hit[1]
 
     def _message_digest(self, message: Any) -> bytes:
-        hit = self._messages.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        digest = _digest(_dumps(message))
         if len(self._messages) > 8 * _MAX_ENTRIES:
             self._messages.clear()
             self._links.clear()
-        self._messages[id(message)] = (message, digest)
-        return digest
+        return self._messages.get(message, _content_digest)
 
     @staticmethod
     def _put(cache: OrderedDict, key: bytes, value: Any) -> None:

@@ -41,6 +41,8 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from trace_tools.memo import IdentityMemo
+
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # Public str methods the sandbox lets through unwrapped (it wraps only the two format methods).
 _STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
@@ -282,7 +284,7 @@ class TemplateRunner:
 
     def reset(self) -> None:
         """Forget the memoised messages, tools and JSON texts (between sessions)."""
-        self._messages: dict[int, tuple[Any, dict]] = {}
+        self._messages: IdentityMemo[dict] = IdentityMemo()
         self._tools: dict[tuple[int, ...], tuple[Sequence, Any]] = {}
         self._json.clear()
 
@@ -306,7 +308,7 @@ class TemplateRunner:
         if tools is not None and not all(isinstance(tool, dict) for tool in tools):
             return self._fallback(messages, tools, generation, kwargs)  # it reports what is wrong
         try:
-            chat = [self._message(message) for message in messages]
+            chat = [self._messages.get(message, self.steps.message) for message in messages]
             variables = self.steps.plain({**self._variables, **kwargs})
             schemas = self._tool_schemas(tools)
         except _NotPlain:
@@ -314,14 +316,6 @@ class TemplateRunner:
         return self._template.render(
             messages=chat, tools=schemas, documents=None, add_generation_prompt=generation, **variables
         )
-
-    def _message(self, message: Any) -> dict:
-        hit = self._messages.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        form = self.steps.message(message)
-        self._messages[id(message)] = (message, form)
-        return form
 
     def _tool_schemas(self, tools: Sequence[dict] | None) -> Any:
         if tools is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from trace_tools.errors import ReplayError, TraceToolsError
+from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.canonical import canonicalize_messages, canonicalize_response
 
@@ -84,32 +85,24 @@ class _Lowering:
     objects turn after turn, so lowering and hashing them again each turn would be quadratic."""
 
     def __init__(self) -> None:
-        self._lowered: dict[int, tuple[Any, dict | None]] = {}
-        self._hashes: dict[int, tuple[dict, str]] = {}
+        self._lowered: IdentityMemo[dict | None] = IdentityMemo()
+        self._hashes: IdentityMemo[str] = IdentityMemo()
 
     def request(self, messages: Any, tools: Any) -> tuple[list[dict], list | None]:
         if not isinstance(messages, list) or not messages or (tools is not None and not isinstance(tools, list)):
             return normalize_request(messages, tools)  # the adapter's own refusal
-        lowered = [self._lower(message) for message in messages]
+        lowered = [self._lowered.get(message, _lower) for message in messages]
         return [m for m in lowered if m is not None], tools
 
-    def _lower(self, message: Any) -> dict | None:
-        hit = self._lowered.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        _check_message(message)
-        kept = canonicalize_messages([message], policy="uniagent")
-        lowered = kept[0] if kept else None
-        self._lowered[id(message)] = (message, lowered)
-        return lowered
-
     def message_hash(self, message: dict) -> str:
-        hit = self._hashes.get(id(message))
-        if hit is not None and hit[0] is message:
-            return hit[1]
-        digest = message_hash(message)
-        self._hashes[id(message)] = (message, digest)
-        return digest
+        return self._hashes.get(message, message_hash)
+
+
+def _lower(message: Any) -> dict | None:
+    """One request message as `normalize_request` lowers it (None when the adapter drops it)."""
+    _check_message(message)
+    kept = canonicalize_messages([message], policy="uniagent")
+    return kept[0] if kept else None
 
 
 def normalize_assistant(message: dict) -> dict:

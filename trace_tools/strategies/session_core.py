@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from trace_tools.data import Sample
 from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import common_prefix_len, starts_with
+from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 
 
@@ -480,7 +481,7 @@ class TitoTokenizer:
         self._boundary_id: int | None | bool = False  # False = not looked up yet
         # Every request re-sends the history: each message and tool list is prepared once, and
         # keeps one identity for the render caches (entries hold their source, so ids stay unique).
-        self._prepared: dict[int, tuple[Any, Any]] = {}
+        self._prepared: IdentityMemo[Any] = IdentityMemo()
 
     def for_request(self, request_kwargs: Any) -> "TitoTokenizer":
         """The tokenizer one request renders with: its chat_template_kwargs merged over the family's.
@@ -512,8 +513,8 @@ class TitoTokenizer:
         return self._render(self.renderer.render_text, messages, tools, add_generation_prompt)
 
     def _render(self, fn: Callable, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool) -> Any:
-        prepared = [self._once(_template_message, message) for message in messages]
-        tool_defs = self._once(sglang_tools, tools) if tools else None
+        prepared = [self._prepared.get(message, _template_message) for message in messages]
+        tool_defs = self._prepared.get(tools, sglang_tools) if tools else None
         errors = _template_errors()
         try:
             return fn(prepared, tool_defs, generation, **self.template_kwargs)
@@ -524,12 +525,6 @@ class TitoTokenizer:
             return fn(prepared, [t["function"] for t in tool_defs], generation, **self.template_kwargs)
         except errors as exc:
             raise ServerError(f"chat template rendering failed (tool format fallback): {exc}") from exc
-
-    def _once(self, prepare: Callable[[Any], Any], value: Any) -> Any:
-        hit = self._prepared.get(id(value))
-        if hit is None or hit[0] is not value:
-            hit = self._prepared[id(value)] = (value, prepare(value))
-        return hit[1]
 
     # -- incremental path --------------------------------------------------------------------------
     def tokenize_additional(self, old: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
