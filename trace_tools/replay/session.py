@@ -8,11 +8,13 @@ output is the same for any worker count and executor.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError
@@ -50,6 +52,10 @@ class SessionReplayer:
         self.renderers = RendererPool(options.tokenizer, options.chat_template, tool_format=options.tool_format)
 
     def __call__(self, session: Session) -> SessionRows:
+        with _collector_paused():
+            return self._replay(session)
+
+    def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()
         materialize_ids(session)
         try:
@@ -115,6 +121,21 @@ def strategy_turn_view(prepared: PreparedSession, ctx: ReplayContext, name: str,
     return {k: row[k] for k in ("event", "prompt_event", "generated_tokens", "trained_tokens")} | {
         "samples": len(result.samples)
     }
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No automatic garbage collection while a session replays: each collection walks every live
+    token-id list, and replay keeps tens of thousands of them alive at once. Strategies free
+    their trees themselves (`release_tree`), so little is left for the collector afterwards."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _quarantine(session_id: str, detail: str) -> dict[str, Any]:

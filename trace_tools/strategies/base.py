@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import UnknownName
@@ -85,6 +85,20 @@ class Strategy(ABC):
 def prepare(session: Session, ctx: ReplayContext) -> PreparedSession:
     """A session prepared the way the engine prepares it, for this context."""
     return prepare_session(session, ctx.renderer, ctx.canonicalization, ctx.prompt_source)
+
+
+def release_tree(roots: Iterable[Any]) -> None:
+    """Unlink a finished tree's `parent`/`children` references so that reference counting frees it.
+
+    A linked tree is a reference cycle, and only the cyclic garbage collector frees cycles, after
+    walking every token-id list they hold: on long sessions that walk cost more than some strategies.
+    """
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        stack += node.children
+        node.children = []
+        node.parent = None
 
 
 def get_strategy(name: str) -> type[Strategy]:

@@ -24,7 +24,7 @@ from trace_tools.errors import ReplayError
 from trace_tools.ids import common_prefix_len
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
-from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register
+from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register, release_tree
 from trace_tools.strategies.checkpoint_core import (
     Assembly,
     AssemblyFailed,
@@ -90,7 +90,9 @@ class CheckpointTreeStrategy(Strategy):
         replayer = CheckpointReplay(self.ctx, self.setting("retries"), self.setting("echo_rules"))
         for turn in prepared.turns:
             replayer.step(turn_input(turn))
-        return replayer.finish(prepared.reward)
+        result = replayer.finish(prepared.reward)
+        release_tree(replayer.tree.roots)
+        return result
 
 
 def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) -> TurnInput:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.base import Strategy, register, release_tree
 from trace_tools.strategies.session_core import (
     AssemblyError,
     LeafSample,
+    SessionForest,
+    TitoTokenizer,
+    TurnOutcome,
     record_outcomes,
     replay_v2,
     resolve_matcher,
@@ -33,9 +36,17 @@ class SessionV2(Strategy):
     params = SESSION_PARAMS
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        session = prepared.session
         tito = tito_from_context(self.ctx, self.setting("tito_family"))
         state, outcomes = replay_v2(session_requests(prepared), tito, resolve_matcher(self.setting("matcher")))
+        try:
+            return self._result(prepared, state, outcomes, tito)
+        finally:
+            release_tree(state.tree.roots)
+
+    def _result(
+        self, prepared: PreparedSession, state: SessionForest, outcomes: list[TurnOutcome], tito: TitoTokenizer
+    ) -> ReplayResult:
+        session = prepared.session
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})
         result.counters["tree_branches"] += state.tree.branches

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from trace_tools.data import ReplayResult
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.base import Strategy, register, release_tree
 from trace_tools.strategies.tree_core import (
     REALIGN_GATES,
     REALIGN_STARTS,
@@ -90,13 +90,16 @@ class TreeStrategy(Strategy):
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         """Linearize the session and package samples, counters and per-turn events."""
+        root = manager.root(session_id)
         samples = manager.get_trajectory(
             session_id,
             base_sample=BaseSample(rollout_id=session_id),
             reward=reward,
             max_sample_tokens=self.setting("max_sample_tokens"),
         )
-        return result_from(samples, manager.pop_stats(session_id))
+        result = result_from(samples, manager.pop_stats(session_id))
+        release_tree([root] if root is not None else [])
+        return result
 
 
 def turn_record(prepared: Any) -> TurnRecord:
