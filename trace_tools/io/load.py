@@ -254,9 +254,36 @@ def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
 def _interned_lists(column: pa.Array) -> list[list[int] | None]:
     """A list<int> column's rows, each a list of the process-wide shared int objects."""
     flat, starts, ends, valid = _rows_of(column)
-    objects = _int_objects(int(flat.max()) + 1 if len(flat) else 0)
     # Row by row: one list per row, without a whole-column list to slice copies from.
-    return [objects[flat[a:b]].tolist() if ok else None for a, b, ok in zip(starts, ends, valid)]
+    return _shared_lists([flat[a:b] if ok else None for a, b, ok in zip(starts, ends, valid)])
+
+
+def _shared_lists(rows: list[Any]) -> list[list[int] | None]:
+    """Integer arrays as lists of the shared int objects (`_int_objects`).
+
+    A row that starts with the row before it (a session's prompt repeats its history) copies that
+    row's list and converts only the rest: a list copy touches each element once, a conversion
+    three times, and the history is nearly all of a long prompt."""
+    import numpy as np
+
+    lists: list[list[int] | None] = []
+    previous: Any = None
+    previous_list: list[int] = []
+    for row in rows:
+        if row is None or isinstance(row, list):  # nothing to convert
+            lists.append(row)
+            previous = None
+            continue
+        objects = _int_objects(int(row.max()) + 1 if len(row) else 0)
+        n = len(previous) if previous is not None else 0
+        if 0 < n <= len(row) and np.array_equal(row[:n], previous):
+            ids = previous_list.copy()
+            ids += objects[row[n:]].tolist()
+        else:
+            ids = objects[row].tolist()
+        lists.append(ids)
+        previous, previous_list = row, ids
+    return lists
 
 
 def _id_arrays(column: pa.Array) -> list[Any]:
@@ -271,11 +298,9 @@ def _id_arrays(column: pa.Array) -> list[Any]:
 def materialize_ids(session: Session) -> Session:
     """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
     shared ints, in place (what strategies work on)."""
-    for turn in session.turns:
-        for name in ("output_ids", "prompt_ids"):
-            ids = getattr(turn, name)
-            if ids is not None and not isinstance(ids, list):
-                setattr(turn, name, _int_objects(int(ids.max()) + 1 if len(ids) else 0)[ids].tolist())
+    for name in ("output_ids", "prompt_ids"):
+        for turn, ids in zip(session.turns, _shared_lists([getattr(turn, name) for turn in session.turns])):
+            setattr(turn, name, ids)
     return session
 
 

@@ -6,12 +6,14 @@ Replay writes it and reports read it; both import this module and nothing of eac
     RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
     RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
     RUN/summary.json        RUN/report.md          RUN/plots/*.png
-    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.done
+    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.samples.arrow, NNNNN.done
 
 Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
 written atomically with a completion marker, so a rerun with the same options and inputs
 resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
-streams shard by shard (samples row group by row group), so it never holds a whole table.
+streams shard by shard (samples record batch by record batch), so it never holds a whole table.
+A shard keeps its samples in Arrow IPC (zstd): they are read back only to resume, and writing
+IPC is a tenth of the CPU of encoding the same table as Parquet.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "use_dictionary": ["strategy", "session_id", "metadata"],
 }
+SHARD_SAMPLES_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 DRIFT_SCHEMA = pa.schema(
     [
         ("session_id", pa.string()),
@@ -118,16 +121,18 @@ def shard_done(run_dir: Path, index: int) -> bool:
 
 
 class ShardWriter:
-    """Collects the rows of one shard; samples go to disk session by session (one row group each)."""
+    """Collects the rows of one shard; samples go to disk session by session."""
 
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
         self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
         self.renderers: dict[str, dict] = {}
-        self._samples_tmp = Path(f"{self.base}.samples.parquet.tmp")
+        self._samples_tmp = Path(f"{self.base}.samples.arrow.tmp")
         self._samples = (
-            pq.ParquetWriter(self._samples_tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) if write_samples else None
+            pa.ipc.new_file(str(self._samples_tmp), SAMPLES_SCHEMA, options=SHARD_SAMPLES_OPTIONS)
+            if write_samples
+            else None
         )
 
     def add(self, rows: SessionRows) -> None:
@@ -151,7 +156,7 @@ class ShardWriter:
         if self._samples is not None:
             self._samples.close()
             os.chmod(self._samples_tmp, 0o644)
-            os.replace(self._samples_tmp, Path(f"{self.base}.samples.parquet"))
+            os.replace(self._samples_tmp, Path(f"{self.base}.samples.arrow"))
         Path(f"{self.base}.done").write_text("ok")
 
 
@@ -194,7 +199,7 @@ def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, An
             parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))), *parts]
         _concat_write(parts, run_dir / f"{name}.parquet")
     if write_samples:
-        _stream_samples(_shard_paths(run_dir, "samples", shards), run_dir / "samples.parquet")
+        _stream_samples(_shard_paths(run_dir, "samples", shards, "arrow"), run_dir / "samples.parquet")
 
 
 def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
@@ -211,8 +216,8 @@ def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[st
     return dict(stats), list(renderers.values())
 
 
-def _shard_paths(run_dir: Path, name: str, shards: int) -> list[Path]:
-    return [p for i in range(shards) if (p := run_dir / "shards" / f"{i:05d}.{name}.parquet").exists()]
+def _shard_paths(run_dir: Path, name: str, shards: int, suffix: str = "parquet") -> list[Path]:
+    return [p for i in range(shards) if (p := run_dir / "shards" / f"{i:05d}.{name}.{suffix}").exists()]
 
 
 def _shard_files(run_dir: Path, name: str, shards: int) -> list[pa.Table]:
@@ -249,9 +254,10 @@ def _stream_samples(paths: list[Path], target: Path) -> None:
     tmp = _samples_tmp(target)
     with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
         for path in paths:
-            source = pq.ParquetFile(path)
-            for group in range(source.num_row_groups):
-                writer.write_table(source.read_row_group(group))
+            with pa.memory_map(str(path)) as source:
+                reader = pa.ipc.open_file(source)
+                for batch in range(reader.num_record_batches):
+                    writer.write_batch(reader.get_batch(batch))
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)
 

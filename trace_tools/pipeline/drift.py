@@ -95,7 +95,8 @@ def find_drift(prepared: Any) -> list[DriftFinding]:
 
 def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> DriftFinding | None:
     turn_n, turn_m = earlier.turn, later.turn
-    served = list(earlier.prompt_ids) + list(turn_n.output_ids)
+    served = list(earlier.prompt_ids)
+    served += turn_n.output_ids  # in place: one copy of the prompt, not three
     nxt = later.prompt_ids
     lcp = common_prefix_len(served, nxt)
     token_drift = lcp < len(served)

@@ -102,7 +102,8 @@ def token_window(
     after: int = WINDOW_AFTER,
 ) -> dict[str, Any]:
     """The shared tokens before the first divergence, then each side's next tokens, ids and text."""
-    served = list(earlier.prompt_ids) + list(earlier.turn.output_ids)
+    served = list(earlier.prompt_ids)
+    served += earlier.turn.output_ids  # in place: one copy of the prompt, not three
     at = finding.divergence if finding.divergence is not None else len(served)
     start = max(0, at - before)
     pieces = {

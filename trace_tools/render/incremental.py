@@ -295,7 +295,9 @@ class IncrementalRenderer:
         tail = self._encode(entry.text[text_at:])
         self.stats["tokens_encoded"] += len(tail)
         self.stats["tokens_reused"] += token_at
-        return base.ids[:token_at] + tail
+        ids = base.ids[:token_at]  # extended in place: `a[:k] + b` would copy the prefix twice
+        ids += tail
+        return ids
 
     def _boundary(self, base: _Text, limit: int) -> tuple[int, int] | None:
         """(text position, token index) in `base` of its last hard boundary starting before `limit`."""

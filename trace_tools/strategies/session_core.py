@@ -562,7 +562,9 @@ class TitoTokenizer:
         self, old: Sequence[dict], new: Sequence[dict], prefix_ids: Sequence[int], tools: Sequence[dict] | None
     ) -> list[int]:
         """The next prompt: the checkpoint (boundary-fixed) followed by the appended messages' ids."""
-        return self.fix_boundary(prefix_ids) + self.tokenize_additional(old, new, tools)
+        ids = self.fix_boundary(prefix_ids)  # a new list, so extending it copies nothing else
+        ids += self.tokenize_additional(old, new, tools)
+        return ids
 
     def fix_boundary(self, ids: Sequence[int]) -> list[int]:
         """Append "\\n" after a trailing boundary token (Qwen's `<|im_end|>`), drop a trailing stop
@@ -620,6 +622,7 @@ class Record:
     generation: Generation
     # producing turn per token of all_ids; filled lazily by chain_provenance
     provenance: list[int] | None = field(default=None, repr=False, compare=False)
+    _all_ids: list[int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def output_ids(self) -> list[int]:
@@ -627,7 +630,10 @@ class Record:
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.generation.output_ids
+        """Prompt then output: one shared list (callers must not modify it)."""
+        if self._all_ids is None:
+            self._all_ids = self.prompt_ids + self.generation.output_ids
+        return self._all_ids
 
 
 @dataclass
@@ -829,7 +835,8 @@ class TurnSample:
 
 
 def chain_provenance(records: Sequence[Record]) -> list[int]:
-    """Producing turn per token of the last record's snapshot; -1 for anything not generated.
+    """Producing turn per token of the last record's snapshot; -1 for anything not generated
+    (the record's own list: copy it before changing it).
 
     Each record's prompt inherits its predecessor's provenance as far as the two agree token for
     token; the rest of the prompt (boundary fix, rendered suffix) is context. Results are cached
@@ -844,12 +851,13 @@ def chain_provenance(records: Sequence[Record]) -> list[int]:
         previous, inherited = (records[i - 1].all_ids, records[i - 1].provenance) if i else ([], [])
         assert inherited is not None, "the records before `start` have provenance, and this loop fills the rest"
         kept = common_prefix_len(previous, record.prompt_ids)
-        record.provenance = (
-            inherited[:kept] + [-1] * (len(record.prompt_ids) - kept) + [record.turn_index] * len(record.output_ids)
-        )
+        provenance = inherited[:kept]  # extended in place: `a + b + c` would copy a three times
+        provenance += [-1] * (len(record.prompt_ids) - kept)
+        provenance += [record.turn_index] * len(record.output_ids)
+        record.provenance = provenance
     last = records[-1].provenance if records else []
     assert last is not None, "the loop above filled every record's provenance"
-    return list(last)
+    return last
 
 
 def compute_turn_samples(records: Sequence[Record], acc: Sequence[int], max_trim: int) -> list[TurnSample]:
@@ -1288,7 +1296,7 @@ def _same_ids(recorded: Sequence[int], ids: Sequence[int] | None) -> bool:
     return (recorded if isinstance(recorded, list) else list(recorded)) == ids  # no copy of a list
 
 
-def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) -> str:
+def prompt_event(outcome: TurnOutcome, differs_from_recording: bool) -> str:
     """How the turn's prompt was obtained (DESIGN §5 vocabulary, plus rejected/failed: none was)."""
     if outcome.rolled_back:
         return "rolled_back"
@@ -1296,9 +1304,7 @@ def prompt_event(outcome: TurnOutcome, recorded_prompt: Sequence[int] | None) ->
         return outcome.status  # "rejected" or "failed": no prompt reached the engine
     if outcome.placement in ("new_root", "sibling"):
         return "new_root" if outcome.placement == "new_root" else "forked"
-    if recorded_prompt is not None and not _same_ids(recorded_prompt, outcome.prompt_ids):
-        return "rendered"
-    return "clean"
+    return "rendered" if differs_from_recording else "clean"
 
 
 def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict[int, Sequence[int] | None]) -> None:
@@ -1313,7 +1319,8 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
         elif outcome.status == "failed":
             result.turn_events[index] = "failed"
             result.counters["server_errors"] += 1
-        result.prompt_events[index] = prompt_event(outcome, recorded.get(index))
         prompt = recorded.get(index)
-        if prompt is not None and outcome.prompt_ids is not None and not _same_ids(prompt, outcome.prompt_ids):
+        differs = prompt is not None and not _same_ids(prompt, outcome.prompt_ids)
+        result.prompt_events[index] = prompt_event(outcome, differs)
+        if differs and prompt is not None and outcome.prompt_ids is not None:
             result.drift_positions[index] = common_prefix_len(prompt, outcome.prompt_ids)
