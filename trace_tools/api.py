@@ -80,14 +80,25 @@ def replay(
         write_samples,
         tool_format,
     )
-    engine = run(
-        dump, options, out, workers=workers, executor=executor, address=address, progress=progress, overwrite=overwrite
-    )
-    return _finish(engine)
+    from trace_tools.report.plots import PlotHelper
+
+    with PlotHelper() as plots:
+        engine = run(
+            dump,
+            options,
+            out,
+            workers=workers,
+            executor=executor,
+            address=address,
+            progress=progress,
+            overwrite=overwrite,
+        )
+        return _finish(engine, plots)
 
 
-def _finish(engine: Any) -> RunResult:
-    """summary.json, run.json, report.md and plots from the merged tables."""
+def _finish(engine: Any, plots: Any) -> RunResult:
+    """summary.json, run.json, report.md, report.html and plots (drawn by `plots`, a
+    `PlotHelper`) from the merged tables."""
     from trace_tools.io import rundir
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
@@ -95,14 +106,16 @@ def _finish(engine: Any) -> RunResult:
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
+    plots.start(run_dir)
     tables = {name: rundir.read_table(run_dir, name) for name in ("turns", "sessions", "quarantine", "fidelity")}
     reconstruction = reconstruction_summary(engine.render_stats)
     summary = summarize(tables, engine, engine.options.strategies)
     summary["reconstruction"] = reconstruction
     write_json_atomic(summary, run_dir / "summary.json")
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
-    write_report(run_dir, summary, tables)
-    write_html_report(run_dir)
+    drawn: list[str] = []
+    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(tables)))
+    write_report(run_dir, summary, tables, drawn)
     return RunResult(
         run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards, reconstruction
     )

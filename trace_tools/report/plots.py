@@ -6,6 +6,9 @@ leaves the notebook's inline plots working. Each strategy keeps one colour in ev
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,97 @@ def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
             _save(figure, path)
             written.append(str(path))
     return written
+
+
+PLOT_TABLES = ("turns", "sessions")  # what the figures read
+
+
+class PlotHelper:
+    """A run's plots, drawn by a helper process started when the replay starts.
+
+    Plots are the slowest step of the serial end of a run. The helper imports matplotlib while
+    the sessions replay, then draws while this process writes the summary and builds
+    report.html. Where it cannot start or fails, `result` draws the plots here instead, so a run
+    never loses them. Use it as a context manager: leaving it stops an unused helper.
+
+    A process that has matplotlib loaded already (a notebook, a second replay) draws the plots
+    itself: there is no import left to hide, and a fresh helper would have to import it again.
+    """
+
+    def __init__(self) -> None:
+        self._plot_dir: Path | None = None
+        self._process: subprocess.Popen | None = None
+        if "matplotlib.figure" in sys.modules:
+            return
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        except OSError:
+            self._process = None
+
+    def __enter__(self) -> "PlotHelper":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def start(self, run_dir: Path) -> None:
+        """Have the helper draw RUN/plots from RUN's merged tables."""
+        self._plot_dir = run_dir / "plots"
+        if self._process is None or self._process.stdin is None:
+            return
+        try:
+            self._process.stdin.write(f"{run_dir}\n")
+            self._process.stdin.flush()
+        except OSError:
+            self._stop()
+
+    def result(self, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """The plot files written: the helper's, or drawn here from `tables` when it failed."""
+        if self._plot_dir is None:
+            raise RuntimeError("PlotHelper.start(run_dir) comes before its result")
+        if self._process is not None:
+            try:
+                out, _ = self._process.communicate(timeout=HELPER_TIMEOUT_S)
+                if self._process.returncode == 0:
+                    return json.loads(out)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass
+            self._stop()
+        return write_plots(self._plot_dir, tables)
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+
+HELPER_TIMEOUT_S = 300
+
+
+def _serve() -> None:
+    """The helper: import what drawing needs now, then draw the run named on stdin."""
+    from io import BytesIO
+
+    from matplotlib.figure import Figure
+
+    from trace_tools.io.rundir import read_table
+
+    warm_up = Figure()  # fonts and the Agg renderer load on a first drawing: do it ahead too
+    warm_up.text(0.5, 0.5, "warm-up")
+    warm_up.savefig(BytesIO())
+
+    run_dir = sys.stdin.readline().strip()
+    if not run_dir:  # the replay ended without reaching its plots
+        return
+    tables = {name: read_table(run_dir, name) for name in PLOT_TABLES}
+    print(json.dumps(write_plots(Path(run_dir) / "plots", tables)))
 
 
 def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
@@ -133,3 +227,7 @@ def _save(figure: Any, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(tmp, dpi=100, bbox_inches="tight")  # keep the legend right of the axes
     tmp.replace(path)
+
+
+if __name__ == "__main__":
+    _serve()

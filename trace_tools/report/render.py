@@ -16,10 +16,14 @@ COUNTERFACTUAL_NOTE = (
 )
 
 
-def write_report(run_dir: Path, summary: dict[str, Any], tables: dict[str, pd.DataFrame]) -> None:
+def write_report(
+    run_dir: Path, summary: dict[str, Any], tables: dict[str, pd.DataFrame], plots: list[str] | None = None
+) -> None:
+    """RUN/report.md, and RUN/plots unless `plots` names the files already drawn."""
     from trace_tools.report.plots import write_plots
 
-    plots = write_plots(run_dir / "plots", tables)
+    if plots is None:
+        plots = write_plots(run_dir / "plots", tables)
     write_text_atomic(markdown_report(summary, plots), run_dir / "report.md")
 
 

@@ -10,23 +10,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPORT_NAME = "report.html"
 
 
-def write_html_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path."""
+def write_html_report(
+    run_dir: str | Path, out: str | Path | None = None, plots_drawn: Callable[[], object] | None = None
+) -> Path:
+    """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path.
+
+    `plots_drawn` is called, when given, just before RUN/plots are read: the page's other parts
+    are built while the plots are still being drawn elsewhere."""
     from trace_tools.io.rundir import require_run
     from trace_tools.io.write import write_text_atomic
 
     run = require_run(Path(run_dir))
     target = Path(out) if out is not None else run / REPORT_NAME
-    write_text_atomic(render_html(run), target)
+    write_text_atomic(render_html(run, plots_drawn), target)
     return target
 
 
-def render_html(run_dir: Path) -> str:
+def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) -> str:
     """The page's HTML text for a finished run directory."""
     import pandas as pd
 
@@ -42,6 +47,8 @@ def render_html(run_dir: Path) -> str:
     data = build_sessions(run_dir, strategies, quarantine)
     tools = overview.tool_columns(summary)
     counter_names, counter_rows = overview.counter_rows(summary)
+    if plots_drawn is not None:
+        plots_drawn()
     context = {
         "run": _run_info(run_dir),
         "summary": summary,
