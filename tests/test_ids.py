@@ -38,6 +38,14 @@ def test_common_prefix_len_matches_the_definition_on_lists_and_strings():
         assert common_prefix_len(text_a, text_b) == _prefix_by_definition(text_a, text_b)
 
 
+def test_common_prefix_len_ignores_a_wrong_hint():
+    rng = random.Random(3)
+    for a, b in _pairs(seed=3, count=5000):
+        expected = _prefix_by_definition(a, b)
+        for hint in (expected, rng.randint(-2, 45), None):
+            assert common_prefix_len(a, b, hint) == expected, (a, b, hint)
+
+
 def test_long_overlaps_stay_cheap():
     """A 20k-token tail whose first token is everywhere: the linear pass, not 20k² comparisons."""
     served = [7] * 20000

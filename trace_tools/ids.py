@@ -23,13 +23,17 @@ def interned(ids: Sequence[int], size: int) -> list[int]:
     return list(map(shared_ints(size).__getitem__, ids))
 
 
-def common_prefix_len(a: Sequence, b: Sequence) -> int:
+def common_prefix_len(a: Sequence, b: Sequence, hint: int | None = None) -> int:
     """Length of the longest common prefix of two sequences (token-id lists, or strings).
 
-    A full comparison first (the common case in replay: one sequence extends the other), then a
-    bisection whose every step compares only the current window, so the work stays linear and runs
-    at C speed; a Python loop over 50k-token prompts would dominate replay."""
+    `hint`, a likely answer (the previous turn's drift position, say), is tried first: checking
+    it compares only the prefix it names. Then a full comparison (the common case in replay: one
+    sequence extends the other), then a bisection whose every step compares only the current
+    window, so the work stays linear and runs at C speed; a Python loop over 50k-token prompts
+    would dominate replay."""
     n = min(len(a), len(b))
+    if hint is not None and 0 < hint < n and a[hint] != b[hint] and a[:hint] == b[:hint]:
+        return hint
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n
     low, high = 0, n  # a[:low] == b[:low]; the first difference lies in [low, high)

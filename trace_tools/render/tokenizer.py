@@ -302,8 +302,9 @@ class Tokenizer:
         """Ids of `text` without special-token additions, as the shared int objects
         (`ids.shared_ints`), so they compare fast against recorded ids."""
         fast = self._fast_encoder()
-        ids = fast.encode(text) if fast is not None else self.backend.encode(text, add_special_tokens=False).ids
-        return interned(ids, self.vocab_size)
+        if fast is not None:
+            return fast.encode(text)  # shared ints already
+        return interned(self.backend.encode(text, add_special_tokens=False).ids, self.vocab_size)
 
     def _fast_encoder(self) -> "_FastEncoder | None":
         # Built lazily: most processes that load a tokenizer only decode.
@@ -398,7 +399,8 @@ class _FastEncoder:
             special_tokens={},
         )
         self._nfc = recipe.nfc
-        self._added = recipe.added_ids()
+        self._size = recipe.vocab_size
+        self._added = {content: interned([i], self._size)[0] for content, i in recipe.added_ids().items()}
         self._added_bytes = {i: content.encode() for content, i in self._added.items()}
         self._first_added = recipe.first_added_id
         alternatives = sorted(self._added, key=len, reverse=True)
@@ -407,6 +409,8 @@ class _FastEncoder:
         self._memo_chars = 0
 
     def encode(self, text: str) -> list[int]:
+        """Ids as the shared int objects (`ids.shared_ints`); memoised pieces are stored that way,
+        so they are not converted again on every use."""
         out: list[int] = []
         for position, piece in enumerate(self._split.split(text)):
             if position % 2:
@@ -434,7 +438,9 @@ class _FastEncoder:
     def _bpe_piece(self, piece: str) -> list[int]:
         import unicodedata
 
-        return self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece) if self._nfc else piece)
+        return interned(
+            self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece) if self._nfc else piece), self._size
+        )
 
     def decode(self, ids: Sequence[int]) -> str | None:
         """The backend's decode (byte-level bytes of every token, joined, invalid UTF-8 replaced);

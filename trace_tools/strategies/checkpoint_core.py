@@ -406,6 +406,7 @@ class PromptAssembler:
     def __init__(self, renderer: RendererLike):
         self.renderer = renderer
         self._closers: dict[str, Closers] = {}
+        self._seen_tools: dict[tuple[int, str], tuple[Sequence[dict] | None, Closers]] = {}
         self._stop_ids = list(getattr(renderer, "stop_token_ids", None) or [])
 
     def extend(
@@ -432,7 +433,13 @@ class PromptAssembler:
 
     def closers(self, tools: Sequence[dict] | None, kwargs: dict) -> Closers:
         """The template's closers, probed once per (tools, kwargs) (`boundary.Closers.probe`)."""
+        options = json.dumps(kwargs, sort_keys=True, default=repr)
+        # A session passes the same tools object on every turn: serialise its schemas only once.
+        seen = self._seen_tools.get((id(tools), options))
+        if seen is not None and seen[0] is tools:
+            return seen[1]
         key = json.dumps([tools, kwargs], sort_keys=True, default=repr)
         if key not in self._closers:
             self._closers[key] = Closers.probe(self.renderer, tools, kwargs)
+        self._seen_tools[id(tools), options] = (tools, self._closers[key])
         return self._closers[key]

@@ -1311,6 +1311,7 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
     """Turn events, prompt events, drift positions and the request counters of a replay."""
     for name in ("rejected_requests", "server_errors"):
         result.counters[name] += 0
+    drift: int | None = None  # a session's prompts tend to drift at the same position turn after turn
     for outcome in outcomes:
         index = outcome.turn_index
         if outcome.status == "rejected":
@@ -1323,4 +1324,4 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
         differs = prompt is not None and not _same_ids(prompt, outcome.prompt_ids)
         result.prompt_events[index] = prompt_event(outcome, differs)
         if differs and prompt is not None and outcome.prompt_ids is not None:
-            result.drift_positions[index] = common_prefix_len(prompt, outcome.prompt_ids)
+            drift = result.drift_positions[index] = common_prefix_len(prompt, outcome.prompt_ids, drift)
