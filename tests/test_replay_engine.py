@@ -57,6 +57,24 @@ def test_every_session_is_accounted_for(sample_run):
         assert sessions[sessions["strategy"] == name]["session_id"].nunique() + summary["quarantined"] >= summary["sessions_total"]
 
 
+def test_shards_of_another_format_are_never_resumed(simulated_dump, tmp_path, monkeypatch):
+    """A run written with an earlier shard layout (samples as Parquet) must not lend its shards to
+    this one, whose merge reads Arrow IPC: it is refused, then replayed in full under --overwrite."""
+    from trace_tools.io import rundir
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(rundir, "SHARD_FORMAT", rundir.SHARD_FORMAT - 1)
+    replay(simulated_dump, out=out, strategies=["tree"])
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="an earlier trace-tools shard format"):
+        replay(simulated_dump, out=out, strategies=["tree"])
+    again = replay(simulated_dump, out=out, strategies=["tree"], overwrite=True)
+    fresh = replay(simulated_dump, out=tmp_path / "fresh", strategies=["tree"])
+    assert again.resumed_shards == 0
+    assert pd.read_parquet(out / "samples.parquet").equals(pd.read_parquet(tmp_path / "fresh" / "samples.parquet"))
+    assert again.summary["strategies"] == fresh.summary["strategies"]
+
+
 def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
     out = tmp_path / "run"
     first = replay(simulated_dump, out=out, strategies=["tree"])

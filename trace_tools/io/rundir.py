@@ -95,10 +95,14 @@ class SessionRows:
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
 
 
+SHARD_FORMAT = 2  # 2: samples in Arrow IPC; shards written in another format are replayed again
+
+
 def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
-    """Options plus each input file's path, size and modification time: what a resume must match."""
+    """Options, each input file's path, size and modification time, and the shard format: what a
+    resume must match."""
     inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
-    blob = json.dumps({"options": options, "inputs": inputs}, sort_keys=True, default=str)
+    blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -94,7 +94,7 @@ def _changed(run_dir: Path, options: dict[str, Any]) -> str:
     try:
         previous = json.loads((run_dir / "run.json").read_text())["options"]
     except (OSError, ValueError, KeyError):
-        return "an unfinished earlier run, or another dump"
+        return "an unfinished earlier run, another dump, or an earlier trace-tools shard format"
     plain = json.loads(json.dumps(options, default=str))
     changed = [f"{key}: {previous.get(key)} → {value}" for key, value in plain.items() if previous.get(key) != value]
-    return "; ".join(changed) or "another dump, or changed input files"
+    return "; ".join(changed) or "another dump, changed input files, or an earlier trace-tools shard format"
