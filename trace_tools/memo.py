@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Hashable, TypeVar
 
 T = TypeVar("T")
 
@@ -17,12 +17,15 @@ class IdentityMemo(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Any, T]] = {}
+        self._entries: dict[Any, tuple[Any, T]] = {}
 
-    def get(self, obj: Any, compute: Callable[[Any], T]) -> T:
-        hit = self._entries.get(id(obj))
+    def get(self, obj: Any, compute: Callable[[Any], T], key: Hashable = None) -> T:
+        """`compute(obj)`, computed once per object and `key` (what else the value depends on,
+        e.g. the template options a tool list is rendered under)."""
+        entry = id(obj) if key is None else (id(obj), key)
+        hit = self._entries.get(entry)
         if hit is None or hit[0] is not obj:
-            hit = self._entries[id(obj)] = (obj, compute(obj))
+            hit = self._entries[entry] = (obj, compute(obj))
         return hit[1]
 
     def clear(self) -> None:

@@ -130,7 +130,7 @@ class IncrementalRenderer:
         self._windows: OrderedDict[bytes, str] = OrderedDict()
         self._messages: IdentityMemo[bytes] = IdentityMemo()
         self._links: dict[tuple[bytes, int], tuple[Any, bytes]] = {}
-        self._contexts: dict[tuple[int, bytes], tuple[Any, bytes]] = {}
+        self._contexts: IdentityMemo[bytes] = IdentityMemo()
         self._last: _Text | None = None
 
     # -- public --------------------------------------------------------------------------------
@@ -338,11 +338,7 @@ class IncrementalRenderer:
         return chain
 
     def _context_link(self, tools, kwargs: dict) -> bytes:
-        options = _dumps(kwargs)
-        hit = self._contexts.get((id(tools), options))
-        if hit is None or hit[0] is not tools:
-            hit = self._contexts[id(tools), options] = (tools, _digest(_dumps([tools, kwargs])))
-        return hit[1]
+        return self._contexts.get(tools, lambda _: _digest(_dumps([tools, kwargs])), key=_dumps(kwargs))
 
     def _message_digest(self, message: Any) -> bytes:
         if len(self._messages) > 8 * _MAX_ENTRIES:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from trace_tools.data import Sample
 from trace_tools.ids import starts_with
+from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
@@ -406,7 +407,7 @@ class PromptAssembler:
     def __init__(self, renderer: RendererLike):
         self.renderer = renderer
         self._closers: dict[str, Closers] = {}
-        self._seen_tools: dict[tuple[int, str], tuple[Sequence[dict] | None, Closers]] = {}
+        self._by_tools: IdentityMemo[Closers] = IdentityMemo()
         self._stop_ids = list(getattr(renderer, "stop_token_ids", None) or [])
 
     def extend(
@@ -432,14 +433,15 @@ class PromptAssembler:
         return Assembly([*node.token_ids, *glue, *tail_ids], glue, tail_ids, "anchored" if rewritten else "delta")
 
     def closers(self, tools: Sequence[dict] | None, kwargs: dict) -> Closers:
-        """The template's closers, probed once per (tools, kwargs) (`boundary.Closers.probe`)."""
+        """The template's closers, probed once per (tools, kwargs) (`boundary.Closers.probe`).
+
+        A session passes the same tools object on every turn, so its schemas are serialised
+        into the content key once per object, not once per turn."""
         options = json.dumps(kwargs, sort_keys=True, default=repr)
-        # A session passes the same tools object on every turn: serialise its schemas only once.
-        seen = self._seen_tools.get((id(tools), options))
-        if seen is not None and seen[0] is tools:
-            return seen[1]
+        return self._by_tools.get(tools, lambda _: self._probed_closers(tools, kwargs), key=options)
+
+    def _probed_closers(self, tools: Sequence[dict] | None, kwargs: dict) -> Closers:
         key = json.dumps([tools, kwargs], sort_keys=True, default=repr)
         if key not in self._closers:
             self._closers[key] = Closers.probe(self.renderer, tools, kwargs)
-        self._seen_tools[id(tools), options] = (tools, self._closers[key])
         return self._closers[key]
