@@ -52,6 +52,28 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
         raise
 
 
+def read_cached(path: Path | None, key: str, default: Any) -> Any:
+    """`key` of the JSON object cached at `path`; `default` when there is none or it is unreadable."""
+    if path is None:
+        return default
+    try:
+        return json.loads(path.read_text())[key]
+    except (OSError, ValueError, TypeError, KeyError):
+        return default
+
+
+def write_cached(path: Path | None, key: str, value: Any) -> None:
+    """Cache `{key: value}` at `path`, atomically (worker processes race to write it); a read-only
+    cache only costs computing the value again."""
+    if path is None:
+        return
+    try:
+        with atomic_open(path, "w") as out:
+            json.dump({key: value}, out)
+    except OSError:
+        pass
+
+
 def _umask() -> int:
     """The process umask (reading it means setting it, so it is set straight back)."""
     mask = os.umask(0o022)

@@ -426,21 +426,21 @@ def verdict_digest(*parts: Any) -> str:
 
 
 def _read_verdict(path: Path) -> Rules | None:
+    from trace_tools.io.write import read_cached
+
+    rules = read_cached(path, "rules", _UNKNOWN)
+    if rules is None or rules is _UNKNOWN:
+        return rules
     try:
-        data = json.loads(path.read_text())
-        return None if data["rules"] is None else Rules(**data["rules"])
-    except (OSError, ValueError, TypeError, KeyError):
+        return Rules(**rules)
+    except TypeError:  # written by another version of `Rules`
         return _UNKNOWN
 
 
 def _write_verdict(path: Path, rules: Rules | None) -> None:
-    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
+    from trace_tools.io.write import write_cached
 
-    try:
-        with atomic_open(path, "w") as out:
-            json.dump({"rules": None if rules is None else dataclasses.asdict(rules)}, out)
-    except OSError:
-        pass  # a read-only cache only costs the check again
+    write_cached(path, "rules", None if rules is None else dataclasses.asdict(rules))
 
 
 def _independent(boundaries: dict[str, int]) -> dict[str, int]:

@@ -255,7 +255,7 @@ class TemplateRunner:
 
     def __init__(self, chat_template: str, variables: dict, steps: Any, fallback: Callable[..., str]):
         self.steps, self._fallback = steps, fallback
-        self._json: dict[tuple, tuple[Any, str]] = {}
+        self._json: IdentityMemo[str] = IdentityMemo()
         env = steps.environment(chat_template)
         env.filters["tojson"] = self._memoised_json(env.filters["tojson"])
         self._template = env.from_string(chat_template)
@@ -293,14 +293,12 @@ class TemplateRunner:
         same tool schemas are written into every full render of a session's system prompt."""
 
         def memoised(value: Any, *args: Any, **kwargs: Any) -> str:
-            key = (id(value), args, tuple(kwargs.items()))
+            options = (args, tuple(kwargs.items()))
             try:
-                hit = self._json.get(key)
+                hash(options)
             except TypeError:  # an unhashable option (a list of separators): nothing to share
                 return tojson(value, *args, **kwargs)
-            if hit is None or hit[0] is not value:
-                hit = self._json[key] = (value, tojson(value, *args, **kwargs))
-            return hit[1]
+            return self._json.get(value, lambda _: tojson(value, *args, **kwargs), key=options)
 
         return memoised
 
@@ -352,22 +350,13 @@ def build_runner(
 
 
 def _read_verdict(path: Path | None) -> bool | None:
-    if path is None:
-        return None
-    try:
-        value = json.loads(path.read_text())["native"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+    from trace_tools.io.write import read_cached
+
+    value = read_cached(path, "native", None)
     return value if isinstance(value, bool) else None
 
 
 def _write_verdict(path: Path | None, same: bool) -> None:
-    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
+    from trace_tools.io.write import write_cached
 
-    if path is None:
-        return
-    try:
-        with atomic_open(path, "w") as out:
-            json.dump({"native": same}, out)
-    except OSError:
-        pass  # a read-only cache only costs the check again
+    write_cached(path, "native", same)
