@@ -147,6 +147,8 @@ def replay_cmd(
         _print_summary(console, result.summary, result.run_dir)
         if result.resumed_shards:
             note(f"resumed: {result.resumed_shards} finished shard(s) of an earlier run with the same options reused")
+        for reason in result.redone_shards:
+            note(f"replayed again: {reason}")
         note(f"run directory: {result.run_dir}")
         note(f"report.html: {result.run_dir / 'report.html'}")
     if strict and result.quarantined:

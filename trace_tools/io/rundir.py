@@ -1,36 +1,33 @@
-"""The run directory (DESIGN §6): layout, fingerprint, resumable shards, merged tables, reading.
+"""The run directory (DESIGN §6): layout, table schemas, reading.
 
 Replay writes it and reports read it; both import this module and nothing of each other.
 
     RUN/run.json            inputs, options, versions, renderer identities, reconstruction counters
     RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
     RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
-    RUN/summary.json        RUN/report.md          RUN/plots/*.png
-    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.samples.arrow, NNNNN.done
+    RUN/report.md           RUN/report.html        RUN/plots/*.png
+    RUN/summary.json        written last: a run directory without it is unfinished
+    RUN/shards/, RUN/.lock  resumable shards and the writer's lock (`io.shards`)
 
 Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
-written atomically with a completion marker, so a rerun with the same options and inputs
-resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
-streams shard by shard (samples record batch by record batch), so it never holds a whole table.
-A shard keeps its samples in Arrow IPC (zstd): they are read back only to resume, and writing
-IPC is a tenth of the CPU of encoding the same table as Parquet.
+written with a marker that lists its files and their checksums, so a rerun with the same options,
+inputs and code resumes where it stopped, and the merged tables are the same whatever the worker
+count. A shard keeps its samples in Arrow IPC (zstd): they are read back only to resume, and
+writing IPC is a tenth of the CPU of encoding the same table as Parquet.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 TABLES = (*SMALL_TABLES, "samples")
@@ -95,93 +92,21 @@ class SessionRows:
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
 
 
-SHARD_FORMAT = 2  # 2: samples in Arrow IPC; shards written in another format are replayed again
-
-
-def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
-    """Options, each input file's path, size and modification time, and the shard format: what a
-    resume must match."""
-    inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
-    blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def prepare(run_dir: Path, stamp: str) -> int:
-    """Create the directory; keep finished shards only when the fingerprint matches. Returns how
-    many finished shards were kept."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UnusableInput(f"--out {run_dir} is a file, not a directory; pass a directory path")
-    shards = run_dir / "shards"
-    marker = shards / "FINGERPRINT"
-    if marker.exists() and marker.read_text().strip() != stamp:
-        shutil.rmtree(shards)
-    shards.mkdir(parents=True, exist_ok=True)
-    marker.write_text(stamp)
-    return len(list(shards.glob("*.done")))
-
-
-def shard_done(run_dir: Path, index: int) -> bool:
-    return (run_dir / "shards" / f"{index:05d}.done").exists()
-
-
-class ShardWriter:
-    """Collects the rows of one shard; samples go to disk session by session."""
-
-    def __init__(self, run_dir: Path, index: int, write_samples: bool):
-        self.base = run_dir / "shards" / f"{index:05d}"
-        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
-        self.render_stats: Counter = Counter()
-        self.renderers: dict[str, dict] = {}
-        self._samples_tmp = Path(f"{self.base}.samples.arrow.tmp")
-        self._samples = (
-            pa.ipc.new_file(str(self._samples_tmp), SAMPLES_SCHEMA, options=SHARD_SAMPLES_OPTIONS)
-            if write_samples
-            else None
-        )
-
-    def add(self, rows: SessionRows) -> None:
-        for name in SMALL_TABLES:
-            self.rows[name].extend(getattr(rows, name))
-        self.render_stats.update(rows.render_stats)
-        if rows.renderer:
-            self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
-        if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
-            self._samples.write_table(rows.samples)
-
-    def close(self) -> None:
-        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
-
-        for name, records in self.rows.items():
-            write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
-        write_json_atomic(
-            {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
-            Path(f"{self.base}.meta.json"),
-        )
-        if self._samples is not None:
-            self._samples.close()
-            os.chmod(self._samples_tmp, 0o644)
-            os.replace(self._samples_tmp, Path(f"{self.base}.samples.arrow"))
-        Path(f"{self.base}.done").write_text("ok")
-
-
-def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
-    if name == "quarantine":
-        return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
-    if name == "drift":
-        return pa.Table.from_pylist(records, schema=DRIFT_SCHEMA)
-    return pa.Table.from_pylist(records)
-
-
 class SamplesFile:
     """RUN/samples.parquet written as the sessions come back, beside the shards.
 
     Merging the shards' samples at the end would decode and encode every token again (a second
     on a long dump, after the last session); a run that resumed nothing has every session pass
-    through here in order, so this file is the merged one. A resumed run discards it and merges."""
+    through here in order, so this file is the merged one. A resumed run discards it and merges.
+    The temporary file's name is unique to this writer; `discard` removes it."""
 
     def __init__(self, run_dir: Path):
+        import tempfile
+
         self.target = run_dir / "samples.parquet"
-        self._tmp = _samples_tmp(self.target)
+        fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")
+        os.close(fd)
+        self._tmp = Path(name)
         self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
 
     def add(self, samples: pa.Table | None) -> None:
@@ -189,81 +114,18 @@ class SamplesFile:
             self._writer.write_table(samples)
 
     def commit(self) -> None:
+        from trace_tools.io.write import _umask
+
         self._writer.close()
-        os.chmod(self._tmp, 0o644)
+        os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.target)
 
-
-def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
-    """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table
-    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False)."""
-    for name in SMALL_TABLES:
-        parts = _shard_files(run_dir, name, shards)
-        if name == "quarantine":
-            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))), *parts]
-        _concat_write(parts, run_dir / f"{name}.parquet")
-    if write_samples:
-        _stream_samples(_shard_paths(run_dir, "samples", shards, "arrow"), run_dir / "samples.parquet")
-
-
-def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Render counters summed over every shard (resumed ones included) and the distinct renderers."""
-    stats: Counter = Counter()
-    renderers: dict[str, dict] = {}
-    for index in range(shards):
-        path = run_dir / "shards" / f"{index:05d}.meta.json"
-        if path.exists():
-            meta = json.loads(path.read_text())
-            stats.update(meta["render_stats"])
-            for identity in meta["renderers"]:
-                renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
-    return dict(stats), list(renderers.values())
-
-
-def _shard_paths(run_dir: Path, name: str, shards: int, suffix: str = "parquet") -> list[Path]:
-    return [p for i in range(shards) if (p := run_dir / "shards" / f"{i:05d}.{name}.{suffix}").exists()]
-
-
-def _shard_files(run_dir: Path, name: str, shards: int) -> list[pa.Table]:
-    return [pq.read_table(p) for p in _shard_paths(run_dir, name, shards)]
-
-
-def _concat_write(parts: list[pa.Table], path: Path) -> None:
-    from trace_tools.io.write import write_parquet_atomic
-
-    parts = [p for p in parts if p.num_columns]
-    if not parts:
-        write_parquet_atomic(pa.table({}), path)
-        return
-    schema = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
-    table = pa.concat_tables([_conform(p, schema) for p in parts])
-    write_parquet_atomic(table, path)
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    columns = []
-    for field_ in schema:
-        if field_.name in table.column_names:
-            columns.append(table.column(field_.name).cast(field_.type))
-        else:
-            columns.append(pa.nulls(table.num_rows, field_.type))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _samples_tmp(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp")
-
-
-def _stream_samples(paths: list[Path], target: Path) -> None:
-    tmp = _samples_tmp(target)
-    with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
-        for path in paths:
-            with pa.memory_map(str(path)) as source:
-                reader = pa.ipc.open_file(source)
-                for batch in range(reader.num_record_batches):
-                    writer.write_batch(reader.get_batch(batch))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    def discard(self) -> None:
+        try:
+            self._writer.close()
+        except (OSError, pa.ArrowException):
+            pass
+        self._tmp.unlink(missing_ok=True)
 
 
 def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None) -> Any:

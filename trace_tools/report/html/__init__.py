@@ -16,22 +16,28 @@ REPORT_NAME = "report.html"
 
 
 def write_html_report(
-    run_dir: str | Path, out: str | Path | None = None, plots_drawn: Callable[[], object] | None = None
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    plots_drawn: Callable[[], object] | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> Path:
     """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path.
 
     `plots_drawn` is called, when given, just before RUN/plots are read: the page's other parts
-    are built while the plots are still being drawn elsewhere."""
+    are built while the plots are still being drawn elsewhere. `summary` is the run's summary
+    when the caller has it and summary.json is not written yet (replay writes it last)."""
     from trace_tools.io.rundir import require_run
     from trace_tools.io.write import write_text_atomic
 
-    run = require_run(Path(run_dir))
+    run = Path(run_dir) if summary is not None else require_run(Path(run_dir))
     target = Path(out) if out is not None else run / REPORT_NAME
-    write_text_atomic(render_html(run, plots_drawn), target)
+    write_text_atomic(render_html(run, plots_drawn, summary), target)
     return target
 
 
-def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) -> str:
+def render_html(
+    run_dir: Path, plots_drawn: Callable[[], object] | None = None, summary: dict[str, Any] | None = None
+) -> str:
     """The page's HTML text for a finished run directory."""
     import pandas as pd
 
@@ -40,7 +46,8 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
     from trace_tools.report.html.sessions import build_sessions
     from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary is None:
+        summary = json.loads((run_dir / "summary.json").read_text())
     quarantine_path = run_dir / "quarantine.parquet"
     quarantine = pd.read_parquet(quarantine_path) if quarantine_path.exists() else None
     strategies = list(summary["strategies"])
