@@ -78,8 +78,8 @@ def run(
     address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
-    finish: Callable[[EngineResult], T] | None = None,
-) -> EngineResult | T:
+    finish: Callable[[EngineResult], T],
+) -> T:
     """Replay `dump` under `options` into a run directory (tables only; see the module docstring),
     then `finish(result)` (the summary and reports) while this process still holds the run's lock.
 
@@ -126,7 +126,7 @@ def run(
             verdict.redone,
         )
         _replay(pipeline, result, verdict.reusable, current["stamp"], workers, executor, address, progress)
-        return finish(result) if finish is not None else result
+        return finish(result)
 
 
 def _replay(
