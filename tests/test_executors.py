@@ -1,28 +1,15 @@
 """Output never depends on the worker count or the executor, and a killed run resumes (DESIGN §8)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
+from run_support import run_contents as _contents
 
 from trace_tools.api import replay
-
-TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")
-
-
-def _contents(run_dir: Path) -> dict:
-    """Every table's rows (timings dropped) and the summary: what must not depend on the executor."""
-    out = {"summary": json.loads((run_dir / "summary.json").read_text())}
-    for name in TABLES:
-        table = pq.read_table(run_dir / f"{name}.parquet")
-        out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,30 @@ class SessionRows:
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
 
 
+class TableBuffer:
+    """Small tables gathered into one write of at least `limit` bytes: each write of a record
+    batch or row group costs about a millisecond and a batch's metadata, which a dump of many
+    one-turn sessions would otherwise pay per session."""
+
+    def __init__(self, write: Any, limit: int = 8 * 2**20):
+        self._write, self._limit = write, limit
+        self._parts: list[pa.Table] = []
+        self._bytes = 0
+
+    def add(self, table: pa.Table | None) -> None:
+        if table is None or not table.num_rows:
+            return
+        self._parts.append(table)
+        self._bytes += table.get_total_buffer_size()
+        if self._bytes >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self._write(pa.concat_tables(self._parts).combine_chunks() if len(self._parts) > 1 else self._parts[0])
+            self._parts, self._bytes = [], 0
+
+
 class SamplesFile:
     """RUN/samples.parquet written as the sessions come back, beside the shards.
 
@@ -108,14 +132,15 @@ class SamplesFile:
         os.close(fd)
         self._tmp = Path(name)
         self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
+        self._buffer = TableBuffer(self._writer.write_table)
 
     def add(self, samples: pa.Table | None) -> None:
-        if samples is not None and samples.num_rows:
-            self._writer.write_table(samples)
+        self._buffer.add(samples)
 
     def commit(self) -> None:
         from trace_tools.io.write import _umask
 
+        self._buffer.flush()
         self._writer.close()
         os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.target)

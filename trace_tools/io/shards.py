@@ -48,6 +48,7 @@ from trace_tools.io.rundir import (
     SHARD_SAMPLES_OPTIONS,
     SMALL_TABLES,
     SessionRows,
+    TableBuffer,
 )
 
 SHARD_FORMAT = 3  # 3: markers with positions, session digest and file checksums; other formats are replayed again
@@ -334,6 +335,7 @@ class ShardWriter:
             os.close(fd)
             self._samples_tmp = Path(name)
             self._samples = pa.ipc.new_file(name, SAMPLES_SCHEMA, options=SHARD_SAMPLES_OPTIONS)
+            self._buffer = TableBuffer(self._samples.write_table)
 
     def add(self, session_id: str, rows: SessionRows) -> None:
         self._first = session_id if self._first is None else self._first
@@ -346,8 +348,8 @@ class ShardWriter:
         if rows.renderer:
             self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
         if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
-            self._samples.write_table(rows.samples)
-            self.samples_bytes += rows.samples.nbytes
+            self._buffer.add(rows.samples)
+            self.samples_bytes += rows.samples.get_total_buffer_size()
 
     def full(self, limits: Limits) -> bool:
         return (
@@ -367,6 +369,7 @@ class ShardWriter:
             write_parquet_atomic(_small_table(table, records), path)
             files[path.name] = file_entry(path)
         if self._samples is not None and self._samples_tmp is not None:
+            self._buffer.flush()
             self._samples.close()
             os.chmod(self._samples_tmp, 0o666 & ~_umask())
             path = self.shards / f"{name}.samples.arrow"

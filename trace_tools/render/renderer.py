@@ -363,6 +363,7 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
     return build_runner(chat_template, specials, transformers_render, verdict) or transformers_render()
 
 
+@functools.cache
 def _library_version(name: str) -> str:
     """An installed distribution's version, read without importing it (importing transformers
     takes a second, and a replay that finds its render verdicts on disk never needs it)."""
