@@ -141,13 +141,31 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 4096).decode("utf-8", "replace")
             os.close(fd)
-            raise UsageError(
-                f"{self.path.parent} is being written by another trace-tools process ({_holder(holder)}); "
-                "wait for it to finish, or choose another --out"
-            ) from None
+            raise self._busy(holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(_this_process()).encode())
         self._fd = fd
+
+    @classmethod
+    def check_free(cls, run_dir: Path) -> None:
+        """Raise the error `acquire` would, without taking the lock or creating anything."""
+        lock = cls(run_dir)
+        try:
+            fd = os.open(lock.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise lock._busy(os.read(fd, 4096).decode("utf-8", "replace")) from None
+        finally:
+            os.close(fd)
+
+    def _busy(self, holder: str) -> UsageError:
+        return UsageError(
+            f"{self.path.parent} is being written by another trace-tools process ({_holder(holder)}); "
+            "wait for it to finish, or choose another --out"
+        )
 
     def release(self) -> None:
         # The file stays: unlinking it would let a third process lock a new file while a second

@@ -158,6 +158,8 @@ def _replay(
             samples.discard()
         raise
     result.sessions_replayed = tracker.replayed
+    result.resumed_shards = len(tracker.reused())
+    result.redone_shards += tracker.redone
     result.data_warnings = dict(stream.data_warnings)
     markers = tracker.markers()
     shards.check_coverage(markers, tracker.positions)
@@ -212,6 +214,7 @@ class _Shards:
         self._written: list[shards.Marker] = []
         self._writer: shards.ShardWriter | None = None
         self._checking: Any = None  # digest of the ids skipped in the reusable shard being passed
+        self.redone: list[str] = []  # reusable shards dropped once their sessions came, and why
         self.replayed = 0
         self.positions = 0  # sessions the stream has handed out so far
         self._seen = 0
@@ -225,6 +228,9 @@ class _Shards:
             return False
         if position == marker.start:
             if session_id != marker.first:
+                self.redone.append(
+                    f"shard {marker.name}: it starts with session {marker.first!r}, the dump with {session_id!r}"
+                )
                 self._drop(marker)
                 return False
             self._checking = shards.IdDigest()
@@ -258,6 +264,9 @@ class _Shards:
         if self._writer is not None:
             self._writer.discard()
             self._writer = None
+
+    def reused(self) -> list[shards.Marker]:
+        return list(self._reusable.values())
 
     def markers(self) -> list[shards.Marker]:
         """Every shard of the run, reused and new, in stream order."""

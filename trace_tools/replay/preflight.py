@@ -72,10 +72,11 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
     """The run directory is new, empty, or this same run (to resume); never a file, someone else's
     directory, or a run made with other options, inputs or code unless `overwrite`. `current` is
     this run's fingerprint (`io.shards.fingerprint`)."""
-    from trace_tools.io.shards import recorded_fingerprint
+    from trace_tools.io.shards import LOCK_NAME, RunLock, recorded_fingerprint
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--out {run_dir} is a file; pass a directory path for the run")
+    RunLock.check_free(run_dir)
     recorded = recorded_fingerprint(run_dir)
     if recorded is not None:
         if recorded.get("stamp") != current["stamp"] and not overwrite:
@@ -84,7 +85,7 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
                 "pass --overwrite to replace it, or choose another --out"
             )
         return
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+    if run_dir.is_dir() and any(path.name != LOCK_NAME for path in run_dir.iterdir()) and not overwrite:
         raise UsageError(
             f"--out {run_dir} is a directory that holds other files, not a trace-tools run; "
             "pass a new or empty directory (or --overwrite)"
