@@ -32,16 +32,14 @@ def one_turn_dump(path: Path, sessions: int) -> Path:
     output = load_tokenizer("qwen3").encode("The answer is 42.<|im_end|>")
     meta = DumpMeta(schema_version="1", tokenizer="qwen3", chat_template=sample_template("qwen3"))
     schema = dump_schema(meta)
+    system = {"role": "system", "content": "Answer briefly."}
     with pq.ParquetWriter(path, schema) as writer:
         for first in range(0, sessions, 10_000):
             ids = range(first, min(first + 10_000, sessions))
             rows = {
                 "session_id": [f"tiny-{i:07d}" for i in ids],
                 "turn_index": [0] * len(ids),
-                "messages": [
-                    json.dumps([{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"Q{i}?"}])
-                    for i in ids
-                ],
+                "messages": [json.dumps([system, {"role": "user", "content": f"Q{i}?"}]) for i in ids],
                 "output_ids": [output] * len(ids),
                 "response": [json.dumps({"role": "assistant", "content": "The answer is 42."})] * len(ids),
             }

@@ -7,8 +7,8 @@ import sys
 import time
 
 import pytest
-from run_support import run_contents as _contents
 
+from run_support import run_contents as _contents
 from trace_tools.api import replay
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from run_support import one_turn_dump, run_contents
 from typer.testing import CliRunner
 
+from run_support import one_turn_dump, run_contents
 from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import UnusableInput, UsageError
