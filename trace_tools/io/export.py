@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trace_tools.errors import UnknownName, UnusableInput
-from trace_tools.io.write import atomic_open
+from trace_tools.io.write import atomic_open, check_output_file
 
 FORMATS = ("parquet", "jsonl")
 SAMPLE_COLUMNS = [
@@ -73,17 +73,22 @@ class ExportReport:
     trained_tokens: int = 0
 
 
-def export_samples(run: str | Path, strategy: str, fmt: str = "parquet", out: str | Path | None = None) -> ExportReport:
+def export_samples(
+    run: str | Path, strategy: str, fmt: str = "parquet", out: str | Path | None = None, overwrite: bool = False
+) -> ExportReport:
     """Write `strategy`'s samples from `run` to `out` (default `RUN/export/<strategy>.<fmt>`).
 
-    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample) or UnknownName
-    (a format, or a strategy the run did not replay), both exit 2 on the command line.
+    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample), UnknownName (a
+    format, or a strategy the run did not replay) or UsageError (an `out` that is a directory, the
+    run's own samples or dump, a file in a run directory or an existing file without
+    `overwrite`), all exit 2 on the command line.
     """
     if fmt not in FORMATS:
         raise UnknownName("export format", fmt, FORMATS)
     samples = _samples_file(Path(run))
-    _check_strategy(samples, strategy)
     report = ExportReport(Path(out) if out else Path(run) / "export" / f"{strategy}.{fmt}", strategy, fmt)
+    check_output_file(report.out, [samples, *_dump_files(Path(run))], overwrite)
+    _check_strategy(samples, strategy)
     rows = _export_rows(samples, strategy, Path(run).name, report)
     (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, report.out)
     return report
@@ -96,6 +101,14 @@ def _samples_file(run: Path) -> Path:
     if not samples.is_file():
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
     return samples
+
+
+def _dump_files(run: Path) -> list[Path]:
+    """The dump the run replayed (run.json): an export must never land on it."""
+    from trace_tools.io.rundir import load_run_info
+
+    inputs = load_run_info(run).get("inputs") or {}
+    return [Path(name) for name in [inputs.get("dump"), *(inputs.get("files") or [])] if isinstance(name, str)]
 
 
 def _check_strategy(samples: Path, strategy: str) -> None:

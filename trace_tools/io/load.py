@@ -86,18 +86,40 @@ class LoadedDump:
 
 
 def find_files(path: str | Path) -> list[Path]:
-    """The Parquet files of a dump: the file itself, or every `*.parquet` under a directory, sorted."""
+    """The Parquet files of a dump: the file itself, or every `*.parquet` under a directory, sorted.
+
+    Directories that trace-tools writes (a replay run, a rescore output) are outputs, never input:
+    one inside a dump directory is passed over, and pointing at one is an error that says so."""
+    from trace_tools.io.rundir import directory_kind, not_a_dump
+
     root = Path(path).expanduser()
     if root.is_file():
+        kind = directory_kind(root.parent)
+        if kind is not None:
+            raise UnusableInput(not_a_dump(root, root.parent, kind))
         return [root]
     if not root.exists():
         raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
     if not root.is_dir():
         raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
-    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    kind = directory_kind(root)
+    if kind is not None:
+        raise UnusableInput(not_a_dump(root, root, kind))
+    files = sorted(_parquet_files(root))
     if not files:
         raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
     return files
+
+
+def _parquet_files(root: Path) -> Iterator[Path]:
+    """`*.parquet` files under `root`, passing over the directories trace-tools writes."""
+    import os
+
+    from trace_tools.io.rundir import directory_kind
+
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = [name for name in subfolders if directory_kind(Path(folder) / name) is None]
+        yield from (path for name in names if name.endswith(".parquet") and (path := Path(folder) / name).is_file())
 
 
 def _unreadable(path: Path, error: Exception) -> UnusableInput:

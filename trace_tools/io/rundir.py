@@ -166,9 +166,41 @@ def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None)
     return pq.read_table(path, columns=columns).to_pandas()
 
 
+def directory_kind(path: Path) -> str | None:
+    """`run` for a directory `trace-tools replay` writes, `rescore` for one `trace-tools rescore`
+    writes, None for anything else (such directories are outputs, never dumps to read)."""
+    if (path / "shards" / "FINGERPRINT").is_file() or (path / "run.json").is_file():
+        return "run"
+    summary = path / "summary.json"
+    if not summary.is_file():
+        return None
+    try:
+        keys = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(keys, dict) and "strategies" in keys:
+        return "run"
+    return "rescore" if isinstance(keys, dict) and "logprobs_source" in keys else None
+
+
+def not_a_dump(pointed: Path, directory: Path, kind: str) -> str:
+    """Why a run or rescore output directory (or a table in one) cannot be read as a dump, naming
+    the dump it came from."""
+    source = load_run_info(directory).get("inputs", {}).get("dump") if kind == "run" else None
+    made = "`trace-tools replay`" if kind == "run" else "`trace-tools rescore`"
+    what = "a directory" if pointed == directory else f"a table in {directory}, a directory"
+    hint = f"pass the dump it read ({source})" if source else "pass the dump it read"
+    return f"{pointed} is {what} written by {made}, not a dump; {hint}"
+
+
 def require_run(run_dir: str | Path) -> Path:
     """A finished run directory, or a clear error naming the fix."""
     path = Path(run_dir)
+    if directory_kind(path) == "rescore":
+        raise TraceToolsError(
+            f"{path} is a `trace-tools rescore` output directory, not a replay run: it has no strategies "
+            "to report, compare, gate or export; pass a `trace-tools replay --out` directory"
+        )
     if not (path / "summary.json").is_file():
         raise TraceToolsError(
             f"{path} is not a finished run directory (no summary.json); "
@@ -182,8 +214,12 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 def load_run_info(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / "run.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """run.json, or {} when it is missing or unreadable."""
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 _LIST_COLUMNS = {field_.name: field_.type for field_ in SAMPLES_SCHEMA if pa.types.is_list(field_.type)}

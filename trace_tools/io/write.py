@@ -52,6 +52,31 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
         raise
 
 
+def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
+    """Refuse an output file that would destroy something the user did not ask to replace: a
+    directory, one of the command's own inputs (always), a file directly in a run directory, or
+    any existing file (those two unless `overwrite`)."""
+    from trace_tools.errors import UsageError
+    from trace_tools.io.rundir import directory_kind
+
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a directory; pass a file path")
+    target = out.resolve()
+    for source in inputs:
+        if source.exists() and source.resolve() == target:
+            raise UsageError(f"{option} {out} is one of this command's inputs; choose another path")
+    if overwrite:
+        return
+    kind = directory_kind(target.parent)
+    if kind is not None:
+        raise UsageError(
+            f"{option} {out} is inside the {kind} directory {out.parent}, whose files trace-tools manages; "
+            "choose a path outside it (or pass --overwrite)"
+        )
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"{option} {out} exists; pass --overwrite to replace it, or choose another path")
+
+
 def read_cached(path: Path | None, key: str, default: Any) -> Any:
     """`key` of the JSON object cached at `path`; `default` when there is none or it is unreadable."""
     if path is None:
