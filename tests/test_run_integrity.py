@@ -161,7 +161,7 @@ def test_a_shard_holding_other_sessions_stops_the_run_saying_why(simulated_dump,
 
 # -- killed at several points ---------------------------------------------------------------------
 KILL_POINTS = {  # where the child process dies: module, attribute, on which call
-    "between a shard's files and its marker": ("trace_tools.io.write", "write_json_atomic", 4),
+    "between a shard's files and its marker": ("trace_tools.io.shards", "write_json_atomic", 4),
     "while merging the tables": ("trace_tools.io.shards", "_stream_tables", 4),
     "before the samples file is committed": ("trace_tools.io.rundir", "SamplesFile.commit", 1),
     "while writing the report": ("trace_tools.report.render", "write_report", 1),

@@ -37,6 +37,11 @@ class MalformedRules(UsageError):
     """A gate rules file that cannot be used (message names the line)."""
 
 
+class OutputFailed(TraceToolsError):
+    """An output could not be written (the disk is full, a file-size limit, a read-only file
+    system); the message names the file, and its temporary file is gone."""
+
+
 class ReplayError(TraceToolsError):
     """A session could not be replayed; the engine quarantines it with reason `replay_error`."""
 

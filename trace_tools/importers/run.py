@@ -134,9 +134,10 @@ def import_traces(
             "(a request header such as x-session-id, or a field such as request.user)"
         )
     out = Path(out)
-    files = [f for f in source_files(sources) if f.resolve() != quarantine_path(out).resolve()]  # an earlier run's
-    for target in (out, quarantine_path(out)):
-        check_output_file(target, files, overwrite)
+    files = source_files(sources)
+    check_output_file(out, files, overwrite)
+    files = [f for f in files if f.resolve() != quarantine_path(out).resolve()]  # an earlier import's
+    check_output_file(quarantine_path(out), files, overwrite)
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
     meta = _recording_meta(report, tokenizer, chat_template)
     options = Options(session_key=session_key, vocab_size=report.vocab_size)

@@ -95,9 +95,11 @@ def export_samples(
 
 
 def _samples_file(run: Path) -> Path:
+    from trace_tools.io.rundir import require_run
+
     if not run.is_dir():
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
-    samples = run / "samples.parquet"
+    samples = require_run(run) / "samples.parquet"
     if not samples.is_file():
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
     return samples

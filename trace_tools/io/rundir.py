@@ -27,9 +27,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TraceToolsError, UnusableInput
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
+REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
+_REBUILD = "replay again into it to rebuild it (`trace-tools replay DUMP --out {run}` resumes from its shards)"
 TABLES = (*SMALL_TABLES, "samples")
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -135,14 +137,18 @@ class SamplesFile:
         self._buffer = TableBuffer(self._writer.write_table)
 
     def add(self, samples: pa.Table | None) -> None:
-        self._buffer.add(samples)
+        from trace_tools.io.write import writing
+
+        with writing(self.target):
+            self._buffer.add(samples)
 
     def commit(self) -> None:
-        from trace_tools.io.write import _umask
+        from trace_tools.io.write import plain_file_mode, writing
 
-        self._buffer.flush()
-        self._writer.close()
-        os.chmod(self._tmp, 0o666 & ~_umask())
+        with writing(self.target):
+            self._buffer.flush()
+            self._writer.close()
+        os.chmod(self._tmp, plain_file_mode())
         os.replace(self._tmp, self.target)
 
     def discard(self) -> None:
@@ -160,10 +166,14 @@ def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None)
     path = Path(run_dir) / f"{name}.parquet"
     if not path.exists():
         return pd.DataFrame()
-    if columns is not None:
-        present = set(pq.read_schema(path).names)
-        columns = [c for c in columns if c in present]
-    return pq.read_table(path, columns=columns).to_pandas()
+    try:
+        if columns is not None:
+            present = set(pq.read_schema(path).names)
+            columns = [c for c in columns if c in present]
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (pa.ArrowException, OSError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UnusableInput(f"{path} is not readable ({reason}); {_REBUILD.format(run=Path(run_dir))}") from None
 
 
 def directory_kind(path: Path) -> str | None:
@@ -206,6 +216,9 @@ def require_run(run_dir: str | Path) -> Path:
             f"{path} is not a finished run directory (no summary.json); "
             f"run `trace-tools replay DUMP --out {path}` first"
         )
+    missing = [f"{name}.parquet" for name in REQUIRED_TABLES if not (path / f"{name}.parquet").is_file()]
+    if missing:
+        raise UnusableInput(f"{path} has no {' or '.join(missing)}; {_REBUILD.format(run=path)}")
     return path
 
 

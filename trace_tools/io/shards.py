@@ -50,6 +50,7 @@ from trace_tools.io.rundir import (
     SessionRows,
     TableBuffer,
 )
+from trace_tools.io.write import atomic_open, plain_file_mode, write_json_atomic, write_parquet_atomic, writing
 
 SHARD_FORMAT = 3  # 3: markers with positions, session digest and file checksums; other formats are replayed again
 SHARD_ROWS = 16_384  # table rows (turn and quarantine rows, every strategy) per shard
@@ -259,8 +260,6 @@ def prepare(run_dir: Path, current: dict[str, Any]) -> Verdict:
     if recorded is not None and recorded.get("stamp") != current["stamp"]:
         _remove_tree(shards)
     shards.mkdir(parents=True, exist_ok=True)
-    from trace_tools.io.write import write_json_atomic
-
     write_json_atomic(current, shards / FINGERPRINT_NAME)
     verdict = Verdict()
     kept: set[str] = {FINGERPRINT_NAME}
@@ -346,6 +345,7 @@ class ShardWriter:
         self._opened = time.monotonic()
         self._first: str | None = None
         self._ids = IdDigest()
+        self._samples_path = self.shards / f"{shard_name(start)}.samples.arrow"
         self._samples_tmp: Path | None = None
         self._samples: Any = None
         if write_samples:
@@ -366,7 +366,8 @@ class ShardWriter:
         if rows.renderer:
             self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
         if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
-            self._buffer.add(rows.samples)
+            with writing(self._samples_path):
+                self._buffer.add(rows.samples)
             self.samples_bytes += rows.samples.get_total_buffer_size()
 
     def full(self, limits: Limits) -> bool:
@@ -378,8 +379,6 @@ class ShardWriter:
 
     def close(self) -> Marker:
         """Write the shard's files, then its marker (last: a shard without one is unfinished)."""
-        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
-
         name = shard_name(self.start)
         files: dict[str, list[Any]] = {}
         for table, records in self.rows.items():
@@ -387,12 +386,12 @@ class ShardWriter:
             write_parquet_atomic(_small_table(table, records), path)
             files[path.name] = file_entry(path)
         if self._samples is not None and self._samples_tmp is not None:
-            self._buffer.flush()
-            self._samples.close()
-            os.chmod(self._samples_tmp, 0o666 & ~_umask())
-            path = self.shards / f"{name}.samples.arrow"
-            os.replace(self._samples_tmp, path)
-            files[path.name] = file_entry(path)
+            with writing(self._samples_path):
+                self._buffer.flush()
+                self._samples.close()
+            os.chmod(self._samples_tmp, plain_file_mode())
+            os.replace(self._samples_tmp, self._samples_path)
+            files[self._samples_path.name] = file_entry(self._samples_path)
         marker = Marker(
             self.start,
             self.end,
@@ -415,12 +414,6 @@ class ShardWriter:
                 pass
             self._samples_tmp.unlink(missing_ok=True)
             self._samples = None
-
-
-def _umask() -> int:
-    from trace_tools.io.write import _umask as umask
-
-    return umask()
 
 
 def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
@@ -474,15 +467,11 @@ def shard_meta(markers: list[Marker]) -> tuple[dict[str, int], list[dict[str, An
 
 def _stream_tables(first: pa.Table | None, paths: list[Path], target: Path) -> None:
     """Concatenate Parquet tables into `target` one at a time, under their unified schema."""
-    from trace_tools.io.write import atomic_open
-
     schemas = [pq.read_schema(path) for path in paths]
     if first is not None:
         schemas.insert(0, first.schema)
     schemas = [schema for schema in schemas if len(schema)]
     if not schemas:
-        from trace_tools.io.write import write_parquet_atomic
-
         write_parquet_atomic(pa.table({}), target)
         return
     schema = pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
@@ -506,8 +495,6 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _stream_samples(paths: list[Path], target: Path) -> None:
-    from trace_tools.io.write import atomic_open
-
     with atomic_open(target, "wb") as handle, pq.ParquetWriter(handle, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as out:
         for path in paths:
             with pa.memory_map(str(path)) as source:
