@@ -142,6 +142,12 @@ def import_traces(
     meta = _recording_meta(report, tokenizer, chat_template)
     options = Options(session_key=session_key, vocab_size=report.vocab_size)
     sessions = _census(_outcomes(module, files, options), report)
+    if not sessions and report.by_reason.get("no_session"):
+        looked = f"--session-key {session_key!r} finds nothing" if session_key else "the format's own fields hold none"
+        raise UnusableInput(
+            f"none of the {report.records} records names a session ({looked}); pass --session-key NAME, "
+            "the request header (e.g. x-session-id) or field (e.g. request.metadata.session_id) that holds it"
+        )
     meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
     _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
     return report

@@ -46,7 +46,16 @@ from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
 from trace_tools.ids import shared_ints
 from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
-from trace_tools.io.schema import COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema
+from trace_tools.io.schema import (
+    COLUMNS,
+    COLUMNS_BY_NAME,
+    INT32_MAX,
+    META_FIELDS,
+    META_PREFIX,
+    REQUIRED,
+    SUPPORTED_SCHEMA_VERSIONS,
+    check_schema,
+)
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
@@ -185,10 +194,14 @@ def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMe
     return dataclasses.replace(meta, **chosen)
 
 
-def _schema_warnings(meta: DumpMeta) -> list[str]:
-    if meta.schema_version and meta.schema_version != SCHEMA_VERSION:
-        return [f"dump declares schema_version {meta.schema_version!r}; reading it as schema v{SCHEMA_VERSION}"]
-    return []
+def _check_schema_version(label: str, keys: dict[str, str]) -> None:
+    """A file that declares a schema version this trace-tools does not read is refused, not guessed at."""
+    version = keys.get("schema_version")
+    if version is not None and version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise UnusableInput(
+            f"{label} declares trace_tools.schema_version {version!r}; this trace-tools reads schema version "
+            f"{', '.join(SUPPORTED_SCHEMA_VERSIONS)}: convert the dump, or read it with the trace-tools that wrote it"
+        )
 
 
 def read_dump_meta(path: str | Path) -> DumpMeta:
@@ -459,9 +472,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         return _FileInfo(path, label, rows, columns, check_schema(schema), _trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
+        for info in self._infos:
+            _check_schema_version(info.label, info.keys)
         keys, self.warnings = _merge_keys([(info.label, info.keys) for info in self._infos])
         self.meta = _dump_meta(keys, overrides)
-        self.warnings += _schema_warnings(self.meta)
 
     def _index_file(self, number: int, info: _FileInfo) -> None:
         """Pass 1 for one file: record each session's first/last row and the file's schema problems."""
@@ -611,9 +625,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         with_rows = [info for info in self._infos if info.rows]
         broken = [info for info in with_rows if info.problems or "session_id" not in info.columns]
         if broken and len(broken) == len(with_rows):
-            detail = broken[0].problems[0][2] if broken[0].problems else "required column session_id is missing"
+            column, reason, detail = (
+                broken[0].problems[0] if broken[0].problems else ("session_id", "missing_column", "")
+            )
+            detail = detail or "required column session_id is missing"
             where = broken[0].label if len(broken) == 1 else f"{broken[0].label} and {len(broken) - 1} other file(s)"
-            return f"{detail} ({where}), so no session can be read; add it (trace schema v1) and re-export the dump"
+            expected = COLUMNS_BY_NAME[column].arrow_type
+            fix = "add it" if reason == "missing_column" else f"write it as {expected}"
+            return f"{detail} ({where}), so no session can be read; {fix} (trace schema v1) and re-export the dump"
         if not self._spans:
             return "no row has a session_id; fill the session_id column"
         return None

@@ -14,7 +14,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1"  # what this trace-tools writes
+SUPPORTED_SCHEMA_VERSIONS = ("1",)  # what it reads; a dump declaring another is refused
 META_PREFIX = "trace_tools."
 # DumpMeta fields that have their own `trace_tools.<name>` key; other trace_tools.* keys go to `extra`.
 META_FIELDS = ("schema_version", "tokenizer", "chat_template", "history_mode", "harness")

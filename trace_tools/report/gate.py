@@ -28,7 +28,16 @@ from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
-TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", "quarantined_by_reason", "warnings")
+TOP_LEVEL = (
+    "quarantined",
+    "sessions_total",
+    "turns_total",
+    "sessions_replayed",
+    "turns_replayed",
+    "prompt_fidelity",
+    "quarantined_by_reason",
+    "warnings",
+)
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
 # Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
 STRATEGY_METRICS = (
@@ -53,6 +62,8 @@ TOP_METRICS = (
     "quarantined",
     "sessions_total",
     "turns_total",
+    "sessions_replayed",
+    "turns_replayed",
     "prompt_fidelity.turns_compared",
     "prompt_fidelity.exact",
     "prompt_fidelity.rate",
