@@ -87,7 +87,7 @@ def probe_cmd(
     """
     from trace_tools.cli._output import console, note, print_all, print_json
     from trace_tools.probe import probe
-    from trace_tools.probe.view import profile_table
+    from trace_tools.report.harness_profile import profile_table
 
     result = probe(
         harness,

@@ -181,6 +181,8 @@ def _run_sandbox(
     for line in process.stdout:
         say(line.rstrip())
     rc = process.wait()
+    if not (run_dir / "isolation.json").exists():
+        raise TraceToolsError(f"the sandbox failed (exit {rc}) before writing its report; its output is above")
     report = json.loads((run_dir / "isolation.json").read_text())
     if rc == 3 or (isolation and not report.get("isolated")):
         failed = [f"{c['name']}: {c['detail']}" for c in report.get("checks", []) if not c["ok"]]
@@ -229,6 +231,8 @@ def _version(run_dir: Path) -> str:
 
 
 def _check_sessions(report: dict[str, Any], run_dir: Path) -> None:
+    errors = [s["error"] for s in report["sessions"] if s.get("error")]
     if not any((run_dir / "dump").rglob("*.parquet")):
         logs = run_dir / "harness-logs"
-        raise TraceToolsError(f"the harness recorded no turn; see its logs in {logs}")
+        reason = f" ({errors[0]}; install harnesses where other users can read and run them)" if errors else ""
+        raise TraceToolsError(f"the harness recorded no turn{reason}; see its logs in {logs}")

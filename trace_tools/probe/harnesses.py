@@ -79,6 +79,7 @@ class Harness:
     command: Callable[[Path, Launch], list[str]]
     environment: Callable[[Launch], dict[str, str]]
     finish_command: str | None = None  # a shell command that ends the harness's loop, if text does not
+    version_argv: Callable[[Path], list[str]] = lambda executable: [str(executable), "--version"]
 
     @property
     def pinned(self) -> str:
@@ -102,7 +103,7 @@ class Harness:
         return found
 
     def version_command(self, executable: Path) -> list[str]:
-        return [str(executable), "--version"]
+        return self.version_argv(executable)
 
 
 class HarnessNotInstalled(UsageError):
@@ -196,6 +197,11 @@ HARNESSES = {
             _mini_command,
             _mini_env,
             finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+            version_argv=lambda executable: [
+                str(executable.with_name("python")),
+                "-c",
+                "import importlib.metadata as m; print(m.version('mini-swe-agent'))",
+            ],
         ),
     )
 }

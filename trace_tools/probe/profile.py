@@ -35,6 +35,8 @@ FORMAT, VERSION = "trace-tools-harness-profile", 1
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
+# ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
+JS_WHITESPACE = set("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {chr(c) for c in range(0x2000, 0x200B)}
 _CD_PREFIX = re.compile(r"^cd (\S+) && $")
 _CD_START = re.compile(r"^cd (\S+) && ")
 _PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
@@ -86,6 +88,8 @@ class Detector:
         self.stripped: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.kept_trailing: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.by_type: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"stripped": 0, "kept": 0}))
+        # per argument and file type: the trailing blanks of each value echoed unchanged
+        self.kept_values: dict[tuple[str, str], dict[str, list[frozenset[str]]]] = defaultdict(lambda: defaultdict(list))
         self.orders: dict[str, dict[tuple[tuple[str, ...], tuple[str, ...]], _Finding]] = defaultdict(lambda: defaultdict(_Finding))
         self.order_rules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.added_values: dict[tuple[str, str], list[Any]] = defaultdict(list)
@@ -193,7 +197,7 @@ class Detector:
         if before == after:
             self.arguments[(name, path, "unchanged")].add(example)
             if has_trailing:
-                self.by_type[key][file_type or "(none)"]["kept"] += 1
+                self.kept_values[key][file_type or "(none)"].append(frozenset(_trailing_run(after)))
                 self.arguments[(name, path, "trailing_whitespace_kept")].add(example)
             return
         prefix, rest = _removed_prefix(before, after)
@@ -251,10 +255,12 @@ class Detector:
             section["echoes"] = total
             if (tool, path) in self.stripped:
                 section["stripped_characters"] = sorted(char_name(c) for c in self.stripped[(tool, path)])
+                section["character_class"] = character_class(self.stripped[(tool, path)], self.kept_trailing[(tool, path)])
             if self.kept_trailing.get((tool, path)):
                 section["kept_trailing_characters"] = sorted(char_name(c) for c in self.kept_trailing[(tool, path)])
-            if (tool, path) in self.by_type:
-                section["by_file_type"] = {t: dict(v) for t, v in sorted(self.by_type[(tool, path)].items())}
+            by_type = self._by_type((tool, path))
+            if by_type:
+                section["by_file_type"] = by_type
         return {
             "calls": calls,
             "keys_added": added,
@@ -263,6 +269,17 @@ class Detector:
             **other,
             "arguments": dict(sorted(arguments.items())),
         }
+
+    def _by_type(self, key: tuple[str, str]) -> dict[str, dict[str, int]]:
+        """Per file type: values stripped, and values left alone although they ended in characters
+        this argument's stripping removes elsewhere (any trailing blank, if it is never stripped)."""
+        stripped = self.stripped.get(key)
+        counts = {t: dict(v) for t, v in self.by_type[key].items()} if key in self.by_type else {}
+        for file_type, values in self.kept_values.get(key, {}).items():
+            kept = sum(1 for blanks in values if not stripped or blanks & stripped)
+            entry = counts.setdefault(file_type, {"stripped": 0, "kept": 0})
+            entry["kept"] += kept
+        return dict(sorted((t, n) for t, n in counts.items() if n["stripped"] or n["kept"]))
 
     def transformations(self, tools: dict[str, Any], messages: dict[str, Any]) -> list[dict[str, Any]]:
         """The flat list of everything the echo did (and the identities it kept), for replay."""
@@ -322,7 +339,14 @@ def _argument_transformations(name: str, path: str, argument: dict) -> list[dict
         elif kind == "trailing_whitespace_stripped":
             by_type = argument.get("by_file_type", {})
             exempt = sorted(t for t, n in by_type.items() if n["kept"] and not n["stripped"])
-            entry.update(kind="rstrip_lines", characters=argument.get("stripped_characters", []), kept_characters=argument.get("kept_trailing_characters", []), except_file_types=exempt, by_file_type=by_type)
+            entry.update(
+                kind="rstrip_lines",
+                characters=argument.get("stripped_characters", []),
+                kept_characters=argument.get("kept_trailing_characters", []),
+                character_class=argument.get("character_class"),
+                except_file_types=exempt,
+                by_file_type=by_type,
+            )
         elif kind.startswith("prefix_removed:"):
             entry.update(kind="strip_prefix", pattern=kind.split(":", 1)[1])
         else:
@@ -433,7 +457,8 @@ def _rstripped(before: str, after: str) -> set[str] | None:
     return removed
 
 
-def _trailing_blanks(text: str) -> set[str]:
+def _trailing_run(text: str) -> set[str]:
+    """Every blank character in the runs that end the lines of `text`."""
     found: set[str] = set()
     for line in text.split("\n"):
         end = len(line)
@@ -441,6 +466,20 @@ def _trailing_blanks(text: str) -> set[str]:
             end -= 1
         found |= set(line[end:])
     return found
+
+
+def _trailing_blanks(text: str) -> set[str]:
+    """The blank characters a line still ends with after stripping: the ones the harness keeps."""
+    return {line[-1] for line in text.split("\n") if line and is_blank(line[-1])}
+
+
+def character_class(stripped: set[str], kept: set[str]) -> str:
+    """Which known whitespace set explains the stripping: JavaScript's trimEnd, Python's rstrip, or neither."""
+    if stripped <= JS_WHITESPACE and not kept & JS_WHITESPACE:
+        return "javascript-trimEnd"
+    if all(c.isspace() for c in stripped) and not any(c.isspace() for c in kept):
+        return "python-rstrip"
+    return "custom"
 
 
 def _prefix_pattern(prefix: str, cwd: str | None) -> str:

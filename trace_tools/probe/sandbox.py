@@ -176,16 +176,20 @@ def run_command(spec, uid, gid):
     started = time.monotonic()
     drop = {"user": uid, "group": gid, "extra_groups": []} if uid is not None and os.getuid() == 0 else {}
     with open(spec["log"], "ab") as log:
-        process = subprocess.Popen(
-            spec["argv"],
-            cwd=spec["cwd"],
-            env=spec["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            **drop,
-        )
+        try:
+            process = subprocess.Popen(
+                spec["argv"],
+                cwd=spec["cwd"],
+                env=spec["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **drop,
+            )
+        except OSError as exc:  # e.g. the unprivileged user may not read the harness
+            log.write(f"cannot start {spec['argv'][0]}: {exc}\n".encode())
+            return {"rc": 126, "seconds": 0.0, "timed_out": False, "error": str(exc)}
         try:
             rc = process.wait(timeout=spec["timeout"])
             timed_out = False

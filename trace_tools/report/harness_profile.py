@@ -54,6 +54,8 @@ def describe(entry: dict[str, Any]) -> str:
         text = "trailing whitespace stripped per line: " + " ".join(c.split()[0] for c in entry["characters"])
         if entry.get("kept_characters"):
             text += "; kept: " + " ".join(c.split()[0] for c in entry["kept_characters"])
+        if entry.get("character_class") and entry["character_class"] != "custom":
+            text += f" ({entry['character_class']})"
         if entry.get("except_file_types"):
             text += "; not in " + ", ".join(entry["except_file_types"])
         return text
@@ -82,17 +84,43 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def title(profile: dict[str, Any]) -> str:
+    harness, measured = profile.get("harness", {}), profile.get("measured", {})
+    return (
+        f"harness profile: {harness.get('name')} {harness.get('version')} "
+        f"({measured.get('echoes', 0)} echoed turns, {measured.get('sessions', 0)} sessions)"
+    )
+
+
+def page_rows(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for report.html: the examples in full, whitespace made visible."""
+    return [{**row, "served_text": visible(row["served"]), "echoed_text": visible(row["echoed"])} for row in profile_rows(profile)]
+
+
+def visible(value: Any) -> str:
+    """A value for a <pre>: line breaks kept, a trailing space as `·`, other whitespace as escapes."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return "\n".join(_visible_line(line) for line in value.split("\n"))
+
+
+def _visible_line(line: str) -> str:
+    body = line.rstrip(" ")
+    text = "".join(c if c == " " or not (c.isspace() or c in "\u200b\ufeff") else _escape(c) for c in body)
+    return text + "·" * (len(line) - len(body))
+
+
+def _escape(char: str) -> str:
+    return "\\t" if char == "\t" else f"\\u{ord(char):04x}"
+
+
 def profile_table(profile: dict[str, Any]) -> Any:
     """A rich table that fits 80 columns (the example column folds)."""
     from rich.table import Table
 
-    harness = profile.get("harness", {})
-    measured = profile.get("measured", {})
-    title = (
-        f"harness profile: {harness.get('name')} {harness.get('version')} "
-        f"({measured.get('echoes', 0)} echoed turns, {measured.get('sessions', 0)} sessions)"
-    )
-    table = Table(title=title, title_justify="left", show_lines=True)
+    table = Table(title=title(profile), title_justify="left", show_lines=True)
     table.add_column("tool", overflow="fold", max_width=10)
     table.add_column("argument", overflow="fold", max_width=11)
     table.add_column("what the echo did", overflow="fold", ratio=3)
