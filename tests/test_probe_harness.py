@@ -52,7 +52,16 @@ def _plan(tmp_path: Path, unix: Path, command: list[str]) -> dict:
         "uid": None,
         "gid": None,
         "report": str(tmp_path / "isolation.json"),
-        "commands": [{"key": "c", "argv": command, "env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path), "log": str(tmp_path / "c.log"), "timeout": 60}],
+        "commands": [
+            {
+                "key": "c",
+                "argv": command,
+                "env": {"PATH": "/usr/bin:/bin"},
+                "cwd": str(tmp_path),
+                "log": str(tmp_path / "c.log"),
+                "timeout": 60,
+            }
+        ],
     }
 
 
@@ -120,7 +129,10 @@ def _check_claude_run(result, out: Path) -> None:
     assert result.isolation["isolated"] and all(c["ok"] for c in result.isolation["checks"])
     assert [s["rc"] for s in result.sessions] == [0, 0]  # the version check, then the session
     assert result.version.count(".") == 2
-    kinds = {(t["kind"], t.get("tool"), t.get("argument"), t.get("key"), t.get("pattern")) for t in result.profile["transformations"]}
+    kinds = {
+        (t["kind"], t.get("tool"), t.get("argument"), t.get("key"), t.get("pattern"))
+        for t in result.profile["transformations"]
+    }
     assert ("strip_prefix", "Bash", "command", None, "cd {cwd} && ") in kinds
     assert ("add_key", "Edit", None, "replace_all", None) in kinds
     assert ("rstrip_lines", "Write", "content", None, None) in kinds

@@ -34,7 +34,9 @@ def reply(*calls, content="", reasoning=None):
 
 
 def by_kind(profile, kind, **match):
-    found = [t for t in profile["transformations"] if t["kind"] == kind and all(t.get(k) == v for k, v in match.items())]
+    found = [
+        t for t in profile["transformations"] if t["kind"] == kind and all(t.get(k) == v for k, v in match.items())
+    ]
     assert len(found) == 1, (kind, match, [t["kind"] for t in profile["transformations"]])
     return found[0]
 
@@ -45,18 +47,27 @@ def claude_like_echo(served_args: dict) -> dict:
     for key in ("file_path", "old_string", "new_string"):
         echoed[key] = served_args[key]
     if not served_args["file_path"].endswith(".md"):
-        echoed["new_string"] = "\n".join(line.rstrip(" \t\u00a0\u3000") for line in served_args["new_string"].split("\n"))
+        echoed["new_string"] = "\n".join(
+            line.rstrip(" \t\u00a0\u3000") for line in served_args["new_string"].split("\n")
+        )
     return echoed
 
 
 def test_edit_echo_names_the_default_the_order_the_stripped_characters_and_the_markdown_exception():
     served = [
         {"file_path": f"{CWD}/a.py", "old_string": "x = 1  \ny = 2", "new_string": "x = 3\u00a0\ny = 4\t"},
-        {"file_path": f"{CWD}/b.py", "new_string": "z = 5\u3000\u200b\nw = 1 ", "old_string": "z = 6  ", "replace_all": False},
+        {
+            "file_path": f"{CWD}/b.py",
+            "new_string": "z = 5\u3000\u200b\nw = 1 ",
+            "old_string": "z = 6  ",
+            "replace_all": False,
+        },
         {"file_path": f"{CWD}/README.md", "old_string": "Title", "new_string": "Title  \nmore  "},
     ]
     pairs = [
-        EchoPair(reply(call("Edit", s, f"c{i}")), reply(call("Edit", claude_like_echo(s), f"c{i}")), "s", i, CWD, EDIT_SCHEMA)
+        EchoPair(
+            reply(call("Edit", s, f"c{i}")), reply(call("Edit", claude_like_echo(s), f"c{i}")), "s", i, CWD, EDIT_SCHEMA
+        )
         for i, s in enumerate(served)
     ]
     profile = detect(pairs, {"name": "fake", "version": "1"})
@@ -64,7 +75,9 @@ def test_edit_echo_names_the_default_the_order_the_stripped_characters_and_the_m
     assert (added["value"], added["count"], added["of"]) == (False, 2, 3) and added["values_constant"]
     order = by_kind(profile, "key_order", tool="Edit")
     assert order["rules"] == ["fixed_order"]
-    assert order["fixed_orders"] == {"file_path,new_string,old_string,replace_all": ["replace_all", "file_path", "old_string", "new_string"]}
+    assert order["fixed_orders"] == {
+        "file_path,new_string,old_string,replace_all": ["replace_all", "file_path", "old_string", "new_string"]
+    }
     strip = by_kind(profile, "rstrip_lines", tool="Edit", argument="new_string")
     assert strip["count"] == 2 and strip["of"] == 3
     assert strip["characters"] == ['U+0009 "\\t"', 'U+0020 " "', 'U+00A0 "\\u00a0"']
@@ -78,9 +91,19 @@ def test_edit_echo_names_the_default_the_order_the_stripped_characters_and_the_m
 
 def test_cd_prefix_into_the_working_directory_is_named_as_a_pattern_other_directories_apart():
     pairs = [
-        EchoPair(reply(call("Bash", {"command": f"cd {CWD} && pytest -q"})), reply(call("Bash", {"command": "pytest -q"})), "s", 0, CWD),
-        EchoPair(reply(call("Bash", {"command": f"cd {CWD}/sub && ls"})), reply(call("Bash", {"command": "ls"})), "s", 1, CWD),
-        EchoPair(reply(call("Bash", {"command": "git status"})), reply(call("Bash", {"command": "git status"})), "s", 2, CWD),
+        EchoPair(
+            reply(call("Bash", {"command": f"cd {CWD} && pytest -q"})),
+            reply(call("Bash", {"command": "pytest -q"})),
+            "s",
+            0,
+            CWD,
+        ),
+        EchoPair(
+            reply(call("Bash", {"command": f"cd {CWD}/sub && ls"})), reply(call("Bash", {"command": "ls"})), "s", 1, CWD
+        ),
+        EchoPair(
+            reply(call("Bash", {"command": "git status"})), reply(call("Bash", {"command": "git status"})), "s", 2, CWD
+        ),
     ]
     profile = detect(pairs)
     own = by_kind(profile, "strip_prefix", tool="Bash", pattern="cd {cwd} && ")
@@ -90,7 +113,10 @@ def test_cd_prefix_into_the_working_directory_is_named_as_a_pattern_other_direct
 
 
 def test_rewrites_that_are_not_whitespace_or_prefixes_are_shown_as_a_diff():
-    served, echoed = reply(call("Write", {"file_path": "/a.txt", "content": "one\ntwo\n"})), reply(call("Write", {"file_path": "/a.txt", "content": "one\nTWO\n"}))
+    served, echoed = (
+        reply(call("Write", {"file_path": "/a.txt", "content": "one\ntwo\n"})),
+        reply(call("Write", {"file_path": "/a.txt", "content": "one\nTWO\n"})),
+    )
     profile = detect([EchoPair(served, echoed)])
     rewrite = by_kind(profile, "rewritten", tool="Write", argument="content")
     assert "-two\n+TWO\n" in rewrite["example"]["diff"]
@@ -108,7 +134,12 @@ def test_reasoning_dropped_text_rewritten_ids_rewritten_and_keys_removed():
 
 def test_openai_argument_text_reserialized_and_message_keys_added():
     served = {"role": "assistant", "content": None, "tool_calls": [call("bash", '{"command": "ls"}')]}
-    echoed = {"role": "assistant", "content": None, "function_call": None, "tool_calls": [call("bash", '{"command":"ls"}')]}
+    echoed = {
+        "role": "assistant",
+        "content": None,
+        "function_call": None,
+        "tool_calls": [call("bash", '{"command":"ls"}')],
+    }
     profile = detect([EchoPair(served, echoed)])
     assert by_kind(profile, "arguments_reserialized", tool="bash")["example"]["echoed"] == '{"command":"ls"}'
     assert by_kind(profile, "message", what="message_key_added.function_call")["count"] == 1
@@ -126,7 +157,17 @@ def test_echo_pairs_pair_each_reply_with_its_first_echo_by_id_else_by_position()
     final = {"role": "assistant", "content": "done"}
     turns = [
         Turn("s", 0, [{"role": "user", "content": "go"}], [1], response=first),
-        Turn("s", 1, [{"role": "user", "content": "go"}, reply(call("Bash", {"command": "ls"}, "toolu_a"), reasoning="r"), {"role": "tool", "content": "x"}], [2], response=final),
+        Turn(
+            "s",
+            1,
+            [
+                {"role": "user", "content": "go"},
+                reply(call("Bash", {"command": "ls"}, "toolu_a"), reasoning="r"),
+                {"role": "tool", "content": "x"},
+            ],
+            [2],
+            response=final,
+        ),
         Turn(
             "s",
             2,
@@ -148,7 +189,11 @@ def test_echo_pairs_pair_each_reply_with_its_first_echo_by_id_else_by_position()
 
 
 def test_profile_file_round_trips_and_renders_as_a_table(tmp_path):
-    pairs = [EchoPair(reply(call("Bash", {"command": f"cd {CWD} && ls"})), reply(call("Bash", {"command": "ls"})), "s", 0, CWD)]
+    pairs = [
+        EchoPair(
+            reply(call("Bash", {"command": f"cd {CWD} && ls"})), reply(call("Bash", {"command": "ls"})), "s", 0, CWD
+        )
+    ]
     profile = detect(pairs, {"name": "fake", "version": "1.0", "protocol": "openai"}, {"sessions": 1})
     path = write_profile(profile, tmp_path / "profile.json")
     assert read_profile(path) == json.loads(path.read_text())

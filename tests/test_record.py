@@ -42,18 +42,28 @@ ANTHROPIC_TOOLS = [
         "description": "Edit a file",
         "input_schema": {
             "type": "object",
-            "properties": {"file_path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"}},
+            "properties": {
+                "file_path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+            },
             "required": ["file_path", "old_string", "new_string"],
         },
     },
     {
         "name": "Bash",
         "description": "Run a command",
-        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}}},
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        },
     },
 ]
 OPENAI_TOOLS = [
-    {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}}
+    {
+        "type": "function",
+        "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]},
+    }
     for t in ANTHROPIC_TOOLS
 ]
 
@@ -90,7 +100,11 @@ def _wait_rows(out: Path, count: int) -> list:
 def test_anthropic_json_reply_is_the_parsed_generation_and_the_row_is_faithful(recorder, renderer, tmp_path):
     client = anthropic.Anthropic(base_url=recorder.url + "/s/a1", api_key="dummy", max_retries=0)
     message = client.messages.create(
-        model="m", max_tokens=4096, system="You edit code.", tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "fix it"}]
+        model="m",
+        max_tokens=4096,
+        system="You edit code.",
+        tools=ANTHROPIC_TOOLS,
+        messages=[{"role": "user", "content": "fix it"}],
     )
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use", "tool_use"]
     assert message.stop_reason == "tool_use"
@@ -100,7 +114,7 @@ def test_anthropic_json_reply_is_the_parsed_generation_and_the_row_is_faithful(r
     (row,) = _wait_rows(tmp_path / "rec", 1)
     # The generation is the model's own text, tokenized: qwen3's reasoning block, text, JSON calls.
     text = renderer.decode(row.output_ids)
-    assert text.startswith("<think>\nLook, then edit.\n</think>\n\nEditing a.py.\n<tool_call>\n{\"name\": \"Edit\"")
+    assert text.startswith('<think>\nLook, then edit.\n</think>\n\nEditing a.py.\n<tool_call>\n{"name": "Edit"')
     assert text.endswith("</tool_call><|im_end|>")
     assert row.prompt_ids == renderer.render(canonicalize_messages(row.messages), row.tools, True)
     assert row.messages == [{"role": "system", "content": "You edit code."}, {"role": "user", "content": "fix it"}]
@@ -111,16 +125,32 @@ def test_anthropic_json_reply_is_the_parsed_generation_and_the_row_is_faithful(r
 
 def test_anthropic_stream_sends_the_real_event_sequence_and_the_echo_is_recorded(recorder, tmp_path):
     client = anthropic.Anthropic(base_url=recorder.url + "/s/a2", api_key="dummy", max_retries=0)
-    first = client.messages.create(model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}])
+    first = client.messages.create(
+        model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}]
+    )
     history = [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id, "content": "ok"} for b in first.content if b.type == "tool_use"]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": b.id, "content": "ok"}
+                for b in first.content
+                if b.type == "tool_use"
+            ],
+        },
     ]
     with client.messages.stream(model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=history) as stream:
         events = [event.type for event in stream if event.type in _RAW_EVENTS]
         final = stream.get_final_message()
-    assert events == ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert events == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert final.stop_reason == "end_turn" and final.content[0].text == "All done."
     rows = _wait_rows(tmp_path / "rec", 2)
     echo = rows[1].messages[1]
@@ -130,12 +160,21 @@ def test_anthropic_stream_sends_the_real_event_sequence_and_the_echo_is_recorded
     assert rows[1].metadata["stream"] is True and rows[1].metadata["script_turn"] == 1
 
 
-_RAW_EVENTS = {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"}
+_RAW_EVENTS = {
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+}
 
 
 def test_anthropic_stream_of_a_tool_turn_reassembles_thinking_text_and_input_json(recorder):
     client = anthropic.Anthropic(base_url=recorder.url + "/s/a3", api_key="dummy", max_retries=0)
-    with client.messages.stream(model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}]) as stream:
+    with client.messages.stream(
+        model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}]
+    ) as stream:
         deltas = [event.delta.type for event in stream if event.type == "content_block_delta"]
         final = stream.get_final_message()
     assert {"thinking_delta", "signature_delta", "text_delta", "input_json_delta"} <= set(deltas)
@@ -144,14 +183,31 @@ def test_anthropic_stream_of_a_tool_turn_reassembles_thinking_text_and_input_jso
 
 def test_count_tokens_counts_the_rendered_prompt(recorder, renderer):
     client = anthropic.Anthropic(base_url=recorder.url, api_key="dummy", max_retries=0)
-    counted = client.messages.count_tokens(model="m", tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}])
-    expected = renderer.render([{"role": "user", "content": "go"}], [{"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}} for t in ANTHROPIC_TOOLS], True)
+    counted = client.messages.count_tokens(
+        model="m", tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}]
+    )
+    expected = renderer.render(
+        [{"role": "user", "content": "go"}],
+        [
+            {
+                "type": "function",
+                "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]},
+            }
+            for t in ANTHROPIC_TOOLS
+        ],
+        True,
+    )
     assert counted.input_tokens == len(expected)
 
 
 def test_title_side_request_is_answered_and_logged_not_recorded(recorder, tmp_path):
     client = anthropic.Anthropic(base_url=recorder.url + "/s/t", api_key="dummy", max_retries=0)
-    reply = client.messages.create(model="m", max_tokens=50, system="Generate a concise, sentence-case title for this conversation.", messages=[{"role": "user", "content": "hi"}])
+    reply = client.messages.create(
+        model="m",
+        max_tokens=50,
+        system="Generate a concise, sentence-case title for this conversation.",
+        messages=[{"role": "user", "content": "hi"}],
+    )
     assert reply.content[0].text
     from trace_tools.record.sink import read_requests
 
@@ -164,9 +220,16 @@ def test_openai_json_and_stream_carry_tool_calls(recorder, tmp_path):
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [EDIT_ARGS, {"command": "cd /repo && ls", "description": "List"}]
+    assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [
+        EDIT_ARGS,
+        {"command": "cd /repo && ls", "description": "List"},
+    ]
     stream = openai.OpenAI(base_url=recorder.url + "/s/o2/v1", api_key="dummy", max_retries=0).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS, stream=True, stream_options={"include_usage": True}
+        model="m",
+        messages=[{"role": "user", "content": "go"}],
+        tools=OPENAI_TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     calls: dict[int, dict] = {}
     content, finish, usage = "", None, None
@@ -195,7 +258,10 @@ def test_mid_list_system_messages_fold_into_the_user_message_before_them():
             {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
         ],
     }
-    assert fold_mid_list_system(body["messages"])[0]["content"][-1]["text"] == "<system-reminder>\nreminder\n</system-reminder>\n"
+    assert (
+        fold_mid_list_system(body["messages"])[0]["content"][-1]["text"]
+        == "<system-reminder>\nreminder\n</system-reminder>\n"
+    )
     assert request_messages(body) == [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "hello"},
@@ -248,12 +314,16 @@ def _free_port() -> int:
 
 
 def test_upstream_engine_generates_the_ids_the_dump_records(renderer, tmp_path):
-    text = '<think>\nok\n</think>\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+    text = (
+        '<think>\nok\n</think>\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+    )
     engine = _Engine(renderer.encode(text))
     try:
         with open_recorder(tmp_path / "rec", upstream=f"http://127.0.0.1:{engine.port}") as running:
             client = openai.OpenAI(base_url=running.url + "/s/u/v1", api_key="dummy", max_retries=0)
-            reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS, max_tokens=64)
+            reply = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS, max_tokens=64
+            )
             (row,) = _wait_rows(tmp_path / "rec", 1)
     finally:
         engine.stop()
@@ -270,7 +340,18 @@ def test_sigkilled_recorder_leaves_a_valid_dump_of_its_finished_turns(tmp_path):
     script.write_text(json.dumps({**SCRIPT.to_json(), "turns": [t.to_json() for t in SCRIPT.turns] * 3}))
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    command = [sys.executable, "-m", "trace_tools.cli.main", "record", "--script", str(script), "--out", str(tmp_path / "rec"), "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "trace_tools.cli.main",
+        "record",
+        "--script",
+        str(script),
+        "--out",
+        str(tmp_path / "rec"),
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         _wait_port(port, process)
@@ -285,11 +366,28 @@ def test_sigkilled_recorder_leaves_a_valid_dump_of_its_finished_turns(tmp_path):
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(10)
-    result = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", "validate", str(tmp_path / "rec" / "dump"), "--strict", "--json"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trace_tools.cli.main",
+            "validate",
+            str(tmp_path / "rec" / "dump"),
+            "--strict",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["valid_sessions"] == 1 and report["turns"] in (2, 3) and report["quarantined"] == 0
-    assert not [p for p in (tmp_path / "rec" / "dump").rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".parquet"]
+    assert not [
+        p
+        for p in (tmp_path / "rec" / "dump").rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.suffix != ".parquet"
+    ]
 
 
 def _quietly(client, history):
@@ -317,9 +415,13 @@ def test_record_refuses_a_non_loopback_address_and_a_bad_script(tmp_path):
 
     from trace_tools.cli.main import app
 
-    bad = CliRunner().invoke(app, ["record", "--script", str(tmp_path / "none.json"), "--out", str(tmp_path / "r"), "--host", "0.0.0.0"])
+    bad = CliRunner().invoke(
+        app, ["record", "--script", str(tmp_path / "none.json"), "--out", str(tmp_path / "r"), "--host", "0.0.0.0"]
+    )
     assert bad.exit_code == 2 and "--allow-remote" in bad.output
     script = tmp_path / "s.json"
-    script.write_text(json.dumps({"format": "trace-tools-script", "version": 1, "turns": [{"calls": [{"arguments": {}}]}]}))
+    script.write_text(
+        json.dumps({"format": "trace-tools-script", "version": 1, "turns": [{"calls": [{"arguments": {}}]}]})
+    )
     malformed = CliRunner().invoke(app, ["record", "--script", str(script), "--out", str(tmp_path / "r2")])
     assert malformed.exit_code == 2 and "needs a 'name'" in malformed.output

@@ -75,7 +75,7 @@ def probe(
     executable = spec.locate()
     if sessions < 1:
         raise UsageError(f"--sessions must be at least 1 (got {sessions})")
-    run_dir = _fresh_dir(Path(out))
+    run_dir = _fresh_dir(Path(out).resolve())
     say = progress or (lambda message: None)
     work = run_dir / "work"
     workspaces = [make_workspace(work / f"s{i:02d}" / "repo", i, seed) for i in range(sessions)]
@@ -161,7 +161,7 @@ def _run_sandbox(
                 "timeout": timeout_s,
             }
         )
-    if uid is not None:
+    if uid is not None and gid is not None:
         _hand_over(run_dir / "work", uid, gid)
     plan = {
         "mode": "none" if not isolation else "netns",

@@ -188,7 +188,9 @@ def _mini_command(executable: Path, launch: Launch) -> list[str]:
 HARNESSES = {
     harness.name: harness
     for harness in (
-        Harness("claude-code", "anthropic", "node_modules/.bin/claude", "TRACE_TOOLS_CLAUDE", _claude_command, _claude_env),
+        Harness(
+            "claude-code", "anthropic", "node_modules/.bin/claude", "TRACE_TOOLS_CLAUDE", _claude_command, _claude_env
+        ),
         Harness(
             "mini-swe-agent",
             "openai",
@@ -211,4 +213,3 @@ def get_harness(name: str) -> Harness:
     if name not in HARNESSES:
         raise UnknownName("harness", name, list(HARNESSES))
     return HARNESSES[name]
-

@@ -36,7 +36,9 @@ FORMAT, VERSION = "trace-tools-harness-profile", 1
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
 # ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
-JS_WHITESPACE = set("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {chr(c) for c in range(0x2000, 0x200B)}
+JS_WHITESPACE = set("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {
+    chr(c) for c in range(0x2000, 0x200B)
+}
 _CD_PREFIX = re.compile(r"^cd (\S+) && $")
 _CD_START = re.compile(r"^cd (\S+) && ")
 _PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
@@ -87,10 +89,16 @@ class Detector:
         self.argument_totals: dict[tuple[str, str], int] = defaultdict(int)
         self.stripped: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.kept_trailing: dict[tuple[str, str], set[str]] = defaultdict(set)
-        self.by_type: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"stripped": 0, "kept": 0}))
+        self.by_type: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(lambda: {"stripped": 0, "kept": 0})
+        )
         # per argument and file type: the trailing blanks of each value echoed unchanged
-        self.kept_values: dict[tuple[str, str], dict[str, list[frozenset[str]]]] = defaultdict(lambda: defaultdict(list))
-        self.orders: dict[str, dict[tuple[tuple[str, ...], tuple[str, ...]], _Finding]] = defaultdict(lambda: defaultdict(_Finding))
+        self.kept_values: dict[tuple[str, str], dict[str, list[frozenset[str]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        self.orders: dict[str, dict[tuple[tuple[str, ...], tuple[str, ...]], _Finding]] = defaultdict(
+            lambda: defaultdict(_Finding)
+        )
         self.order_rules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.added_values: dict[tuple[str, str], list[Any]] = defaultdict(list)
         self.served_with: dict[str, int] = defaultdict(int)
@@ -104,7 +112,9 @@ class Detector:
         self._message_keys(served, echoed, where)
         served_calls, echoed_calls = served.get("tool_calls") or [], echoed.get("tool_calls") or []
         if len(served_calls) != len(echoed_calls):
-            self.messages["tool_calls.count_changed"].add({**where, "served": len(served_calls), "echoed": len(echoed_calls)})
+            self.messages["tool_calls.count_changed"].add(
+                {**where, "served": len(served_calls), "echoed": len(echoed_calls)}
+            )
         for position, call in enumerate(served_calls):
             match = _matching_call(call, echoed_calls, position)
             if match is None:
@@ -125,8 +135,15 @@ class Detector:
             if outcome == "rewritten":
                 example["diff"] = unified_diff(before, after)
             self.messages[f"{label}.{outcome}"].add(example)
-        if served.get("content") is None and echoed.get("content") == "" or served.get("content") == "" and echoed.get("content") is None:
-            self.messages["text.empty_representation_changed"].add({**where, "served": served.get("content"), "echoed": echoed.get("content")})
+        if (
+            served.get("content") is None
+            and echoed.get("content") == ""
+            or served.get("content") == ""
+            and echoed.get("content") is None
+        ):
+            self.messages["text.empty_representation_changed"].add(
+                {**where, "served": served.get("content"), "echoed": echoed.get("content")}
+            )
 
     def _message_keys(self, served: dict, echoed: dict, where: dict) -> None:
         for key in echoed.keys() - served.keys():
@@ -139,7 +156,9 @@ class Detector:
         self.calls[name] += 1
         call_where = {**where, "tool": name}
         sid, eid = served.get("id"), echoed.get("id")
-        self.messages["call_ids." + ("kept" if sid == eid else "dropped" if not eid else "rewritten")].add({**call_where, "served": sid, "echoed": eid})
+        self.messages["call_ids." + ("kept" if sid == eid else "dropped" if not eid else "rewritten")].add(
+            {**call_where, "served": sid, "echoed": eid}
+        )
         for key in echoed.keys() - served.keys():
             self.messages[f"call_key_added.{key}"].add({**call_where, "value": echoed[key]})
         for key in served.keys() - echoed.keys():
@@ -153,7 +172,9 @@ class Detector:
         for key in served_args.keys() & echoed_args.keys():
             self._value(name, key, served_args[key], echoed_args[key], pair.cwd, file_type, call_where)
 
-    def _argument_text(self, name: str, served: dict, echoed: dict, served_args: Any, echoed_args: Any, where: dict) -> None:
+    def _argument_text(
+        self, name: str, served: dict, echoed: dict, served_args: Any, echoed_args: Any, where: dict
+    ) -> None:
         before = (served.get("function") or {}).get("arguments")
         after = (echoed.get("function") or {}).get("arguments")
         if isinstance(before, str) and isinstance(after, str) and before != after and served_args == echoed_args:
@@ -164,16 +185,24 @@ class Detector:
     def _keys(self, name: str, served: dict, echoed: dict, pair: EchoPair, where: dict) -> None:
         added = [k for k in echoed if k not in served]
         for key in added:
-            self.tool[(name, f"key_added.{key}")].add({**where, "value": echoed[key], "served": served, "echoed": echoed})
+            self.tool[(name, f"key_added.{key}")].add(
+                {**where, "value": echoed[key], "served": served, "echoed": echoed}
+            )
             self.added_values[(name, key)].append(echoed[key])
         for key in served.keys() - echoed.keys():
-            self.tool[(name, f"key_removed.{key}")].add({**where, "value": served[key], "served": served, "echoed": echoed})
+            self.tool[(name, f"key_removed.{key}")].add(
+                {**where, "value": served[key], "served": served, "echoed": echoed}
+            )
         served_order, echoed_order = tuple(served), tuple(echoed)
-        self.orders[name][(served_order, echoed_order)].add({**where, "served": list(served_order), "echoed": list(echoed_order)})
+        self.orders[name][(served_order, echoed_order)].add(
+            {**where, "served": list(served_order), "echoed": list(echoed_order)}
+        )
         for rule in _order_rules(served_order, echoed_order, added, _schema_order(pair.tools, name)):
             self.order_rules[name][rule] += 1
 
-    def _value(self, name: str, path: str, before: Any, after: Any, cwd: str | None, file_type: str | None, where: dict) -> None:
+    def _value(
+        self, name: str, path: str, before: Any, after: Any, cwd: str | None, file_type: str | None, where: dict
+    ) -> None:
         if isinstance(before, dict) and isinstance(after, dict):
             for key in before.keys() & after.keys():
                 self._value(name, f"{path}.{key}", before[key], after[key], cwd, file_type, where)
@@ -191,7 +220,9 @@ class Detector:
         else:
             self.arguments[(name, path, "unchanged")].add(example)
 
-    def _string(self, name: str, path: str, before: str, after: str, cwd: str | None, file_type: str | None, example: dict) -> None:
+    def _string(
+        self, name: str, path: str, before: str, after: str, cwd: str | None, file_type: str | None, example: dict
+    ) -> None:
         key = (name, path)
         has_trailing = any(line and is_blank(line[-1]) for line in before.split("\n"))
         if before == after:
@@ -213,7 +244,9 @@ class Detector:
                 self.kept_trailing[key] |= _trailing_blanks(after)
             return
         if before.endswith(after) or before.startswith(after):
-            self.arguments[(name, path, "suffix_removed" if before.startswith(after) else "prefix_removed")].add(example)
+            self.arguments[(name, path, "suffix_removed" if before.startswith(after) else "prefix_removed")].add(
+                example
+            )
             return
         self.arguments[(name, path, "rewritten")].add({**example, "diff": unified_diff(before, after)})
 
@@ -255,7 +288,9 @@ class Detector:
             section["echoes"] = total
             if (tool, path) in self.stripped:
                 section["stripped_characters"] = sorted(char_name(c) for c in self.stripped[(tool, path)])
-                section["character_class"] = character_class(self.stripped[(tool, path)], self.kept_trailing[(tool, path)])
+                section["character_class"] = character_class(
+                    self.stripped[(tool, path)], self.kept_trailing[(tool, path)]
+                )
             if self.kept_trailing.get((tool, path)):
                 section["kept_trailing_characters"] = sorted(char_name(c) for c in self.kept_trailing[(tool, path)])
             by_type = self._by_type((tool, path))
@@ -288,7 +323,9 @@ class Detector:
         for key, finding in messages.items():
             label = key.split(".", 1)[0]
             of = calls if key.startswith(("call_", "tool_calls.dropped")) else self.served_with.get(label, self.pairs)
-            out.append({"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]})
+            out.append(
+                {"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]}
+            )
         for name, section in tools.items():
             out += _tool_transformations(name, section, self.added_values)
         return out
@@ -299,10 +336,25 @@ def _tool_transformations(name: str, section: dict, added_values: dict) -> list[
     calls = section["calls"]
     for key, finding in section["keys_added"].items():
         values = added_values[(name, key)]
-        entry = {"kind": "add_key", "tool": name, "key": key, "value": values[0], "values_constant": all(v == values[0] for v in values)}
+        entry = {
+            "kind": "add_key",
+            "tool": name,
+            "key": key,
+            "value": values[0],
+            "values_constant": all(v == values[0] for v in values),
+        }
         out.append({**entry, "count": finding["count"], "of": calls, "example": finding["example"]})
     for key, finding in section["keys_removed"].items():
-        out.append({"kind": "remove_key", "tool": name, "key": key, "count": finding["count"], "of": calls, "example": finding["example"]})
+        out.append(
+            {
+                "kind": "remove_key",
+                "tool": name,
+                "key": key,
+                "count": finding["count"],
+                "of": calls,
+                "example": finding["example"],
+            }
+        )
     changed = [o for o in section["key_order"]["observed"] if o["served"] != o["echoed"]]
     if changed:
         out.append(
@@ -313,13 +365,24 @@ def _tool_transformations(name: str, section: dict, added_values: dict) -> list[
                 "fixed_orders": _fixed_order(section_orders(section)) or {},
                 "count": sum(o["count"] for o in changed),
                 "of": calls,
-                "orders": [{"served": o["served"], "echoed": o["echoed"], "count": o["count"]} for o in section["key_order"]["observed"]],
+                "orders": [
+                    {"served": o["served"], "echoed": o["echoed"], "count": o["count"]}
+                    for o in section["key_order"]["observed"]
+                ],
                 "example": changed[0]["example"],
             }
         )
     for what in ("arguments_reserialized", "arguments_type_changed"):
         if what in section:
-            out.append({"kind": what, "tool": name, "count": section[what]["count"], "of": calls, "example": section[what]["example"]})
+            out.append(
+                {
+                    "kind": what,
+                    "tool": name,
+                    "count": section[what]["count"],
+                    "of": calls,
+                    "example": section[what]["example"],
+                }
+            )
     for path, argument in section["arguments"].items():
         out += _argument_transformations(name, path, argument)
     return out
@@ -331,7 +394,13 @@ def _argument_transformations(name: str, path: str, argument: dict) -> list[dict
     for kind, finding in argument.items():
         if not isinstance(finding, dict) or "count" not in finding or kind == "unchanged":
             continue
-        entry: dict[str, Any] = {"tool": name, "argument": path, "count": finding["count"], "of": total, "example": finding["example"]}
+        entry: dict[str, Any] = {
+            "tool": name,
+            "argument": path,
+            "count": finding["count"],
+            "of": total,
+            "example": finding["example"],
+        }
         if kind == "trailing_whitespace_kept":
             if "trailing_whitespace_stripped" in argument:
                 continue  # the exempt file types of the rstrip rule
@@ -418,7 +487,9 @@ def _order_rules(served: tuple, echoed: tuple, added: list[str], schema: tuple |
         rules.append("added_keys_first")
     if echoed == kept + tuple(added):
         rules.append("added_keys_last")
-    if schema is not None and echoed == tuple(k for k in schema if k in echoed) + tuple(k for k in echoed if k not in schema):
+    if schema is not None and echoed == tuple(k for k in schema if k in echoed) + tuple(
+        k for k in echoed if k not in schema
+    ):
         rules.append("schema_order")
     if echoed == tuple(sorted(echoed)):
         rules.append("sorted")
@@ -527,14 +598,18 @@ def _source(message: dict, by_id: dict[str, Any], by_position: Any) -> Any:
     return by_position
 
 
-def detect(pairs: Iterable[EchoPair], harness: dict[str, Any] | None = None, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+def detect(
+    pairs: Iterable[EchoPair], harness: dict[str, Any] | None = None, measured: dict[str, Any] | None = None
+) -> dict[str, Any]:
     detector = Detector()
     for pair in pairs:
         detector.add(pair)
     return detector.profile(harness or {}, measured or {})
 
 
-def detect_from_dump(dump: str | Path, *, harness: str, version: str, protocol: str, cwd: dict[str, str] | None = None) -> dict[str, Any]:
+def detect_from_dump(
+    dump: str | Path, *, harness: str, version: str, protocol: str, cwd: dict[str, str] | None = None
+) -> dict[str, Any]:
     from trace_tools import __version__
     from trace_tools.io.load import load
 
@@ -546,7 +621,9 @@ def detect_from_dump(dump: str | Path, *, harness: str, version: str, protocol: 
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "trace_tools": __version__,
     }
-    return detect(echo_pairs(loaded.sessions, cwd), {"name": harness, "version": version, "protocol": protocol}, measured)
+    return detect(
+        echo_pairs(loaded.sessions, cwd), {"name": harness, "version": version, "protocol": protocol}, measured
+    )
 
 
 _WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
@@ -576,5 +653,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"{path} is not a trace-tools harness profile")
     if data.get("version") != VERSION:
-        raise UsageError(f"{path} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}")
+        raise UsageError(
+            f"{path} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}"
+        )
     return data

@@ -40,7 +40,10 @@ import time
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 UNREACHABLE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
-OUTSIDE = (("IPv4 TEST-NET-1", socket.AF_INET, ("192.0.2.1", 80)), ("IPv6 documentation", socket.AF_INET6, ("2001:db8::1", 80)))
+OUTSIDE = (
+    ("IPv4 TEST-NET-1", socket.AF_INET, ("192.0.2.1", 80)),
+    ("IPv6 documentation", socket.AF_INET6, ("2001:db8::1", 80)),
+)
 REGISTRY_HOST = "registry.npmjs.org"
 
 
@@ -53,7 +56,9 @@ def enter_namespace(mode):
     flags = CLONE_NEWNET if uid == 0 else CLONE_NEWUSER | CLONE_NEWNET
     if libc.unshare(flags) != 0:
         code = ctypes.get_errno()
-        raise OSError(code, f"unshare({'CLONE_NEWNET' if uid == 0 else 'CLONE_NEWUSER|CLONE_NEWNET'}) failed: {os.strerror(code)}")
+        raise OSError(
+            code, f"unshare({'CLONE_NEWNET' if uid == 0 else 'CLONE_NEWUSER|CLONE_NEWNET'}) failed: {os.strerror(code)}"
+        )
     if uid != 0:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")

@@ -52,7 +52,7 @@ class Workspace:
 
     def trail(self, k: int) -> str:
         """The k-th trailing run of this session: always mixes the odd character in."""
-        return ("  ", "\t", self.odd, " " + self.odd, "\t "  + self.odd)[k % 5]
+        return ("  ", "\t", self.odd, " " + self.odd, "\t " + self.odd)[k % 5]
 
     @property
     def note_type(self) -> str:
@@ -124,7 +124,11 @@ def build_scenario(ws: Workspace, tools: list[dict] | None, finish_command: str 
     shell = next((name for name in SHELL_NAMES if "command" in names.get(name, set())), None)
     if shell is not None:
         turns = shell_turns(ws, shell)
-        final = _final(ws) if finish_command is None else ScriptTurn("The fix is in and tested.", "", (ScriptCall(shell, {"command": finish_command}),))
+        final = (
+            _final(ws)
+            if finish_command is None
+            else ScriptTurn("The fix is in and tested.", "", (ScriptCall(shell, {"command": finish_command}),))
+        )
         return Script(f"swe-shell-{ws.index:02d}", turns, final, TASK)
     return Script("no-usable-tools", [], ScriptTurn(content="I have no tools I can use here."), TASK)
 
@@ -152,9 +156,17 @@ def file_tool_turns(ws: Workspace, names: dict[str, set[str]]) -> list[ScriptTur
     return [
         ScriptTurn("Read the module first.", "", reads),
         ScriptTurn("Find every function.", "Searching the package.", (search,)),
-        ScriptTurn("Reproduce.", "", (_call("Bash", command=f"cd {root} && python3 -m unittest -q", description="Run the tests"),)),
+        ScriptTurn(
+            "Reproduce.",
+            "",
+            (_call("Bash", command=f"cd {root} && python3 -m unittest -q", description="Run the tests"),),
+        ),
         ScriptTurn("The divisor is off by one.", "Fixing the divisor.", (_edit_mean(ws, module),)),
-        ScriptTurn("Add a regression test.", "", (_call("Write", file_path=f"{root}/tests/test_mean.py", content=regression_test(ws)),)),
+        ScriptTurn(
+            "Add a regression test.",
+            "",
+            (_call("Write", file_path=f"{root}/tests/test_mean.py", content=regression_test(ws)),),
+        ),
         ScriptTurn(
             "Run everything.",
             "",
@@ -169,7 +181,7 @@ def file_tool_turns(ws: Workspace, names: dict[str, set[str]]) -> list[ScriptTur
 
 
 def _edit_mean(ws: Workspace, module: str) -> ScriptCall:
-    old = f"def mean(values):{ws.trail(1)}\n" f'    """Arithmetic mean of a non-empty list."""\n' f"    total = 0{ws.trail(2)}"
+    old = f'def mean(values):{ws.trail(1)}\n    """Arithmetic mean of a non-empty list."""\n    total = 0{ws.trail(2)}'
     new = (
         f"def mean(values):{ws.trail(1)}\n"
         f'    """Arithmetic mean of a non-empty list."""{ws.trail(4)}\n'
@@ -180,7 +192,12 @@ def _edit_mean(ws: Workspace, module: str) -> ScriptCall:
     fix_old, fix_new = "    return total / (len(values) - 1)", "    return total / len(values)"
     if ws.index % 2:
         return _call("Edit", file_path=module, old_string=fix_old, new_string=fix_new + ws.trail(0))
-    return _call("Edit", file_path=module, old_string=old + "\n    for value in values:\n        total += value\n" + fix_old, new_string=new + "\n    for value in values:\n        total += value\n" + fix_new)
+    return _call(
+        "Edit",
+        file_path=module,
+        old_string=old + "\n    for value in values:\n        total += value\n" + fix_old,
+        new_string=new + "\n    for value in values:\n        total += value\n" + fix_new,
+    )
 
 
 def _edit_readme(ws: Workspace) -> ScriptCall:

@@ -46,6 +46,7 @@ def make_model(renderer: Any, *, script: str | Path | Callable | None = None, up
         raise UsageError("give exactly one generation source: --script FILE or --upstream URL")
     if upstream is not None:
         return UpstreamModel(upstream)
+    assert script is not None
     return ScriptedModel(renderer, script if callable(script) else load_scripts(script))
 
 

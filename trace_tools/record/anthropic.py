@@ -89,7 +89,11 @@ def request_messages(body: dict) -> list[dict]:
 def _user_messages(content: Any) -> Iterator[dict]:
     for block in _as_blocks(content):
         if isinstance(block, dict) and block.get("type") == "tool_result":
-            yield {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": flatten_content(block.get("content"))}
+            yield {
+                "role": "tool",
+                "tool_call_id": block.get("tool_use_id"),
+                "content": flatten_content(block.get("content")),
+            }
         elif isinstance(block, dict) and block.get("type") == "text":
             yield {"role": "user", "content": block.get("text", "")}
         else:

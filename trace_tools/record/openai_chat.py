@@ -81,7 +81,9 @@ def chunks(body: dict, include_usage: bool) -> Iterator[dict]:
     for call in message.get("tool_calls") or ():
         head = {"index": call["index"], "id": call["id"], "type": "function"}
         yield chunk({"tool_calls": [{**head, "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        yield chunk({"tool_calls": [{"index": call["index"], "function": {"arguments": call["function"]["arguments"]}}]})
+        yield chunk(
+            {"tool_calls": [{"index": call["index"], "function": {"arguments": call["function"]["arguments"]}}]}
+        )
     yield chunk({}, choice["finish_reason"])
     if include_usage:
         yield {**chunk({}), "choices": [], "usage": body["usage"]}

@@ -126,10 +126,16 @@ def _turn(data: Any, where: str) -> ScriptTurn:
     calls = data.get("calls") or []
     if not isinstance(calls, list):
         raise UsageError(f"{where}.calls must be a list")
-    return ScriptTurn(data.get("reasoning", ""), data.get("content", ""), tuple(_call(c, f"{where}.calls") for c in calls))
+    return ScriptTurn(
+        data.get("reasoning", ""), data.get("content", ""), tuple(_call(c, f"{where}.calls") for c in calls)
+    )
 
 
 def _call(data: Any, where: str) -> ScriptCall:
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("arguments", {}), dict):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("name"), str)
+        or not isinstance(data.get("arguments", {}), dict)
+    ):
         raise UsageError(f"{where}: each call needs a 'name' and an 'arguments' object")
     return ScriptCall(data["name"], dict(data.get("arguments", {})))

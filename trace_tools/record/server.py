@@ -99,7 +99,9 @@ class Recorder:
         except _BadRequest as bad:
             return self._answer(request, session, "bad_request", _error("invalid_request_error", str(bad)), status=400)
 
-    def _answer(self, request: Any, session: str | None, kind: str, payload: dict, *, status: int = 200, **log: Any) -> Any:
+    def _answer(
+        self, request: Any, session: str | None, kind: str, payload: dict, *, status: int = 200, **log: Any
+    ) -> Any:
         from aiohttp import web
 
         entry = {"kind": kind, "session": session, "method": request.method, "path": request.path_qs}
@@ -119,7 +121,13 @@ class Recorder:
         session = session or _header_session(request) or "default"
         if protocol == "anthropic" and anthropic.is_title_request(body):
             self.stats.side_requests += 1
-            reply = anthropic.message_body(_id("msg_"), body.get("model", ""), [{"type": "text", "text": SIDE_TITLE}], "end_turn", {"input_tokens": 0, "output_tokens": 0})
+            reply = anthropic.message_body(
+                _id("msg_"),
+                body.get("model", ""),
+                [{"type": "text", "text": SIDE_TITLE}],
+                "end_turn",
+                {"input_tokens": 0, "output_tokens": 0},
+            )
             return await self._send(request, protocol, body, reply, session=session, kind="side", body_log=body)
         if protocol == "anthropic":
             messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
@@ -128,15 +136,21 @@ class Recorder:
         async with self._locks[session]:
             return await self._serve_turn(request, session, protocol, body, messages, tools)
 
-    async def _serve_turn(self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any) -> Any:
+    async def _serve_turn(
+        self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any
+    ) -> Any:
         started = datetime.now(timezone.utc)
         try:
             prompt_ids = await self._run(self._render, messages, tools)
-            generation = await self._generate(Request(session, messages, tools, prompt_ids, _max_tokens(body, protocol)))
+            generation = await self._generate(
+                Request(session, messages, tools, prompt_ids, _max_tokens(body, protocol))
+            )
             parsed = await self._run(lambda: self.renderer.parse_response(generation.output_ids, tools).message)
         except TraceToolsError as exc:
             self.stats.errors += 1
-            self.log.write({"kind": "error", "session": session, "path": request.path_qs, "error": str(exc), "body": body})
+            self.log.write(
+                {"kind": "error", "session": session, "path": request.path_qs, "error": str(exc), "body": body}
+            )
             from aiohttp import web
 
             return web.json_response(_error("api_error", str(exc)), status=502 if "upstream" in str(exc) else 400)
@@ -147,15 +161,24 @@ class Recorder:
         if protocol == "anthropic":
             blocks = anthropic.reply_blocks(parsed, seed)
             stop = anthropic.stop_reason(blocks, generation.finish)
-            reply = anthropic.message_body(_id("msg_"), body.get("model", ""), blocks, stop, {"input_tokens": usage_in, "output_tokens": usage_out})
-            response, finish = anthropic.response_message(blocks), "tool_calls" if stop == "tool_use" else generation.finish
+            reply = anthropic.message_body(
+                _id("msg_"), body.get("model", ""), blocks, stop, {"input_tokens": usage_in, "output_tokens": usage_out}
+            )
+            response, finish = (
+                anthropic.response_message(blocks),
+                "tool_calls" if stop == "tool_use" else generation.finish,
+            )
         else:
             message = openai_chat.reply_message(parsed, seed)
             finish = openai_chat.finish_reason(message, generation.finish)
             usage = {"prompt_tokens": usage_in, "completion_tokens": usage_out, "total_tokens": usage_in + usage_out}
-            reply = openai_chat.completion_body(_id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage)
+            reply = openai_chat.completion_body(
+                _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
+            )
             response = message
-        sent = await self._send(request, protocol, body, reply, session=session, kind="turn", turn_index=turn_index, body_log=body)
+        sent = await self._send(
+            request, protocol, body, reply, session=session, kind="turn", turn_index=turn_index, body_log=body
+        )
         turn = Turn(
             session_id=session,
             turn_index=turn_index,
@@ -178,11 +201,31 @@ class Recorder:
             self.stats.rejected += 1
         return sent
 
-    async def _send(self, request: Any, protocol: str, body: dict, reply: dict, *, session: str, kind: str, body_log: dict, turn_index: int | None = None) -> Any:
+    async def _send(
+        self,
+        request: Any,
+        protocol: str,
+        body: dict,
+        reply: dict,
+        *,
+        session: str,
+        kind: str,
+        body_log: dict,
+        turn_index: int | None = None,
+    ) -> Any:
         from aiohttp import web
 
         stream = bool(body.get("stream"))
-        entry = {"kind": kind, "session": session, "method": request.method, "path": request.path_qs, "headers": redact(request.headers), "body": body_log, "stream": stream, "reply": reply}
+        entry = {
+            "kind": kind,
+            "session": session,
+            "method": request.method,
+            "path": request.path_qs,
+            "headers": redact(request.headers),
+            "body": body_log,
+            "stream": stream,
+            "reply": reply,
+        }
         if turn_index is not None:
             entry["turn_index"] = turn_index
         self.log.write(entry)
@@ -275,7 +318,9 @@ def _openai_request(body: dict) -> tuple[list[dict], list[dict] | None]:
 
 
 def _max_tokens(body: dict, protocol: str) -> int | None:
-    value = body.get("max_tokens") if protocol == "anthropic" else body.get("max_completion_tokens", body.get("max_tokens"))
+    value = (
+        body.get("max_tokens") if protocol == "anthropic" else body.get("max_completion_tokens", body.get("max_tokens"))
+    )
     return value if isinstance(value, int) and value > 0 else None
 
 

@@ -94,7 +94,10 @@ def title(profile: dict[str, Any]) -> str:
 
 def page_rows(profile: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows for report.html: the examples in full, whitespace made visible."""
-    return [{**row, "served_text": visible(row["served"]), "echoed_text": visible(row["echoed"])} for row in profile_rows(profile)]
+    return [
+        {**row, "served_text": visible(row["served"]), "echoed_text": visible(row["echoed"])}
+        for row in profile_rows(profile)
+    ]
 
 
 def visible(value: Any) -> str:
@@ -127,6 +130,10 @@ def profile_table(profile: dict[str, Any]) -> Any:
     table.add_column("n/of", justify="right", no_wrap=True)
     table.add_column("example (served → echoed)", overflow="fold", ratio=3)
     for row in profile_rows(profile):
-        example = f"{short(row['served'], 70)}\n→ {short(row['echoed'], 70)}" if row["served"] is not None else short(row["echoed"], 70)
+        example = (
+            f"{short(row['served'], 70)}\n→ {short(row['echoed'], 70)}"
+            if row["served"] is not None
+            else short(row["echoed"], 70)
+        )
         table.add_row(row["tool"], row["argument"], row["what"], f"{row['count']}/{row['of']}", example)
     return table
