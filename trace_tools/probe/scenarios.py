@@ -74,7 +74,21 @@ def make_workspace(root: str | Path, index: int, seed: int = 0) -> Workspace:
         path = ws.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    _git_init(ws.root)
     return ws
+
+
+def _git_init(root: Path) -> None:
+    """Make the scratch repository a git repository of its own (a harness inspects git state; it
+    must never see, let alone touch, a repository the probe's output directory happens to sit in)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return
+    identity = ["-c", "user.name=trace-tools probe", "-c", "user.email=probe@localhost", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-q", "-m", "scratch repository"]):
+        subprocess.run(["git", *command], cwd=root, check=True, capture_output=True)
 
 
 def stats_module(ws: Workspace) -> str:
