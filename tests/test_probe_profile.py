@@ -207,3 +207,22 @@ def test_profile_file_round_trips_and_renders_as_a_table(tmp_path):
     path.write_text(json.dumps({**profile, "version": 99}))
     with pytest.raises(Exception, match="version 99"):
         read_profile(path)
+
+
+def test_report_html_shows_a_run_directorys_harness_profile(sample_run, tmp_path):
+    import shutil
+
+    from trace_tools.report.html import render_html
+
+    run = tmp_path / "run"
+    shutil.copytree(sample_run.run_dir, run)
+    assert 'id="harness-profile"' not in render_html(run)
+    served = {"file_path": f"{CWD}/a.py", "content": "x = 1\u00a0\n"}
+    pairs = [
+        EchoPair(reply(call("Write", served)), reply(call("Write", {**served, "content": "x = 1\n"})), "s", 3, CWD)
+    ]
+    write_profile(detect(pairs, {"name": "fake", "version": "9.9"}, {"sessions": 1}), run / "profile.json")
+    page = render_html(run)
+    assert 'id="harness-profile"' in page and "harness profile: fake 9.9" in page
+    assert "trailing whitespace stripped per line: U+00A0" in page
+    assert "x = 1\\u00a0" in page  # the served example, its invisible character made visible

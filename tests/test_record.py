@@ -143,14 +143,7 @@ def test_anthropic_stream_sends_the_real_event_sequence_and_the_echo_is_recorded
     with client.messages.stream(model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=history) as stream:
         events = [event.type for event in stream if event.type in _RAW_EVENTS]
         final = stream.get_final_message()
-    assert events == [
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
+    assert events == list(_RAW_EVENTS)  # one text block: each event once, in this order
     assert final.stop_reason == "end_turn" and final.content[0].text == "All done."
     rows = _wait_rows(tmp_path / "rec", 2)
     echo = rows[1].messages[1]
@@ -160,14 +153,14 @@ def test_anthropic_stream_sends_the_real_event_sequence_and_the_echo_is_recorded
     assert rows[1].metadata["stream"] is True and rows[1].metadata["script_turn"] == 1
 
 
-_RAW_EVENTS = {
+_RAW_EVENTS = (
     "message_start",
     "content_block_start",
     "content_block_delta",
     "content_block_stop",
     "message_delta",
     "message_stop",
-}
+)
 
 
 def test_anthropic_stream_of_a_tool_turn_reassembles_thinking_text_and_input_json(recorder):
