@@ -27,7 +27,7 @@ import json
 import re
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -69,7 +69,6 @@ class EchoPair:
 class _Finding:
     count: int = 0
     example: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, example: Any) -> None:
         self.count += 1
@@ -439,7 +438,7 @@ def section_orders(section: dict) -> dict:
 
 
 def _finding_json(finding: _Finding) -> dict[str, Any]:
-    return {"count": finding.count, "example": finding.example, **finding.extra}
+    return {"count": finding.count, "example": finding.example}
 
 
 # -- helpers ------------------------------------------------------------------------------------
