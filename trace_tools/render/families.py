@@ -108,17 +108,32 @@ def template_messages(messages: Sequence[dict], text_arguments: bool) -> list[di
     return [_with_text_arguments(message) for message in messages]
 
 
+def has_object_arguments(messages: Sequence[dict]) -> bool:
+    """True when some tool call's arguments are not text (what `template_messages` converts)."""
+    return any(_object_arguments(call) for message in messages for call in _tool_calls(message))
+
+
 def _with_text_arguments(message: Any) -> Any:
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if not isinstance(calls, list) or not calls:
+    calls = _tool_calls(message)
+    if not calls:
         return message
     return {**message, "tool_calls": [_text_arguments(call) for call in calls]}
 
 
-def _text_arguments(call: Any) -> Any:
+def _tool_calls(message: Any) -> list:
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    return calls if isinstance(calls, list) else []
+
+
+def _object_arguments(call: Any) -> bool:
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+    return isinstance(function, dict) and not isinstance(function.get("arguments"), str)
+
+
+def _text_arguments(call: Any) -> Any:
+    if not _object_arguments(call):
         return call
+    function = call["function"]
     arguments = json.dumps(function.get("arguments") or {}, ensure_ascii=False)
     return {**call, "function": {**function, "arguments": arguments}}
 
