@@ -10,8 +10,10 @@ Two template properties are handled here rather than in every caller:
 * text arguments (DeepSeek V3's template, not its TRL training variant): a template that
   concatenates `tool_calls[].function.arguments` as text raises on the dict arguments every
   canonicalization produces, so `template_messages` passes them as JSON text
-  (`json.dumps(..., ensure_ascii=False)`, the spelling the model emits), as miles' DeepSeek
-  encoders do. Everything else reaches the template unchanged.
+  (`json.dumps(..., ensure_ascii=False)`, the spelling the model emits). That is what
+  reconstructing a recorded prompt needs; it is not what the upstream systems do (they pass
+  dicts and fail those requests), which the strategies reproduce through
+  `trace_tools.render.upstream`. Everything else reaches the template unchanged.
 * a clock (gpt-oss): the template stamps `strftime_now("%Y-%m-%d")` into the system message, so
   a prompt depends on the day it was rendered. `pin_clock` replaces each `strftime_now(...)` call
   by the date a dump names (`trace_tools.render_date`), so replay renders what the recording saw.
