@@ -45,6 +45,23 @@ def upstream_render(renderer: Any, system: str, lenient: bool = False) -> Any:
     return UpstreamRender(renderer, system, lenient)
 
 
+def _checked(name: str) -> Any:
+    """The renderer's render method `name`, preceded by the upstream check of the same request."""
+
+    def render(
+        self: "UpstreamRender",
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> Any:
+        self.check(messages, tools, add_generation_prompt, **template_kwargs)
+        return getattr(self.renderer, name)(messages, tools, add_generation_prompt, **template_kwargs)
+
+    render.__name__ = name
+    return render
+
+
 class UpstreamRender:
     """A view of a `Renderer` whose renders fail where the upstream render of the same messages
     (arguments as given, not as text) fails. Everything else is the wrapped renderer's."""
@@ -90,35 +107,9 @@ class UpstreamRender:
         return needed
 
     # -- the renders strategies make (RendererLike and beyond) -----------------------------------
-    def render(
-        self,
-        messages: Sequence[dict],
-        tools: Sequence[dict] | None = None,
-        add_generation_prompt: bool = True,
-        **kw: Any,
-    ) -> list[int]:
-        self.check(messages, tools, add_generation_prompt, **kw)
-        return self.renderer.render(messages, tools, add_generation_prompt, **kw)
-
-    def render_shared(
-        self,
-        messages: Sequence[dict],
-        tools: Sequence[dict] | None = None,
-        add_generation_prompt: bool = True,
-        **kw: Any,
-    ) -> list[int]:
-        self.check(messages, tools, add_generation_prompt, **kw)
-        return self.renderer.render_shared(messages, tools, add_generation_prompt, **kw)
-
-    def render_text(
-        self,
-        messages: Sequence[dict],
-        tools: Sequence[dict] | None = None,
-        add_generation_prompt: bool = True,
-        **kw: Any,
-    ) -> str:
-        self.check(messages, tools, add_generation_prompt, **kw)
-        return self.renderer.render_text(messages, tools, add_generation_prompt, **kw)
+    render = _checked("render")
+    render_shared = _checked("render_shared")
+    render_text = _checked("render_text")
 
     def render_delta(
         self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None, **kw: Any
@@ -126,6 +117,14 @@ class UpstreamRender:
         self.check(prev, tools, False, **kw)
         self.check([*prev, *new], tools, True, **kw)
         return self.renderer.render_delta(prev, new, tools, **kw)
+
+
+def render_failure_reason(what: str, exc: BaseException) -> str:
+    """How a request whose render raised is counted: an argument-form failure by its own reason,
+    any other by what failed and the template's own message (not the template's identity)."""
+    if isinstance(exc, ArgumentFormError):
+        return exc.reason
+    return f"{what}: {getattr(exc, 'reason', None) or exc}"
 
 
 def check_render(

@@ -29,7 +29,7 @@ from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.canonical import canonicalize_messages, canonicalize_response
-from trace_tools.render.upstream import ArgumentFormError
+from trace_tools.render.upstream import render_failure_reason
 
 CONTEXT = -1  # provenance of prompt and incremental-context tokens
 MAX_TRAJECTORY_LENGTH = "max_trajectory_length"
@@ -306,11 +306,8 @@ class ChainCodec:
 
 
 def _render_failure(what: str, exc: BaseException) -> ServerError:
-    """The 500 of a render that raised. An argument-form failure keeps its own reason; a template
-    that raised is counted by its message."""
-    if isinstance(exc, ArgumentFormError):
-        return ServerError(f"{what}: {exc}", exc.reason)
-    return ServerError(f"{what}: {exc}", f"{what}: {getattr(exc, 'reason', None) or exc}")
+    """The 500 of a render that raised (`render_failure_reason` says how it is counted)."""
+    return ServerError(f"{what}: {exc}", render_failure_reason(what, exc))
 
 
 def _renderer_eos_ids(renderer: RendererLike) -> list[int]:

@@ -30,7 +30,7 @@ from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import common_prefix_len, starts_with
 from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
-from trace_tools.render.upstream import ArgumentFormError, took_lenient
+from trace_tools.render.upstream import ArgumentFormError, render_failure_reason, took_lenient
 from trace_tools.strategies.base import failure_reason
 
 
@@ -475,8 +475,8 @@ def _template_errors() -> tuple[type[BaseException], ...]:
 
 
 def _template_failure(what: str, exc: BaseException) -> ServerError:
-    """The 500 of a template that raised, counted by the template's own message."""
-    return ServerError(f"{what}: {exc}", f"{what}: {getattr(exc, 'reason', None) or exc}")
+    """The 500 of a render that raised (`render_failure_reason` says how it is counted)."""
+    return ServerError(f"{what}: {exc}", render_failure_reason(what, exc))
 
 
 class TitoTokenizer:
@@ -532,7 +532,7 @@ class TitoTokenizer:
         try:
             return fn(prepared, tool_defs, generation, **self.template_kwargs)
         except ArgumentFormError as exc:  # a TypeError upstream: not a TemplateError, so no retry
-            raise ServerError(f"chat template rendering failed: {exc}", exc.reason) from exc
+            raise _template_failure("chat template rendering failed", exc) from exc
         except errors as exc:
             if tool_defs is None:
                 raise _template_failure("chat template rendering failed", exc) from exc
