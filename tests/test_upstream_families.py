@@ -257,3 +257,18 @@ def test_every_report_names_the_upstream_failure_and_the_lenient_label(simulated
     for text in (" ".join(out.output.split()), (lenient_dir / "report.md").read_text(),
                  (lenient_dir / "report.html").read_text()):
         assert label in text
+
+
+def test_the_headline_names_the_most_common_reason_only_when_most_requests_fail():
+    import pandas as pd
+
+    from trace_tools.report.metrics import upstream_failures
+
+    def turns(*reasons):
+        return pd.DataFrame({"failure": list(reasons) + [None] * (10 - len(reasons))})
+
+    few = upstream_failures(turns("a", "a", "b"), "s")
+    assert few == {"requests": 10, "failed": 3, "by_reason": {"a": 2, "b": 1}, "headline": None}
+    most = upstream_failures(turns("a", "b", "b", "b", "c", "b"), "s")
+    assert most["headline"] == "s: 6 of 10 requests fail upstream: b (2 more for other reasons)"
+    assert upstream_failures(pd.DataFrame({"strategy": []}), "s")["headline"] is None
