@@ -272,3 +272,13 @@ def test_the_headline_names_the_most_common_reason_only_when_most_requests_fail(
     most = upstream_failures(turns("a", "b", "b", "b", "c", "b"), "s")
     assert most["headline"] == "s: 6 of 10 requests fail upstream: b (2 more for other reasons)"
     assert upstream_failures(pd.DataFrame({"strategy": []}), "s")["headline"] is None
+
+
+def test_a_gate_rule_can_require_that_no_request_fails_upstream(tmp_path):
+    from trace_tools.report.gate import evaluate, parse_rules
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nmetric = "upstream_failures.failed"\nstrategy = "session-v1"\nop = "=="\nvalue = 0\n')
+    summary = {"strategies": {"session-v1": {"upstream_failures": {"requests": 10, "failed": 9}}}}
+    [result] = evaluate(parse_rules(rules), summary)
+    assert not result.passed and result.actual == 9
