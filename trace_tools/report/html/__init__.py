@@ -38,6 +38,7 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
     from trace_tools.report.explain_view import CAUSE_TEXT
     from trace_tools.report.html import overview
     from trace_tools.report.html.sessions import build_sessions
+    from trace_tools.report.metrics import upstream_lines
     from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -62,6 +63,7 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
         "quarantine": overview.quarantine_view(summary, quarantine),
         "plots": overview.inline_plots(run_dir / "plots"),
         "counterfactual_note": COUNTERFACTUAL_NOTE,
+        "upstream_lines": upstream_lines(summary),
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
