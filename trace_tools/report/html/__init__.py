@@ -67,11 +67,23 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
+        "harness_profile": _harness_profile(run_dir),
     }
     env = _environment()
     return env.get_template("report.html.j2").render(
         **context, css=_asset(env, "report.css"), script=_asset(env, "report.js")
     )
+
+
+def _harness_profile(run_dir: Path) -> dict[str, Any] | None:
+    """The run's harness profile (a `trace-tools probe` run directory has one) as table rows."""
+    path = run_dir / "profile.json"
+    if not path.exists():
+        return None
+    from trace_tools.report.harness_profile import page_rows, title
+
+    profile = json.loads(path.read_text(encoding="utf-8"))
+    return {"title": title(profile), "rows": page_rows(profile)}
 
 
 def script_json(value: Any) -> str:
