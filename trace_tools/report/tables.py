@@ -14,6 +14,7 @@ from typing import Any
 from rich.text import Text
 
 from trace_tools.report.layout import Column, fit, label, legend
+from trace_tools.report.metrics import upstream_lines
 
 HEADLINE_NOTE = (
     "coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
@@ -24,7 +25,7 @@ HEADLINE_NOTE = (
 
 def summary_view(summary: dict[str, Any], width: int, run_dir: Path | None = None) -> list[Any]:
     """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
-    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary)]
+    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
         f"What each strategy would train ({_replayed(summary)})",
         headline_tables(summary, width),
@@ -83,6 +84,11 @@ def notes_view(summary: dict[str, Any]) -> list[Text]:
             )
         )
     return lines
+
+
+def upstream_view(summary: dict[str, Any]) -> list[Text]:
+    """One line per strategy that fails most requests upstream, and per lenient render."""
+    return [Text(line, style="yellow") for line in upstream_lines(summary)]
 
 
 def headline_tables(summary: dict[str, Any], width: int) -> list[Any]:
