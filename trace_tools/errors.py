@@ -33,6 +33,11 @@ class TemplateNotFound(UsageError):
     """No chat template could be resolved for a tokenizer."""
 
 
+class TemplateLimitExceeded(UsageError):
+    """A chat template ran past the time or size limit of one render (`render.limits`), or fails
+    on any conversation: it would fail every session the same way, so the run stops."""
+
+
 class MalformedRules(UsageError):
     """A gate rules file that cannot be used (message names the line)."""
 

@@ -73,6 +73,7 @@ def _guard(command):
     @functools.wraps(command)
     def guarded(*args, **kwargs):
         from trace_tools.errors import TraceToolsError
+        from trace_tools.render.limits import TemplateLimitHit
 
         try:
             return command(*args, **kwargs)
@@ -82,6 +83,8 @@ def _guard(command):
             _fail(f"{exc}; check the path, its permissions and the free space", 2)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except TemplateLimitHit as hit:  # raised past every `except Exception` on purpose (render.limits)
+            _fail(str(hit), 2)
 
     return guarded
 
