@@ -34,8 +34,13 @@ class TemplateNotFound(UsageError):
 
 
 class TemplateLimitExceeded(UsageError):
-    """A chat template ran past the time or size limit of one render (`render.limits`), or fails
-    on any conversation: it would fail every session the same way, so the run stops."""
+    """A chat template ran past the time or size limit of one render (`render.limits`): it is
+    untrusted code that would fail every session the same way, so the run stops."""
+
+
+class TemplateUnusable(UsageError):
+    """A chat template that does not compile, or fails on the simplest conversation: every
+    session would fail the same way."""
 
 
 class MalformedRules(UsageError):

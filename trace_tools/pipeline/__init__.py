@@ -106,6 +106,14 @@ class RendererPool:
 
                 resolve_template(self.chat_template, dump_template=meta.chat_template)
 
+    def check_templates(self) -> None:
+        """Every resolved template compiles and renders the simplest conversation within its
+        limits (`render.spec.check_template`): one that fails there would fail every session."""
+        from trace_tools.render.spec import check_template
+
+        for spec in self.specs():
+            check_template(spec)
+
     def specs(self) -> list[Any]:
         """The distinct specs resolved so far, in the order first met."""
         return list(dict.fromkeys(spec for spec in self._specs.values() if spec is not None))

@@ -18,7 +18,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trace_tools.data import DumpMeta
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import (
+    ReplayError,
+    TemplateLimitExceeded,
+    TemplateUnusable,
+    TraceToolsError,
+    UnusableInput,
+)
 from trace_tools.render.limits import TemplateLimits
 
 if TYPE_CHECKING:
@@ -87,6 +93,35 @@ class RenderSpec:
             "transformers": library_version("transformers"),
             "tokenizers": library_version("tokenizers"),
         }
+
+
+_PROBE = [{"role": "user", "content": "Hello"}]
+
+
+def check_template(spec: RenderSpec) -> None:
+    """The template compiles and renders a one-message conversation within its limits; otherwise
+    every session would fail the same way, so this raises `TemplateUnusable` or
+    `TemplateLimitExceeded` (exit 2) with the template's own error."""
+    from trace_tools.render.limits import TemplateLimitHit
+
+    try:
+        spec.build().render_text(_PROBE, None, True)
+    except TemplateLimitHit as hit:
+        raise TemplateLimitExceeded(str(hit)) from None
+    except TraceToolsError as error:
+        if not isinstance(error, ReplayError):
+            raise  # a tokenizer that does not load, say: its own message
+        raise TemplateUnusable(_unusable(spec, getattr(error, "reason", str(error)), error.__cause__)) from None
+    except Exception as error:  # a template may raise anything: a TypeError, a RecursionError, ...
+        raise TemplateUnusable(_unusable(spec, f"{type(error).__name__}: {error}", error)) from None
+
+
+def _unusable(spec: RenderSpec, error: str, cause: BaseException | None) -> str:
+    line = getattr(cause, "lineno", None)  # a syntax error knows where
+    return (
+        f"chat template {spec.template_identity} fails on a one-message conversation, so it would fail "
+        f"every session: {error}{f' (line {line})' if line else ''}; fix the template or pass --chat-template"
+    )
 
 
 def _check_date(render_date: str | None) -> None:

@@ -106,6 +106,7 @@ def run(
     stream = pipeline.stream
     current = shards.fingerprint(asdict(options), stream.files)
     check_dump(dump_path, stream, options)
+    pipeline.renderers.check_templates()
     check_run_dir(run_dir, current, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     with shards.RunLock(run_dir):
