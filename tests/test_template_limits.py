@@ -26,12 +26,15 @@ from trace_tools.render.spec import RenderSpec
 
 HOSTILE = {  # each would hang for minutes or allocate gigabytes without the limits
     "a 10^10-step loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    "exponential macro recursion": "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+    "exponential macro recursion": "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
+                                   "{{ f(60) }}",
     "a 10 GB string": "{{ 'x' * 10**10 }}",
     "a 10 GB string never printed": "{% set y = 'x' * 10**10 %}",
     "a huge power": "{{ 2 ** 10000000000 }}",
-    "doubling with ~": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-    "doubling with +": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "doubling with ~": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
+                       "{% endfor %}",
+    "doubling with +": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
+                       "{% endfor %}",
     "padding by filter": "{{ 'x'|center(10**10) }}",
     "padding by method": "{{ 'x'.ljust(10**10) }}",
     "padding by format": "{{ '{:>10000000000}'.format(1) }}",
