@@ -45,7 +45,16 @@ import pyarrow.parquet as pq
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
 from trace_tools.ids import shared_ints
-from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
+from trace_tools.io.rows import (
+    BadRow,
+    BadText,
+    HistoryParser,
+    max_cell_bytes,
+    records,
+    short,
+    text_values,
+    turn_from_record,
+)
 from trace_tools.io.schema import (
     COLUMNS,
     COLUMNS_BY_NAME,
@@ -355,6 +364,45 @@ def _int_objects(size: int) -> Any:
     return _INT_OBJECTS[0]
 
 
+def _oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
+    """Row position → size in bytes of the cells of `column` larger than `limit`, measured on
+    Arrow's buffers (nothing decoded)."""
+    import pyarrow.compute as pc
+
+    found: dict[int, int] = {}
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        return found  # values shared through a dictionary are counted where they are stored
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or (pa.types.is_large_binary(kind))
+    ):
+        sizes = pc.binary_length(column)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        width = kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8
+        sizes = pc.multiply(pc.list_value_length(column), max(width, 1))
+    else:
+        return found
+    largest = pc.max(sizes).as_py()
+    if largest is None or largest <= limit:
+        return found
+    for position in pc.indices_nonzero(pc.greater(sizes, limit)).to_pylist():
+        found[position] = sizes[position].as_py()
+    return found
+
+
+def _nulled(column: pa.Array, rows: dict[int, int]) -> pa.Array:
+    """`column` with the cells at `rows` made null (the oversized ones, never decoded)."""
+    if not rows:
+        return column
+    import pyarrow.compute as pc
+
+    mask = pa.array([position in rows for position in range(len(column))])
+    return pc.if_else(mask, pa.scalar(None, column.type), column)
+
+
 def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
     columns = [
@@ -413,6 +461,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     ):
         root = Path(path).expanduser()
         self._id_arrays = id_arrays  # token ids as int32 arrays, to ship to worker processes
+        self._cell_limit = max_cell_bytes()
         # Only the columns a command needs are read (the required ones always); validation covers those.
         self._wanted = None if columns is None else set(columns) | set(REQUIRED)
         self._infos = [self._inspect(file, root) for file in find_files(root)]
@@ -490,12 +539,16 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             )
             return
         seen_here: dict[str, None] = {}
-        orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": []}  # null / empty session_id
+        # null / empty / oversized session_id
+        orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": [], "cell_too_large": []}
         row = 0
         for batch in _iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
-            for value in text_values(batch.column(0)):
+            oversized, start = _oversized_rows(batch.column(0), self._cell_limit), row
+            for value in text_values(_nulled(batch.column(0), oversized)):
                 session_id = session_key(value)
-                if session_id is None:
+                if row - start in oversized:
+                    orphans["cell_too_large"].append(row)
+                elif session_id is None:
                     orphans["missing_column" if value is None else "bad_message"].append(row)
                 else:
                     self._note_row(session_id, number, row, seen_here)
@@ -510,7 +563,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         for reason, rows in orphans.items():
             if rows:
                 shown = ", ".join(map(str, rows[:5])) + (", …" if len(rows) > 5 else "")
-                what = "null" if reason == "missing_column" else "empty"
+                what = {"missing_column": "null", "bad_message": "empty"}.get(reason, "oversized")
                 self._unattributed.append(
                     QuarantineEntry(
                         None, None, reason, f"{info.label}: {what} session_id in {len(rows)} rows (rows {shown})"
@@ -559,11 +612,45 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         vocab = self._file_vocab[number]
         row = 0
         for batch in _iter_batches(info.path, columns, ROW_BATCH_ROWS):
+            batch = self._drop_oversized(batch, info.label, row, buffers)
             checked = _batch_ids_ok(batch, vocab)
             for record in _batch_records(_utc_batch(batch), checked, self._id_arrays):
                 self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked)
                 row += 1
             yield row
+
+    def _drop_oversized(
+        self, batch: pa.RecordBatch, label: str, first_row: int, buffers: dict[str, list[Turn]]
+    ) -> pa.RecordBatch:
+        """The batch with every cell over the cell limit nulled before anything decodes it; the
+        session of each such row is quarantined (`cell_too_large`)."""
+        columns = list(batch.columns)
+        for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
+            oversized = _oversized_rows(column, self._cell_limit)
+            if not oversized:
+                continue
+            for position, size in oversized.items():
+                self._quarantine_row(
+                    batch,
+                    position,
+                    "cell_too_large",
+                    f"{label} row {first_row + position}: {name} holds {size:,} bytes, over the cell limit of "
+                    f"{self._cell_limit:,} ($TRACE_TOOLS_MAX_CELL_BYTES)",
+                    buffers,
+                )
+            columns[index] = _nulled(column, oversized)
+        return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if columns != list(batch.columns) else batch
+
+    def _quarantine_row(
+        self, batch: pa.RecordBatch, position: int, reason: str, detail: str, buffers: dict[str, list[Turn]]
+    ) -> None:
+        session_id = session_key(text_values(batch.column("session_id").slice(position, 1))[0])
+        span = self._spans.get(session_id) if session_id is not None else None
+        if session_id is None or span is None or span.problems:
+            return  # a row of no session (an oversized id: reported by pass 1), or one already condemned
+        turn_index = batch.column("turn_index")[position].as_py() if "turn_index" in batch.schema.names else None
+        span.problems.append(QuarantineEntry(session_id, turn_index, reason, detail))
+        buffers.pop(session_id, None)
 
     def _take_row(
         self,

@@ -72,6 +72,7 @@ REASONS = (
     "bad_text",
     "bad_message",
     "bad_logprob",
+    "cell_too_large",
     "replay_error",
 )
 # Legal but counted (DESIGN §6): sessions with a turn_index gap, turns with an empty generation.
