@@ -7,9 +7,27 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
 
-console = Console()
-err_console = Console(stderr=True)
+from trace_tools.report.escape import UNSAFE, visible
+
+
+class _VisibleConsole(Console):
+    """A console that prints every control and bidi character of the text it is given as its
+    escape (`report.escape`): ids, names and messages come from dumps anyone may have written.
+    Rich's own control segments (colours, cursor moves) pass untouched."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(visible(text), style, control)
+            if not control and UNSAFE.search(text)
+            else Segment(text, style, control)
+            for text, style, control in buffer
+        )
+
+
+console = _VisibleConsole()
+err_console = _VisibleConsole(stderr=True)
 
 # Option help shared by the commands that render prompts.
 TOKENIZER_HELP = (

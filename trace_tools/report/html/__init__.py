@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_tools.report.escape import BIDI, visible_bidi
+
 REPORT_NAME = "report.html"
 
 
@@ -94,10 +96,11 @@ def _harness_profile(run_dir: Path) -> dict[str, Any] | None:
 
 
 def script_json(value: Any) -> str:
-    """JSON safe inside a <script> element: `<`, `>` and `&` escaped (only strings can hold them)."""
+    """JSON safe inside a <script> element: `<`, `>` and `&` escaped (only strings can hold them),
+    bidi formatting characters shown as their escapes (`report.escape`)."""
     from markupsafe import Markup
 
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = visible_bidi(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
@@ -119,6 +122,15 @@ def _asset(env, name: str):
     return Markup(env.loader.get_source(env, name)[0])
 
 
+def _visible(value: Any) -> Any:
+    """Every value the page prints, with bidi formatting characters made visible (markup stays markup)."""
+    from markupsafe import Markup
+
+    if isinstance(value, str) and BIDI.search(value):
+        return Markup(visible_bidi(value)) if isinstance(value, Markup) else visible_bidi(value)
+    return value
+
+
 def _environment():
     import jinja2
 
@@ -128,6 +140,7 @@ def _environment():
         trim_blocks=True,
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
+        finalize=_visible,
     )
     env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
     return env
