@@ -18,6 +18,7 @@ IPC is a tenth of the CPU of encoding the same table as Parquet.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -83,7 +84,9 @@ QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reas
 @dataclass
 class SessionRows:
     """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
-    (compact, cheap to ship from a worker process)."""
+    (compact, cheap to ship from a worker process). `pack()` turns the other tables' rows into
+    Arrow tables too (`tables`), so a result crosses from a worker to the driver as buffers,
+    without a per-row decoding cost there."""
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     sessions: list[dict[str, Any]] = field(default_factory=list)
@@ -93,15 +96,36 @@ class SessionRows:
     samples: pa.Table | None = None
     render_stats: dict[str, int] = field(default_factory=dict)
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
+    data_warnings: dict[str, int] = field(default_factory=dict)  # io.load.session_warnings counts
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # SMALL_TABLES rows, once packed
+    replayed: bool = True  # False: quarantined while loading, never replayed
+    cpu_s: float = 0.0  # CPU the replay took where it ran (not written: the benchmark reads it)
+    node: str = ""  # the Ray node it ran on, if any (not written)
+
+    @classmethod
+    def quarantined(cls, entries: Iterable[Any]) -> "SessionRows":
+        """A session quarantined while loading: its `QuarantineEntry`s, nothing replayed."""
+        return cls(quarantine=[dataclasses.asdict(entry) for entry in entries], replayed=False)
+
+    def pack(self) -> "SessionRows":
+        for name in SMALL_TABLES:
+            self.tables[name] = _small_table(name, getattr(self, name))
+            setattr(self, name, [])
+        return self
+
+    def table(self, name: str) -> pa.Table:
+        return self.tables[name] if name in self.tables else _small_table(name, getattr(self, name))
 
 
-SHARD_FORMAT = 2  # 2: samples in Arrow IPC; shards written in another format are replayed again
+SHARD_FORMAT = 3  # 2: samples in Arrow IPC; 3: every session has a position (quarantined ones too)
 
 
 def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
     """Options, each input file's path, size and modification time, and the shard format: what a
     resume must match."""
-    inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    from trace_tools.io import storage
+
+    inputs = [storage.stamp(storage.location(f)) for f in files]
     blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -129,8 +153,9 @@ class ShardWriter:
 
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
-        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
+        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
+        self.data_warnings: Counter = Counter()
         self.renderers: dict[str, dict] = {}
         self._samples_tmp = Path(f"{self.base}.samples.arrow.tmp")
         self._samples = (
@@ -141,22 +166,21 @@ class ShardWriter:
 
     def add(self, rows: SessionRows) -> None:
         for name in SMALL_TABLES:
-            self.rows[name].extend(getattr(rows, name))
+            self.tables[name].append(rows.table(name))
         self.render_stats.update(rows.render_stats)
+        self.data_warnings.update(rows.data_warnings)
         if rows.renderer:
             self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
         if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
             self._samples.write_table(rows.samples)
 
     def close(self) -> None:
-        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
+        from trace_tools.io.write import write_json_atomic
 
-        for name, records in self.rows.items():
-            write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
-        write_json_atomic(
-            {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
-            Path(f"{self.base}.meta.json"),
-        )
+        for name, parts in self.tables.items():
+            _concat_write(parts, Path(f"{self.base}.{name}.parquet"))
+        meta = {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())}
+        write_json_atomic({**meta, "data_warnings": dict(self.data_warnings)}, Path(f"{self.base}.meta.json"))
         if self._samples is not None:
             self._samples.close()
             os.chmod(self._samples_tmp, 0o644)
@@ -196,28 +220,49 @@ class SamplesFile:
 
 def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
     """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table
-    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False)."""
+    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False).
+
+    Quarantine lists `extra_quarantine` (rows of no session), then every session quarantined
+    while loading, then every replay error, each in stream order."""
     for name in SMALL_TABLES:
         parts = _shard_files(run_dir, name, shards)
         if name == "quarantine":
-            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))), *parts]
+            parts = [_small_table(name, extra_quarantine), *_loading_then_replay(parts)]
         _concat_write(parts, run_dir / f"{name}.parquet")
     if write_samples:
         _stream_samples(_shard_paths(run_dir, "samples", shards, "arrow"), run_dir / "samples.parquet")
 
 
-def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Render counters summed over every shard (resumed ones included) and the distinct renderers."""
+def _loading_then_replay(parts: list[pa.Table]) -> list[pa.Table]:
+    import pyarrow.compute as pc
+
+    replay = [pc.equal(part.column("reason"), "replay_error") for part in parts]
+    loading = [part.filter(pc.invert(mask)) for part, mask in zip(parts, replay)]
+    return loading + [part.filter(mask) for part, mask in zip(parts, replay)]
+
+
+@dataclass
+class ShardMeta:
+    """Summed over every shard (resumed ones included)."""
+
+    render_stats: dict[str, int]
+    renderers: list[dict[str, Any]]  # distinct identities
+    data_warnings: dict[str, int]
+
+
+def shard_meta(run_dir: Path, shards: int) -> ShardMeta:
     stats: Counter = Counter()
+    warnings: Counter = Counter()
     renderers: dict[str, dict] = {}
     for index in range(shards):
         path = run_dir / "shards" / f"{index:05d}.meta.json"
         if path.exists():
             meta = json.loads(path.read_text())
             stats.update(meta["render_stats"])
+            warnings.update(meta["data_warnings"])
             for identity in meta["renderers"]:
                 renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
-    return dict(stats), list(renderers.values())
+    return ShardMeta(dict(stats), list(renderers.values()), dict(warnings))
 
 
 def _shard_paths(run_dir: Path, name: str, shards: int, suffix: str = "parquet") -> list[Path]:
