@@ -1,40 +1,27 @@
 """Output never depends on the worker count or the executor, and a killed run resumes (DESIGN §8)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from trace_tools.api import replay
-
-TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")
-
-
-def _contents(run_dir: Path) -> dict:
-    """Every table's rows (timings dropped) and the summary: what must not depend on the executor."""
-    out = {"summary": json.loads((run_dir / "summary.json").read_text())}
-    for name in TABLES:
-        table = pq.read_table(run_dir / f"{name}.parquet")
-        out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
-    return out
-
+from io_support import run_contents
 
 @pytest.fixture(scope="module")
 def single_process_run(simulated_dump, tmp_path_factory):
     out = tmp_path_factory.mktemp("w1") / "run"
     replay(simulated_dump, out=out, workers=1)
-    return _contents(out)
+    return run_contents(out)
 
 
 def test_two_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
     replay(simulated_dump, out=tmp_path / "run", workers=2)
-    assert _contents(tmp_path / "run") == single_process_run
+    assert run_contents(tmp_path / "run") == single_process_run
 
 
 def test_ray_gives_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
@@ -44,7 +31,7 @@ def test_ray_gives_the_same_run_directory(simulated_dump, tmp_path, single_proce
         replay(simulated_dump, out=tmp_path / "run", executor="ray", workers=2)
     finally:
         ray.shutdown()
-    assert _contents(tmp_path / "run") == single_process_run
+    assert run_contents(tmp_path / "run") == single_process_run
 
 
 def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, single_process_run):
@@ -65,4 +52,4 @@ def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, singl
     finally:
         del os.environ["TRACE_TOOLS_SHARD_SIZE"]
     assert result.resumed_shards >= 2
-    assert _contents(out) == single_process_run
+    assert run_contents(out) == single_process_run

@@ -264,6 +264,20 @@ class StagedRun:
 
 
 @contextmanager
+def local_output(target: Location) -> Iterator[Path]:
+    """Where to write `target`: itself, or for a URI a local file uploaded when the block succeeds."""
+    if isinstance(target, Path):
+        yield target
+        return
+    folder = Path(tempfile.mkdtemp(prefix="trace-tools-out-"))
+    try:
+        yield folder / name(target)
+        upload(folder, target.rsplit("/", 1)[0], [name(target)])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
 def local_run(run: Location, write_back: bool = False) -> Iterator[Path]:
     """A finished run as a local directory: the path itself, or a copy of a remote run (its
     `shards/` left out). With `write_back`, files the block wrote or changed are uploaded."""
