@@ -40,6 +40,7 @@ class RunResult:
     quarantined: int
     resumed_shards: int = 0
     reconstruction: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)  # with executor="ray": tasks, nodes, bytes sent, worker CPU
 
 
 def replay(
@@ -99,6 +100,10 @@ def replay(
             mirror=mirror,
         )
         result = _finish(engine, plots)
+    if executor == "ray":
+        stats = engine.ray
+        result.ray = {"tasks": stats.tasks, "nodes": len(stats.nodes), "sent_bytes": stats.sent_bytes}
+        result.ray["worker_cpu_s"] = stats.worker_cpu_s
     if out is not None and storage.is_uri(out):
         result.run_dir = storage.location(out)
     return result

@@ -154,6 +154,12 @@ def replay_cmd(
         print_json(result.summary)
     else:
         _print_summary(console, result.summary, result.run_dir)
+        if result.ray:
+            ray, replayed = result.ray, max(result.sessions_replayed, 1)
+            note(
+                f"ray: {ray['tasks']} tasks on {ray['nodes']} node(s), "
+                f"{ray['sent_bytes'] / replayed:,.0f} bytes of task arguments sent per session"
+            )
         if result.resumed_shards:
             note(f"resumed: {result.resumed_shards} finished shard(s) of an earlier run with the same options reused")
         note(f"run directory: {result.run_dir}")

@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
 from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
@@ -137,7 +137,16 @@ def _connect(workers: int, address: str | None) -> Any:
         raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
     if not ray.is_initialized():
         # With an address the cluster decides the CPUs; None is ray.init's own default.
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers)
+        try:
+            ray.init(
+                address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers
+            )
+        except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UsageError(
+                f"cannot start or reach Ray at {address or 'a local instance'} ({reason}); check --address, and "
+                "RAY_AUTH_TOKEN where the cluster uses token authentication (`ray get-auth-token` on the head)"
+            ) from None
     return ray
 
 
