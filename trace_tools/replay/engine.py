@@ -143,9 +143,14 @@ def run(
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
         results = _local_results(stream, options, workers, shards)
-    for position, rows in results:
-        shards.add(position, rows)
-    shards.finish()
+    try:
+        for position, rows in results:
+            shards.add(position, rows)
+        shards.finish()
+    except BaseException:
+        if shards.samples is not None:
+            shards.samples.abandon()
+        raise
     result.sessions_replayed = shards.replayed
     meta = rundir.shard_meta(run_dir, shards.count)
     result.render_stats, result.renderers, result.data_warnings = meta.render_stats, meta.renderers, meta.data_warnings
@@ -231,7 +236,7 @@ class _Shards:
                 self._writer = rundir.ShardWriter(self.run_dir, index, self.write_samples)
             self._writer.add(rows)
             if self.samples is not None:
-                self.samples.add(rows.samples)
+                self.samples.add(rows)
             self._next += 1
             if self._next % self.size == 0 or self._next == self.total:
                 self._close(index)

@@ -107,10 +107,14 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
 
 # -- Ray -------------------------------------------------------------------------------------------
 class RayStats:
-    """What a Ray replay cost the driver: bytes of task arguments it sent, and where tasks ran."""
+    """What a Ray replay moved and where it ran: bytes of task arguments the driver sent, bytes of
+    rows the session tasks received (from loader tasks, worker to worker), bytes of results the
+    driver received (Arrow buffers), the tasks' CPU and the nodes that ran them."""
 
     def __init__(self) -> None:
         self.sent_bytes = 0
+        self.rows_bytes = 0
+        self.received_bytes = 0
         self.tasks = 0
         self.worker_cpu_s = 0.0
         self.nodes: set[str] = set()
@@ -239,6 +243,9 @@ class _RayReplay:
             ) from None
         self.stats.worker_cpu_s += rows.cpu_s
         self.stats.nodes.add(rows.node)
+        self.stats.rows_bytes += rows.input_bytes
+        received = sum(table.nbytes for table in rows.tables.values())
+        self.stats.received_bytes += received + (rows.samples_ipc.size if rows.samples_ipc is not None else 0)
         return rows
 
 
@@ -261,6 +268,7 @@ def _replay_slot(options: ReplayOptions, context: DumpContext, slot: SessionSlot
     item = read_session(context, slot, list(parts))
     rows = replayer(item) if isinstance(item, Session) else SessionRows.quarantined(item)
     rows.pack()
+    rows.input_bytes = sum(part.nbytes for part in parts)
     rows.cpu_s = time.process_time() - started
     rows.node = ray.get_runtime_context().get_node_id()
     return rows
