@@ -88,9 +88,10 @@ QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reas
 @dataclass
 class SessionRows:
     """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
-    (compact, cheap to ship from a worker process). `pack()` turns the other tables' rows into
-    Arrow tables too (`tables`), so a result crosses from a worker to the driver as buffers,
-    without a per-row decoding cost there."""
+    (compact, cheap to ship from a worker process). `pack()` turns every table into an Arrow IPC
+    stream (`tables`, `samples_ipc`), so a result crosses from a Ray worker to the driver as a few
+    buffers: no per-row or per-column decoding in Python there, and the samples' stream is
+    appended to the shard as it is."""
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     sessions: list[dict[str, Any]] = field(default_factory=list)
@@ -102,7 +103,7 @@ class SessionRows:
     render_stats: dict[str, int] = field(default_factory=dict)
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
     data_warnings: dict[str, int] = field(default_factory=dict)  # io.load.session_warnings counts
-    tables: dict[str, pa.Table] = field(default_factory=dict)  # SMALL_TABLES rows, once packed
+    tables: dict[str, pa.Buffer] = field(default_factory=dict)  # SMALL_TABLES as IPC streams, once packed
     replayed: bool = True  # False: quarantined while loading, never replayed
     cpu_s: float = 0.0  # CPU the replay took where it ran (not written: the benchmark reads it)
     node: str = ""  # the Ray node it ran on, if any (not written)
@@ -115,27 +116,33 @@ class SessionRows:
 
     def pack(self) -> "SessionRows":
         for name in SMALL_TABLES:
-            self.tables[name] = _small_table(name, getattr(self, name))
+            self.tables[name] = _ipc_stream(_small_table(name, getattr(self, name)))
             setattr(self, name, [])
         self.samples_ipc, self.samples = self.samples_stream(), None
         return self
 
     def table(self, name: str) -> pa.Table:
-        return self.tables[name] if name in self.tables else _small_table(name, getattr(self, name))
+        if name in self.tables:
+            return pa.ipc.open_stream(self.tables[name]).read_all()
+        return _small_table(name, getattr(self, name))
 
     def samples_stream(self) -> pa.Buffer | None:
         """The samples as a compressed Arrow IPC stream (None when there are none)."""
         if self.samples_ipc is not None or self.samples is None or not self.samples.num_rows:
             return self.samples_ipc
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, self.samples.schema, options=SAMPLES_IPC_OPTIONS) as writer:
-            writer.write_table(self.samples)
-        return sink.getvalue()
+        return _ipc_stream(self.samples, SAMPLES_IPC_OPTIONS)
 
     def samples_table(self) -> pa.Table | None:
         if self.samples is None and self.samples_ipc is not None:
             return pa.ipc.open_stream(self.samples_ipc).read_all()
         return self.samples
+
+
+def _ipc_stream(table: pa.Table, options: pa.ipc.IpcWriteOptions | None = None) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
 
 
 SHARD_FORMAT = 3  # 2: samples in Arrow IPC; 3: every session has a position (quarantined ones too)

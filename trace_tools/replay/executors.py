@@ -4,16 +4,18 @@ Locally (`run_sessions`), the driver reads the sessions (pass 2 of the stream) a
 maps the same `SessionReplayer` over them, yielding results in submission order with a bounded
 number of sessions in flight.
 
-On Ray (`ray_results`), the driver reads nothing but the session index (pass 1). Each session
-task gets a `SessionSlot` (its position and where its rows are) and references to its rows,
-which loader tasks read on the workers, each row group once for all the sessions it holds
-(decoding a row group is most of reading it); the task checks the rows exactly as the stream
-would (`io.load.read_session`) and replays them. The tasks kept in flight follow the cluster's
-CPUs (`ray.cluster_resources()`, re-read as the cluster grows or shrinks), results are taken as
-they finish, tagged with their position, and the engine's shard writer puts them back in stream
-order; a result may run at most a window of positions ahead of the oldest unfinished session,
-which bounds what waits there. A task whose worker process or node dies is retried
-(`RAY_RETRIES`); replay is deterministic, so a retry gives the same rows.
+On Ray (`ray_results`), the driver reads nothing but the session index (pass 1). A session task
+gets a few `SessionSlot`s (each session's position and where its rows are) and references to
+their rows, which loader tasks read on the workers, each row group once for all the sessions it
+holds (decoding a row group is most of reading it); the task checks the rows exactly as the
+stream would (`io.load.read_session`) and replays them. The tasks kept in flight follow the
+cluster's CPUs (`ray.cluster_resources()`, re-read as the cluster grows or shrinks); a task takes
+several sessions only while there is plenty of work per CPU, so Ray's cost per task is shared
+and the end of the run still spreads evenly. Results are taken as they finish, tagged with their
+positions, and the engine's shard writer puts them back in stream order; a result may run at
+most a window of positions ahead of the oldest unfinished session, which bounds what waits
+there. A task whose worker process or node dies is retried (`RAY_RETRIES`); replay is
+deterministic, so a retry gives the same rows.
 
 Either way the run directory does not depend on the executor or the worker count.
 """
@@ -36,6 +38,8 @@ EXECUTORS = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 2
 RAY_RETRIES = 3  # further attempts of a task whose worker process or node died
 REORDER_WINDOW_PER_CPU = 8  # how many positions a finished result may be ahead of the oldest unfinished one
+TASKS_PER_CPU = 4  # a task takes more than one session only while the work left gives each CPU this many tasks
+SESSIONS_PER_TASK = 8  # at most
 CLUSTER_CHECK_S = 5.0  # how often the cluster's CPUs are read again
 
 
@@ -159,37 +163,51 @@ class _RayReplay:
         self.ray, self.stats = ray, stats
         self.context, self.options = ray.put(context), ray.put(options)
         self.reader = ray.remote(max_retries=RAY_RETRIES)(_read_rows)
-        self.replayer = ray.remote(max_retries=RAY_RETRIES)(_replay_slot)
+        self.replayer = ray.remote(max_retries=RAY_RETRIES)(_replay_slots)
         self.users: dict[tuple[int, int], list[SessionSlot]] = {}  # row group → the slots reading it
         self.slices: dict[tuple[int, int], dict[int, Any]] = {}  # row group → position → its rows, not yet handed on
+        self.unsent = 0  # sessions not yet in a task
         self._cpus, self._checked = 1, 0.0
 
     def results(self, slots: Iterable[SessionSlot]) -> Iterator[tuple[int, SessionRows]]:
         todo = deque(slots)
         for slot in todo:
+            self.unsent += not slot.problems
             for group in slot.row_groups:
                 self.users.setdefault(group, []).append(slot)
-        running: dict[Any, SessionSlot] = {}  # in submission (= position) order
+        running: dict[Any, list[SessionSlot]] = {}  # in submission (= position) order
         while todo or running:
             while todo and self._room(running, todo[0]):
-                slot = todo.popleft()
-                if slot.problems:
+                if todo[0].problems:
+                    slot = todo.popleft()
                     yield slot.position, SessionRows.quarantined(slot.problems)
-                else:
-                    running[self._submit(slot)] = slot
+                    continue
+                batch = self._batch(todo)
+                running[self._submit(batch)] = batch
             if running:
                 (done,), _ = self.ray.wait(list(running), num_returns=1)
-                slot = running.pop(done)
-                yield slot.position, self._collect(done, slot)
+                batch = running.pop(done)
+                for slot, rows in zip(batch, self._collect(done, batch)):
+                    yield slot.position, rows
 
-    def _room(self, running: dict[Any, SessionSlot], slot: SessionSlot) -> bool:
+    def _room(self, running: dict[Any, list[SessionSlot]], slot: SessionSlot) -> bool:
         """Another task fits: fewer in flight than the cluster keeps busy, and not too far ahead
         of the oldest unfinished session (whose result the shard writer is waiting for)."""
         if not running:
             return True
         cpus = self._cluster_cpus()
-        oldest = next(iter(running.values())).position
+        oldest = next(iter(running.values()))[0].position
         return len(running) < cpus * IN_FLIGHT_PER_WORKER and slot.position < oldest + cpus * REORDER_WINDOW_PER_CPU
+
+    def _batch(self, todo: deque[SessionSlot]) -> list[SessionSlot]:
+        """The next sessions for one task, in order: one, or more while the work left keeps every
+        CPU TASKS_PER_CPU tasks busy (a session pass 1 quarantined ends the batch)."""
+        size = min(SESSIONS_PER_TASK, max(1, self.unsent // (self._cluster_cpus() * TASKS_PER_CPU)))
+        batch = [todo.popleft()]
+        while todo and len(batch) < size and not todo[0].problems:
+            batch.append(todo.popleft())
+        self.unsent -= len(batch)
+        return batch
 
     def _cluster_cpus(self) -> int:
         now = time.monotonic()
@@ -198,10 +216,10 @@ class _RayReplay:
             self._checked = now
         return self._cpus
 
-    def _submit(self, slot: SessionSlot) -> Any:
-        parts = [self._rows(group, slot) for group in slot.row_groups]
-        self._count_sent(slot, len(parts) + 2)
-        return self.replayer.remote(self.options, self.context, slot, *parts)
+    def _submit(self, batch: list[SessionSlot]) -> Any:
+        parts = [self._rows(group, slot) for slot in batch for group in slot.row_groups]
+        self._count_sent(batch, len(parts) + 2)
+        return self.replayer.remote(self.options, self.context, batch, *parts)
 
     def _rows(self, group: tuple[int, int], slot: SessionSlot) -> Any:
         """The reference to `slot`'s rows in row group `group`; the first slot that needs the group
@@ -223,11 +241,11 @@ class _RayReplay:
         self.stats.sent_bytes += len(pickle.dumps(arguments, protocol=5)) + 28 * references
         self.stats.tasks += 1
 
-    def _collect(self, done: Any, slot: SessionSlot) -> SessionRows:
+    def _collect(self, done: Any, batch: list[SessionSlot]) -> list[SessionRows]:
         from ray.exceptions import RayTaskError
 
         try:
-            rows = self.ray.get(done)
+            results = self.ray.get(done)
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, UnusableInput):
@@ -237,16 +255,17 @@ class _RayReplay:
             raise
         except self.ray.exceptions.RayError as error:  # a worker or node died more than RAY_RETRIES times
             raise TraceToolsError(
-                f"session {slot.session_id}: its Ray task failed {RAY_RETRIES + 1} times "
+                f"session {batch[0].session_id}: its Ray task failed {RAY_RETRIES + 1} times "
                 f"({type(error).__name__}: a worker process or node died, out of memory?); "
                 "finished shards are kept and rerunning the command resumes"
             ) from None
-        self.stats.worker_cpu_s += rows.cpu_s
-        self.stats.nodes.add(rows.node)
-        self.stats.rows_bytes += rows.input_bytes
-        received = sum(table.nbytes for table in rows.tables.values())
-        self.stats.received_bytes += received + (rows.samples_ipc.size if rows.samples_ipc is not None else 0)
-        return rows
+        for rows in results:
+            self.stats.worker_cpu_s += rows.cpu_s
+            self.stats.nodes.add(rows.node)
+            self.stats.rows_bytes += rows.input_bytes
+            received = sum(buffer.size for buffer in rows.tables.values())
+            self.stats.received_bytes += received + (rows.samples_ipc.size if rows.samples_ipc is not None else 0)
+        return results
 
 
 # Runs in Ray workers: one replayer (and its renderers) per worker process and options.
@@ -258,17 +277,23 @@ def _read_rows(context: DumpContext, number: int, group: int, session_ids: list[
     return tables if len(tables) > 1 else tables[0]  # one object per return, as num_returns says
 
 
-def _replay_slot(options: ReplayOptions, context: DumpContext, slot: SessionSlot, *parts: Any) -> SessionRows:
+def _replay_slots(
+    options: ReplayOptions, context: DumpContext, slots: list[SessionSlot], *parts: Any
+) -> list[SessionRows]:
+    """A task: read, check and replay each slot's session (`parts` are their rows, slot by slot)."""
     import ray
 
-    started = time.process_time()
     replayer = _RAY_REPLAYERS.get(options.key())
     if replayer is None:
         replayer = _RAY_REPLAYERS[options.key()] = SessionReplayer(options)
-    item = read_session(context, slot, list(parts))
-    rows = replayer(item) if isinstance(item, Session) else SessionRows.quarantined(item)
-    rows.pack()
-    rows.input_bytes = sum(part.nbytes for part in parts)
-    rows.cpu_s = time.process_time() - started
-    rows.node = ray.get_runtime_context().get_node_id()
-    return rows
+    node, results, start = ray.get_runtime_context().get_node_id(), [], 0
+    for slot in slots:
+        started = time.process_time()
+        mine, start = parts[start : start + len(slot.row_groups)], start + len(slot.row_groups)
+        item = read_session(context, slot, list(mine))
+        rows = replayer(item) if isinstance(item, Session) else SessionRows.quarantined(item)
+        rows.pack()
+        rows.input_bytes = sum(part.nbytes for part in mine)
+        rows.cpu_s, rows.node = time.process_time() - started, node
+        results.append(rows)
+    return results
