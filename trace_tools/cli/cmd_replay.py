@@ -87,7 +87,10 @@ def replay_cmd(
     ] = True,
     workers: Annotated[
         Optional[int],
-        typer.Option(help="Processes replaying sessions (default: the machine's cores; 1 = in this process)."),
+        typer.Option(
+            help="Processes replaying sessions (default: the machine's cores; 1 = in this process); with "
+            "--executor ray, the CPUs of the local Ray it starts (with --address, the cluster's CPUs count)."
+        ),
     ] = None,
     executor: Annotated[
         str,
