@@ -314,9 +314,12 @@ def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
         "",
         "From the widest row's costs per turn: the workers take `turns × worker / N`; the driver's "
         "loop runs beside them and caps the rate at `1 / driver` turns per second; samples.parquet "
-        "is encoded as results come back and caps it at `1 / samples`; merging shard tables is serial "
-        "at the end. Wall ≈ max(workers, driver loop, samples.parquet) + end (cluster start-up and "
-        "the report not included).",
+        "is encoded by its own thread as results come back and caps it at `1 / samples`; merging shard "
+        "tables is serial at the end. Wall ≈ max(workers, driver loop, samples.parquet) + end "
+        "(cluster start-up and the report not included). The driver figure is pessimistic: part of "
+        "it is Ray's own threads in the driver, which on this machine cost about as much per second "
+        "as per task, so at a higher rate of turns they cost less per turn; the main thread alone "
+        "would saturate far later.",
         "",
         "| workers | workers' time | driver loop | samples.parquet | wall | limited by |",
         "|---:|---:|---:|---:|---:|---|",
@@ -336,7 +339,8 @@ def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
     lines += [
         "",
         f"The driver's loop saturates at about **{worker / driver:,.0f} workers** "
-        f"({c['driver'] / c['worker']:.2%} of a worker's CPU per turn)"
+        f"({c['driver'] / c['worker']:.2%} of a worker's CPU per turn; its main thread alone at about "
+        f"{c['worker'] / c['main']:,.0f})"
         + (
             f"; before that, encoding samples.parquet on one core limits a run that writes samples to "
             f"about **{worker / samples:,.0f} workers** — replay with `--no-samples`, or export only "

@@ -61,6 +61,9 @@ SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
 }
 SAMPLES_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 SAMPLES_QUEUE = 32  # sessions' samples waiting for the samples.parquet writer thread
+# IPC streams are decoded (and decompressed) by the thread that reads them, not Arrow's pool: the
+# samples.parquet writer thread's cost stays its own, beside the loop that hands out work.
+_READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)
 DRIFT_SCHEMA = pa.schema(
     [
         ("session_id", pa.string()),
@@ -123,7 +126,7 @@ class SessionRows:
 
     def table(self, name: str) -> pa.Table:
         if name in self.tables:
-            return pa.ipc.open_stream(self.tables[name]).read_all()
+            return pa.ipc.open_stream(self.tables[name], options=_READ_HERE).read_all()
         return _small_table(name, getattr(self, name))
 
     def samples_stream(self) -> pa.Buffer | None:
@@ -134,7 +137,7 @@ class SessionRows:
 
     def samples_table(self) -> pa.Table | None:
         if self.samples is None and self.samples_ipc is not None:
-            return pa.ipc.open_stream(self.samples_ipc).read_all()
+            return pa.ipc.open_stream(self.samples_ipc, options=_READ_HERE).read_all()
         return self.samples
 
 
@@ -363,7 +366,7 @@ def _stream_samples(paths: list[Path], target: Path) -> None:
         for path in paths:
             with pa.memory_map(str(path)) as source:
                 for stream in _sample_streams(source.read_buffer()):
-                    for batch in pa.ipc.open_stream(stream):
+                    for batch in pa.ipc.open_stream(stream, options=_READ_HERE):
                         writer.write_batch(batch)
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
 
 Location = str | Path  # a local path (Path) or an object-storage URI (str)
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -233,6 +233,8 @@ class StagedRun:
     def __enter__(self) -> "StagedRun":
         from concurrent.futures import ThreadPoolExecutor
 
+        if is_file(self.uri):
+            raise UsageError(f"--out {self.uri} is a file; pass a directory path for the run")
         self.local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))
         self._before = download(self.uri, self.local, lambda r: r.startswith("shards/") or r == "run.json")
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="trace-tools-upload")
