@@ -146,3 +146,6 @@ class ReplayResult:
     counters: Counter = field(default_factory=Counter)
     # Where drift starts, per drifted turn: {turn_index: token position of first divergence}.
     drift_positions: dict[int, int] = field(default_factory=dict)
+    # Why the reproduced upstream system answered a request with an error (turns `failed` or
+    # `rejected`): {turn_index: reason}, worded to be counted and shown as is.
+    failures: dict[int, str] = field(default_factory=dict)

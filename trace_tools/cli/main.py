@@ -55,6 +55,8 @@ COMMANDS = [
     ("export", "cmd_export", "export_cmd"),
     ("audit-template", "cmd_audit", "audit_template_cmd"),
     ("simulate", "cmd_simulate", "simulate_cmd"),
+    ("record", "cmd_probe", "record_cmd"),
+    ("probe", "cmd_probe", "probe_cmd"),
     ("rescore", "cmd_rescore", "rescore_cmd"),
 ]
 

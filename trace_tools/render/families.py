@@ -10,8 +10,10 @@ Two template properties are handled here rather than in every caller:
 * text arguments (DeepSeek V3's template, not its TRL training variant): a template that
   concatenates `tool_calls[].function.arguments` as text raises on the dict arguments every
   canonicalization produces, so `template_messages` passes them as JSON text
-  (`json.dumps(..., ensure_ascii=False)`, the spelling the model emits), as miles' DeepSeek
-  encoders do. Everything else reaches the template unchanged.
+  (`json.dumps(..., ensure_ascii=False)`, the spelling the model emits). That is what
+  reconstructing a recorded prompt needs; it is not what the upstream systems do (they pass
+  dicts and fail those requests), which the strategies reproduce through
+  `trace_tools.render.upstream`. Everything else reaches the template unchanged.
 * a clock (gpt-oss): the template stamps `strftime_now("%Y-%m-%d")` into the system message, so
   a prompt depends on the day it was rendered. `pin_clock` replaces each `strftime_now(...)` call
   by the date a dump names (`trace_tools.render_date`), so replay renders what the recording saw.
@@ -108,17 +110,32 @@ def template_messages(messages: Sequence[dict], text_arguments: bool) -> list[di
     return [_with_text_arguments(message) for message in messages]
 
 
+def has_object_arguments(messages: Sequence[dict]) -> bool:
+    """True when some tool call's arguments are not text (what `template_messages` converts)."""
+    return any(_object_arguments(call) for message in messages for call in _tool_calls(message))
+
+
 def _with_text_arguments(message: Any) -> Any:
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if not isinstance(calls, list) or not calls:
+    calls = _tool_calls(message)
+    if not calls:
         return message
     return {**message, "tool_calls": [_text_arguments(call) for call in calls]}
 
 
-def _text_arguments(call: Any) -> Any:
+def _tool_calls(message: Any) -> list:
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    return calls if isinstance(calls, list) else []
+
+
+def _object_arguments(call: Any) -> bool:
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+    return isinstance(function, dict) and not isinstance(function.get("arguments"), str)
+
+
+def _text_arguments(call: Any) -> Any:
+    if not _object_arguments(call):
         return call
+    function = call["function"]
     arguments = json.dumps(function.get("arguments") or {}, ensure_ascii=False)
     return {**call, "function": {**function, "arguments": arguments}}
 

@@ -45,6 +45,16 @@ def detect_tool_format(template: str) -> str | None:
     return family.tool_format if family else None
 
 
+class TemplateFailed(ReplayError):
+    """The chat template raised on some messages (`raise_exception` or a Jinja error).
+
+    `reason` is the template's own message, the same for every request it refuses."""
+
+    def __init__(self, template: str, message: str):
+        self.reason = message
+        super().__init__(f"chat template {template} failed: {message}")
+
+
 class Renderer:
     """Implements `trace_tools.render.base.RendererLike` for a real tokenizer and Jinja template."""
 
@@ -203,6 +213,25 @@ class Renderer:
         )
 
     # -- beyond the protocol --------------------------------------------------------------------
+    @property
+    def text_arguments(self) -> bool:
+        """True when the template joins tool-call arguments to text, so dict arguments raise in it
+        and every render here passes them as JSON text (`families.template_messages`)."""
+        return self._text_arguments
+
+    def render_text_as_given(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """One full render of `messages` exactly as given: tool-call arguments are not turned into
+        text and no cache is used. Raises what the template raises (e.g. the TypeError of a
+        template that concatenates dict arguments), as `apply_chat_template` would."""
+        kwargs = {**self.template_kwargs, **template_kwargs}
+        return self._template_fn()(list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
+
     def render_delta(
         self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None, **template_kwargs: Any
     ) -> list[int] | None:
@@ -288,22 +317,25 @@ class Renderer:
         )
         return cache_dir() / "render-checks" / f"{kind}-{digest}.json"
 
+    def _template_fn(self) -> Any:
+        if self._jinja is None:
+            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template, self._runner_verdict_path())
+        return self._jinja
+
     def _apply_template(
         self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
     ) -> str:
         from jinja2 import TemplateError
 
-        if self._jinja is None:
-            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template, self._runner_verdict_path())
         try:
-            return self._jinja(
+            return self._template_fn()(
                 families.template_messages(messages, self._text_arguments),
                 list(tools) if tools else None,
                 add_generation_prompt,
                 kwargs,
             )
         except TemplateError as exc:
-            raise ReplayError(f"chat template {self.template_identity or '(inline)'} failed: {exc}") from exc
+            raise TemplateFailed(self.template_identity or "(inline)", str(exc)) from exc
 
 
 def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | None):

@@ -56,6 +56,7 @@ def turn_rows(
                 ),
                 "prompt_event": result.prompt_events.get(turn.turn_index, "clean"),
                 "drift_position": result.drift_positions.get(turn.turn_index),
+                "failure": result.failures.get(turn.turn_index),
                 "prompt_tokens": prompt_lengths.get(turn.turn_index),
                 "genuine": _ground_truth(turn.metadata, "genuine"),
                 "behaviour": behaviour,

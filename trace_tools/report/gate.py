@@ -48,6 +48,9 @@ STRATEGY_METRICS = (
     "turn_events.*",
     "prompt_events.*",
     "samples_per_session.*",
+    "upstream_failures.requests",
+    "upstream_failures.failed",
+    "lenient_render.requests",
 )
 TOP_METRICS = (
     "quarantined",

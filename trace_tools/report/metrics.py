@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
@@ -69,7 +70,56 @@ def strategy_summary(turns: pd.DataFrame, sessions: pd.DataFrame, name: str) -> 
         "turn_events": _value_counts(t, "event"),
         "prompt_events": _value_counts(t, "prompt_event"),
         "counters": {c: _int_sum(s, c) for c in COUNTERS},
+        "upstream_failures": upstream_failures(t, name),
+        **lenient_render(s, name),
     }
+
+
+def upstream_failures(turns: pd.DataFrame, name: str) -> dict[str, Any]:
+    """Requests the reproduced upstream system answers with an error (turns `failed` or `rejected`),
+    by reason, and `headline`: one line naming the most common reason when they are most requests."""
+    requests = int(len(turns))
+    reasons = turns["failure"].dropna() if len(turns) and "failure" in turns else pd.Series(dtype=str)
+    by_reason = {str(k): int(v) for k, v in reasons.value_counts().sort_index().items()}
+    failed = int(sum(by_reason.values()))
+    headline = None
+    if requests and 2 * failed > requests:
+        top, count = max(by_reason.items(), key=lambda item: (item[1], item[0]))
+        others = f" ({failed - count} more for other reasons)" if failed > count else ""
+        headline = f"{name}: {failed} of {requests} requests fail upstream: {top}{others}"
+    return {"requests": requests, "failed": failed, "by_reason": by_reason, "headline": headline}
+
+
+def lenient_render(sessions: pd.DataFrame, name: str) -> dict[str, Any]:
+    """`{"lenient_render": {...}}` for a strategy run with `lenient_render` on (its sessions carry
+    the `lenient_renders` counter, zero too), else nothing: the label every view must show."""
+    counts = [json.loads(extra).get("lenient_renders") for extra in _extra_counters(sessions)]
+    if not any(count is not None for count in counts):
+        return {}
+    renders = int(sum(count or 0 for count in counts))
+    label = (
+        f"{name}: lenient render: tool-call arguments reach the template as JSON text, not as upstream "
+        f"passes them; {renders} requests that fail upstream were rendered anyway"
+    )
+    return {"lenient_render": {"requests": renders, "label": label}}
+
+
+def upstream_lines(summary: dict[str, Any]) -> list[str]:
+    """The one-line notes every view prints: lenient renders, and strategies failing most requests."""
+    lines = []
+    for s in summary.get("strategies", {}).values():
+        if "lenient_render" in s:
+            lines.append(s["lenient_render"]["label"])
+        headline = (s.get("upstream_failures") or {}).get("headline")
+        if headline:
+            lines.append(headline)
+    return lines
+
+
+def _extra_counters(sessions: pd.DataFrame) -> list[str]:
+    if not len(sessions) or "extra_counters" not in sessions:
+        return []
+    return [extra for extra in sessions["extra_counters"] if isinstance(extra, str)]
 
 
 def tool_turns(turns: pd.DataFrame) -> dict[str, dict[str, int]]:

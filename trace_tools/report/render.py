@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.io.write import write_text_atomic
+from trace_tools.report.metrics import upstream_lines
 
 COUNTERFACTUAL_NOTE = (
     "Strategies marked *counterfactual* act before generation (they change the ids the engine would "
@@ -30,6 +31,9 @@ def write_report(
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
     lines = ["# trace-tools replay report", ""]
     lines += _overview(summary)
+    upstream = upstream_lines(summary)
+    if upstream:
+        lines += ["", *(f"> {line}" for line in upstream)]
     lines += ["", "## Strategies", "", *_strategy_table(summary), ""]
     lines += ["## Coverage by tool (token coverage; dropped turns in parentheses)", "", *_tool_table(summary), ""]
     lines += ["## Token savings against `tree`", "", *_savings_table(summary), ""]

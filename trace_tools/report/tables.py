@@ -15,6 +15,7 @@ from rich.text import Text
 
 from trace_tools.io import storage
 from trace_tools.report.layout import Column, fit, label, legend
+from trace_tools.report.metrics import upstream_lines
 
 HEADLINE_NOTE = (
     "coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
@@ -25,7 +26,7 @@ HEADLINE_NOTE = (
 
 def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None = None) -> list[Any]:
     """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
-    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary)]
+    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
         f"What each strategy would train ({summary.get('sessions_total', 0)} sessions, "
         f"{summary.get('turns_total', 0)} turns)",
@@ -76,6 +77,11 @@ def notes_view(summary: dict[str, Any]) -> list[Text]:
             )
         )
     return lines
+
+
+def upstream_view(summary: dict[str, Any]) -> list[Text]:
+    """One line per strategy that fails most requests upstream, and per lenient render."""
+    return [Text(line, style="yellow") for line in upstream_lines(summary)]
 
 
 def headline_tables(summary: dict[str, Any], width: int) -> list[Any]:

@@ -13,6 +13,7 @@ engine would have seen), declare its options in `params` (`trace_tools.options.P
 
 from __future__ import annotations
 
+import re
 from abc import ABC
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,9 +24,20 @@ from trace_tools.errors import UnknownName
 from trace_tools.options import Param, check_known
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.base import RendererLike
+from trace_tools.render.upstream import upstream_render
 from trace_tools.strategies import BUILTIN_STRATEGIES
 
 REGISTRY: dict[str, type["Strategy"]] = {}
+
+# Declared by every strategy that reproduces an upstream system's render (docs/upstream_families.md).
+LENIENT_RENDER = Param(
+    "lenient_render",
+    bool,
+    False,
+    "pass tool-call arguments as JSON text to a template that needs text; upstream passes dicts "
+    "and fails those requests (every report labels a run that sets this)",
+)
+_NUMBER = re.compile(r"\d+")
 
 
 def register(cls: type["Strategy"]) -> type["Strategy"]:
@@ -56,10 +68,22 @@ class Strategy(ABC):
     description: ClassVar[str] = ""
     params: ClassVar[tuple[Param, ...]] = ()  # declared options, read through `setting`
     renders_prompts: ClassVar[bool] = True  # False: works from recorded prompt ids without a tokenizer
+    # The upstream system whose renders this strategy reproduces ("miles", "slime", ...), or None.
+    upstream_system: ClassVar[str | None] = None
 
     def __init__(self, ctx: ReplayContext):
         self.ctx = ctx
         self.settings = {param.name: param.parse(ctx.params.get(param.name)) for param in self.params}
+        self._upstream: Any = None
+
+    @property
+    def upstream(self) -> Any:
+        """The context's renderer as `upstream_system` uses it: renders fail where that system's
+        fail (`trace_tools.render.upstream`), unless the strategy's `lenient_render` is set."""
+        if self._upstream is None and self.ctx.renderer is not None:
+            lenient = bool(self.settings.get("lenient_render", False))
+            self._upstream = upstream_render(self.ctx.renderer, self.upstream_system or "upstream", lenient)
+        return self._upstream
 
     def setting(self, name: str) -> Any:
         """The typed value of a declared option (its default when not given)."""
@@ -73,7 +97,10 @@ class Strategy(ABC):
         """
         if not isinstance(session, PreparedSession):
             session = prepare(session, self.ctx)
-        return self.replay_session(session)
+        result = self.replay_session(session)
+        if self.settings.get("lenient_render"):
+            result.counters["lenient_renders"] += 0  # present, zero too, in a run that asked for it
+        return result
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         """Replay one prepared session (canonical messages, responses and prompt ids per turn).
@@ -85,6 +112,17 @@ class Strategy(ABC):
 def prepare(session: Session, ctx: ReplayContext) -> PreparedSession:
     """A session prepared the way the engine prepares it, for this context."""
     return prepare_session(session, ctx.renderer, ctx.canonicalization, ctx.prompt_source)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """How a request the upstream system answers with an error is counted and shown: the error's
+    own `reason` where it names one, else its first line with every number written N (so that
+    the same failure at different positions counts once)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return _NUMBER.sub("N", first_line)[:200]
 
 
 def release_tree(roots: Iterable[Any]) -> None:

@@ -31,7 +31,8 @@ from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.errors import ReplayError
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
-from trace_tools.strategies.base import ReplayContext, Strategy, register
+from trace_tools.render.upstream import took_lenient
+from trace_tools.strategies.base import LENIENT_RENDER, ReplayContext, Strategy, failure_reason, register
 from trace_tools.strategies.chains_core import (
     CONTEXT,
     ChainCodec,
@@ -46,6 +47,7 @@ CHAINS_PARAMS: tuple[Param, ...] = (
     Param("rollback", bool, True, "roll back a rewritten latest assistant instead of forking a new chain"),
     Param("prompt_length", int, None, "chain capacity: prompt tokens (enforced with response_length)", minimum=1),
     Param("response_length", int, None, "chain capacity: response tokens (enforced with prompt_length)", minimum=1),
+    LENIENT_RENDER,
 )
 
 
@@ -55,6 +57,7 @@ class ChainsStrategy(Strategy):
     counterfactual = True
     description = "uni-agent multiple linear chains: prefix-hash chain selection, last-assistant rollback"
     params = CHAINS_PARAMS
+    upstream_system = "uni-agent"
 
     def __init__(self, ctx: ReplayContext):
         super().__init__(ctx)
@@ -66,7 +69,7 @@ class ChainsStrategy(Strategy):
         if self.ctx.renderer is None:
             raise ReplayError("the chains strategy renders its own prompts; pass --tokenizer (and --chat-template)")
         session = prepared.session
-        codec = ChainCodec(self.ctx.renderer, session_template_kwargs(session))
+        codec = ChainCodec(self.upstream, session_template_kwargs(session))
         chains = ChainSession(codec, self.prompt_length, self.response_length, self.rollback)
         wants_logprobs = any(turn.output_logprobs is not None for turn in session.turns)
         result = ReplayResult()
@@ -92,14 +95,19 @@ class ChainsStrategy(Strategy):
                 turn_index=index,
                 request_logprobs=wants_logprobs,
             )
-        except RequestRejected:
+        except RequestRejected as exc:
             result.turn_events[index] = result.prompt_events[index] = "rejected"
             result.counters["rejected_requests"] += 1
+            result.failures[index] = failure_reason(exc)
             return
-        except ServerError:
+        except ServerError as exc:
             result.turn_events[index] = result.prompt_events[index] = "failed"
             result.counters["server_errors"] += 1
+            result.failures[index] = failure_reason(exc)
             return
+        finally:
+            if took_lenient(self.upstream):
+                result.counters["lenient_renders"] += 1
         for dropped in outcome.rolled_back_turns:
             result.turn_events[dropped] = "rolled_back"
         result.prompt_events[index] = prompt_event(outcome)

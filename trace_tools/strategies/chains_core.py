@@ -29,6 +29,7 @@ from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.canonical import canonicalize_messages, canonicalize_response
+from trace_tools.render.upstream import render_failure_reason
 
 CONTEXT = -1  # provenance of prompt and incremental-context tokens
 MAX_TRAJECTORY_LENGTH = "max_trajectory_length"
@@ -44,9 +45,15 @@ class ChainsSetupError(TraceToolsError):
 
 
 class GatewayError(ReplayError):
-    """What the live gateway would have answered with an HTTP error; the session is left unchanged."""
+    """What the live gateway would have answered with an HTTP error; the session is left unchanged.
+
+    `reason`: how the failure is counted, where the message alone does not say it well."""
 
     status = 500
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestRejected(GatewayError):
@@ -240,8 +247,14 @@ class ChainCodec:
             return anchored[len(anchor) :]
 
     def encode_full(self, messages: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
-        """A new chain's prompt: the whole request rendered with the generation prompt."""
-        return self.renderer.encode(self.render_text(messages, tools, True))
+        """A new chain's prompt: the whole request rendered with the generation prompt.
+
+        A template that refuses the request even behind the empty user fails it (HTTP 500)."""
+        try:
+            text = self.render_text(messages, tools, True)
+        except ReplayError as exc:
+            raise _render_failure("the chat template cannot render the request", exc) from exc
+        return self.renderer.encode(text)
 
     def encode_incremental(self, messages: Sequence[dict]) -> list[int]:
         """Ids of `messages` appended after a generated assistant: separator + messages + GP.
@@ -257,8 +270,8 @@ class ChainCodec:
         try:
             full_text = self.render_text([*_ANCHOR, *messages], None, True)
         except ReplayError as exc:  # e.g. gpt-oss refuses a tool message with no call before it: a 500 upstream
-            raise ServerError(
-                f"the chat template cannot render the appended messages behind the anchor: {exc}"
+            raise _render_failure(
+                "the chat template cannot render the appended messages behind the anchor", exc
             ) from exc
         if not anchor_text.endswith(self.separator_text):
             raise ServerError("The turn separator is not a suffix of the rendered anchor message")
@@ -290,6 +303,11 @@ class ChainCodec:
                 continue
             return _separator_from_suffix(_common_suffix(a, b), self.eos_token_ids)
         return []
+
+
+def _render_failure(what: str, exc: BaseException) -> ServerError:
+    """The 500 of a render that raised (`render_failure_reason` says how it is counted)."""
+    return ServerError(f"{what}: {exc}", render_failure_reason(what, exc))
 
 
 def _renderer_eos_ids(renderer: RendererLike) -> list[int]:

@@ -31,7 +31,7 @@ from trace_tools.options import Param
 from trace_tools.pipeline.prepared import render_prompt
 from trace_tools.strategies.base import register
 from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
-from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
+from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy, check_request
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 
@@ -58,13 +58,12 @@ class RestoreLog:
         return result
 
 
-def restore_prepared(manager: TrajectoryManager, session_id: str, prepared: Any, log: RestoreLog) -> tuple[Any, bool]:
-    """The prepared turn with its messages restored against the tree; True when something was swapped."""
+def restore_prepared(manager: TrajectoryManager, session_id: str, prepared: Any) -> tuple[Any, RestoreOutcome]:
+    """The prepared turn with its messages restored against the tree, and what the walk did."""
     outcome = restore_walk(manager, session_id, prepared.messages, prepared.tools)
-    log.note(prepared.turn.turn_index, outcome)
     if not outcome.restored:
-        return prepared, False
-    return replace(prepared, messages=outcome.messages), True
+        return prepared, outcome
+    return replace(prepared, messages=outcome.messages), outcome
 
 
 @register
@@ -85,13 +84,20 @@ class EchoRestoreStrategy(TreeStrategy):
         return super().replay_prepared(session_id, prepared_turns, reward, manager)
 
     def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
-        restored, changed = restore_prepared(manager, session_id, prepared, self.restore_log)
+        restored, outcome = restore_prepared(manager, session_id, prepared)
+        # slime's adapter renders every request after the restore: where that render fails, the
+        # request fails (and its restore counts for nothing), whichever ids stand in for it here.
+        check_request(self.upstream, restored)
+        self.restore_log.note(prepared.turn.turn_index, outcome)
         # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
         # ids: seed 001's third configuration, which shows why the restore must precede the render.
-        if changed and self.setting("restore_prompt"):
-            ids = render_prompt(self.ctx.renderer, restored.messages, restored.tools, restored.turn, shared=True)
+        if outcome.restored and self.setting("restore_prompt"):
+            ids = render_prompt(self.upstream, restored.messages, restored.tools, restored.turn, shared=True)
             restored = replace(restored, prompt_ids=ids, prompt_origin="rendered")
         super().record_prepared(manager, session_id, restored)
+
+    def check_prompt(self, prepared: Any) -> None:
+        """Done in `record_prepared`, for every request (recorded ids stand in for slime's render)."""
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         return self.restore_log.apply(super().finish(manager, session_id, reward))

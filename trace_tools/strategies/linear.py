@@ -58,12 +58,13 @@ class LinearStrategy(TreeStrategy):
     params = LINEAR_PARAMS
     renders_prompts = True
     restore_first = False
+    upstream_system = "agentcore"
 
     def make_healer(self) -> LinearHealer:
-        """A healer over the context's renderer, configured from `on_nonlinear` and `delta`."""
+        """A healer over the context's renderer as agentcore renders, configured from `on_nonlinear` and `delta`."""
         if self.ctx.renderer is None:
             raise ReplayError(f"strategy {self.name} renders prompts; pass --tokenizer (and --chat-template)")
-        return LinearHealer(self.ctx.renderer, on_nonlinear=self.setting("on_nonlinear"), delta=self.setting("delta"))
+        return LinearHealer(self.upstream, on_nonlinear=self.setting("on_nonlinear"), delta=self.setting("delta"))
 
     def replay_prepared(
         self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None
@@ -74,13 +75,21 @@ class LinearStrategy(TreeStrategy):
         return super().replay_prepared(session_id, prepared_turns, reward, manager)
 
     def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
+        restore = None
         if self.restore_first:
-            prepared, _ = restore_prepared(manager, session_id, prepared, self.restore_log)
+            prepared, restore = restore_prepared(manager, session_id, prepared)
+        # A heal whose render fails raises before the commit: agentcore answers the request with an
+        # error and neither the healer nor the manager records it.
         outcome = heal_and_commit(self.healer, session_id, prepared)
+        if restore is not None:
+            self.restore_log.note(prepared.turn.turn_index, restore)
         self.heal_events[prepared.turn.turn_index] = _PROMPT_EVENTS[outcome.event]
         super().record_prepared(
             manager, session_id, replace(prepared, prompt_ids=outcome.ids, prompt_origin="rendered")
         )
+
+    def check_prompt(self, prepared: Any) -> None:
+        """Nothing to check: the healed prompt came from the healer's own (upstream) renders."""
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         result = super().finish(manager, session_id, reward)

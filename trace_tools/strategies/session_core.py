@@ -30,15 +30,23 @@ from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import common_prefix_len, starts_with
 from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
+from trace_tools.render.upstream import ArgumentFormError, render_failure_reason, took_lenient
+from trace_tools.strategies.base import failure_reason
 
 
 # ---------------------------------------------------------------------------------------------
 # HTTP outcomes
 # ---------------------------------------------------------------------------------------------
 class SessionHTTPError(Exception):
-    """A request the live session server answers with a non-200 status (nothing is stored)."""
+    """A request the live session server answers with a non-200 status (nothing is stored).
+
+    `reason`: how the failure is counted, where the message alone does not say it well."""
 
     status = 0
+
+    def __init__(self, message: str = "", reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestRejected(SessionHTTPError):
@@ -466,6 +474,11 @@ def _template_errors() -> tuple[type[BaseException], ...]:
     return (TemplateError, ReplayError)
 
 
+def _template_failure(what: str, exc: BaseException) -> ServerError:
+    """The 500 of a render that raised (`render_failure_reason` says how it is counted)."""
+    return ServerError(f"{what}: {exc}", render_failure_reason(what, exc))
+
+
 class TitoTokenizer:
     """Token-in-token-out prompt construction over any `RendererLike`.
 
@@ -518,13 +531,15 @@ class TitoTokenizer:
         errors = _template_errors()
         try:
             return fn(prepared, tool_defs, generation, **self.template_kwargs)
+        except ArgumentFormError as exc:  # a TypeError upstream: not a TemplateError, so no retry
+            raise _template_failure("chat template rendering failed", exc) from exc
         except errors as exc:
             if tool_defs is None:
-                raise ServerError(f"chat template rendering failed: {exc}") from exc
+                raise _template_failure("chat template rendering failed", exc) from exc
         try:  # miles retries once with bare function dicts
             return fn(prepared, [t["function"] for t in tool_defs], generation, **self.template_kwargs)
         except errors as exc:
-            raise ServerError(f"chat template rendering failed (tool format fallback): {exc}") from exc
+            raise _template_failure("chat template rendering failed (tool format fallback)", exc) from exc
 
     # -- incremental path --------------------------------------------------------------------------
     def tokenize_additional(self, old: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
@@ -648,6 +663,8 @@ class TurnOutcome:
     turn_index: int
     status: str = "ok"
     detail: str = ""
+    reason: str = ""  # how a rejected or failed request is counted (`strategies.base.failure_reason`)
+    lenient: bool = False  # rendered in the lenient text form where miles' render fails (`lenient_render`)
     prompt_ids: list[int] | None = None
     placement: str = ""
     rolled_back: list[int] = field(default_factory=list)
@@ -669,9 +686,9 @@ def _serve(outcome: TurnOutcome, action: Callable[[], None]) -> TurnOutcome:
     try:
         action()
     except RequestRejected as exc:
-        outcome.status, outcome.detail = "rejected", str(exc)
+        outcome.status, outcome.detail, outcome.reason = "rejected", str(exc), failure_reason(exc)
     except ServerError as exc:
-        outcome.status, outcome.detail = "failed", str(exc)
+        outcome.status, outcome.detail, outcome.reason = "failed", str(exc), failure_reason(exc)
     return outcome
 
 
@@ -784,7 +801,7 @@ def replay_v1(
 ) -> tuple[LinearTrajectory, list[TurnOutcome]]:
     """Serve every request in arrival order; a refused request stores nothing and replay goes on."""
     state, match = LinearTrajectory(), remembered(match)
-    return state, [serve_v1(state, request, tito, match) for request in requests]
+    return state, [_noting_lenient(serve_v1(state, request, tito, match), tito) for request in requests]
 
 
 def assemble_v1(
@@ -1165,7 +1182,12 @@ def replay_v2(
     requests: Sequence[SessionRequest], tito: TitoTokenizer, match: Matcher = strict_match, max_nodes: int = MAX_NODES
 ) -> tuple[SessionForest, list[TurnOutcome]]:
     state, match = SessionForest(max_nodes), remembered(match)
-    return state, [serve_v2(state, request, tito, match) for request in requests]
+    return state, [_noting_lenient(serve_v2(state, request, tito, match), tito) for request in requests]
+
+
+def _noting_lenient(outcome: TurnOutcome, tito: TitoTokenizer) -> TurnOutcome:
+    outcome.lenient = took_lenient(tito.renderer)
+    return outcome
 
 
 @dataclass
@@ -1286,10 +1308,11 @@ def stored_response(recorded: dict | None, parsed: dict | None) -> dict:
     return message
 
 
-def tito_from_context(ctx: Any, family: str | None = None) -> TitoTokenizer:
+def tito_from_context(ctx: Any, family: str | None = None, renderer: Any = None) -> TitoTokenizer:
+    """The TITO tokenizer over `renderer` (default: the context's), family from the context's renderer."""
     if ctx.renderer is None:
         raise ReplayError("session strategies need a renderer; pass --tokenizer (and --chat-template)")
-    return TitoTokenizer(ctx.renderer, family_for(ctx.renderer, family))
+    return TitoTokenizer(renderer or ctx.renderer, family_for(ctx.renderer, family))
 
 
 def _same_ids(recorded: Sequence[int], ids: Sequence[int] | None) -> bool:
@@ -1320,6 +1343,10 @@ def record_outcomes(result: Any, outcomes: Sequence[TurnOutcome], recorded: dict
         elif outcome.status == "failed":
             result.turn_events[index] = "failed"
             result.counters["server_errors"] += 1
+        if outcome.status != "ok":
+            result.failures[index] = outcome.reason
+        if outcome.lenient:
+            result.counters["lenient_renders"] += 1
         prompt = recorded.get(index)
         differs = prompt is not None and not _same_ids(prompt, outcome.prompt_ids)
         result.prompt_events[index] = prompt_event(outcome, differs)

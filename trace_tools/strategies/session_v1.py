@@ -13,7 +13,7 @@ from __future__ import annotations
 from trace_tools.data import ReplayResult
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register
+from trace_tools.strategies.base import LENIENT_RENDER, Strategy, register
 from trace_tools.strategies.session_core import (
     FAMILIES,
     MATCHERS,
@@ -38,6 +38,7 @@ SESSION_PARAMS: tuple[Param, ...] = (
         "tito_family", str, None, "miles TITO family (default: the one matching the template)", choices=tuple(FAMILIES)
     ),
     Param("max_seq_len", int, None, "truncate each sample to this many tokens, as miles does", minimum=1),
+    LENIENT_RENDER,
 )
 
 
@@ -48,10 +49,11 @@ class SessionV1(Strategy):
     counterfactual = True
     description = "miles v1 session server: linear TITO trajectory, one-step rollback, one merged sample"
     params = SESSION_PARAMS
+    upstream_system = "miles"
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         session = prepared.session
-        tito = tito_from_context(self.ctx, self.setting("tito_family"))
+        tito = tito_from_context(self.ctx, self.setting("tito_family"), self.upstream)
         state, outcomes = replay_v1(session_requests(prepared), tito, resolve_matcher(self.setting("matcher")))
         result = ReplayResult()
         record_outcomes(result, outcomes, {t.turn_index: t.prompt_ids for t in session.turns})

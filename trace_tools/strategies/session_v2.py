@@ -34,9 +34,10 @@ class SessionV2(Strategy):
     counterfactual = True
     description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
     params = SESSION_PARAMS
+    upstream_system = "miles"
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        tito = tito_from_context(self.ctx, self.setting("tito_family"))
+        tito = tito_from_context(self.ctx, self.setting("tito_family"), self.upstream)
         state, outcomes = replay_v2(session_requests(prepared), tito, resolve_matcher(self.setting("matcher")))
         try:
             return self._result(prepared, state, outcomes, tito)

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from trace_tools.data import ReplayResult
 from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register, release_tree
+from trace_tools.render.upstream import ArgumentFormError, check_render, took_lenient
+from trace_tools.strategies.base import LENIENT_RENDER, Strategy, failure_reason, register, release_tree
 from trace_tools.strategies.tree_core import (
     REALIGN_GATES,
     REALIGN_STARTS,
@@ -46,6 +47,7 @@ TREE_PARAMS: tuple[Param, ...] = (
         "max_sample_tokens", int, 0, "truncate each sample to this many tokens as slime does; 0 = no limit", minimum=0
     ),
     Param("safe_edges", bool, True, "guard upstream's unsafe edge cases; false reproduces them"),
+    LENIENT_RENDER,
 )
 
 
@@ -55,6 +57,7 @@ class TreeStrategy(Strategy):
     description = "slime TrajectoryManager: message tree, rewrite-merge, CLEAN/REALIGN/FORK, per-node dedup"
     params = TREE_PARAMS
     renders_prompts = False  # with recorded prompt ids and responses it needs no tokenizer
+    upstream_system = "slime"
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         return self.replay_prepared(prepared.session_id, prepared.turns, prepared.reward)
@@ -71,14 +74,24 @@ class TreeStrategy(Strategy):
     def replay_prepared(
         self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None
     ) -> ReplayResult:
-        """Record every prepared turn (`pipeline.PreparedTurn` or alike), then linearize."""
+        """Record every prepared turn (`pipeline.PreparedTurn` or alike), then linearize.
+
+        A request whose upstream render fails (`ArgumentFormError`) is not recorded: the gateway
+        answered it with an error, and replay goes on with the next one."""
         manager = manager or self.make_manager()
+        self.failures: dict[int, str] = {}
+        self.lenient_requests = 0
         for prepared in prepared_turns:
-            self.record_prepared(manager, session_id, prepared)
+            try:
+                self.record_prepared(manager, session_id, prepared)
+            except ArgumentFormError as exc:
+                self.failures[prepared.turn.turn_index] = failure_reason(exc)
+            self.lenient_requests += took_lenient(self.upstream)
         return self.finish(manager, session_id, reward)
 
     def record_prepared(self, manager: TrajectoryManager, session_id: str, prepared: Any) -> None:
         """Record one turn the way slime's adapter does (`metadata={"sid": ...}`), tagged with its turn_index."""
+        self.check_prompt(prepared)
         manager.record_turn(
             session_id,
             turn=turn_record(prepared),
@@ -87,6 +100,12 @@ class TreeStrategy(Strategy):
             metadata={"sid": session_id},
             source=prepared.turn.turn_index,
         )
+
+    def check_prompt(self, prepared: Any) -> None:
+        """Fail the request where slime's render of it fails. A recorded prompt is the recording
+        gateway's, not slime's, so only a rendered one (`--prompt-source rendered`) is checked."""
+        if getattr(prepared, "prompt_origin", "recorded") == "rendered":
+            check_request(self.upstream, prepared)
 
     def finish(self, manager: TrajectoryManager, session_id: str, reward: float) -> ReplayResult:
         """Linearize the session and package samples, counters and per-turn events."""
@@ -99,6 +118,9 @@ class TreeStrategy(Strategy):
         )
         result = result_from(samples, manager.pop_stats(session_id))
         release_tree([root] if root is not None else [])
+        record_failures(result, self.failures)
+        if self.lenient_requests:
+            result.counters["lenient_renders"] += self.lenient_requests
         return result
 
 
@@ -112,6 +134,19 @@ def turn_record(prepared: Any) -> TurnRecord:
         output_log_probs=list(turn.output_logprobs or ()),
         ill_formed=bool(prepared.ill_formed),
     )
+
+
+def check_request(view: Any, prepared: Any) -> None:
+    """Fail a prepared turn's request where `view`'s render of its messages fails upstream."""
+    check_render(view, prepared.messages, prepared.tools, **(prepared.turn.chat_template_kwargs or {}))
+
+
+def record_failures(result: ReplayResult, failures: dict[int, str]) -> None:
+    """Requests the gateway answered with an error (500): nothing of them reached the manager."""
+    result.counters["server_errors"] += len(failures)
+    for index, reason in failures.items():
+        result.turn_events[index] = result.prompt_events[index] = "failed"
+        result.failures[index] = reason
 
 
 def result_from(samples: list[TreeSample], stats: Any) -> ReplayResult:

@@ -38,6 +38,7 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
     from trace_tools.report.explain_view import CAUSE_TEXT
     from trace_tools.report.html import overview
     from trace_tools.report.html.sessions import build_sessions
+    from trace_tools.report.metrics import upstream_lines
     from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -62,14 +63,27 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
         "quarantine": overview.quarantine_view(summary, quarantine),
         "plots": overview.inline_plots(run_dir / "plots"),
         "counterfactual_note": COUNTERFACTUAL_NOTE,
+        "upstream_lines": upstream_lines(summary),
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
+        "harness_profile": _harness_profile(run_dir),
     }
     env = _environment()
     return env.get_template("report.html.j2").render(
         **context, css=_asset(env, "report.css"), script=_asset(env, "report.js")
     )
+
+
+def _harness_profile(run_dir: Path) -> dict[str, Any] | None:
+    """The run's harness profile (a `trace-tools probe` run directory has one) as table rows."""
+    path = run_dir / "profile.json"
+    if not path.exists():
+        return None
+    from trace_tools.report.harness_profile import page_rows, title
+
+    profile = json.loads(path.read_text(encoding="utf-8"))
+    return {"title": title(profile), "rows": page_rows(profile)}
 
 
 def script_json(value: Any) -> str:

@@ -1,0 +1,162 @@
+"""`trace-tools probe` with real harnesses, in a network namespace with loopback only.
+
+The sandbox tests need root or unprivileged user namespaces. The Claude Code test needs Claude
+Code installed as docs/probe.md says: outside CI it is skipped when absent (saying why); `.ci/run`
+installs the pinned version and sets TRACE_TOOLS_REQUIRE_CLAUDE, which turns absence into a
+failure. mini-swe-agent is optional everywhere (skipped when absent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_tools.probe.harnesses import HarnessNotInstalled, get_harness
+
+SANDBOX = Path(__file__).resolve().parents[1] / "trace_tools" / "probe" / "sandbox.py"
+
+
+def _namespaces_or_skip() -> None:
+    if os.getuid() == 0:
+        return
+    probe = subprocess.run(["unshare", "--user", "--net", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs root or unprivileged user namespaces to make a network namespace")
+
+
+def _installed_or_skip(name: str, required_by: str | None = None):
+    try:
+        return get_harness(name).locate()
+    except HarnessNotInstalled as exc:
+        if required_by and os.environ.get(required_by):
+            pytest.fail(f"{required_by} is set but {exc}")
+        pytest.skip(str(exc))
+
+
+def _sandbox(plan: dict, tmp_path: Path) -> tuple[int, dict]:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    done = subprocess.run([sys.executable, "-I", str(SANDBOX), str(path)], capture_output=True, text=True, timeout=120)
+    return done.returncode, json.loads(Path(plan["report"]).read_text())
+
+
+def _plan(tmp_path: Path, unix: Path, command: list[str]) -> dict:
+    return {
+        "mode": "netns",
+        "port": 8642,
+        "unix_socket": str(unix),
+        "uid": None,
+        "gid": None,
+        "report": str(tmp_path / "isolation.json"),
+        "commands": [
+            {
+                "key": "c",
+                "argv": command,
+                "env": {"PATH": "/usr/bin:/bin"},
+                "cwd": str(tmp_path),
+                "log": str(tmp_path / "c.log"),
+                "timeout": 60,
+            }
+        ],
+    }
+
+
+def test_sandbox_isolates_the_command_and_reaches_only_the_recorder(tmp_path):
+    _namespaces_or_skip()
+    from trace_tools.record import open_recorder
+    from trace_tools.record.script import Script, ScriptBook
+
+    check = (
+        "import socket, urllib.request; print(sorted(n for _, n in socket.if_nameindex()));"
+        "print(urllib.request.urlopen('http://127.0.0.1:8642/health').read().decode())"
+    )
+    with open_recorder(tmp_path / "rec", script=ScriptBook({"*": Script("x", [])}), tcp=None, unix=tmp_path / "r.sock"):
+        rc, report = _sandbox(_plan(tmp_path, tmp_path / "r.sock", ["/usr/bin/python3", "-c", check]), tmp_path)
+    assert rc == 0 and report["isolated"], report
+    assert {c["name"]: c["ok"] for c in report["checks"]} == {
+        "interfaces": True,
+        "connect IPv4 TEST-NET-1 192.0.2.1": True,
+        "connect IPv6 documentation 2001:db8::1": True,
+        "resolve registry.npmjs.org": True,
+        "recorder via 127.0.0.1:8642": True,
+    }
+    assert "Network is unreachable" in report["checks"][1]["detail"]
+    assert (tmp_path / "c.log").read_text().splitlines() == ["['lo']", '{"status": "ok"}']
+
+
+def test_sandbox_refuses_to_start_the_harness_when_a_check_fails(tmp_path):
+    _namespaces_or_skip()
+    marker = tmp_path / "started"
+    rc, report = _sandbox(_plan(tmp_path, tmp_path / "no-recorder.sock", ["/usr/bin/touch", str(marker)]), tmp_path)
+    assert rc == 3 and not report["isolated"] and not report["sessions"]
+    assert not marker.exists()
+    assert any(c["name"].startswith("recorder") and not c["ok"] for c in report["checks"])
+
+
+def test_probe_names_how_to_install_a_missing_harness_and_refuses_unknown_ones(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+
+    monkeypatch.setenv("TRACE_TOOLS_HARNESS_DIR", str(tmp_path / "empty"))
+    monkeypatch.delenv("TRACE_TOOLS_CLAUDE", raising=False)
+    missing = CliRunner().invoke(app, ["probe", "claude-code", "--out", str(tmp_path / "p")])
+    assert missing.exit_code == 2
+    assert "npm install --prefix" in missing.output and "@anthropic-ai/claude-code@" in missing.output
+    unknown = CliRunner().invoke(app, ["probe", "nope", "--out", str(tmp_path / "p")])
+    assert unknown.exit_code == 2 and "claude-code" in unknown.output
+
+
+def test_real_claude_code_session_end_to_end_in_a_network_namespace(tmp_path):
+    """One scripted session through the real Claude Code CLI: its profile names what 2.1.x does."""
+    _installed_or_skip("claude-code", "TRACE_TOOLS_REQUIRE_CLAUDE")
+    _namespaces_or_skip()
+    from trace_tools.probe import probe
+
+    out = Path("/tmp") / f"tt-probe-test-{os.getpid()}" if os.getuid() == 0 else tmp_path / "probe"
+    try:
+        result = probe("claude-code", sessions=1, out=out, timeout_s=180)
+        _check_claude_run(result, out)
+    finally:
+        subprocess.run(["rm", "-rf", str(out)], check=False)
+
+
+def _check_claude_run(result, out: Path) -> None:
+    assert result.isolation["isolated"] and all(c["ok"] for c in result.isolation["checks"])
+    assert [s["rc"] for s in result.sessions] == [0, 0]  # the version check, then the session
+    assert result.version.count(".") == 2
+    kinds = {
+        (t["kind"], t.get("tool"), t.get("argument"), t.get("key"), t.get("pattern"))
+        for t in result.profile["transformations"]
+    }
+    assert ("strip_prefix", "Bash", "command", None, "cd {cwd} && ") in kinds
+    assert ("add_key", "Edit", None, "replace_all", None) in kinds
+    assert ("rstrip_lines", "Write", "content", None, None) in kinds
+    assert ("kept_verbatim", "Edit", "old_string", None, None) in kinds
+    write = next(t for t in result.profile["transformations"] if t["kind"] == "rstrip_lines" and t["tool"] == "Write")
+    assert write["except_file_types"] == [".md"]  # session 0 writes NOTES.md
+    assert result.summary["strategies"]["checkpoint-tree"]["coverage"] == 1.0
+    assert result.summary["strategies"]["tree"]["coverage_by_tool"]["Edit"] == 0.0
+    page = (out / "report.html").read_text()
+    assert 'id="harness-profile"' in page and "prefix removed" in page
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in requests} <= {"turn", "side", "count_tokens", "other"}
+
+
+def test_real_mini_swe_agent_session_end_to_end(tmp_path):
+    _installed_or_skip("mini-swe-agent")
+    _namespaces_or_skip()
+    from trace_tools.probe import probe
+
+    out = Path("/tmp") / f"tt-probe-mini-{os.getpid()}" if os.getuid() == 0 else tmp_path / "probe"
+    try:
+        result = probe("mini-swe-agent", sessions=1, out=out, timeout_s=180, replay=False)
+        assert result.isolation["isolated"]
+        assert result.profile["measured"]["calls"]["bash"] >= 7
+        assert any(t["kind"] == "message" and t["what"] == "call_ids.kept" for t in result.profile["transformations"])
+    finally:
+        subprocess.run(["rm", "-rf", str(out)], check=False)

@@ -1,0 +1,658 @@
+"""The harness profile: what a harness changed in the history it echoed, measured (docs/probe.md).
+
+An *echo pair* is one assistant reply as the gateway served it (a dump row's `response`) and the
+same reply as the harness sent it back in a later request's history (found by its tool-call ids,
+else by position: the assistant message right after the conversation the reply answered). The
+detector compares the two and names each difference precisely enough to be replayed:
+
+* message level: reasoning kept, dropped or rewritten; text kept, dropped or rewritten; message
+  keys added (with their values) or removed; tool-call ids kept or rewritten; call-level keys
+  added or removed; argument text re-serialized (OpenAI clients echo JSON text);
+* per tool and argument: keys added (and their values), keys removed, key order (with the rule
+  that explains every call, if one does: served order, added keys first or last, schema order,
+  sorted), per-line trailing whitespace removed (which characters were removed and which trailing
+  whitespace characters survived), a prefix removed (generalised to `cd {cwd} && ` when it is a
+  `cd` into the session's working directory), a suffix removed, anything else as a unified diff;
+  and, for whitespace, the file types whose values were left alone while others were stripped.
+
+Every finding has a count, the number of echoes it could have applied to, and one verbatim
+example (served and echoed values, session and turn). `transformations` is the flat, versioned
+list the simulator and checkpoint-tree's echo rules consume (format in docs/probe.md).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+FORMAT, VERSION = "trace-tools-harness-profile", 1
+# Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
+# JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
+_EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
+# ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
+JS_WHITESPACE = set("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {
+    chr(c) for c in range(0x2000, 0x200B)
+}
+_CD_PREFIX = re.compile(r"^cd (\S+) && $")
+_CD_START = re.compile(r"^cd (\S+) && ")
+_PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
+
+
+def is_blank(char: str) -> bool:
+    return char.isspace() or char in _EXTRA_BLANKS
+
+
+def char_name(char: str) -> str:
+    """`U+00A0` style, with the character's escape (readable in JSON and tables)."""
+    return f"U+{ord(char):04X} {json.dumps(char)}"
+
+
+@dataclass
+class EchoPair:
+    """A served reply and its echo (both OpenAI-form assistant messages)."""
+
+    served: dict
+    echoed: dict
+    session: str = ""
+    turn: int = 0
+    cwd: str | None = None
+    tools: list[dict] | None = None
+
+
+@dataclass
+class _Finding:
+    count: int = 0
+    example: Any = None
+
+    def add(self, example: Any) -> None:
+        self.count += 1
+        if self.example is None:
+            self.example = example
+
+
+class Detector:
+    """Accumulates echo pairs; `profile()` gives the result."""
+
+    def __init__(self) -> None:
+        self.pairs = 0
+        self.messages: dict[str, _Finding] = defaultdict(_Finding)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.tool: dict[tuple[str, str], _Finding] = defaultdict(_Finding)
+        self.arguments: dict[tuple[str, str, str], _Finding] = defaultdict(_Finding)
+        self.argument_totals: dict[tuple[str, str], int] = defaultdict(int)
+        self.stripped: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.kept_trailing: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.by_type: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(lambda: {"stripped": 0, "kept": 0})
+        )
+        # per argument and file type: the trailing blanks of each value echoed unchanged
+        self.kept_values: dict[tuple[str, str], dict[str, list[frozenset[str]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        self.orders: dict[str, dict[tuple[tuple[str, ...], tuple[str, ...]], _Finding]] = defaultdict(
+            lambda: defaultdict(_Finding)
+        )
+        self.order_rules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.added_values: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        self.served_with: dict[str, int] = defaultdict(int)
+
+    # -- one pair -----------------------------------------------------------------------------
+    def add(self, pair: EchoPair) -> None:
+        self.pairs += 1
+        served, echoed = pair.served, pair.echoed
+        where = {"session": pair.session, "turn": pair.turn}
+        self._blocks(served, echoed, where)
+        self._message_keys(served, echoed, where)
+        served_calls, echoed_calls = served.get("tool_calls") or [], echoed.get("tool_calls") or []
+        if len(served_calls) != len(echoed_calls):
+            self.messages["tool_calls.count_changed"].add(
+                {**where, "served": len(served_calls), "echoed": len(echoed_calls)}
+            )
+        for position, call in enumerate(served_calls):
+            match = _matching_call(call, echoed_calls, position)
+            if match is None:
+                self.messages["tool_calls.dropped"].add({**where, "served": call})
+                continue
+            self._call(call, match, pair, where)
+
+    def _blocks(self, served: dict, echoed: dict, where: dict) -> None:
+        for key, label in (("reasoning_content", "reasoning"), ("content", "text")):
+            before, after = served.get(key) or "", echoed.get(key) or ""
+            self.served_with[label] += int(bool(before))
+            if not before:
+                if after:
+                    self.messages[f"{label}.added"].add({**where, "echoed": after})
+                continue
+            outcome = "kept" if before == after else ("dropped" if not after else "rewritten")
+            example = {**where, "served": before, "echoed": after}
+            if outcome == "rewritten":
+                example["diff"] = unified_diff(before, after)
+            self.messages[f"{label}.{outcome}"].add(example)
+        if (
+            served.get("content") is None
+            and echoed.get("content") == ""
+            or served.get("content") == ""
+            and echoed.get("content") is None
+        ):
+            self.messages["text.empty_representation_changed"].add(
+                {**where, "served": served.get("content"), "echoed": echoed.get("content")}
+            )
+
+    def _message_keys(self, served: dict, echoed: dict, where: dict) -> None:
+        for key in echoed.keys() - served.keys():
+            self.messages[f"message_key_added.{key}"].add({**where, "value": echoed[key]})
+        for key in served.keys() - echoed.keys():
+            self.messages[f"message_key_removed.{key}"].add({**where, "value": served[key]})
+
+    def _call(self, served: dict, echoed: dict, pair: EchoPair, where: dict) -> None:
+        name = (served.get("function") or {}).get("name", "?")
+        self.calls[name] += 1
+        call_where = {**where, "tool": name}
+        sid, eid = served.get("id"), echoed.get("id")
+        self.messages["call_ids." + ("kept" if sid == eid else "dropped" if not eid else "rewritten")].add(
+            {**call_where, "served": sid, "echoed": eid}
+        )
+        for key in echoed.keys() - served.keys():
+            self.messages[f"call_key_added.{key}"].add({**call_where, "value": echoed[key]})
+        for key in served.keys() - echoed.keys():
+            self.messages[f"call_key_removed.{key}"].add({**call_where, "value": served[key]})
+        served_args, echoed_args = _arguments(served), _arguments(echoed)
+        self._argument_text(name, served, echoed, served_args, echoed_args, call_where)
+        if not isinstance(served_args, dict) or not isinstance(echoed_args, dict):
+            return
+        self._keys(name, served_args, echoed_args, pair, call_where)
+        file_type = _file_type(served_args)
+        for key in served_args.keys() & echoed_args.keys():
+            self._value(name, key, served_args[key], echoed_args[key], pair.cwd, file_type, call_where)
+
+    def _argument_text(
+        self, name: str, served: dict, echoed: dict, served_args: Any, echoed_args: Any, where: dict
+    ) -> None:
+        before = (served.get("function") or {}).get("arguments")
+        after = (echoed.get("function") or {}).get("arguments")
+        if isinstance(before, str) and isinstance(after, str) and before != after and served_args == echoed_args:
+            self.tool[(name, "arguments_reserialized")].add({**where, "served": before, "echoed": after})
+        if isinstance(before, str) != isinstance(after, str):
+            self.tool[(name, "arguments_type_changed")].add({**where, "served": before, "echoed": after})
+
+    def _keys(self, name: str, served: dict, echoed: dict, pair: EchoPair, where: dict) -> None:
+        added = [k for k in echoed if k not in served]
+        for key in added:
+            self.tool[(name, f"key_added.{key}")].add(
+                {**where, "value": echoed[key], "served": served, "echoed": echoed}
+            )
+            self.added_values[(name, key)].append(echoed[key])
+        for key in served.keys() - echoed.keys():
+            self.tool[(name, f"key_removed.{key}")].add(
+                {**where, "value": served[key], "served": served, "echoed": echoed}
+            )
+        served_order, echoed_order = tuple(served), tuple(echoed)
+        self.orders[name][(served_order, echoed_order)].add(
+            {**where, "served": list(served_order), "echoed": list(echoed_order)}
+        )
+        for rule in _order_rules(served_order, echoed_order, added, _schema_order(pair.tools, name)):
+            self.order_rules[name][rule] += 1
+
+    def _value(
+        self, name: str, path: str, before: Any, after: Any, cwd: str | None, file_type: str | None, where: dict
+    ) -> None:
+        if isinstance(before, dict) and isinstance(after, dict):
+            for key in before.keys() & after.keys():
+                self._value(name, f"{path}.{key}", before[key], after[key], cwd, file_type, where)
+            return
+        if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+            for b, a in zip(before, after):
+                self._value(name, f"{path}[]", b, a, cwd, file_type, where)
+            return
+        self.argument_totals[(name, path)] += 1
+        example = {**where, "argument": path, "served": before, "echoed": after}
+        if isinstance(before, str) and isinstance(after, str):
+            self._string(name, path, before, after, cwd, file_type, example)
+        elif before != after or type(before) is not type(after):
+            self.arguments[(name, path, "value_rewritten")].add(example)
+        else:
+            self.arguments[(name, path, "unchanged")].add(example)
+
+    def _string(
+        self, name: str, path: str, before: str, after: str, cwd: str | None, file_type: str | None, example: dict
+    ) -> None:
+        key = (name, path)
+        has_trailing = any(line and is_blank(line[-1]) for line in before.split("\n"))
+        if before == after:
+            self.arguments[(name, path, "unchanged")].add(example)
+            if has_trailing:
+                self.kept_values[key][file_type or "(none)"].append(frozenset(_trailing_run(after)))
+                self.arguments[(name, path, "trailing_whitespace_kept")].add(example)
+            return
+        prefix, rest = _removed_prefix(before, after)
+        stripped = _rstripped(rest, after)
+        if prefix:
+            finding = self.arguments[(name, path, "prefix_removed:" + _prefix_pattern(prefix, cwd))]
+            finding.add({**example, "prefix": prefix})
+        if stripped is not None:
+            if stripped:
+                self.arguments[(name, path, "trailing_whitespace_stripped")].add(example)
+                self.stripped[key] |= stripped
+                self.by_type[key][file_type or "(none)"]["stripped"] += 1
+                self.kept_trailing[key] |= _trailing_blanks(after)
+            return
+        if before.endswith(after) or before.startswith(after):
+            self.arguments[(name, path, "suffix_removed" if before.startswith(after) else "prefix_removed")].add(
+                example
+            )
+            return
+        self.arguments[(name, path, "rewritten")].add({**example, "diff": unified_diff(before, after)})
+
+    # -- the result -----------------------------------------------------------------------------
+    def profile(self, harness: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+        tools = {name: self._tool_section(name) for name in sorted(self.calls)}
+        messages = {key: _finding_json(finding) for key, finding in sorted(self.messages.items())}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "harness": harness,
+            "measured": {**measured, "echoes": self.pairs, "calls": dict(sorted(self.calls.items()))},
+            "messages": messages,
+            "tools": tools,
+            "transformations": self.transformations(tools, messages),
+        }
+
+    def _tool_section(self, name: str) -> dict[str, Any]:
+        mine = {k: f for (tool, k), f in self.tool.items() if tool == name}
+        added = {k.split(".", 1)[1]: _finding_json(f) for k, f in mine.items() if k.startswith("key_added.")}
+        removed = {k.split(".", 1)[1]: _finding_json(f) for k, f in mine.items() if k.startswith("key_removed.")}
+        other = {k: _finding_json(f) for k, f in mine.items() if not k.startswith("key_")}
+        orders = [
+            {"served": list(served), "echoed": list(echoed), "count": f.count, "example": f.example}
+            for (served, echoed), f in self.orders[name].items()
+        ]
+        calls = self.calls[name]
+        rules = sorted(rule for rule, n in self.order_rules[name].items() if n == calls)
+        if _fixed_order(self.orders[name]):
+            rules.append("fixed_order")
+        arguments: dict[str, Any] = defaultdict(dict)
+        for (tool, path, kind), finding in sorted(self.arguments.items()):
+            if tool == name:
+                arguments[path][kind] = _finding_json(finding)
+        for (tool, path), total in self.argument_totals.items():
+            if tool != name:
+                continue
+            section = arguments[path]
+            section["echoes"] = total
+            if (tool, path) in self.stripped:
+                section["stripped_characters"] = sorted(char_name(c) for c in self.stripped[(tool, path)])
+                section["character_class"] = character_class(
+                    self.stripped[(tool, path)], self.kept_trailing[(tool, path)]
+                )
+            if self.kept_trailing.get((tool, path)):
+                section["kept_trailing_characters"] = sorted(char_name(c) for c in self.kept_trailing[(tool, path)])
+            by_type = self._by_type((tool, path))
+            if by_type:
+                section["by_file_type"] = by_type
+        return {
+            "calls": calls,
+            "keys_added": added,
+            "keys_removed": removed,
+            "key_order": {"rules_explaining_every_call": rules, "observed": orders},
+            **other,
+            "arguments": dict(sorted(arguments.items())),
+        }
+
+    def _by_type(self, key: tuple[str, str]) -> dict[str, dict[str, int]]:
+        """Per file type: values stripped, and values left alone although they ended in characters
+        this argument's stripping removes elsewhere (any trailing blank, if it is never stripped)."""
+        stripped = self.stripped.get(key)
+        counts = {t: dict(v) for t, v in self.by_type[key].items()} if key in self.by_type else {}
+        for file_type, values in self.kept_values.get(key, {}).items():
+            kept = sum(1 for blanks in values if not stripped or blanks & stripped)
+            entry = counts.setdefault(file_type, {"stripped": 0, "kept": 0})
+            entry["kept"] += kept
+        return dict(sorted((t, n) for t, n in counts.items() if n["stripped"] or n["kept"]))
+
+    def transformations(self, tools: dict[str, Any], messages: dict[str, Any]) -> list[dict[str, Any]]:
+        """The flat list of everything the echo did (and the identities it kept), for replay."""
+        out: list[dict[str, Any]] = []
+        calls = sum(self.calls.values())
+        for key, finding in messages.items():
+            label = key.split(".", 1)[0]
+            of = calls if key.startswith(("call_", "tool_calls.dropped")) else self.served_with.get(label, self.pairs)
+            out.append(
+                {"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]}
+            )
+        for name, section in tools.items():
+            out += _tool_transformations(name, section, self.added_values)
+        return out
+
+
+def _tool_transformations(name: str, section: dict, added_values: dict) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    calls = section["calls"]
+    for key, finding in section["keys_added"].items():
+        values = added_values[(name, key)]
+        entry = {
+            "kind": "add_key",
+            "tool": name,
+            "key": key,
+            "value": values[0],
+            "values_constant": all(v == values[0] for v in values),
+        }
+        out.append({**entry, "count": finding["count"], "of": calls, "example": finding["example"]})
+    for key, finding in section["keys_removed"].items():
+        out.append(
+            {
+                "kind": "remove_key",
+                "tool": name,
+                "key": key,
+                "count": finding["count"],
+                "of": calls,
+                "example": finding["example"],
+            }
+        )
+    changed = [o for o in section["key_order"]["observed"] if o["served"] != o["echoed"]]
+    if changed:
+        out.append(
+            {
+                "kind": "key_order",
+                "tool": name,
+                "rules": section["key_order"]["rules_explaining_every_call"],
+                "fixed_orders": _fixed_order(section_orders(section)) or {},
+                "count": sum(o["count"] for o in changed),
+                "of": calls,
+                "orders": [
+                    {"served": o["served"], "echoed": o["echoed"], "count": o["count"]}
+                    for o in section["key_order"]["observed"]
+                ],
+                "example": changed[0]["example"],
+            }
+        )
+    for what in ("arguments_reserialized", "arguments_type_changed"):
+        if what in section:
+            out.append(
+                {
+                    "kind": what,
+                    "tool": name,
+                    "count": section[what]["count"],
+                    "of": calls,
+                    "example": section[what]["example"],
+                }
+            )
+    for path, argument in section["arguments"].items():
+        out += _argument_transformations(name, path, argument)
+    return out
+
+
+def _argument_transformations(name: str, path: str, argument: dict) -> list[dict[str, Any]]:
+    out = []
+    total = argument.get("echoes", 0)
+    for kind, finding in argument.items():
+        if not isinstance(finding, dict) or "count" not in finding or kind == "unchanged":
+            continue
+        entry: dict[str, Any] = {
+            "tool": name,
+            "argument": path,
+            "count": finding["count"],
+            "of": total,
+            "example": finding["example"],
+        }
+        if kind == "trailing_whitespace_kept":
+            if "trailing_whitespace_stripped" in argument:
+                continue  # the exempt file types of the rstrip rule
+            entry["kind"] = "kept_verbatim"
+        elif kind == "trailing_whitespace_stripped":
+            by_type = argument.get("by_file_type", {})
+            exempt = sorted(t for t, n in by_type.items() if n["kept"] and not n["stripped"])
+            entry.update(
+                kind="rstrip_lines",
+                characters=argument.get("stripped_characters", []),
+                kept_characters=argument.get("kept_trailing_characters", []),
+                character_class=argument.get("character_class"),
+                except_file_types=exempt,
+                by_file_type=by_type,
+            )
+        elif kind.startswith("prefix_removed:"):
+            entry.update(kind="strip_prefix", pattern=kind.split(":", 1)[1])
+        else:
+            entry["kind"] = kind
+        out.append(entry)
+    return out
+
+
+def _fixed_order(orders: dict) -> dict[str, list[str]] | None:
+    """{key set: the one order} when every echo of a key set had the same order whatever was served."""
+    by_keys: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    for _served, echoed in orders:
+        by_keys[",".join(sorted(echoed))].add(tuple(echoed))
+    if not by_keys or any(len(found) != 1 for found in by_keys.values()):
+        return None
+    return {keys: list(next(iter(found))) for keys, found in sorted(by_keys.items())}
+
+
+def section_orders(section: dict) -> dict:
+    return {(tuple(o["served"]), tuple(o["echoed"])): o for o in section["key_order"]["observed"]}
+
+
+def _finding_json(finding: _Finding) -> dict[str, Any]:
+    return {"count": finding.count, "example": finding.example}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _matching_call(call: dict, echoed: list[dict], position: int) -> dict | None:
+    if call.get("id"):
+        for candidate in echoed:
+            if candidate.get("id") == call["id"]:
+                return candidate
+    return echoed[position] if position < len(echoed) else None
+
+
+def _arguments(call: dict) -> Any:
+    arguments = (call.get("function") or {}).get("arguments")
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def _file_type(arguments: dict) -> str | None:
+    for key in _PATH_KEYS:
+        value = arguments.get(key)
+        if isinstance(value, str) and value:
+            suffix = Path(value).suffix
+            return suffix or Path(value).name
+    return None
+
+
+def _schema_order(tools: list[dict] | None, name: str) -> tuple[str, ...] | None:
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(function, dict) and function.get("name") == name:
+            properties = (function.get("parameters") or {}).get("properties") or {}
+            return tuple(properties)
+    return None
+
+
+def _order_rules(served: tuple, echoed: tuple, added: list[str], schema: tuple | None) -> list[str]:
+    """The key-order rules under which `served` becomes `echoed`."""
+    rules = []
+    kept = tuple(k for k in served if k in echoed)
+    if echoed == tuple(added) + kept:
+        rules.append("added_keys_first")
+    if echoed == kept + tuple(added):
+        rules.append("added_keys_last")
+    if schema is not None and echoed == tuple(k for k in schema if k in echoed) + tuple(
+        k for k in echoed if k not in schema
+    ):
+        rules.append("schema_order")
+    if echoed == tuple(sorted(echoed)):
+        rules.append("sorted")
+    if not added and echoed == served:
+        rules.append("served_order")
+    return rules
+
+
+def _removed_prefix(before: str, after: str) -> tuple[str, str]:
+    """(prefix, rest) when `before` = prefix + rest and `after` is rest (line ends stripped or not);
+    ("", before) when nothing was cut from the front. A `cd DIR && ` prefix is tried first."""
+    if not after or _rstripped(before, after) is not None:
+        return "", before
+    match = _CD_START.match(before)
+    if match and _rstripped(before[match.end() :], after) is not None:
+        return before[: match.end()], before[match.end() :]
+    head = after.split("\n")[0]
+    index = before.find(head, 1) if head else -1
+    while index > 0:
+        if _rstripped(before[index:], after) is not None:
+            return before[:index], before[index:]
+        index = before.find(head, index + 1)
+    return "", before
+
+
+def _rstripped(before: str, after: str) -> set[str] | None:
+    """The characters removed when `after` is `before` with blanks stripped from line ends; None if not."""
+    lines_before, lines_after = before.split("\n"), after.split("\n")
+    if len(lines_before) != len(lines_after):
+        return None
+    removed: set[str] = set()
+    for b, a in zip(lines_before, lines_after):
+        if not b.startswith(a) or not all(is_blank(c) for c in b[len(a) :]):
+            return None
+        removed |= set(b[len(a) :])
+    return removed
+
+
+def _trailing_run(text: str) -> set[str]:
+    """Every blank character in the runs that end the lines of `text`."""
+    found: set[str] = set()
+    for line in text.split("\n"):
+        end = len(line)
+        while end and is_blank(line[end - 1]):
+            end -= 1
+        found |= set(line[end:])
+    return found
+
+
+def _trailing_blanks(text: str) -> set[str]:
+    """The blank characters a line still ends with after stripping: the ones the harness keeps."""
+    return {line[-1] for line in text.split("\n") if line and is_blank(line[-1])}
+
+
+def character_class(stripped: set[str], kept: set[str]) -> str:
+    """Which known whitespace set explains the stripping: JavaScript's trimEnd, Python's rstrip, or neither."""
+    if stripped <= JS_WHITESPACE and not kept & JS_WHITESPACE:
+        return "javascript-trimEnd"
+    if all(c.isspace() for c in stripped) and not any(c.isspace() for c in kept):
+        return "python-rstrip"
+    return "custom"
+
+
+def _prefix_pattern(prefix: str, cwd: str | None) -> str:
+    match = _CD_PREFIX.match(prefix)
+    if match and cwd and match.group(1).rstrip("/") == cwd.rstrip("/"):
+        return "cd {cwd} && "
+    if match:
+        return "cd {other directory} && "
+    return prefix
+
+
+def unified_diff(before: str, after: str) -> str:
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), "served", "echoed")
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# -- from a dump ------------------------------------------------------------------------------------
+def echo_pairs(sessions: Iterable[Any], cwd: dict[str, str] | None = None) -> Iterator[EchoPair]:
+    """Each served reply with its first echo, per session (`cwd`: session id → working directory)."""
+    for session in sessions:
+        served_by_id: dict[str, Any] = {}
+        served_by_length: dict[int, Any] = {}
+        echoed: set[int] = set()
+        for turn in session.turns:
+            for position, message in enumerate(turn.messages):
+                if message.get("role") != "assistant":
+                    continue
+                source = _source(message, served_by_id, served_by_length.get(position))
+                if source is None or source.turn_index in echoed:
+                    continue
+                echoed.add(source.turn_index)
+                directory = (cwd or {}).get(session.session_id)
+                yield EchoPair(source.response, message, session.session_id, source.turn_index, directory, source.tools)
+            if turn.response:
+                for call in turn.response.get("tool_calls") or ():
+                    if call.get("id"):
+                        served_by_id[call["id"]] = turn
+                served_by_length[len(turn.messages)] = turn
+
+
+def _source(message: dict, by_id: dict[str, Any], by_position: Any) -> Any:
+    for call in message.get("tool_calls") or ():
+        if call.get("id") in by_id:
+            return by_id[call["id"]]
+    return by_position
+
+
+def detect(
+    pairs: Iterable[EchoPair], harness: dict[str, Any] | None = None, measured: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    detector = Detector()
+    for pair in pairs:
+        detector.add(pair)
+    return detector.profile(harness or {}, measured or {})
+
+
+def detect_from_dump(
+    dump: str | Path, *, harness: str, version: str, protocol: str, cwd: dict[str, str] | None = None
+) -> dict[str, Any]:
+    from trace_tools import __version__
+    from trace_tools.io.load import load
+
+    loaded = load(dump)
+    cwd = cwd if cwd is not None else _working_directories(loaded.sessions)
+    measured = {
+        "sessions": len(loaded.sessions),
+        "turns": sum(len(s.turns) for s in loaded.sessions),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "trace_tools": __version__,
+    }
+    return detect(
+        echo_pairs(loaded.sessions, cwd), {"name": harness, "version": version, "protocol": protocol}, measured
+    )
+
+
+_WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
+
+
+def _working_directories(sessions: list[Any]) -> dict[str, str]:
+    """Each session's working directory as its harness announced it in the first request."""
+    out = {}
+    for session in sessions:
+        text = " ".join(str(m.get("content")) for m in session.turns[0].messages if isinstance(m.get("content"), str))
+        match = _WORKING_DIRECTORY.search(text)
+        if match:
+            out[session.session_id] = match.group(1)
+    return out
+
+
+def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
+    from trace_tools.io.write import write_json_atomic
+
+    return write_json_atomic(profile, path)
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    from trace_tools.errors import UsageError
+
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a trace-tools harness profile")
+    if data.get("version") != VERSION:
+        raise UsageError(
+            f"{path} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}"
+        )
+    return data
