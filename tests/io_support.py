@@ -92,10 +92,11 @@ def read_like_workers(stream) -> list[tuple[int, Any]]:
     for group, users in readers.items():
         for slot, rows in zip(users, read_row_group(context, *group, [user.session_id for user in users])):
             parts[group, slot.position] = rows
-    return [
-        (slot.position, slot.problems or read_session(context, slot, [parts[g, slot.position] for g in slot.row_groups]))
-        for slot in slots
-    ]
+    found = []
+    for slot in slots:
+        rows = [parts[group, slot.position] for group in slot.row_groups]
+        found.append((slot.position, slot.problems or read_session(context, slot, rows)))
+    return found
 
 
 RUN_TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from io_support import run_contents
 from trace_tools.api import replay
 from trace_tools.io import storage
-from io_support import run_contents
 
 
 @pytest.fixture(scope="module")

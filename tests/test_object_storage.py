@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from io_support import run_contents
 from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.io import storage, validate
 from trace_tools.io.export import export_samples, read_export
 from trace_tools.reconstruct import reconstruct
-from io_support import run_contents
 
 STRATEGIES = ["tree", "linear", "checkpoint-tree"]
 

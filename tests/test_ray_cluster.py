@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from io_support import run_contents
 from trace_tools.api import replay
 from trace_tools.io import storage
-from io_support import run_contents
 
 pytestmark = pytest.mark.slow
 STRATEGIES = ["tree", "linear+restore", "checkpoint-tree"]
