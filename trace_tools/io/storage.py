@@ -219,9 +219,10 @@ class StagedRun:
 
     On entry the remote run's `shards/` (what a resume needs) and `run.json` are copied in and
     every other remote file becomes an empty placeholder (so the usual checks see a non-empty
-    directory); `shard_written(i)` uploads shard i in a background thread; on a clean exit
-    every file written or changed locally is uploaded and remote shards the run dropped (a
-    changed fingerprint) are deleted; the staging directory is removed in any case.
+    directory). `shards_reset()` deletes the remote shards the run dropped (a changed
+    fingerprint) and uploads the fingerprint; `shard_written(i)` uploads shard i; both in a
+    background thread, in order. On a clean exit every other file written or changed locally is
+    uploaded; the staging directory is removed in any case.
     """
 
     uri: str
@@ -243,13 +244,16 @@ class StagedRun:
     def shards_reset(self) -> None:
         """The local `shards/` now says which shards count (after `rundir.prepare`): mirror it remotely."""
         dropped = [r for r in self._before if r.startswith("shards/") and not (self.local / r).exists()]
-        fingerprint = [r for r in snapshot(self.local) if r == "shards/FINGERPRINT"]
         self._submit(lambda: delete(self.uri, dropped))
-        self._submit(lambda: upload(self.local, self.uri, fingerprint))
+        self._upload(["shards/FINGERPRINT"])
 
     def shard_written(self, index: int) -> None:
-        files = [p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{index:05d}.*")]
-        self._submit(lambda: upload(self.local, self.uri, files))
+        self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{index:05d}.*")])
+
+    def _upload(self, relatives: list[str]) -> None:
+        """Upload files that will not change again, and remember them as uploaded."""
+        self._before.update({relative: _signature(self.local / relative) for relative in relatives})
+        self._submit(lambda: upload(self.local, self.uri, relatives))
 
     def _submit(self, job: Callable[[], Any]) -> None:
         self._pending.append(self._uploads.submit(job))
