@@ -120,3 +120,15 @@ def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeyp
     assert result.resumed_shards >= 2
     with storage.local_run(out) as copy:
         assert run_contents(copy) == run_contents(local_run)
+
+
+def test_an_out_uri_naming_an_object_is_refused(dumps):
+    _, uri, _ = dumps
+    result = CliRunner().invoke(app, ["replay", uri, "-s", "tree", "--out", f"{uri}/part-0.parquet"])
+    assert result.exit_code == 2 and "is a file; pass a directory path" in result.output
+
+
+def test_local_paths_and_file_uris_stay_local(simulated_dump):
+    assert storage.location(f"file://{simulated_dump}") == simulated_dump
+    assert not storage.is_uri(str(simulated_dump)) and storage.is_uri("gs://bucket/dump")
+    assert validate(f"file://{simulated_dump}").sessions == validate(simulated_dump).sessions

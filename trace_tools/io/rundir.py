@@ -156,7 +156,7 @@ def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
     resume must match."""
     from trace_tools.io import storage
 
-    inputs = [storage.stamp(storage.location(f)) for f in files]
+    inputs = [storage.stamp(f) for f in files]
     blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

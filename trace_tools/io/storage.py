@@ -28,7 +28,7 @@ from typing import IO, Any, Callable, Iterator
 
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
 
-Location = str | Path  # a local path (Path) or an object-storage URI (str)
+Location = str | Path  # a local path (Path) or an object-storage URI (str); every helper takes either, or a str path
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _FILESYSTEMS: dict[str, Any] = {}
 MARKER_SUFFIX = ".done"  # a shard's completion marker: uploaded after the shard's other files
@@ -49,6 +49,7 @@ def location(value: Location) -> Location:
 
 
 def join(base: Location, *parts: str) -> Location:
+    base = location(base)
     if isinstance(base, Path):
         return base.joinpath(*parts)
     return "/".join([base.rstrip("/"), *parts])
@@ -56,6 +57,7 @@ def join(base: Location, *parts: str) -> Location:
 
 def name(value: Location) -> str:
     """The last component (a dump's file or directory name)."""
+    value = location(value)
     return Path(value).name if isinstance(value, Path) else value.rstrip("/").rsplit("/", 1)[-1]
 
 
@@ -93,6 +95,7 @@ def _info(uri: str) -> Any:
 
 
 def exists(value: Location) -> bool:
+    value = location(value)
     if isinstance(value, Path):
         return value.exists()
     import pyarrow.fs as pafs
@@ -101,6 +104,7 @@ def exists(value: Location) -> bool:
 
 
 def is_file(value: Location) -> bool:
+    value = location(value)
     if isinstance(value, Path):
         return value.is_file()
     import pyarrow.fs as pafs
@@ -109,6 +113,7 @@ def is_file(value: Location) -> bool:
 
 
 def is_dir(value: Location) -> bool:
+    value = location(value)
     if isinstance(value, Path):
         return value.is_dir()
     import pyarrow.fs as pafs
@@ -118,6 +123,7 @@ def is_dir(value: Location) -> bool:
 
 def list_files(root: Location, suffix: str = "") -> list[Location]:
     """Every file under a directory (recursively) whose name ends with `suffix`, sorted."""
+    root = location(root)
     if isinstance(root, Path):
         return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file())
     return sorted(f"{root}/{relative}" for relative in _remote_files(root) if relative.endswith(suffix))
@@ -140,6 +146,7 @@ def _remote_files(root: str) -> list[str]:
 @contextmanager
 def open_input(value: Location) -> Iterator[IO[bytes]]:
     """A file opened for random-access reading (what `pyarrow.parquet.ParquetFile` takes)."""
+    value = location(value)
     if isinstance(value, Path):
         with open(value, "rb") as handle:
             yield handle
@@ -151,6 +158,7 @@ def open_input(value: Location) -> Iterator[IO[bytes]]:
 
 def stamp(value: Location) -> tuple[str, int, int]:
     """(canonical name, size, modification time in ns): what says a file has not changed."""
+    value = location(value)
     if isinstance(value, Path):
         status = os.stat(value)
         return str(value.resolve()), status.st_size, status.st_mtime_ns
@@ -161,6 +169,7 @@ def stamp(value: Location) -> tuple[str, int, int]:
 
 def absolute(value: Location) -> Location:
     """A location any process (a worker on another node, a resumed run) names the same way."""
+    value = location(value)
     return value.resolve() if isinstance(value, Path) else value
 
 
