@@ -103,10 +103,11 @@ def test_a_missing_dump_or_bucket_is_a_clear_usage_error(dumps):
         assert "Traceback" not in result.output and ("no such file" in result.output or "cannot" in result.output)
 
 
-def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeypatch):
+def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeypatch, tmp_path):
     _, uri, bucket = dumps
     out = f"{bucket}/runs/killed"
-    env = {**os.environ, "TRACE_TOOLS_SHARD_SIZE": "3", "TRACE_TOOLS_WORKERS": "1"}
+    # TMPDIR: the killed driver cannot remove its staging directory; keep it in this test's folder
+    env = {**os.environ, "TRACE_TOOLS_SHARD_SIZE": "3", "TRACE_TOOLS_WORKERS": "1", "TMPDIR": str(tmp_path)}
     code = f"from trace_tools.api import replay; replay({uri!r}, out={out!r}, strategies={STRATEGIES!r})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 300
