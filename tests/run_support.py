@@ -1,23 +1,10 @@
-"""Shared helpers for tests that compare run directories."""
+"""Shared helpers for the run-directory tests."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")
-
-
-def run_contents(run_dir: Path) -> dict:
-    """Every table's rows (timings dropped) and the summary: what a run directory holds, whatever
-    the executor, the worker count, or how often it was killed and resumed."""
-    out = {"summary": json.loads((run_dir / "summary.json").read_text())}
-    for name in TABLES:
-        table = pq.read_table(run_dir / f"{name}.parquet")
-        out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
-    return out
-
 
 def one_turn_dump(path: Path, sessions: int) -> Path:
     """A qwen3 dump of `sessions` one-turn sessions (a system prompt, a question, a short answer):

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from run_support import one_turn_dump, run_contents
+from io_support import run_contents
+from run_support import one_turn_dump
 from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import UnusableInput, UsageError
@@ -57,7 +58,7 @@ def _delete(run: Path, shard: str, other: str) -> None:
 
 
 def _truncate(run: Path, shard: str, other: str) -> None:
-    path = run / "shards" / f"{shard}.samples.arrow"
+    path = run / "shards" / f"{shard}.samples.arrows"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
@@ -109,7 +110,7 @@ def _leftovers(run: Path, shard: str, other: str) -> None:
 
 TAMPERING = {  # how, the note naming the shard, how many shards are replayed again
     "a table deleted": (_delete, "turns.parquet is missing", 1),
-    "samples truncated": (_truncate, "samples.arrow has", 1),
+    "samples truncated": (_truncate, "samples.arrows has", 1),
     "tables swapped between shards": (_swap_tables, "sessions.parquet", 2),  # sizes differ, else checksums
     "a byte flipped": (_flip_a_byte, "does not match its checksum", 1),
     "a marker deleted": (_delete_marker, None, 1),
@@ -250,12 +251,12 @@ def test_a_second_writer_is_refused_naming_the_first(simulated_dump, tmp_path):
 
 
 def test_samples_writers_never_share_a_temporary_file(tmp_path):
-    from trace_tools.io.rundir import SAMPLES_SCHEMA, SamplesFile, samples_table
+    from trace_tools.io.rundir import SAMPLES_SCHEMA, SamplesFile, SessionRows, samples_table
 
-    def rows(session: str) -> pa.Table:
-        return samples_table([{"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3],
+    def rows(session: str) -> SessionRows:
+        return SessionRows(samples=samples_table([{"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3],
                                "response_length": 1, "loss_mask": [1], "logprobs": [-0.5], "source_turn": [-1, -1, 0],
-                               "reward": None, "metadata": "{}"}])
+                               "reward": None, "metadata": "{}"}]))
 
     first, second = SamplesFile(tmp_path), SamplesFile(tmp_path)
     first.add(rows("a"))

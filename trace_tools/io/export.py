@@ -31,7 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trace_tools.errors import UnknownName, UnusableInput
+from trace_tools.errors import UnknownName, UnusableInput, UsageError
+from trace_tools.io import storage
+from trace_tools.io.storage import Location
 from trace_tools.io.write import atomic_open, check_output_file
 
 FORMATS = ("parquet", "jsonl")
@@ -65,7 +67,7 @@ BATCH_ROWS = 64
 
 @dataclass
 class ExportReport:
-    out: Path
+    out: Location
     strategy: str
     format: str
     samples: int = 0
@@ -85,51 +87,71 @@ def export_samples(
     """
     if fmt not in FORMATS:
         raise UnknownName("export format", fmt, FORMATS)
-    samples = _samples_file(Path(run))
-    report = ExportReport(Path(out) if out else Path(run) / "export" / f"{strategy}.{fmt}", strategy, fmt)
-    check_output_file(report.out, [samples, *_dump_files(Path(run))], overwrite)
+    run = storage.location(run)
+    samples = _samples_file(run)
+    target = storage.location(out) if out else storage.join(run, "export", f"{strategy}.{fmt}")
+    _check_target(target, [samples, *_dump_files(run)], overwrite)
     _check_strategy(samples, strategy)
-    rows = _export_rows(samples, strategy, Path(run).name, report)
-    (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, report.out)
+    report = ExportReport(target, strategy, fmt)
+    rows = _export_rows(samples, strategy, storage.name(run), report)
+    with storage.local_output(target) as local:
+        (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, local)
     return report
 
 
-def _samples_file(run: Path) -> Path:
+def _samples_file(run: Location) -> Location:
     from trace_tools.io.rundir import require_run
 
-    if not run.is_dir():
+    if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
-    samples = require_run(run) / "samples.parquet"
-    if not samples.is_file():
+    if isinstance(run, Path):
+        require_run(run)  # finished, and a replay run (not a rescore output)
+    samples = storage.join(run, "samples.parquet")
+    if not storage.is_file(samples):
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
     return samples
 
 
-def _dump_files(run: Path) -> list[Path]:
+def _check_target(target: Location, inputs: list[Location], overwrite: bool) -> None:
+    """Never write over an input, a run's own file or an existing file unless asked (`write.check_output_file`)."""
+    if isinstance(target, Path):
+        check_output_file(target, [source for source in inputs if isinstance(source, Path)], overwrite)
+    elif target in inputs:
+        raise UsageError(f"--out {target} is one of this command's inputs; choose another path")
+    elif not overwrite and storage.is_file(target):
+        raise UsageError(f"--out {target} exists; pass --overwrite to replace it, or choose another path")
+
+
+def _dump_files(run: Location) -> list[Location]:
     """The dump the run replayed (run.json): an export must never land on it."""
     from trace_tools.io.rundir import load_run_info
 
+    if not isinstance(run, Path):
+        return []
     inputs = load_run_info(run).get("inputs") or {}
-    return [Path(name) for name in [inputs.get("dump"), *(inputs.get("files") or [])] if isinstance(name, str)]
+    names = [inputs.get("dump"), *(inputs.get("files") or [])]
+    return [storage.location(name) for name in names if isinstance(name, str)]
 
 
-def _check_strategy(samples: Path, strategy: str) -> None:
-    present = pc.unique(pq.read_table(samples, columns=["strategy"]).column("strategy")).to_pylist()
+def _check_strategy(samples: Location, strategy: str) -> None:
+    with storage.open_input(samples) as handle:
+        present = pc.unique(pq.read_table(handle, columns=["strategy"]).column("strategy")).to_pylist()
     if strategy not in present:
         raise UnknownName("strategy in this run", strategy, sorted(present))
 
 
-def _export_rows(samples: Path, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
-    parquet = pq.ParquetFile(samples)
-    columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        chosen = batch.filter(pc.equal(batch.column("strategy"), strategy))
-        for sample in chosen.to_pylist():
-            row = export_row(sample, run_name)
-            report.samples += 1
-            report.tokens += len(row["tokens"])
-            report.trained_tokens += sum(row["loss_mask"])
-            yield row
+def _export_rows(samples: Location, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
+    with storage.open_input(samples) as handle:
+        parquet = pq.ParquetFile(handle)
+        columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            chosen = batch.filter(pc.equal(batch.column("strategy"), strategy))
+            for sample in chosen.to_pylist():
+                row = export_row(sample, run_name)
+                report.samples += 1
+                report.tokens += len(row["tokens"])
+                report.trained_tokens += sum(row["loss_mask"])
+                yield row
 
 
 def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The run directory (DESIGN §6): layout, table schemas, reading.
+"""The run directory (DESIGN §6): layout, table schemas, what a session's replay produced, reading.
 
 Replay writes it and reports read it; both import this module and nothing of each other.
 
@@ -12,17 +12,19 @@ Replay writes it and reports read it; both import this module and nothing of eac
 Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
 written with a marker that lists its files and their checksums, so a rerun with the same options,
 inputs and code resumes where it stopped, and the merged tables are the same whatever the worker
-count. A shard keeps its samples in Arrow IPC (zstd): they are read back only to resume, and
-writing IPC is a tenth of the CPU of encoding the same table as Parquet.
+count. A session's result crosses from a worker as Arrow IPC streams (`SessionRows.pack`); a
+shard keeps its samples as those streams (zstd), read back only to resume: writing IPC is a tenth
+of the CPU of encoding the same table as Parquet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,7 +56,11 @@ SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "use_dictionary": ["strategy", "session_id", "metadata"],
 }
-SHARD_SAMPLES_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+SAMPLES_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+SAMPLES_QUEUE = 32  # sessions' samples waiting for the samples.parquet writer thread
+# IPC streams are decoded (and decompressed) by the thread that reads them, not Arrow's pool: the
+# samples.parquet writer thread's cost stays its own, beside the loop that hands out work.
+_READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)
 DRIFT_SCHEMA = pa.schema(
     [
         ("session_id", pa.string()),
@@ -82,7 +88,10 @@ QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reas
 @dataclass
 class SessionRows:
     """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
-    (compact, cheap to ship from a worker process)."""
+    (compact, cheap to ship from a worker process). `pack()` turns every table into an Arrow IPC
+    stream (`tables`, `samples_ipc`), so a result crosses from a Ray worker to the driver as a few
+    buffers: no per-row or per-column decoding in Python there, and the samples' stream is
+    appended to the shard as it is."""
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     sessions: list[dict[str, Any]] = field(default_factory=list)
@@ -90,13 +99,63 @@ class SessionRows:
     fidelity: list[dict[str, Any]] = field(default_factory=list)
     drift: list[dict[str, Any]] = field(default_factory=list)
     samples: pa.Table | None = None
+    samples_ipc: pa.Buffer | None = None  # the samples as one Arrow IPC stream, once packed
     render_stats: dict[str, int] = field(default_factory=dict)
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
+    data_warnings: dict[str, int] = field(default_factory=dict)  # io.load.session_warnings counts
+    tables: dict[str, pa.Buffer] = field(default_factory=dict)  # SMALL_TABLES as IPC streams, once packed
+    replayed: bool = True  # False: quarantined while loading, never replayed
+    cpu_s: float = 0.0  # CPU the replay took where it ran (not written: the benchmark reads it)
+    node: str = ""  # the Ray node it ran on, if any (not written)
+    input_bytes: int = 0  # bytes of row data a Ray task received (not written)
+
+    @classmethod
+    def quarantined(cls, entries: Iterable[Any]) -> "SessionRows":
+        """A session quarantined while loading: its `QuarantineEntry`s, nothing replayed."""
+        return cls(quarantine=[dataclasses.asdict(entry) for entry in entries], replayed=False)
+
+    def pack(self) -> "SessionRows":
+        for name in SMALL_TABLES:
+            self.tables[name] = _ipc_stream(_small_table(name, getattr(self, name)))
+            setattr(self, name, [])
+        self.samples_ipc, self.samples = self.samples_stream(), None
+        return self
+
+    def table(self, name: str) -> pa.Table:
+        if name in self.tables:
+            return pa.ipc.open_stream(self.tables[name], options=_READ_HERE).read_all()
+        return _small_table(name, getattr(self, name))
+
+    def samples_stream(self) -> pa.Buffer | None:
+        """The samples as a compressed Arrow IPC stream (None when there are none)."""
+        if self.samples_ipc is not None or self.samples is None or not self.samples.num_rows:
+            return self.samples_ipc
+        return _ipc_stream(self.samples, SAMPLES_IPC_OPTIONS)
+
+    def samples_table(self) -> pa.Table | None:
+        if self.samples is None and self.samples_ipc is not None:
+            return pa.ipc.open_stream(self.samples_ipc, options=_READ_HERE).read_all()
+        return self.samples
+
+
+def _ipc_stream(table: pa.Table, options: pa.ipc.IpcWriteOptions | None = None) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
+    if name == "quarantine":
+        return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
+    if name == "drift":
+        return pa.Table.from_pylist(records, schema=DRIFT_SCHEMA)
+    return pa.Table.from_pylist(records)
 
 
 class TableBuffer:
     """Small tables gathered into one write of at least `limit` bytes: each write of a record
-    batch or row group costs about a millisecond and a batch's metadata, which a dump of many
+    batch or row group costs about a millisecond and a row group's metadata, which a dump of many
     one-turn sessions would otherwise pay per session."""
 
     def __init__(self, write: Any, limit: int = 8 * 2**20):
@@ -124,34 +183,62 @@ class SamplesFile:
     Merging the shards' samples at the end would decode and encode every token again (a second
     on a long dump, after the last session); a run that resumed nothing has every session pass
     through here in order, so this file is the merged one. A resumed run discards it and merges.
-    The temporary file's name is unique to this writer; `discard` removes it."""
+
+    Encoding Parquet is the costliest thing the driver does per session, so a thread does it
+    (Arrow releases the GIL while encoding): the loop that hands out work and takes results is
+    not held up by it. The queue between them is bounded."""
 
     def __init__(self, run_dir: Path):
+        import queue
         import tempfile
+        import threading
 
         self.target = run_dir / "samples.parquet"
-        fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")  # unique to this writer
         os.close(fd)
         self._tmp = Path(name)
         self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
         self._buffer = TableBuffer(self._writer.write_table)
+        self._queue: Any = queue.Queue(SAMPLES_QUEUE)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write_all, name="trace-tools-samples", daemon=True)
+        self._thread.start()
 
-    def add(self, samples: pa.Table | None) -> None:
-        from trace_tools.io.write import writing
+    def add(self, rows: SessionRows) -> None:
+        if self._error is not None:
+            from trace_tools.io.write import writing
 
-        with writing(self.target):
-            self._buffer.add(samples)
+            with writing(self.target):
+                raise self._error
+        self._queue.put(rows)
+
+    def _write_all(self) -> None:
+        while (rows := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain, so add() never blocks; commit() raises it
+            try:
+                self._buffer.add(rows.samples_table())
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                self._error = error
 
     def commit(self) -> None:
         from trace_tools.io.write import plain_file_mode, writing
 
+        self._queue.put(None)
+        self._thread.join()
         with writing(self.target):
+            if self._error is not None:
+                raise self._error
             self._buffer.flush()
             self._writer.close()
         os.chmod(self._tmp, plain_file_mode())
         os.replace(self._tmp, self.target)
 
-    def discard(self) -> None:
+    def abandon(self) -> None:
+        """Stop the writer thread and remove the temporary file (the run failed or was interrupted;
+        a killed run's is removed by the next one, `io.shards.prepare`)."""
+        self._queue.put(None)
+        self._thread.join()
         try:
             self._writer.close()
         except (OSError, pa.ArrowException):

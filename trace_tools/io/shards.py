@@ -5,7 +5,8 @@
                                 format, the trace-tools version and a digest of the code that
                                 computes results
     RUN/shards/SSSSSSS.*        the files of the shard whose first session is at stream position
-                                SSSSSSS: <table>.parquet, samples.arrow, meta.json
+                                SSSSSSS: <table>.parquet, samples.arrows (length-prefixed IPC
+                                streams, one per session)
     RUN/shards/SSSSSSS.done     its marker, written last: the positions it covers, a digest of
                                 their session ids, and every file with its size and sha256
 
@@ -28,31 +29,31 @@ import hashlib
 import json
 import os
 import socket
+import struct
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.io.rundir import (
-    DRIFT_SCHEMA,
-    QUARANTINE_COLUMNS,
     SAMPLES_SCHEMA,
     SAMPLES_WRITE_OPTIONS,
-    SHARD_SAMPLES_OPTIONS,
     SMALL_TABLES,
     SessionRows,
     TableBuffer,
+    _small_table,
 )
 from trace_tools.io.write import atomic_open, plain_file_mode, write_json_atomic, write_parquet_atomic, writing
 
-SHARD_FORMAT = 3  # 3: markers with positions, session digest and file checksums; other formats are replayed again
+SHARD_FORMAT = 4  # 4: markers with positions, session digest and file checksums; other formats are replayed again
 SHARD_ROWS = 16_384  # table rows (turn and quarantine rows, every strategy) per shard
 SHARD_BYTES = 64 * 2**20  # samples (Arrow buffer bytes) per shard
 SHARD_SECONDS = 120.0  # work per shard: what a kill can lose at most
@@ -79,8 +80,9 @@ def fingerprint(options: dict[str, Any], files: Iterable[str]) -> dict[str, Any]
     """What a resume must match: options, each input file's path, size and modification time,
     the shard format, the trace-tools version and the code digest. `stamp` hashes them all."""
     from trace_tools import __version__
+    from trace_tools.io import storage
 
-    inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    inputs = [storage.stamp(f) for f in files]
     parts = {
         "format": SHARD_FORMAT,
         "version": __version__,
@@ -209,6 +211,7 @@ class Marker:
     format: int = SHARD_FORMAT
     render_stats: dict[str, int] = field(default_factory=dict)
     renderers: list[dict[str, Any]] = field(default_factory=list)
+    data_warnings: dict[str, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -332,43 +335,48 @@ class Limits:
 
 
 class ShardWriter:
-    """Collects the rows of one shard; samples go to disk session by session, the marker last."""
+    """Collects the rows of one shard; samples go to disk session by session (each session's IPC
+    stream, length-prefixed), the marker last."""
 
     def __init__(self, run_dir: Path, start: int, write_samples: bool, stamp: str):
         self.shards = run_dir / "shards"
         self.start, self.end, self.stamp = start, start, stamp
-        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
+        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
+        self.data_warnings: Counter = Counter()
         self.renderers: dict[str, dict] = {}
         self.size = 0  # table rows
         self.samples_bytes = 0
         self._opened = time.monotonic()
         self._first: str | None = None
         self._ids = IdDigest()
-        self._samples_path = self.shards / f"{shard_name(start)}.samples.arrow"
+        self._samples_path = self.shards / f"{shard_name(start)}.samples.arrows"
         self._samples_tmp: Path | None = None
         self._samples: Any = None
         if write_samples:
             fd, name = tempfile.mkstemp(dir=self.shards, prefix=f".{shard_name(start)}.samples.", suffix=".tmp")
-            os.close(fd)
             self._samples_tmp = Path(name)
-            self._samples = pa.ipc.new_file(name, SAMPLES_SCHEMA, options=SHARD_SAMPLES_OPTIONS)
-            self._buffer = TableBuffer(self._samples.write_table)
+            self._samples = os.fdopen(fd, "wb")
 
     def add(self, session_id: str, rows: SessionRows) -> None:
         self._first = session_id if self._first is None else self._first
         self._ids.add(session_id)
         self.end += 1
         for name in SMALL_TABLES:
-            self.rows[name].extend(getattr(rows, name))
-        self.size += len(rows.turns) + len(rows.quarantine)
+            table = rows.table(name)
+            self.tables[name].append(table)
+            if name in ("turns", "quarantine"):
+                self.size += table.num_rows
         self.render_stats.update(rows.render_stats)
+        self.data_warnings.update(rows.data_warnings)
         if rows.renderer:
             self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
-        if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
+        stream = rows.samples_stream() if self._samples is not None else None
+        if stream is not None:
             with writing(self._samples_path):
-                self._buffer.add(rows.samples)
-            self.samples_bytes += rows.samples.get_total_buffer_size()
+                self._samples.write(struct.pack("<Q", stream.size))
+                self._samples.write(stream)
+            self.samples_bytes += stream.size
 
     def full(self, limits: Limits) -> bool:
         return (
@@ -381,13 +389,12 @@ class ShardWriter:
         """Write the shard's files, then its marker (last: a shard without one is unfinished)."""
         name = shard_name(self.start)
         files: dict[str, list[Any]] = {}
-        for table, records in self.rows.items():
+        for table, parts in self.tables.items():
             path = self.shards / f"{name}.{table}.parquet"
-            write_parquet_atomic(_small_table(table, records), path)
+            write_parquet_atomic(_concat(parts), path)
             files[path.name] = file_entry(path)
         if self._samples is not None and self._samples_tmp is not None:
             with writing(self._samples_path):
-                self._buffer.flush()
                 self._samples.close()
             os.chmod(self._samples_tmp, plain_file_mode())
             os.replace(self._samples_tmp, self._samples_path)
@@ -401,6 +408,7 @@ class ShardWriter:
             self.stamp,
             render_stats=dict(self.render_stats),
             renderers=list(self.renderers.values()),
+            data_warnings=dict(self.data_warnings),
         )
         write_json_atomic(asdict(marker), self.shards / f"{name}.done")
         return marker
@@ -410,18 +418,19 @@ class ShardWriter:
         if self._samples is not None and self._samples_tmp is not None:
             try:
                 self._samples.close()
-            except (OSError, pa.ArrowException):
+            except OSError:
                 pass
             self._samples_tmp.unlink(missing_ok=True)
             self._samples = None
 
 
-def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
-    if name == "quarantine":
-        return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
-    if name == "drift":
-        return pa.Table.from_pylist(records, schema=DRIFT_SCHEMA)
-    return pa.Table.from_pylist(records)
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    """One table from a shard's per-session tables, under their unified schema."""
+    parts = [part for part in parts if part.num_columns]
+    if not parts:
+        return pa.table({})
+    schema = pa.unify_schemas([part.schema for part in parts], promote_options="permissive")
+    return pa.concat_tables([part if part.schema == schema else _conform(part, schema) for part in parts])
 
 
 # -- merging ------------------------------------------------------------------------------------
@@ -442,44 +451,66 @@ def check_coverage(markers: list[Marker], sessions: int) -> None:
 
 def merge(run_dir: Path, markers: list[Marker], extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
     """Write RUN/<table>.parquet from the shard files, streaming shard by shard, one schema per
-    table (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False)."""
+    table (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False).
+
+    Quarantine lists `extra_quarantine` (rows of no session), then every session quarantined while
+    loading, then every replay error, each in stream order."""
     shards = run_dir / "shards"
     for name in SMALL_TABLES:
         paths = [marker.path(shards, f"{name}.parquet") for marker in markers]
-        first = None
+        schemas = [pq.read_schema(path) for path in paths]
+        tables: Iterable[pa.Table] = map(pq.read_table, paths)
         if name == "quarantine":
-            first = pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
-        _stream_tables(first, paths, run_dir / f"{name}.parquet")
+            extra = _small_table(name, extra_quarantine)
+            schemas, tables = [extra.schema, *schemas], chain([extra], _loading_then_replay(paths))
+        _stream_tables(schemas, tables, run_dir / f"{name}.parquet")
     if write_samples:
-        _stream_samples([marker.path(shards, "samples.arrow") for marker in markers], run_dir / "samples.parquet")
+        _stream_samples([marker.path(shards, "samples.arrows") for marker in markers], run_dir / "samples.parquet")
 
 
-def shard_meta(markers: list[Marker]) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Render counters summed over the shards and the distinct renderers, in stream order."""
+def _loading_then_replay(paths: list[Path]) -> Iterator[pa.Table]:
+    """The shards' quarantine entries, read one shard at a time: those made while loading, then
+    the replay errors."""
+    import pyarrow.compute as pc
+
+    for replay in (False, True):
+        for path in paths:
+            table = pq.read_table(path)
+            if table.num_rows:
+                mask = pc.equal(table.column("reason"), "replay_error")
+                yield table.filter(mask if replay else pc.invert(mask))
+
+
+@dataclass
+class ShardMeta:
+    """Summed over every shard (resumed ones included)."""
+
+    render_stats: dict[str, int]
+    renderers: list[dict[str, Any]]  # distinct identities, in stream order
+    data_warnings: dict[str, int]
+
+
+def shard_meta(markers: list[Marker]) -> ShardMeta:
     stats: Counter = Counter()
+    warnings: Counter = Counter()
     renderers: dict[str, dict] = {}
     for marker in markers:
         stats.update(marker.render_stats)
+        warnings.update(marker.data_warnings)
         for identity in marker.renderers:
             renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
-    return dict(stats), list(renderers.values())
+    return ShardMeta(dict(stats), list(renderers.values()), dict(warnings))
 
 
-def _stream_tables(first: pa.Table | None, paths: list[Path], target: Path) -> None:
-    """Concatenate Parquet tables into `target` one at a time, under their unified schema."""
-    schemas = [pq.read_schema(path) for path in paths]
-    if first is not None:
-        schemas.insert(0, first.schema)
+def _stream_tables(schemas: list[pa.Schema], tables: Iterable[pa.Table], target: Path) -> None:
+    """Write `tables`, taken one at a time, into `target` under the unification of `schemas`."""
     schemas = [schema for schema in schemas if len(schema)]
     if not schemas:
         write_parquet_atomic(pa.table({}), target)
         return
     schema = pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
     with atomic_open(target, "wb") as handle, pq.ParquetWriter(handle, schema) as writer:
-        if first is not None and first.num_rows:
-            writer.write_table(_conform(first, schema))
-        for path in paths:
-            table = pq.read_table(path)
+        for table in tables:
             if table.num_rows:
                 writer.write_table(_conform(table, schema))
 
@@ -495,9 +526,20 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _stream_samples(paths: list[Path], target: Path) -> None:
+    read_here = pa.ipc.IpcReadOptions(use_threads=False)
     with atomic_open(target, "wb") as handle, pq.ParquetWriter(handle, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as out:
+        buffer = TableBuffer(out.write_table)
         for path in paths:
             with pa.memory_map(str(path)) as source:
-                reader = pa.ipc.open_file(source)
-                for batch in range(reader.num_record_batches):
-                    out.write_batch(reader.get_batch(batch))
+                for stream in _sample_streams(source.read_buffer()):
+                    buffer.add(pa.ipc.open_stream(stream, options=read_here).read_all())
+        buffer.flush()
+
+
+def _sample_streams(data: pa.Buffer) -> Iterable[pa.Buffer]:
+    """The length-prefixed IPC streams of a shard's samples file (`ShardWriter`)."""
+    offset = 0
+    while offset < data.size:
+        (length,) = struct.unpack_from("<Q", data, offset)
+        yield data.slice(offset + 8, length)
+        offset += 8 + length

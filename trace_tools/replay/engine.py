@@ -1,15 +1,20 @@
 """The replay engine: stream a dump's sessions through every strategy into a run directory.
 
-    pipeline pass 1 (index) → pass 2 (sessions as they complete) → executor (this process, a
-    process pool or Ray) → rows in stream order → shards (closed by rows, bytes or time), each
-    finished by a marker that lists its files with checksums → merged tables (`io.shards`)
+    pipeline pass 1 (index) → pass 2 (sessions as they complete) → executor (this process or a
+    process pool) → rows in stream order → shards (closed by rows, bytes or time), each finished
+    by a marker that lists its files with checksums → merged tables (`io.shards`)
 
-Only the sessions in flight and the rows of the shard being filled are in memory. A shard that
-is already finished (same options, inputs and code), whose files check out and whose sessions
-are the ones the dump has at its positions, is not replayed again, so a killed run resumes. One
-process writes a run directory at a time (`io.shards.RunLock`).
-The run-level summary, report.md and plots are computed from the merged tables by the caller
-(`trace_tools.api.replay`), which keeps this layer free of reporting.
+    on Ray: pass 1 only → each session's slot (where its rows are) → tasks that read, check and
+    replay their own rows → rows as they finish → put back in stream order → the same shards
+
+Every session has a position in the stream (quarantined ones too), and a shard holds the
+consecutive positions its marker records, so the run directory is the same for every executor.
+Only the sessions in flight and the rows of the shard being filled are in memory. A shard that is
+already finished (same options, inputs and code), whose files check out and whose sessions are the
+ones the dump has at its positions, is not replayed again, so a killed run resumes. One process
+writes a run directory at a time (`io.shards.RunLock`). The run-level summary, report.md and
+plots are computed from the merged tables by the caller (`trace_tools.api.replay`, through
+`finish`), which keeps this layer free of reporting.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from trace_tools.data import QuarantineEntry, Session
+from trace_tools.data import Session
 from trace_tools.errors import UnusableInput
-from trace_tools.io import rundir, shards
-from trace_tools.replay.executors import default_workers, run_sessions
+from trace_tools.io import rundir, shards, storage
+from trace_tools.io.storage import Location
+from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
 from trace_tools.strategies.base import available_strategies, get_strategy
@@ -37,7 +43,7 @@ class EngineResult:
     """What the engine wrote, and what it read to do so."""
 
     run_dir: Path
-    dump: Path
+    dump: Location
     options: ReplayOptions
     files: list[str]
     rows: int
@@ -51,6 +57,7 @@ class EngineResult:
     render_stats: dict[str, int] = field(default_factory=dict)
     renderers: list[dict[str, Any]] = field(default_factory=list)
     data_warnings: dict[str, int] = field(default_factory=dict)  # legal oddities of valid sessions (io.load)
+    ray: RayStats = field(default_factory=RayStats)  # what a Ray run sent and where it ran (not written)
 
 
 def default_dump() -> Path:
@@ -63,13 +70,13 @@ def default_dump() -> Path:
     raise UnusableInput("the bundled sample_traces/ dump is missing from this install; pass a DUMP path")
 
 
-def default_run_dir(dump: Path) -> Path:
+def default_run_dir(dump: Location) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path("trace-tools-runs") / f"{dump.stem if dump.is_file() else dump.name}-{stamp}"
+    return Path("trace-tools-runs") / f"{storage.stem(dump)}-{stamp}"
 
 
 def run(
-    dump: str | Path | None,
+    dump: Location | None,
     options: ReplayOptions,
     out: str | Path | None = None,
     *,
@@ -78,16 +85,21 @@ def run(
     address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
+    mirror: Any = None,
     finish: Callable[[EngineResult], T],
 ) -> T:
     """Replay `dump` under `options` into a run directory (tables only; see the module docstring),
     then `finish(result)` (the summary and reports) while this process still holds the run's lock.
 
     Everything that would make every session fail the same way is checked before the first one
-    (`preflight`): a usage error (exit 2) then, never a quarantine of everything."""
+    (`preflight`): a usage error (exit 2) then, never a quarantine of everything. `mirror` (an
+    `io.storage.StagedRun`, for a run directory in object storage) hears when the shards were
+    reset and when each one is written."""
     from trace_tools.pipeline import Pipeline
 
-    dump_path = Path(dump) if dump is not None else default_dump()
+    workers = workers or default_workers()
+    check_executor(executor, workers)
+    dump_path = storage.location(dump) if dump is not None else default_dump()
     options.strategies = list(options.strategies or available_strategies())
     for name in options.strategies:
         get_strategy(name)  # fail fast on an unknown name, before any work
@@ -99,7 +111,7 @@ def run(
         canonicalization=options.canonicalization,
         prompt_source=options.prompt_source,
         tool_format=options.tool_format,
-        id_arrays=(workers or default_workers()) > 1 or executor == "ray",
+        id_arrays=workers > 1,
     )
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
@@ -112,6 +124,8 @@ def run(
     with shards.RunLock(run_dir):
         (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
         verdict = shards.prepare(run_dir, current)
+        if mirror is not None:
+            mirror.shards_reset()
         result = EngineResult(
             run_dir,
             dump_path,
@@ -123,148 +137,186 @@ def run(
             stream.vocab_checked,
             stream.meta,
             list(stream.warnings),
-            len(verdict.reusable),
-            verdict.redone,
+            redone_shards=verdict.redone,
         )
-        _replay(pipeline, result, verdict.reusable, current["stamp"], workers, executor, address, progress)
+        _replay(stream, result, verdict.reusable, current["stamp"], workers, executor, address, progress, mirror)
         return finish(result)
 
 
 def _replay(
-    pipeline: Any,
+    stream: Any,
     result: EngineResult,
     reusable: list[shards.Marker],
     stamp: str,
-    workers: int | None,
+    workers: int,
     executor: str,
     address: str | None,
     progress: Callable[[int, int], None] | None,
+    mirror: Any,
 ) -> None:
     """Replay the sessions no reusable shard holds into new shards, then merge every shard."""
-    options, run_dir, stream = result.options, result.run_dir, pipeline.stream
-    load_quarantine: list[dict[str, Any]] = []
-    tracker = _Shards(run_dir, reusable, options.write_samples, stamp, progress, stream.session_count)
-    samples = rundir.SamplesFile(run_dir) if options.write_samples and not reusable else None
-    in_flight: deque[tuple[int, str]] = deque()
-    todo = _pending(_sessions(pipeline, load_quarantine, tracker), tracker, in_flight)
+    options, run_dir = result.options, result.run_dir
+    tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress)
+    tracker.written = mirror.shard_written if mirror is not None else None
+    if executor == "ray":
+        slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
+        results = ray_results(slots, stream.context(), options, workers, address, result.ray)
+    else:
+        results = _local_results(stream, options, workers, tracker)
     try:
-        for rows in run_sessions(todo, options, workers or default_workers(), executor, address):
-            tracker.add(*in_flight.popleft(), rows)
-            if samples is not None:
-                samples.add(rows.samples)
+        for position, rows in results:
+            tracker.add(position, rows)
         tracker.finish()
     except BaseException:
         tracker.abandon()
-        if samples is not None:
-            samples.discard()
         raise
     result.sessions_replayed = tracker.replayed
     result.resumed_shards = len(tracker.reused())
     result.redone_shards += tracker.redone
-    result.data_warnings = dict(stream.data_warnings)
     markers = tracker.markers()
-    shards.check_coverage(markers, tracker.positions)
-    result.render_stats, result.renderers = shards.shard_meta(markers)
-    shards.merge(run_dir, markers, load_quarantine, options.write_samples and samples is None)
-    if samples is not None:
-        samples.commit()
+    shards.check_coverage(markers, stream.session_count)
+    meta = shards.shard_meta(markers)
+    result.render_stats, result.renderers, result.data_warnings = meta.render_stats, meta.renderers, meta.data_warnings
+    quarantine = [asdict(entry) for entry in stream.unattributed]
+    shards.merge(run_dir, markers, quarantine, options.write_samples and tracker.samples is None)
+    if tracker.samples is not None:
+        tracker.samples.commit()
 
 
-def _sessions(pipeline: Any, quarantine: list[dict[str, Any]], tracker: "_Shards") -> Iterator[Session]:
-    """The stream's sessions; its quarantine entries are set aside for the quarantine table."""
-    seen: set[str] = set()
-    for item in pipeline:
-        if not isinstance(item, QuarantineEntry):
-            yield item
-            continue
-        quarantine.append(asdict(item))
-        if item.session_id is not None and item.session_id not in seen:
-            seen.add(item.session_id)
-            tracker.tick()
+def _local_results(stream: Any, options: ReplayOptions, workers: int, tracker: "_Shards") -> Iterator[tuple[int, Any]]:
+    """(position, rows) of every session not resumed, in stream order: this process reads the
+    sessions (pass 2) and `run_sessions` replays them; a session quarantined while loading goes
+    straight to the shards."""
+    in_flight: deque[int] = deque()
 
+    def to_replay() -> Iterator[Session]:
+        for position, item in stream.positioned():
+            session_id = item.session_id if isinstance(item, Session) else item[0].session_id
+            if tracker.resumed(position, session_id):
+                continue
+            if isinstance(item, Session):
+                in_flight.append(position)
+                yield item
+            else:
+                tracker.add(position, rundir.SessionRows.quarantined(item))
 
-def _pending(sessions: Iterator[Session], tracker: "_Shards", in_flight: deque) -> Iterator[Session]:
-    """Sessions no reusable shard holds; their stream positions and ids queue up in `in_flight`
-    (executors return results in submission order)."""
-    for position, session in enumerate(sessions):
-        tracker.positions = position + 1
-        if tracker.skip(position, session.session_id):
-            continue
-        in_flight.append((position, session.session_id))
-        yield session
+    for rows in run_sessions(to_replay(), options, workers):
+        yield in_flight.popleft(), rows
 
 
 class _Shards:
-    """The shards of this run: reusable ones (skipped, checked session by session) and new ones,
-    each closed at the shard limits or where a reusable one begins."""
+    """The shards of this run: reusable ones (skipped, their sessions checked one by one) and new
+    ones, each closed at the shard limits (`io.shards.Limits`) or where a reusable one begins.
+
+    Results may arrive in any order (Ray hands them back as they finish); they wait here until
+    every earlier position is written, so each shard, and samples.parquet, is written in stream
+    order, and a shard is closed (and `written(name)` told) as soon as it is full."""
 
     def __init__(
         self,
         run_dir: Path,
         reusable: list[shards.Marker],
+        total: int,
         write_samples: bool,
         stamp: str,
         progress: Callable[[int, int], None] | None,
-        total: int,
     ):
-        self.run_dir, self.write_samples, self.stamp = run_dir, write_samples, stamp
-        self.progress, self.total = progress, total
+        self.run_dir, self.total, self.progress, self.stamp = run_dir, total, progress, stamp
+        self.write_samples = write_samples
         self.limits = shards.Limits.from_env()
         self._reusable = {marker.start: marker for marker in reusable}
         self._starts = sorted(self._reusable)
+        self._checked: set[int] = set()  # reusable shards whose every session was found where it recorded
+        self._checking: Any = None  # digest of the ids passed so far in the reusable shard being checked
         self._written: list[shards.Marker] = []
-        self._writer: shards.ShardWriter | None = None
-        self._checking: Any = None  # digest of the ids skipped in the reusable shard being passed
+        # A run that resumed nothing has every session pass through here in order: samples.parquet is written then.
+        self.samples = rundir.SamplesFile(run_dir) if write_samples and not reusable else None
+        self.written: Callable[[str], None] | None = None
         self.redone: list[str] = []  # reusable shards dropped once their sessions came, and why
         self.replayed = 0
-        self.positions = 0  # sessions the stream has handed out so far
+        self._next = 0  # the next position to write
+        self._waiting: dict[int, rundir.SessionRows] = {}
+        self._ids: dict[int, str] = {}  # position → session id, for the sessions being replayed
+        self._writer: shards.ShardWriter | None = None
         self._seen = 0
 
-    def skip(self, position: int, session_id: str) -> bool:
+    def resumed(self, position: int, session_id: str) -> bool:
         """True for a session a reusable shard holds (counted, not replayed again). A shard whose
         first session is not the one it recorded is replayed; one that goes wrong later stops the run."""
         index = bisect.bisect_right(self._starts, position) - 1
         marker = self._reusable.get(self._starts[index]) if index >= 0 else None
         if marker is None or position >= marker.end:
+            self._ids[position] = session_id  # its result will need it (what its shard's marker digests)
             return False
         if position == marker.start:
             if session_id != marker.first:
-                self.redone.append(
-                    f"shard {marker.name}: it starts with session {marker.first!r}, the dump with {session_id!r}"
-                )
+                first = f"it starts with session {marker.first!r}, the dump with {session_id!r}"
+                self.redone.append(f"shard {marker.name}: {first}")
                 self._drop(marker)
+                self._ids[position] = session_id
                 return False
             self._checking = shards.IdDigest()
         self._checking.add(session_id)
-        if position == marker.end - 1 and self._checking.value() != marker.sessions:
-            raise UnusableInput(
-                f"shard {marker.name} of {self.run_dir} holds other sessions than the dump has at positions "
-                f"{marker.start}–{marker.end - 1} (its files were swapped or edited); rerun with --overwrite"
-            )
-        self.tick()
+        if position == marker.end - 1:
+            if self._checking.value() != marker.sessions:
+                raise UnusableInput(
+                    f"shard {marker.name} of {self.run_dir} holds other sessions than the dump has at positions "
+                    f"{marker.start}–{marker.end - 1} (its files were swapped or edited); rerun with --overwrite"
+                )
+            self._checked.add(marker.start)
+            self._flush()
+        self._tick()
         return True
 
-    def add(self, position: int, session_id: str, rows: rundir.SessionRows) -> None:
-        if self._writer is not None and self._writer.end != position:
-            self._close()
+    def add(self, position: int, rows: rundir.SessionRows) -> None:
+        self._waiting[position] = rows
+        self.replayed += rows.replayed
+        self._tick()
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._next < self.total:
+            marker = self._reusable.get(self._next)
+            if marker is not None:
+                if marker.start not in self._checked:
+                    return  # its last session has not been checked yet
+                self._close()
+                self._next = marker.end
+                continue
+            rows = self._waiting.pop(self._next, None)
+            if rows is None:
+                return
+            if self._writer is None:
+                self._writer = shards.ShardWriter(self.run_dir, self._next, self.write_samples, self.stamp)
+            self._writer.add(self._ids.pop(self._next), rows)
+            if self.samples is not None:
+                self.samples.add(rows)
+            self._next += 1
+            if self._writer.full(self.limits):
+                self._close()
+        self._close()
+
+    def _close(self) -> None:
         if self._writer is None:
-            self._writer = shards.ShardWriter(self.run_dir, position, self.write_samples, self.stamp)
-        self._writer.add(session_id, rows)
-        self.replayed += 1
-        self.tick()
-        if self._writer.full(self.limits) or position + 1 in self._reusable:
-            self._close()
+            return
+        marker = self._writer.close()
+        self._writer = None
+        self._written.append(marker)
+        if self.written is not None:
+            self.written(marker.name)
 
     def finish(self) -> None:
-        """Close the shard being filled: its last session has come back."""
-        if self._writer is not None:
-            self._close()
+        """Every result is in: nothing may still wait (a position no executor returned is a bug)."""
+        assert not self._waiting and self._writer is None, "a session's result never came back"
 
     def abandon(self) -> None:
-        """The run stops (error or interrupt): the shard being filled is left unfinished."""
+        """The run stops (error or interrupt): the shard being filled and samples.parquet are left
+        unwritten, their temporary files removed."""
         if self._writer is not None:
             self._writer.discard()
             self._writer = None
+        if self.samples is not None:
+            self.samples.abandon()
 
     def reused(self) -> list[shards.Marker]:
         return list(self._reusable.values())
@@ -273,23 +325,18 @@ class _Shards:
         """Every shard of the run, reused and new, in stream order."""
         return sorted([*self._reusable.values(), *self._written], key=lambda marker: marker.start)
 
-    def tick(self) -> None:
-        """One more session accounted for (replayed, resumed or quarantined while loading)."""
-        self._seen += 1
-        if self.progress:
-            self.progress(self._seen, self.total)
-
-    def _close(self) -> None:
-        assert self._writer is not None
-        self._written.append(self._writer.close())
-        self._writer = None
-
     def _drop(self, marker: shards.Marker) -> None:
         """A reusable shard that turned out not to be: its files go, its sessions are replayed."""
         for name in [*marker.files, f"{marker.name}.done"]:
             (self.run_dir / "shards" / name).unlink(missing_ok=True)
         del self._reusable[marker.start]
         self._starts.remove(marker.start)
+
+    def _tick(self) -> None:
+        """One more session accounted for (replayed, resumed or quarantined while loading)."""
+        self._seen += 1
+        if self.progress:
+            self.progress(self._seen, self.total)
 
 
 def replay_sessions(sessions: Iterable[Session], options: ReplayOptions, workers: int = 1) -> list[rundir.SessionRows]:
