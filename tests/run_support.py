@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+
 def one_turn_dump(path: Path, sessions: int) -> Path:
     """A qwen3 dump of `sessions` one-turn sessions (a system prompt, a question, a short answer):
     the shape that stresses per-session overheads and the number of shard files."""

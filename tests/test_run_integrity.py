@@ -12,7 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -254,9 +253,10 @@ def test_samples_writers_never_share_a_temporary_file(tmp_path):
     from trace_tools.io.rundir import SAMPLES_SCHEMA, SamplesFile, SessionRows, samples_table
 
     def rows(session: str) -> SessionRows:
-        return SessionRows(samples=samples_table([{"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3],
-                               "response_length": 1, "loss_mask": [1], "logprobs": [-0.5], "source_turn": [-1, -1, 0],
-                               "reward": None, "metadata": "{}"}]))
+        sample = {"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3],
+                  "response_length": 1, "loss_mask": [1], "logprobs": [-0.5], "source_turn": [-1, -1, 0],
+                  "reward": None, "metadata": "{}"}
+        return SessionRows(samples=samples_table([sample]))
 
     first, second = SamplesFile(tmp_path), SamplesFile(tmp_path)
     first.add(rows("a"))

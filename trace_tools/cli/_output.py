@@ -41,6 +41,15 @@ TOOL_FORMAT_HELP = (
 )
 
 
+def exiting_on_interrupt() -> None:
+    """Ignore further Ctrl-C while the command exits on the first one: a second signal (a repeated
+    key press, or one the workers' start-up held back) would otherwise kill the process once
+    Python's own handler is gone, with a signal exit code instead of 130."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def print_all(renderables: Any) -> None:
     """Print tables and text lines one after another on stdout."""
     for renderable in renderables:

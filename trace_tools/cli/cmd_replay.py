@@ -151,6 +151,9 @@ def replay_cmd(
                 tool_format=tool_format,
             )
     except KeyboardInterrupt:
+        from trace_tools.cli._output import exiting_on_interrupt
+
+        exiting_on_interrupt()
         note(f"interrupted: finished shards are kept in {out}; run the same command with --out {out} to resume")
         raise typer.Exit(INTERRUPTED) from None
     if json_out:

@@ -82,6 +82,9 @@ def _guard(command):
         except OSError as exc:  # the file system refused something the library did not foresee
             _fail(f"{exc}; check the path, its permissions and the free space", 2)
         except KeyboardInterrupt:
+            from trace_tools.cli._output import exiting_on_interrupt
+
+            exiting_on_interrupt()
             _fail("interrupted", 130)
         except TemplateLimitHit as hit:  # raised past every `except Exception` on purpose (render.limits)
             _fail(str(hit), 2)

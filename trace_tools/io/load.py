@@ -65,6 +65,7 @@ from trace_tools.io.schema import (
     REQUIRED,
     SUPPORTED_SCHEMA_VERSIONS,
     check_schema,
+    expected_type,
 )
 from trace_tools.io.storage import Location
 
@@ -822,8 +823,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             )
             detail = detail or "required column session_id is missing"
             where = broken[0].label if len(broken) == 1 else f"{broken[0].label} and {len(broken) - 1} other file(s)"
-            expected = COLUMNS_BY_NAME[column].arrow_type
-            fix = "add it" if reason == "missing_column" else f"write it as {expected}"
+            fix = "add it" if reason == "missing_column" else f"write it as {expected_type(COLUMNS_BY_NAME[column])}"
             return f"{detail} ({where}), so no session can be read; {fix} (trace schema v1) and re-export the dump"
         if not self._spans:
             return "no row has a session_id; fill the session_id column"

@@ -138,6 +138,11 @@ _EXPECTED = {
 }
 
 
+def expected_type(column: Column) -> str:
+    """What a column must hold, in words with its canonical type, e.g. `a list of integers (list<int32>)`."""
+    return _EXPECTED[column.kind]
+
+
 def check_field(column: Column, arrow_type: pa.DataType) -> str | None:
     """None when `arrow_type` can hold `column` (DESIGN §10), else a short 'expected …, found …' text.
 
@@ -146,7 +151,7 @@ def check_field(column: Column, arrow_type: pa.DataType) -> str | None:
     """
     if pa.types.is_null(arrow_type) or _COMPATIBLE[column.kind](arrow_type):
         return None
-    return f"column {column.name} is {arrow_type}; expected {_EXPECTED[column.kind]}"
+    return f"column {column.name} is {arrow_type}; expected {expected_type(column)}"
 
 
 def check_schema(schema: pa.Schema) -> list[tuple[str, str, str]]:

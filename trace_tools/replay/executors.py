@@ -94,13 +94,12 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
-    context = _WithoutMain() if _main_not_reimportable() else multiprocessing.get_context("spawn")
+    context = _QuietSpawnWithoutMain() if _main_not_reimportable() else _QuietSpawn()
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,))
     try:
         pending: deque = deque()
         for session in sessions:
-            with _interrupts_held():  # a worker may be started here
-                pending.append(pool.submit(_replay_in_worker, session))
+            pending.append(pool.submit(_replay_in_worker, session))
             if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
                 yield pending.popleft().result()
         while pending:
@@ -166,23 +165,10 @@ def _main_hidden() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-class _ProcessWithoutMain(multiprocessing.context.SpawnProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
-        with _main_hidden():
-            return multiprocessing.context.SpawnProcess._Popen(process_obj)
-
-
-class _WithoutMain(multiprocessing.context.SpawnContext):
-    """The spawn context, whose workers start without importing the main module."""
-
-    Process = _ProcessWithoutMain
-
-
 @contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Block SIGINT while worker processes may be started: they inherit the blocked mask, so a
-    Ctrl-C reaches this process alone (which stops them) instead of interrupting each worker's
+    """Block SIGINT while a worker process is started: it inherits the blocked mask, so a Ctrl-C
+    reaches this process alone (which stops the workers) instead of interrupting each worker's
     start-up with a traceback; here it is delivered as soon as the block ends."""
     import signal
 
@@ -191,6 +177,32 @@ def _interrupts_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+class _QuietProcess(multiprocessing.context.SpawnProcess):
+    """A spawned worker that never sees Ctrl-C (`_interrupts_held`)."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        with _interrupts_held():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _QuietProcessWithoutMain(multiprocessing.context.SpawnProcess):
+    """The same, started without importing the program's main module (`_main_not_reimportable`)."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        with _interrupts_held(), _main_hidden():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _QuietSpawn(multiprocessing.context.SpawnContext):
+    Process = _QuietProcess
+
+
+class _QuietSpawnWithoutMain(multiprocessing.context.SpawnContext):
+    Process = _QuietProcessWithoutMain
 
 
 def _stop(pool: Any) -> None:

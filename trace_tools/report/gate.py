@@ -123,7 +123,7 @@ def parse_rules(path: str | Path) -> list[Rule]:
         raise MalformedRules(f"{path}: {exc}") from None
     except RecursionError:
         raise MalformedRules(
-            f"{path}: values nested too deeply to be a rules file; see `trace-tools gate --help`"
+            f"{path}: values nested too deeply for a rules file; see `trace-tools gate --help`"
         ) from None
     tables = data.get("rule")
     if not isinstance(tables, list) or not tables or not all(isinstance(table, dict) for table in tables):
