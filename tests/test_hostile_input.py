@@ -120,7 +120,7 @@ def test_every_command_pointed_at_a_rescore_directory_says_what_it_is(command, r
     extra = {"compare": [rescore_output], "gate": ["--rules", RULES],
              "export": ["-s", "tree"], "replay": ["--out", tmp_path / "r"], "explain": ["--session", "x"]}
     result = _cli(command, rescore_output, *extra.get(command, []))
-    _one_line_error(result, 2, f"{rescore_output}", "rescore")
+    _one_line_error(result, 2, f"{rescore_output}", "`trace-tools rescore`")
 
 
 # -- 8. cell limits -------------------------------------------------------------------------------------
