@@ -57,6 +57,7 @@ SHARD_FORMAT = 4  # 4: markers with positions, session digest and file checksums
 SHARD_ROWS = 16_384  # table rows (turn and quarantine rows, every strategy) per shard
 SHARD_BYTES = 64 * 2**20  # samples (Arrow buffer bytes) per shard
 SHARD_SECONDS = 120.0  # work per shard: what a kill can lose at most
+COMPACT_EVERY = 256  # sessions whose small tables a shard writer joins into one
 LOCK_NAME = ".lock"
 FINGERPRINT_NAME = "FINGERPRINT"
 # The modules whose code decides what a shard holds; a change to any of them is a new fingerprint.
@@ -341,7 +342,8 @@ class ShardWriter:
     def __init__(self, run_dir: Path, start: int, write_samples: bool, stamp: str):
         self.shards = run_dir / "shards"
         self.start, self.end, self.stamp = start, start, stamp
-        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}
+        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}  # compacted chunks
+        self._recent: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}  # one table per session
         self.render_stats: Counter = Counter()
         self.data_warnings: Counter = Counter()
         self.renderers: dict[str, dict] = {}
@@ -364,9 +366,14 @@ class ShardWriter:
         self.end += 1
         for name in SMALL_TABLES:
             table = rows.table(name)
-            self.tables[name].append(table)
+            self._recent[name].append(table)
             if name in ("turns", "quarantine"):
                 self.size += table.num_rows
+            if len(self._recent[name]) >= COMPACT_EVERY:
+                # A table costs kilobytes beyond its rows (schema, buffers): a shard of thousands
+                # of one-turn sessions would hold a gigabyte of them. One table per chunk instead.
+                self.tables[name].append(_concat(self._recent[name]).combine_chunks())
+                self._recent[name] = []
         self.render_stats.update(rows.render_stats)
         self.data_warnings.update(rows.data_warnings)
         if rows.renderer:
@@ -391,7 +398,7 @@ class ShardWriter:
         files: dict[str, list[Any]] = {}
         for table, parts in self.tables.items():
             path = self.shards / f"{name}.{table}.parquet"
-            write_parquet_atomic(_concat(parts), path)
+            write_parquet_atomic(_concat(parts + self._recent[table]), path)
             files[path.name] = file_entry(path)
         if self._samples is not None and self._samples_tmp is not None:
             with writing(self._samples_path):
