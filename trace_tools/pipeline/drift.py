@@ -201,16 +201,24 @@ def classify(
     if lcp < prompt_len - _generation_prompt_len(renderer):
         return ["template_rewrite"], diff  # divergence before this turn's block: an earlier turn re-rendered
 
-    def template_first() -> bool:
+    def without_the_echo() -> str | None:
+        """What leaves the served ids no later than here even had the harness echoed the reply
+        byte for byte: the template, or the tokenizer's split of the model's own tokens; None when
+        the echo's rewrite is the first difference."""
         exact = byte_exact() if byte_exact is not None and stored != echo else None
-        return exact is not None and common_prefix_len(served, exact) <= lcp
+        at = common_prefix_len(served, exact) if exact is not None else len(served)
+        if exact is None or at > lcp:
+            return None
+        return "tokenizer_boundary" if _same_characters(served, exact, at, renderer) else "template_rewrite"
 
     if canonicalize_response(stored) == canonicalize_response(echo):
         cause = _same_message_cause(stored, echo, served, nxt, lcp, renderer)
-        return (["template_rewrite", cause] if cause != "template_rewrite" and template_first() else [cause]), diff
+        first = without_the_echo() if cause not in ("template_rewrite", "tokenizer_boundary") else None
+        return ([first, cause] if first else [cause]), diff
     causes = _cosmetic_message_causes(stored, echo, tools, cwd) or ["genuine_edit"]
-    if template_first():  # the template alone already leaves the served ids here; a genuine edit still leads
-        causes = ["genuine_edit", "template_rewrite"] if causes == ["genuine_edit"] else ["template_rewrite", *causes]
+    first = without_the_echo()
+    if first:  # a genuine edit still leads
+        causes = ["genuine_edit", first] if causes == ["genuine_edit"] else [first, *causes]
     return causes, diff
 
 
@@ -232,15 +240,22 @@ def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
         return "key_order_or_spacing"
     if renderer is None:
         return "template_rewrite"
-    # The next prompt goes on far past the served ids; the same number of tokens (plus margin)
-    # covers the served text, since re-tokenization only merges.
+    if _same_characters(served, nxt, lcp, renderer):
+        return "tokenizer_boundary"  # same characters, another split
     served_text = renderer.decode(served[lcp:])
     next_text = renderer.decode(nxt[lcp : lcp + len(served) - lcp + 16])
-    if next_text.startswith(served_text):
-        return "tokenizer_boundary"  # same characters, another split
     if _squeeze(next_text).startswith(_squeeze(served_text)) and "<tool_call>" in renderer.decode(served):
         return "key_order_or_spacing"  # the model's JSON spacing differs from the template's
     return "template_rewrite"
+
+
+def _same_characters(served: list[int], nxt: list[int], lcp: int, renderer) -> bool:
+    """The text after the divergence is the same characters on both sides (only the split differs).
+
+    The next prompt goes on far past the served ids; the same number of tokens (plus margin)
+    covers the served text, since re-tokenization only merges."""
+    served_text = renderer.decode(served[lcp:])
+    return renderer.decode(nxt[lcp : lcp + len(served) - lcp + 16]).startswith(served_text)
 
 
 def _squeeze(text: str) -> str:
