@@ -314,3 +314,29 @@ def test_ideal_forwarded_tokens_keep_served_ids_across_a_template_rewrite(dump):
     last = turns[-1]
     assert last.metadata["branch"] == "compaction-1"
     assert summary.metadata["ideal_forwarded_tokens"] == main + len(last.prompt_ids) + len(last.output_ids)
+
+
+def test_harness_profile_file_plays_like_the_builtin_claude_code_behaviour(tmp_path):
+    """`--harness-profile FILE` plays any measured profile; the shipped Claude Code one gives exactly
+    the `claude-code` behaviour's rows, and the dump records which profile was played."""
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trace_tools.render.harness_echo import SHIPPED
+
+    shipped = SHIPPED / "claude-code-2.1.332.json"
+    builtin = simulate(2, seed=9, behaviours=["claude-code"], max_turns=6)
+    played = simulate(2, seed=9, harness_profile=str(shipped), max_turns=6)
+    for a, b in zip(builtin.to_pylist(), played.to_pylist(), strict=True):
+        assert a["messages"] == b["messages"] and a["response"] == b["response"]
+    meta = json.loads(played.schema.metadata[b"trace_tools.simulator"])
+    assert meta["harness_profiles"] == {"harness-profile": "claude-code 2.1.332"}
+    assert json.loads(builtin.schema.metadata[b"trace_tools.simulator"])["harness_profiles"] == {
+        "claude-code": "claude-code 2.1.332"
+    }
+    missing = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out", str(tmp_path / "x.parquet"),
+                                       "--harness-profile", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "no harness profile" in missing.output
+    unplayable = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out",
+                                          str(tmp_path / "x.parquet"), "--behaviour", "harness-profile"])
+    assert unplayable.exit_code == 2 and "--harness-profile" in unplayable.output

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
-from trace_tools.render.harness_echo import parse_arguments
+from trace_tools.render.normalize import parse_arguments
 
 CAUSES = (
     "whitespace",

@@ -36,10 +36,10 @@ from trace_tools.render.harness_echo import (
     JS_WHITESPACE,
     VERSION,
     file_type,
-    parse_arguments,
     read_profile,
     working_directory,
 )
+from trace_tools.render.normalize import parse_arguments
 
 __all__ = ["FORMAT", "VERSION", "EchoPair", "Detector", "detect", "detect_from_dump", "read_profile", "write_profile"]
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones

@@ -25,9 +25,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+from trace_tools.render.normalize import parse_arguments
 
 FORMAT, VERSION = "trace-tools-harness-profile", 1
 # ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
@@ -49,16 +51,6 @@ _HARMLESS_MESSAGES = (".kept", "text.empty_representation_changed")
 
 
 # -- shared small helpers ----------------------------------------------------------------------
-def parse_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as an object: JSON text parsed, anything unparsable returned as is."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
-
-
 def working_directory(messages: Iterable[Any]) -> str | None:
     """The working directory a harness announces in its system or user text, if it does."""
     for message in messages:
@@ -245,12 +237,11 @@ class HarnessEcho:
         added = [key for key in self.add.get(name, {}) if key not in out]
         for key in added:
             out[key] = copy.deepcopy(self.add[name][key])
-        for path, pattern in self.prefixes.get(name, ()):
-            out = _map_path(out, path, lambda value, p=pattern: _strip_prefix(value, p, cwd))
+        out = self.strip_prefixes(name, out, cwd)
         kind = file_type(out)
         for path, chars, exempt in self.strips.get(name, ()):
             if kind not in exempt:
-                out = _map_path(out, path, lambda value, c=chars: rstrip_lines(value, c))
+                out = _map_path(out, path, partial(rstrip_lines, characters=chars))
         if name in self.orders:
             out = _reorder(out, self.orders[name], added, _schema_keys(tools, name))
         return out
@@ -258,7 +249,7 @@ class HarnessEcho:
     def strip_prefixes(self, name: str, arguments: Any, cwd: str | None) -> Any:
         """`arguments` with only this profile's prefix removals applied (the drift cause `command_prefix`)."""
         for path, pattern in self.prefixes.get(name, ()) if isinstance(arguments, dict) else ():
-            arguments = _map_path(arguments, path, lambda value, p=pattern: _strip_prefix(value, p, cwd))
+            arguments = _map_path(arguments, path, partial(_strip_prefix, pattern=pattern, cwd=cwd))
         return arguments
 
     def served(self, reply: dict) -> dict:

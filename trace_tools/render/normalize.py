@@ -8,7 +8,18 @@ echo-restoring strategies and drift analysis use them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as an object: JSON text parsed, anything unparsable returned as is."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 def tool_defaults(tools_schema: Sequence[dict] | None) -> dict[str, dict[str, Any]]:

@@ -177,7 +177,7 @@ def _played_harnesses(recipes: list[tuple[str, ...]], played: Any) -> dict[str, 
     """{behaviour: "<harness> <version>"} for the measured harnesses the recipes play."""
     from trace_tools.simulate.behaviours import harness_echo
 
-    out = {}
+    out: dict[str, str] = {}
     for recipe in recipes:
         echo = harness_echo(recipe, played)
         for name in ("claude-code", "harness-profile"):

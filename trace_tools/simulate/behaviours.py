@@ -20,7 +20,8 @@ import random
 from typing import Any, Iterable
 
 from trace_tools.errors import TraceToolsError, UnknownName, UsageError
-from trace_tools.render.harness_echo import HarnessEcho, load_profile, parse_arguments
+from trace_tools.render.harness_echo import HarnessEcho, load_profile
+from trace_tools.render.normalize import parse_arguments
 from trace_tools.simulate.formats import call_id
 
 BEHAVIOURS: dict[str, str] = {

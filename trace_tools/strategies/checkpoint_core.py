@@ -33,8 +33,8 @@ from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
-from trace_tools.render.harness_echo import ANY_LINE_END_BLANK, HarnessEcho, parse_arguments, rstrip_lines
-from trace_tools.render.normalize import drop_schema_defaults, tool_defaults
+from trace_tools.render.harness_echo import ANY_LINE_END_BLANK, HarnessEcho, rstrip_lines
+from trace_tools.render.normalize import drop_schema_defaults, parse_arguments, tool_defaults
 
 # Keys that carry an assistant's reasoning on the wire; an echo may use any of them, or none.
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")

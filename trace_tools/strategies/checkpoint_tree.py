@@ -150,8 +150,8 @@ def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) 
 def call_ids_of(message: Any) -> tuple[str, ...]:
     """The tool-call ids of a wire assistant message (empty unless every call has one)."""
     calls = message.get("tool_calls") if isinstance(message, dict) else None
-    ids = tuple(call.get("id") for call in calls or () if isinstance(call, dict))
-    return ids if ids and all(isinstance(i, str) and i for i in ids) else ()
+    ids = [call.get("id") for call in calls or () if isinstance(call, dict)]
+    return tuple(i for i in ids if isinstance(i, str)) if ids and all(isinstance(i, str) and i for i in ids) else ()
 
 
 def wire_call_ids(raw: list[Any], canonical: list[dict]) -> dict[int, tuple[str, ...]]:
