@@ -6,8 +6,8 @@ returns the assistant message that harness sends back, in the form a recording s
 
 * the simulator's echo behaviours play a harness this way (`claude-code` is the shipped
   measured profile);
-* checkpoint-tree and the drift causes recognise an echo as the same call when the profile's
-  transformations of the stored reply give it (`explains`).
+* checkpoint-tree recognises an echo as the same call when the profile's transformations of the
+  stored reply give it, and the drift causes name a removed prefix (`strip_prefixes`).
 
 Only transformations that are rules can be replayed: keys added with a constant value, keys
 removed, a key order rebuilt, per-line trailing whitespace of a named character set stripped
@@ -84,19 +84,8 @@ def rstrip_lines(text: str, characters: frozenset[str] | None = None) -> str:
 
 
 # -- profiles ------------------------------------------------------------------------------------
-def check_profile(data: Any, source: str) -> dict[str, Any]:
-    from trace_tools.errors import UsageError
-
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UsageError(f"{source} is not a trace-tools harness profile")
-    if data.get("version") != VERSION:
-        raise UsageError(
-            f"{source} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}"
-        )
-    return data
-
-
 def read_profile(path: str | Path) -> dict[str, Any]:
+    """A harness profile file (usage error when it is missing, not JSON, or another format/version)."""
     from trace_tools.errors import UsageError
 
     try:
@@ -105,7 +94,13 @@ def read_profile(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"no harness profile at {path}; give a profile.json written by `trace-tools probe`") from None
     except ValueError as exc:
         raise UsageError(f"{path} is not JSON ({exc}); give a profile.json written by `trace-tools probe`") from None
-    return check_profile(data, str(path))
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a trace-tools harness profile")
+    if data.get("version") != VERSION:
+        raise UsageError(
+            f"{path} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}"
+        )
+    return data
 
 
 @lru_cache(maxsize=None)
@@ -166,10 +161,6 @@ class HarnessEcho:
     @property
     def label(self) -> str:
         return f"{self.name} {self.version}"
-
-    @property
-    def needs_cwd(self) -> bool:
-        return any("{cwd}" in pattern for rules in self.prefixes.values() for _, pattern in rules)
 
     # -- reading the profile --------------------------------------------------------------------
     def _take(self, entry: dict[str, Any]) -> None:

@@ -150,8 +150,10 @@ def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) 
 def call_ids_of(message: Any) -> tuple[str, ...]:
     """The tool-call ids of a wire assistant message (empty unless every call has one)."""
     calls = message.get("tool_calls") if isinstance(message, dict) else None
-    ids = [call.get("id") for call in calls or () if isinstance(call, dict)]
-    return tuple(i for i in ids if isinstance(i, str)) if ids and all(isinstance(i, str) and i for i in ids) else ()
+    ids = [call.get("id") if isinstance(call, dict) else None for call in calls or ()]
+    if not ids or not all(isinstance(i, str) and i for i in ids):
+        return ()
+    return tuple(str(i) for i in ids)
 
 
 def wire_call_ids(raw: list[Any], canonical: list[dict]) -> dict[int, tuple[str, ...]]:
