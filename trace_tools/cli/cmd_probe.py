@@ -16,7 +16,7 @@ FAMILY_HELP = (
 
 REASONING_HELP = (
     "How replies carry the model's reasoning: separate (thinking blocks / reasoning_content) | "
-    "text (inside the reply's text, as a gateway without a reasoning parser returns it)."
+    "text (plain text ahead of the reply's text, as a gateway that cannot return thinking blocks sends it)."
 )
 
 

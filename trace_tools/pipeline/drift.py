@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
-from trace_tools.render.normalize import parse_arguments
+from trace_tools.render.normalize import ANY_LINE_END_BLANK, parse_arguments, strip_trailing_ws
 
 CAUSES = (
     "whitespace",
@@ -159,6 +159,7 @@ def _history_change(before: dict, after: dict, tools, cwd: str | None) -> tuple[
 def _byte_exact_prompt(earlier: Any, later: Any, renderer: Any) -> list[int] | None:
     """The next prompt had the harness echoed the stored reply exactly (None without a renderer)."""
     from trace_tools.pipeline.prepared import render_prompt
+    from trace_tools.render.boundary import RENDER_ERRORS
 
     if renderer is None or earlier.response_message is None:
         return None
@@ -166,7 +167,7 @@ def _byte_exact_prompt(earlier: Any, later: Any, renderer: Any) -> list[int] | N
     messages[len(earlier.messages)] = earlier.response_message
     try:
         return render_prompt(renderer, messages, later.tools, later.turn)
-    except Exception:  # a template that cannot render the stored reply explains nothing here
+    except RENDER_ERRORS:  # a template that cannot render the stored reply explains nothing here
         return None
 
 
@@ -300,15 +301,7 @@ def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = 
 
 def _rstripped(value: Any) -> Any:
     """`value` with the trailing blanks of every line of every string removed (any harness's set)."""
-    from trace_tools.render.harness_echo import ANY_LINE_END_BLANK, rstrip_lines
-
-    if isinstance(value, str):
-        return rstrip_lines(value, ANY_LINE_END_BLANK)
-    if isinstance(value, dict):
-        return {key: _rstripped(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_rstripped(item) for item in value]
-    return value
+    return strip_trailing_ws(value, ANY_LINE_END_BLANK)
 
 
 def _reasoning_moved_back(stored: dict, echo: dict) -> dict:

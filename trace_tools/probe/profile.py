@@ -31,17 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from trace_tools.render.harness_echo import (
-    FORMAT,
-    JS_WHITESPACE,
-    VERSION,
-    file_type,
-    read_profile,
-    working_directory,
-)
-from trace_tools.render.normalize import parse_arguments
+from trace_tools.render.harness_echo import FORMAT, VERSION, file_type, working_directory
+from trace_tools.render.harness_echo import read_profile as read_profile  # the reader lives with its consumers
+from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments
 
-__all__ = ["FORMAT", "VERSION", "EchoPair", "Detector", "detect", "detect_from_dump", "read_profile", "write_profile"]
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}

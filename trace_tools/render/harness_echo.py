@@ -29,19 +29,9 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from trace_tools.render.normalize import parse_arguments
+from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments, rstrip_lines
 
 FORMAT, VERSION = "trace-tools-harness-profile", 1
-# ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
-JS_WHITESPACE = frozenset("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {
-    chr(c) for c in range(0x2000, 0x200B)
-}
-# Python's whitespace (`str.isspace`): what `str.rstrip()` removes.
-PYTHON_WHITESPACE = frozenset("\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | {
-    chr(c) for c in range(0x2000, 0x200B)
-}
-# Every character a known harness strips at a line end: Python's whitespace and JavaScript's.
-ANY_LINE_END_BLANK = JS_WHITESPACE | PYTHON_WHITESPACE
 PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
 SHIPPED = Path(__file__).with_name("harness_profiles")
 _WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
@@ -73,14 +63,6 @@ def file_type(arguments: Any) -> str | None:
             suffix = Path(value).suffix
             return suffix or Path(value).name
     return None
-
-
-def rstrip_lines(text: str, characters: frozenset[str] | None = None) -> str:
-    """Each `\\n`-separated line of `text` without trailing `characters` (None: Python whitespace)."""
-    if characters is None:
-        return "\n".join(line.rstrip() for line in text.split("\n"))
-    chars = "".join(characters)
-    return "\n".join(line.rstrip(chars) for line in text.split("\n"))
 
 
 # -- profiles ------------------------------------------------------------------------------------

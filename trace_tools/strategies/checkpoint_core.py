@@ -33,8 +33,15 @@ from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
-from trace_tools.render.harness_echo import ANY_LINE_END_BLANK, HarnessEcho, rstrip_lines
-from trace_tools.render.normalize import drop_schema_defaults, parse_arguments, tool_defaults
+from trace_tools.render.harness_echo import HarnessEcho
+from trace_tools.render.normalize import (
+    ANY_LINE_END_BLANK,
+    drop_schema_defaults,
+    parse_arguments,
+    rstrip_lines,
+    strip_trailing_ws,
+    tool_defaults,
+)
 
 # Keys that carry an assistant's reasoning on the wire; an echo may use any of them, or none.
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
@@ -126,18 +133,7 @@ def _call_view(call: Any, defaults: dict[str, dict[str, Any]]) -> Any:
     name = function.get("name")
     name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
     arguments = drop_schema_defaults(parse_arguments(function.get("arguments")), name_defaults)
-    return name, _typed(_rstrip_strings(arguments))
-
-
-def _rstrip_strings(value: Any) -> Any:
-    """Every string inside `value` with each line's trailing blanks removed (any known harness's set)."""
-    if isinstance(value, str):
-        return rstrip_lines(value, ANY_LINE_END_BLANK)
-    if isinstance(value, dict):
-        return {key: _rstrip_strings(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_rstrip_strings(item) for item in value]
-    return value
+    return name, _typed(strip_trailing_ws(arguments, ANY_LINE_END_BLANK))
 
 
 def _typed(value: Any) -> Any:
