@@ -44,3 +44,62 @@ def simulated_dump(tmp_path_factory):
     path = tmp_path_factory.mktemp("dumps") / "sim.parquet"
     simulate(sessions=12, seed=3, template="qwen3", out=str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server on loopback (moto's server mode, from the dev extra), with the usual
+    environment pointing at it: `AWS_ENDPOINT_URL` and dummy credentials. Yields a function that
+    makes a fresh bucket and returns its `s3://` URI."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    pytest.importorskip("moto", reason="moto[server] (dev extra) runs the local S3 server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out
+        )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    pytest.fail(f"the local S3 server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+        import boto3
+
+        client = boto3.client("s3")
+
+        def bucket() -> str:
+            name = f"trace-tools-{uuid.uuid4().hex[:12]}"
+            client.create_bucket(Bucket=name)
+            return f"s3://{name}"
+
+        yield bucket
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -75,3 +75,40 @@ def distinct_session_ids(table: pa.Table) -> set[str]:
     if "session_id" not in table.schema.names:
         return set()
     return {str(v) for v in table.column("session_id").to_pylist() if v is not None}
+
+
+def read_like_workers(stream) -> list[tuple[int, Any]]:
+    """Every session of an opened stream as Ray workers read it, from pass 1 alone: each row group
+    read once for all the sessions in it (`read_row_group`), then each session checked
+    (`read_session`); pass-1 quarantine as is. Compare with `list(stream.positioned())`."""
+    from trace_tools.io.load import read_row_group, read_session
+
+    context, slots = stream.context(), list(stream.slots())
+    readers: dict[tuple[int, int], list] = {}
+    for slot in slots:
+        for group in slot.row_groups:
+            readers.setdefault(group, []).append(slot)
+    parts = {}
+    for group, users in readers.items():
+        for slot, rows in zip(users, read_row_group(context, *group, [user.session_id for user in users])):
+            parts[group, slot.position] = rows
+    found = []
+    for slot in slots:
+        rows = [parts[group, slot.position] for group in slot.row_groups]
+        found.append((slot.position, slot.problems or read_session(context, slot, rows)))
+    return found
+
+
+RUN_TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")
+
+
+def run_contents(run_dir: Path) -> dict:
+    """Every table's rows (timings dropped) and the summary of a run directory: what must not depend
+    on the executor, the worker count or where the dump and the run live."""
+    import json
+
+    out = {"summary": json.loads((Path(run_dir) / "summary.json").read_text())}
+    for name in RUN_TABLES:
+        table = pq.read_table(Path(run_dir) / f"{name}.parquet")
+        out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
+    return out

@@ -1,50 +1,99 @@
 """Output never depends on the worker count or the executor, and a killed run resumes (DESIGN §8)."""
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
+from io_support import run_contents
 from trace_tools.api import replay
-
-TABLES = ("turns", "sessions", "samples", "quarantine", "fidelity", "drift")
-
-
-def _contents(run_dir: Path) -> dict:
-    """Every table's rows (timings dropped) and the summary: what must not depend on the executor."""
-    out = {"summary": json.loads((run_dir / "summary.json").read_text())}
-    for name in TABLES:
-        table = pq.read_table(run_dir / f"{name}.parquet")
-        out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
-    return out
+from trace_tools.io import storage
 
 
 @pytest.fixture(scope="module")
 def single_process_run(simulated_dump, tmp_path_factory):
     out = tmp_path_factory.mktemp("w1") / "run"
     replay(simulated_dump, out=out, workers=1)
-    return _contents(out)
+    return run_contents(out)
 
 
 def test_two_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
     replay(simulated_dump, out=tmp_path / "run", workers=2)
-    assert _contents(tmp_path / "run") == single_process_run
+    assert run_contents(tmp_path / "run") == single_process_run
 
 
-def test_ray_gives_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
+@pytest.fixture(scope="module")
+def local_ray(s3_server):
+    """A local Ray of two CPUs, started once the S3 environment is set (its workers inherit it)."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_workers_read_an_s3_dump_and_give_the_same_run_directory(
+    s3_server, simulated_dump, single_process_run, local_ray
+):
+    bucket = s3_server()
+    storage.upload(simulated_dump.parent, bucket, [simulated_dump.name])
+    result = replay(f"{bucket}/{simulated_dump.name}", out=f"{bucket}/run", executor="ray", workers=2)
+    with storage.local_run(result.run_dir) as copy:
+        assert run_contents(copy) == single_process_run
+    sessions = single_process_run["summary"]["sessions_total"]
+    assert result.ray["nodes"] == 1 and result.ray["sent_bytes"] < 1024 * sessions  # descriptions, not rows
+
+
+def test_a_ray_worker_killed_mid_session_is_retried_with_the_same_result(
+    simulated_dump, tmp_path, single_process_run, local_ray
+):
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_one_replaying_worker, args=(stop, killed))
+    killer.start()
     try:
         replay(simulated_dump, out=tmp_path / "run", executor="ray", workers=2)
     finally:
-        ray.shutdown()
-    assert _contents(tmp_path / "run") == single_process_run
+        stop.set()
+        killer.join()
+    assert killed, "no Ray worker was caught replaying a session"
+    assert run_contents(tmp_path / "run") == single_process_run
+
+
+def _kill_one_replaying_worker(stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILL the first Ray worker of this process's own Ray instance seen running a session task."""
+    while not stop.is_set():
+        for pid in _descendants(os.getpid()):
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(b"ray::_replay_slot"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+        time.sleep(0.01)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if entry.name.isdigit():
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, single_process_run):
@@ -65,4 +114,4 @@ def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, singl
     finally:
         del os.environ["TRACE_TOOLS_SHARD_SIZE"]
     assert result.resumed_shards >= 2
-    assert _contents(out) == single_process_run
+    assert run_contents(out) == single_process_run

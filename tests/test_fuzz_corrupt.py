@@ -29,8 +29,9 @@ from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.errors import TraceToolsError
-from trace_tools.io import validate
+from trace_tools.io import iter_sessions, validate
 from trace_tools.api import replay
+from io_support import read_like_workers
 
 pytestmark = pytest.mark.slow
 
@@ -261,6 +262,21 @@ def test_validate_and_replay_quarantine_exactly_the_corrupted_sessions(fuzz, num
         before = _only(baseline[name], untouched)
         after = _only(tables[name], untouched)
         pd.testing.assert_frame_equal(before, after, check_dtype=False)
+
+
+@pytest.mark.parametrize("number", range(VARIANTS))
+def test_workers_reading_their_own_rows_quarantine_the_same(fuzz, number):
+    """What a Ray worker reads from pass 1's description of a session equals what the stream hands
+    out: same sessions, same quarantine entries, same details (the whole dump is one row group here)."""
+    _, _, variants, _ = fuzz
+    variant = variants[number]
+    if variant.corruption.effect == "unusable":
+        return
+    stream = iter_sessions(variant.path)
+    by_workers = read_like_workers(stream)
+    assert by_workers == list(stream.positioned())
+    quarantined = {item[0].session_id for _, item in by_workers if isinstance(item, list)}
+    assert quarantined == variant.quarantined
 
 
 def _only(frame: pd.DataFrame, sessions: set[str]) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import json
 from datetime import timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,8 +16,8 @@ from trace_tools.io import iter_sessions, load, read_dump_meta
 # The package re-exports the function `load`, which shadows the submodule as an attribute.
 load_module = importlib.import_module("trace_tools.io.load")
 from io_support import (  # noqa: E402
-    SESSION_IDS, VOCAB, baseline_sessions, baseline_table, distinct_session_ids, with_cell, with_column,
-    write_dump,
+    SESSION_IDS, VOCAB, baseline_sessions, baseline_table, distinct_session_ids, read_like_workers, with_cell,
+    with_column, write_dump,
 )
 
 
@@ -238,6 +239,40 @@ def test_a_bad_file_condemns_a_session_spanning_a_good_one(tmp_path):
     assert [s.session_id for s in dump.sessions] == ["alpha"]
     assert [(e.session_id, e.reason) for e in dump.quarantine] == [("beta", "missing_column"), ("gamma", "missing_column")]
     assert all("b.parquet" in e.detail and "messages" in e.detail for e in dump.quarantine)
+
+
+def _interleaved_in_three_files(directory: Path) -> Path:
+    table = baseline_table().take([0, 3, 6, 1, 4, 7, 2, 5, 8])
+    write_dump(directory / "part-1.parquet", table.slice(0, 4))
+    write_dump(directory / "nested" / "part-2.parquet", table.slice(4, 3), row_group_size=None)
+    write_dump(directory / "part-3.parquet", with_cell(table, "output_ids", 8, [VOCAB + 1]).slice(7))
+    return directory
+
+
+def _bad_file_in_the_middle(directory: Path) -> Path:
+    table = baseline_table()
+    write_dump(directory / "a.parquet", table.slice(0, 4))
+    write_dump(directory / "b.parquet", table.slice(4, 2).drop_columns(["messages"]))
+    write_dump(directory / "c.parquet", with_cell(table, "turn_index", 7, 0).slice(6))
+    return directory
+
+
+def _one_row_group_with_bad_cells(directory: Path) -> Path:
+    table = with_cell(baseline_table(), "output_logprobs", 4, [0.5, 0.0, 0.0, 0.0])
+    table = with_cell(table, "session_id", 7, None)
+    return write_dump(directory / "d.parquet", with_cell(table, "messages", 1, "[{]"), row_group_size=None)
+
+
+@pytest.mark.parametrize(
+    "layout", [_interleaved_in_three_files, _bad_file_in_the_middle, _one_row_group_with_bad_cells]
+)
+def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layout):
+    """Ray workers read a session from pass 1's slot: same sessions, same quarantine, same details."""
+    stream = iter_sessions(layout(tmp_path / "dump"), vocab_size=VOCAB)
+    by_workers = read_like_workers(stream)
+    by_stream = list(stream.positioned())
+    assert by_workers == by_stream
+    assert {type(item).__name__ for _, item in by_stream} == {"Session", "list"}  # both kinds compared
 
 
 def test_iter_sessions_streams_without_reading_the_whole_dump(tmp_path, monkeypatch):

@@ -15,9 +15,10 @@ computes the summary and writes report.md, plots and report.html from the run's 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
@@ -30,14 +31,16 @@ class UnknownSession(UsageError, LookupError):
 
 @dataclass
 class RunResult:
-    """A finished replay: where it wrote, its summary.json, and what it did."""
+    """A finished replay: where it wrote (a path, or the URI of a run in object storage), its
+    summary.json, and what it did."""
 
-    run_dir: Path
+    run_dir: Path | str
     summary: dict[str, Any]
     sessions_replayed: int
     quarantined: int
     resumed_shards: int = 0
     reconstruction: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)  # with executor="ray": tasks, nodes, bytes sent, worker CPU
 
 
 def replay(
@@ -65,7 +68,8 @@ def replay(
     process); `executor="ray"` runs the same session function on Ray (`address` of a cluster, or
     a local one). The output does not depend on either. `tool_format` overrides the tool-call
     format detected from the chat template (`--tool-format`). A run directory holding a run made
-    with other options is refused unless `overwrite`.
+    with other options is refused unless `overwrite`. `dump` and `out` may be object-storage URIs
+    (`s3://…`, `gs://…`; `io.storage`).
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
@@ -80,20 +84,41 @@ def replay(
         write_samples,
         tool_format,
     )
+    from trace_tools.io import storage
     from trace_tools.report.plots import PlotHelper
 
-    with PlotHelper() as plots:
+    with PlotHelper() as plots, _staged(out) as (local_out, mirror):
         engine = run(
             dump,
             options,
-            out,
+            local_out,
             workers=workers,
             executor=executor,
             address=address,
             progress=progress,
             overwrite=overwrite,
+            mirror=mirror,
         )
-        return _finish(engine, plots)
+        result = _finish(engine, plots)
+    if executor == "ray":
+        stats = engine.ray
+        result.ray = {"tasks": stats.tasks, "nodes": len(stats.nodes), "sent_bytes": stats.sent_bytes}
+        result.ray["worker_cpu_s"] = stats.worker_cpu_s
+    if out is not None and storage.is_uri(out):
+        result.run_dir = storage.location(out)
+    return result
+
+
+@contextmanager
+def _staged(out: str | Path | None) -> Iterator[tuple[str | Path | None, Any]]:
+    """`out` itself, or for a URI a local staging directory that is uploaded as the run goes."""
+    from trace_tools.io import storage
+
+    if out is None or not storage.is_uri(out):
+        yield out, None
+        return
+    with storage.StagedRun(str(storage.location(out))) as mirror:
+        yield mirror.local, mirror
 
 
 def _finish(engine: Any, plots: Any) -> RunResult:
@@ -125,6 +150,7 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
     import platform
 
     from trace_tools import __version__
+    from trace_tools.io import storage
 
     meta = asdict(engine.meta)
     if meta.get("chat_template"):
@@ -133,7 +159,7 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
         "trace_tools_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "inputs": {
-            "dump": str(Path(engine.dump).resolve()),
+            "dump": str(storage.absolute(engine.dump)),
             "files": [str(f) for f in engine.files],
             "rows": engine.rows,
             "vocab_checked": engine.vocab_checked,
@@ -170,11 +196,13 @@ class Run:
     quarantine: pd.DataFrame
 
     @property
-    def dump(self) -> Path:
+    def dump(self) -> Path | str:
         """The dump this run replayed (from run.json), e.g. for `trace_tools.explain(run.dump, id)`."""
         import json
 
-        return Path(json.loads((self.path / "run.json").read_text())["inputs"]["dump"])
+        from trace_tools.io import storage
+
+        return storage.location(json.loads((self.path / "run.json").read_text())["inputs"]["dump"])
 
     @property
     def strategies(self) -> list[str]:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 
 def export_cmd(
-    run: Annotated[Path, typer.Argument(help="A run directory written by `trace-tools replay` (with samples).")],
+    run: Annotated[
+        str, typer.Argument(help="A run directory written by `trace-tools replay` (with samples), a path or a URI.")
+    ],
     strategy: Annotated[str, typer.Option("--strategy", "-s", help="The strategy whose samples to export.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet | jsonl.")] = "parquet",
     out: Annotated[
-        Optional[Path], typer.Option("--out", help="Output file; default RUN/export/<strategy>.<format>.")
+        Optional[str],
+        typer.Option("--out", help="Output file, a path or a URI; default RUN/export/<strategy>.<format>."),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:

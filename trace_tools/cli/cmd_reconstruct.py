@@ -12,7 +12,7 @@ from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
 
 
 def reconstruct_cmd(
-    dump: Annotated[Path, typer.Argument(help="Parquet file or directory of them.")],
+    dump: Annotated[str, typer.Argument(help="Parquet file or directory of them, a path or a URI.")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
     tokenizer: Annotated[
         Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")

@@ -17,8 +17,12 @@ StrategyOpt = Annotated[
     ),
 ]
 DumpArg = Annotated[
-    Optional[Path],
-    typer.Argument(help="Parquet file or directory of them (default: the bundled sample_traces/).", show_default=False),
+    Optional[str],
+    typer.Argument(
+        help="Parquet file or directory of them, a path or a URI such as s3://bucket/dump/ "
+        "(default: the bundled sample_traces/).",
+        show_default=False,
+    ),
 ]
 INTERRUPTED = 130  # the shell's code for SIGINT
 
@@ -27,7 +31,8 @@ def replay_cmd(
     dump: DumpArg = None,
     strategy: StrategyOpt = None,
     out: Annotated[
-        Optional[Path], typer.Option(help="Run directory (default: ./trace-tools-runs/<dump>-<UTC time>/).")
+        Optional[str],
+        typer.Option(help="Run directory, a path or a URI (default: ./trace-tools-runs/<dump>-<UTC time>/)."),
     ] = None,
     prompt_source: Annotated[
         str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")
@@ -82,7 +87,10 @@ def replay_cmd(
     ] = True,
     workers: Annotated[
         Optional[int],
-        typer.Option(help="Processes replaying sessions (default: the machine's cores; 1 = in this process)."),
+        typer.Option(
+            help="Processes replaying sessions (default: the machine's cores; 1 = in this process); with "
+            "--executor ray, the CPUs of the local Ray it starts (with --address, the cluster's CPUs count)."
+        ),
     ] = None,
     executor: Annotated[
         str,
@@ -90,7 +98,10 @@ def replay_cmd(
             help="local (this machine) | ray (the same session function on a Ray cluster; needs the ray extra)."
         ),
     ] = "local",
-    address: Annotated[Optional[str], typer.Option(help="ray: cluster address (default: start a local Ray).")] = None,
+    address: Annotated[
+        Optional[str],
+        typer.Option(help="ray: cluster address, e.g. auto or ray://head:10001 (default: start a local Ray)."),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
@@ -104,6 +115,7 @@ def replay_cmd(
     from trace_tools.api import replay
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
+    from trace_tools.io import storage
     from trace_tools.options import parse_assignments
     from trace_tools.replay.engine import default_dump, default_run_dir
 
@@ -118,7 +130,7 @@ def replay_cmd(
         "echo_rules": echo_rules,
         **parse_assignments(param),
     }
-    out = out or default_run_dir(dump or default_dump())  # known before the run, for the interrupt hint
+    out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
     try:
         with progress_bar("replaying", "sessions", disable=json_out) as advance:
             result = replay(
@@ -145,16 +157,22 @@ def replay_cmd(
         print_json(result.summary)
     else:
         _print_summary(console, result.summary, result.run_dir)
+        if result.ray:
+            ray, replayed = result.ray, max(result.sessions_replayed, 1)
+            note(
+                f"ray: {ray['tasks']} tasks on {ray['nodes']} node(s), "
+                f"{ray['sent_bytes'] / replayed:,.0f} bytes of task arguments sent per session"
+            )
         if result.resumed_shards:
             note(f"resumed: {result.resumed_shards} finished shard(s) of an earlier run with the same options reused")
         note(f"run directory: {result.run_dir}")
-        note(f"report.html: {result.run_dir / 'report.html'}")
+        note(f"report.html: {storage.join(result.run_dir, 'report.html')}")
     if strict and result.quarantined:
         raise typer.Exit(1)
 
 
 def report_cmd(
-    run: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run: Annotated[str, typer.Argument(help="A finished run directory (a path or a URI).")],
     html: Annotated[
         bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")
     ] = False,
@@ -167,6 +185,7 @@ def report_cmd(
     Example: trace-tools report runs/r1 --html
     """
     from trace_tools.cli._output import console, note, print_json
+    from trace_tools.io import storage
     from trace_tools.report.rerender import rerender
 
     summary = rerender(run, html=html)
@@ -175,10 +194,10 @@ def report_cmd(
         return
     _print_summary(console, summary, run)
     if html:
-        note(f"report.html: {run / 'report.html'}")
+        note(f"report.html: {storage.join(storage.location(run), 'report.html')}")
 
 
-def _print_summary(console, summary: dict, run_dir: Path) -> None:
+def _print_summary(console, summary: dict, run_dir: Path | str) -> None:
     from trace_tools.cli._output import print_all
     from trace_tools.report.tables import summary_view
 

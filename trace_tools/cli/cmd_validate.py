@@ -16,7 +16,8 @@ SHOWN_ENTRIES = 20
 
 def validate_cmd(
     dump: Annotated[
-        Path, typer.Argument(help="A Parquet file, or a directory of Parquet files (searched recursively).")
+        str,
+        typer.Argument(help="A Parquet file, or a directory of Parquet files (searched recursively); a path or a URI."),
     ],
     out: Annotated[
         Optional[Path],

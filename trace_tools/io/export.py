@@ -32,6 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trace_tools.errors import UnknownName, UnusableInput
+from trace_tools.io import storage
+from trace_tools.io.storage import Location
 from trace_tools.io.write import atomic_open
 
 FORMATS = ("parquet", "jsonl")
@@ -65,7 +67,7 @@ BATCH_ROWS = 64
 
 @dataclass
 class ExportReport:
-    out: Path
+    out: Location
     strategy: str
     format: str
     samples: int = 0
@@ -81,40 +83,45 @@ def export_samples(run: str | Path, strategy: str, fmt: str = "parquet", out: st
     """
     if fmt not in FORMATS:
         raise UnknownName("export format", fmt, FORMATS)
-    samples = _samples_file(Path(run))
+    run = storage.location(run)
+    samples = _samples_file(run)
     _check_strategy(samples, strategy)
-    report = ExportReport(Path(out) if out else Path(run) / "export" / f"{strategy}.{fmt}", strategy, fmt)
-    rows = _export_rows(samples, strategy, Path(run).name, report)
-    (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, report.out)
+    target = storage.location(out) if out else storage.join(run, "export", f"{strategy}.{fmt}")
+    report = ExportReport(target, strategy, fmt)
+    rows = _export_rows(samples, strategy, storage.name(run), report)
+    with storage.local_output(target) as local:
+        (_write_parquet if fmt == "parquet" else _write_jsonl)(rows, local)
     return report
 
 
-def _samples_file(run: Path) -> Path:
-    if not run.is_dir():
+def _samples_file(run: Location) -> Location:
+    if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
-    samples = run / "samples.parquet"
-    if not samples.is_file():
+    samples = storage.join(run, "samples.parquet")
+    if not storage.is_file(samples):
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
     return samples
 
 
-def _check_strategy(samples: Path, strategy: str) -> None:
-    present = pc.unique(pq.read_table(samples, columns=["strategy"]).column("strategy")).to_pylist()
+def _check_strategy(samples: Location, strategy: str) -> None:
+    with storage.open_input(samples) as handle:
+        present = pc.unique(pq.read_table(handle, columns=["strategy"]).column("strategy")).to_pylist()
     if strategy not in present:
         raise UnknownName("strategy in this run", strategy, sorted(present))
 
 
-def _export_rows(samples: Path, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
-    parquet = pq.ParquetFile(samples)
-    columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        chosen = batch.filter(pc.equal(batch.column("strategy"), strategy))
-        for sample in chosen.to_pylist():
-            row = export_row(sample, run_name)
-            report.samples += 1
-            report.tokens += len(row["tokens"])
-            report.trained_tokens += sum(row["loss_mask"])
-            yield row
+def _export_rows(samples: Location, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
+    with storage.open_input(samples) as handle:
+        parquet = pq.ParquetFile(handle)
+        columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            chosen = batch.filter(pc.equal(batch.column("strategy"), strategy))
+            for sample in chosen.to_pylist():
+                row = export_row(sample, run_name)
+                report.samples += 1
+                report.tokens += len(row["tokens"])
+                report.trained_tokens += sum(row["loss_mask"])
+                yield row
 
 
 def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:

@@ -45,8 +45,10 @@ import pyarrow.parquet as pq
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
 from trace_tools.ids import shared_ints
+from trace_tools.io import storage
 from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
 from trace_tools.io.schema import COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema
+from trace_tools.io.storage import Location
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
@@ -85,40 +87,42 @@ class LoadedDump:
 # Files and metadata
 
 
-def find_files(path: str | Path) -> list[Path]:
-    """The Parquet files of a dump: the file itself, or every `*.parquet` under a directory, sorted."""
-    root = Path(path).expanduser()
-    if root.is_file():
+def find_files(path: Location) -> list[Location]:
+    """The Parquet files of a dump (a local path or a URI, `io.storage`): the file itself, or every
+    `*.parquet` under a directory, sorted."""
+    root = storage.location(path)
+    if storage.is_file(root):
         return [root]
-    if not root.exists():
+    if not storage.exists(root):
         raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
-    if not root.is_dir():
+    if not storage.is_dir(root):
         raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
-    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    files = storage.list_files(root, ".parquet")
     if not files:
         raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
     return files
 
 
-def _unreadable(path: Path, error: Exception) -> UnusableInput:
+def _unreadable(path: Location, error: Exception) -> UnusableInput:
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
 
 
-def _read_schema(path: Path) -> tuple[pa.Schema, int]:
-    """A file's Arrow schema and row count, from its footer only."""
+def _read_schema(path: Location) -> tuple[pa.Schema, list[int]]:
+    """A file's Arrow schema and the row count of each row group, from its footer only."""
     try:
-        with open(path, "rb") as handle:
+        with storage.open_input(path) as handle:
             parquet = pq.ParquetFile(handle)
-            return parquet.schema_arrow, parquet.metadata.num_rows
+            groups = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
+            return parquet.schema_arrow, groups
     except (pa.ArrowException, OSError, ValueError) as error:
         raise _unreadable(path, error) from None
 
 
-def _iter_batches(path: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput."""
     try:
-        with open(path, "rb") as handle:
+        with storage.open_input(path) as handle:
             yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=columns)
     except (pa.ArrowException, OSError, ValueError) as error:
         raise _unreadable(path, error) from None
@@ -169,7 +173,7 @@ def _schema_warnings(meta: DumpMeta) -> list[str]:
     return []
 
 
-def read_dump_meta(path: str | Path) -> DumpMeta:
+def read_dump_meta(path: Location) -> DumpMeta:
     """The dump's `trace_tools.*` metadata from the file footers alone (first file wins on conflicts)."""
     files = find_files(path)
     keys, _ = _merge_keys([(str(f), _trace_tools_keys(_read_schema(f)[0])) for f in files])
@@ -193,6 +197,45 @@ def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
     """(turn_index, detail) for every turn_index that occurs more than once in a session."""
     counts = Counter(turn.turn_index for turn in turns)
     return [(index, f"{label}: turn_index {index} occurs {n} times") for index, n in sorted(counts.items()) if n > 1]
+
+
+def finished_session(session_id: str, turns: list[Turn], meta: DumpMeta) -> Session | list[QuarantineEntry]:
+    """All of a valid session's rows have been read: the session (turns sorted by `turn_index`), or
+    one `duplicate_turn` entry per repeated index."""
+    turns.sort(key=lambda turn: turn.turn_index)
+    duplicates = [
+        QuarantineEntry(session_id, index, "duplicate_turn", detail)
+        for index, detail in _duplicates(turns, f"session {session_id}")
+    ]
+    return duplicates or Session(session_id, turns, meta)
+
+
+def session_warnings(session: Session) -> dict[str, tuple[int, str]]:
+    """Legal but worth a look (DESIGN §6), as {kind: (count, example)}: a turn_index gap (a dropped
+    request; one per session) and empty generations (one per turn)."""
+    indices = sorted({turn.turn_index for turn in session.turns})
+    missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
+    empty = [turn.turn_index for turn in session.turns if not len(turn.output_ids)]
+    found = {}
+    for kind, turns, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
+        if turns:
+            found[kind] = (count, f"session {session.session_id}: turn {turns[0]}")
+    return found
+
+
+def _row_turn(
+    record: dict[str, Any],
+    where: str,
+    session_id: str,
+    vocab_size: int | None,
+    parser: HistoryParser,
+    ids_checked: frozenset[str],
+) -> Turn | QuarantineEntry:
+    """One row of a session as a `Turn`, or the entry that quarantines the session."""
+    try:
+        return turn_from_record(record, vocab_size, parser, ids_checked)
+    except BadRow as bad:
+        return QuarantineEntry(session_id, record.get("turn_index"), bad.reason, f"{where}: {bad.detail}")
 
 
 def session_key(value: Any) -> str | None:
@@ -334,9 +377,10 @@ def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 @dataclass
 class _FileInfo:
-    path: Path
+    path: Location
     label: str
     rows: int
+    row_groups: list[int]  # rows in each row group
     columns: list[str]  # schema-v1 columns present in the file
     problems: list[tuple[str, str, str]]  # (column, reason, detail) from check_schema
     keys: dict[str, str]  # trace_tools.* metadata, prefix stripped
@@ -349,7 +393,33 @@ class _Span:
     order: int  # input order, by first row
     last: tuple[int, int]  # (file number, row) of its last row: when pass 2 can finish it
     first_file: int  # its first row's file: the recording metadata the session keeps
+    first_row: int
     problems: list[QuarantineEntry] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SessionSlot:
+    """Where one session's rows are, from pass 1 alone: what a worker needs to read and validate
+    them itself (`read_row_group`, then `read_session`), in place of the rows."""
+
+    position: int  # in finishing order (by last row): the order `SessionStream.positioned` hands sessions out
+    session_id: str
+    first_file: int
+    row_groups: list[tuple[int, int]]  # (file number, row group) that may hold its rows, in file order
+    problems: list[QuarantineEntry]  # known from pass 1 (the session is quarantined; nothing to read)
+
+
+@dataclass
+class DumpContext:
+    """What a worker needs, besides a `SessionSlot`, to read and check rows as the stream does
+    (one per dump; small)."""
+
+    files: list[Location]
+    labels: list[str]
+    columns: list[list[str]]  # to read, per file
+    vocab: list[int | None]  # out-of-vocab bound, per file
+    metas: list[DumpMeta]  # recording metadata, per file
+    group_starts: list[list[int]]  # first row of each row group, per file
 
 
 class SessionStream(Iterator["Session | QuarantineEntry"]):
@@ -376,7 +446,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         columns: Iterable[str] | None = None,
         id_arrays: bool = False,
     ):
-        root = Path(path).expanduser()
+        root = storage.location(path)
         self._id_arrays = id_arrays  # token ids as int32 arrays, to ship to worker processes
         # Only the columns a command needs are read (the required ones always); validation covers those.
         self._wanted = None if columns is None else set(columns) | set(REQUIRED)
@@ -412,6 +482,11 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         return next(self._items)
 
     @property
+    def unattributed(self) -> list[QuarantineEntry]:
+        """Entries for rows that belong to no session (known from pass 1)."""
+        return list(self._unattributed)
+
+    @property
     def file_metas(self) -> list[DumpMeta]:
         """Each file's recording metadata (options applied), in file order."""
         return list(self._file_meta)
@@ -430,11 +505,14 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 
     # -- setup ---------------------------------------------------------------------------------
     @staticmethod
-    def _inspect(path: Path, root: Path) -> _FileInfo:
-        schema, rows = _read_schema(path)
-        label = path.relative_to(root).as_posix() if root.is_dir() else path.name
+    def _inspect(path: Location, root: Location) -> _FileInfo:
+        schema, groups = _read_schema(path)
+        if path == root:
+            label = storage.name(path)
+        else:
+            label = path.relative_to(root).as_posix() if isinstance(path, Path) else path[len(str(root)) + 1 :]
         columns = [column.name for column in COLUMNS if column.name in schema.names]
-        return _FileInfo(path, label, rows, columns, check_schema(schema), _trace_tools_keys(schema))
+        return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), _trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
         keys, self.warnings = _merge_keys([(info.label, info.keys) for info in self._infos])
@@ -484,7 +562,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def _note_row(self, session_id: str, number: int, row: int, seen_here: dict[str, None]) -> None:
         span = self._spans.get(session_id)
         if span is None:
-            self._spans[session_id] = _Span(len(self._spans), (number, row), number)
+            self._spans[session_id] = _Span(len(self._spans), (number, row), number, row)
         else:
             span.last = (number, row)
         seen_here[session_id] = None
@@ -499,18 +577,65 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     # -- pass 2 --------------------------------------------------------------------------------
     def _generate(self) -> Iterator[Session | QuarantineEntry]:
         yield from self._unattributed
+        for _position, item in self.positioned():
+            if isinstance(item, Session):
+                yield item
+            else:
+                yield from item
+
+    def positioned(self) -> Iterator[tuple[int, Session | list[QuarantineEntry]]]:
+        """Pass 2, without the unattributed entries: each session with its position in finishing
+        order (0, 1, …; the positions `slots` gives), as a `Session` or its quarantine entries."""
         endings: list[list[tuple[int, str]]] = [[] for _ in self._infos]
         for session_id, span in self._spans.items():
             endings[span.last[0]].append((span.last[1], session_id))
         buffers: dict[str, list[Turn]] = {}
+        position = 0
         for number, info in enumerate(self._infos):
             due = sorted(endings[number], reverse=True)  # pop() from the end = lowest last row first
             endings[number] = []
             for rows_read in self._read_rows(number, info, buffers):
                 while due and due[-1][0] < rows_read:
-                    yield from self._finish(due.pop()[1], buffers)
+                    yield position, self._finish(due.pop()[1], buffers)
+                    position += 1
             while due:
-                yield from self._finish(due.pop()[1], buffers)
+                yield position, self._finish(due.pop()[1], buffers)
+                position += 1
+
+    def slots(self) -> Iterator[SessionSlot]:
+        """Every session in finishing order, with where its rows are (pass 1 only; reads nothing)."""
+        ordered = sorted(self._spans.items(), key=lambda item: item[1].last)
+        for position, (session_id, span) in enumerate(ordered):
+            groups = [] if span.problems else self._groups_of(span)
+            yield SessionSlot(position, session_id, span.first_file, groups, list(span.problems))
+
+    def _groups_of(self, span: _Span) -> list[tuple[int, int]]:
+        """The row groups between a session's first and last row, in readable files."""
+        found = []
+        for number in range(span.first_file, span.last[0] + 1):
+            info = self._infos[number]
+            if info.problems or "session_id" not in info.columns:
+                continue
+            low = span.first_row if number == span.first_file else 0
+            high = span.last[1] if number == span.last[0] else info.rows - 1
+            start = 0
+            for group, rows in enumerate(info.row_groups):
+                if start <= high and start + rows > low:
+                    found.append((number, group))
+                start += rows
+        return found
+
+    def context(self) -> DumpContext:
+        """What workers need to read sessions from their `SessionSlot`s (`read_session`)."""
+        starts = [[sum(info.row_groups[:i]) for i in range(len(info.row_groups))] for info in self._infos]
+        return DumpContext(
+            [storage.absolute(info.path) for info in self._infos],
+            [info.label for info in self._infos],
+            [[c for c in info.columns if self._wanted is None or c in self._wanted] for info in self._infos],
+            list(self._file_vocab),
+            list(self._file_meta),
+            starts,
+        )
 
     def _read_rows(self, number: int, info: _FileInfo, buffers: dict[str, list[Turn]]) -> Iterator[int]:
         """Feed one file's rows into the session buffers; yields the number of rows read after each batch.
@@ -546,40 +671,27 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         parser = self._parsers.get(session_id)
         if parser is None:
             parser = self._parsers[session_id] = HistoryParser()
-        try:
-            buffers.setdefault(session_id, []).append(turn_from_record(record, vocab_size, parser, ids_checked))
-        except BadRow as bad:
-            turn_index = record.get("turn_index")
-            span.problems.append(QuarantineEntry(session_id, turn_index, bad.reason, f"{where}: {bad.detail}"))
+        item = _row_turn(record, where, session_id, vocab_size, parser, ids_checked)
+        if isinstance(item, QuarantineEntry):
+            span.problems.append(item)
             buffers.pop(session_id, None)
+        else:
+            buffers.setdefault(session_id, []).append(item)
 
-    def _finish(self, session_id: str, buffers: dict[str, list[Turn]]) -> Iterator[Session | QuarantineEntry]:
-        """The session's last row has been read: hand it out, or its quarantine entries."""
+    def _finish(self, session_id: str, buffers: dict[str, list[Turn]]) -> Session | list[QuarantineEntry]:
+        """The session's last row has been read: the session, or its quarantine entries."""
         span = self._spans[session_id]
         turns = buffers.pop(session_id, [])
         self._parsers.pop(session_id, None)
-        if not span.problems:
-            turns.sort(key=lambda turn: turn.turn_index)
-            span.problems = [
-                QuarantineEntry(session_id, index, "duplicate_turn", detail)
-                for index, detail in _duplicates(turns, f"session {session_id}")
-            ]
         if span.problems:
-            yield from span.problems
-            span.problems = []  # the session is done; release its entries
-        else:
-            self._note_warnings(session_id, turns)
-            yield Session(session_id, turns, self._file_meta[span.first_file])
-
-    def _note_warnings(self, session_id: str, turns: list[Turn]) -> None:
-        """Legal but worth a look (DESIGN §6): a turn_index gap (a dropped request) and an empty generation."""
-        indices = sorted({turn.turn_index for turn in turns})
-        missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
-        empty = [turn.turn_index for turn in turns if not len(turn.output_ids)]
-        for kind, found, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
-            if found:
+            problems, span.problems = span.problems, []  # the session is done; release its entries
+            return problems
+        item = finished_session(session_id, turns, self._file_meta[span.first_file])
+        if isinstance(item, Session):
+            for kind, (count, example) in session_warnings(item).items():
                 self.data_warnings[kind] = self.data_warnings.get(kind, 0) + count
-                self.warning_examples.setdefault(kind, f"session {session_id}: turn {found[0]}")
+                self.warning_examples.setdefault(kind, example)
+        return item
 
     def unusable_reason(self) -> str | None:
         """Why no session of the dump can be used (no rows, no session ids, a schema problem in every
@@ -597,8 +709,54 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         return None
 
 
+ROW_COLUMN = "__row__"  # added by `read_row_group`: each row's number in its file
+
+
+def read_row_group(context: DumpContext, number: int, group: int, session_ids: list[str]) -> list[pa.Table]:
+    """Row group `group` of file `number`, split into the rows of each of `session_ids` (in that
+    order), each row with its number in the file (`ROW_COLUMN`). Runs on a worker: decoding a row
+    group is most of reading it, so each is decoded once for all the sessions it holds."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    path = context.files[number]
+    try:
+        with storage.open_input(path) as handle:
+            table = pq.ParquetFile(handle).read_row_group(group, columns=context.columns[number])
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise _unreadable(path, error) from None
+    start = context.group_starts[number][group]
+    table = table.append_column(ROW_COLUMN, pa.array(np.arange(start, start + table.num_rows, dtype=np.int64)))
+    ids = table.column("session_id")
+    codes = pc.index_in(ids, value_set=pa.array(session_ids, ids.type)).fill_null(-1).to_numpy()
+    order = np.argsort(codes, kind="stable")  # rows grouped by session, file order kept within each
+    bounds = np.searchsorted(codes[order], np.arange(len(session_ids) + 1))
+    return [table.take(order[bounds[i] : bounds[i + 1]]) for i in range(len(session_ids))]
+
+
+def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table]) -> Session | list[QuarantineEntry]:
+    """A session from its rows as `read_row_group` split them (one table per `slot.row_groups`),
+    checked exactly as the stream checks them (same entries, same details)."""
+    parser = HistoryParser()
+    turns: list[Turn] = []
+    for (number, _group), part in zip(slot.row_groups, parts):
+        if not part.num_rows:
+            continue
+        rows = part.column(ROW_COLUMN).to_pylist()
+        batch = part.drop_columns([ROW_COLUMN]).combine_chunks().to_batches()[0]
+        vocab = context.vocab[number]
+        checked = _batch_ids_ok(batch, vocab)
+        for row, record in zip(rows, _batch_records(_utc_batch(batch), checked, False)):
+            where = f"{context.labels[number]} row {row}"
+            item = _row_turn(record, where, slot.session_id, vocab, parser, checked)
+            if isinstance(item, QuarantineEntry):
+                return [item]
+            turns.append(item)
+    return finished_session(slot.session_id, turns, context.metas[slot.first_file])
+
+
 def iter_sessions(
-    path: str | Path,
+    path: Location,
     *,
     tokenizer: str | None = None,
     chat_template: str | None = None,
@@ -626,7 +784,7 @@ def iter_sessions(
 
 
 def load(
-    path: str | Path,
+    path: Location,
     *,
     tokenizer: str | None = None,
     chat_template: str | None = None,

@@ -6,22 +6,26 @@ Replay writes it and reports read it; both import this module and nothing of eac
     RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
     RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
     RUN/summary.json        RUN/report.md          RUN/plots/*.png
-    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.samples.arrow, NNNNN.done
+    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.samples.arrows, NNNNN.done
 
 Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
 written atomically with a completion marker, so a rerun with the same options and inputs
 resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
 streams shard by shard (samples record batch by record batch), so it never holds a whole table.
-A shard keeps its samples in Arrow IPC (zstd): they are read back only to resume, and writing
-IPC is a tenth of the CPU of encoding the same table as Parquet.
+A shard keeps its samples as Arrow IPC streams (zstd), one per session, each preceded by its
+length: they are read back only to resume, writing IPC is a tenth of the CPU of encoding the same
+table as Parquet, and a session's stream is made where it was replayed (a Ray worker), so the
+driver only appends bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +59,11 @@ SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "use_dictionary": ["strategy", "session_id", "metadata"],
 }
-SHARD_SAMPLES_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+SAMPLES_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+SAMPLES_QUEUE = 32  # sessions' samples waiting for the samples.parquet writer thread
+# IPC streams are decoded (and decompressed) by the thread that reads them, not Arrow's pool: the
+# samples.parquet writer thread's cost stays its own, beside the loop that hands out work.
+_READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)
 DRIFT_SCHEMA = pa.schema(
     [
         ("session_id", pa.string()),
@@ -83,7 +91,10 @@ QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reas
 @dataclass
 class SessionRows:
     """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
-    (compact, cheap to ship from a worker process)."""
+    (compact, cheap to ship from a worker process). `pack()` turns every table into an Arrow IPC
+    stream (`tables`, `samples_ipc`), so a result crosses from a Ray worker to the driver as a few
+    buffers: no per-row or per-column decoding in Python there, and the samples' stream is
+    appended to the shard as it is."""
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     sessions: list[dict[str, Any]] = field(default_factory=list)
@@ -91,17 +102,61 @@ class SessionRows:
     fidelity: list[dict[str, Any]] = field(default_factory=list)
     drift: list[dict[str, Any]] = field(default_factory=list)
     samples: pa.Table | None = None
+    samples_ipc: pa.Buffer | None = None  # the samples as one Arrow IPC stream, once packed
     render_stats: dict[str, int] = field(default_factory=dict)
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
+    data_warnings: dict[str, int] = field(default_factory=dict)  # io.load.session_warnings counts
+    tables: dict[str, pa.Buffer] = field(default_factory=dict)  # SMALL_TABLES as IPC streams, once packed
+    replayed: bool = True  # False: quarantined while loading, never replayed
+    cpu_s: float = 0.0  # CPU the replay took where it ran (not written: the benchmark reads it)
+    node: str = ""  # the Ray node it ran on, if any (not written)
+    input_bytes: int = 0  # bytes of row data a Ray task received (not written)
+
+    @classmethod
+    def quarantined(cls, entries: Iterable[Any]) -> "SessionRows":
+        """A session quarantined while loading: its `QuarantineEntry`s, nothing replayed."""
+        return cls(quarantine=[dataclasses.asdict(entry) for entry in entries], replayed=False)
+
+    def pack(self) -> "SessionRows":
+        for name in SMALL_TABLES:
+            self.tables[name] = _ipc_stream(_small_table(name, getattr(self, name)))
+            setattr(self, name, [])
+        self.samples_ipc, self.samples = self.samples_stream(), None
+        return self
+
+    def table(self, name: str) -> pa.Table:
+        if name in self.tables:
+            return pa.ipc.open_stream(self.tables[name], options=_READ_HERE).read_all()
+        return _small_table(name, getattr(self, name))
+
+    def samples_stream(self) -> pa.Buffer | None:
+        """The samples as a compressed Arrow IPC stream (None when there are none)."""
+        if self.samples_ipc is not None or self.samples is None or not self.samples.num_rows:
+            return self.samples_ipc
+        return _ipc_stream(self.samples, SAMPLES_IPC_OPTIONS)
+
+    def samples_table(self) -> pa.Table | None:
+        if self.samples is None and self.samples_ipc is not None:
+            return pa.ipc.open_stream(self.samples_ipc, options=_READ_HERE).read_all()
+        return self.samples
 
 
-SHARD_FORMAT = 2  # 2: samples in Arrow IPC; shards written in another format are replayed again
+def _ipc_stream(table: pa.Table, options: pa.ipc.IpcWriteOptions | None = None) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+SHARD_FORMAT = 3  # 2: samples in Arrow IPC; 3: every session has a position (quarantined ones too)
 
 
 def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
     """Options, each input file's path, size and modification time, and the shard format: what a
     resume must match."""
-    inputs = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    from trace_tools.io import storage
+
+    inputs = [storage.stamp(f) for f in files]
     blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -129,38 +184,36 @@ class ShardWriter:
 
     def __init__(self, run_dir: Path, index: int, write_samples: bool):
         self.base = run_dir / "shards" / f"{index:05d}"
-        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SMALL_TABLES}
+        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}
         self.render_stats: Counter = Counter()
+        self.data_warnings: Counter = Counter()
         self.renderers: dict[str, dict] = {}
-        self._samples_tmp = Path(f"{self.base}.samples.arrow.tmp")
-        self._samples = (
-            pa.ipc.new_file(str(self._samples_tmp), SAMPLES_SCHEMA, options=SHARD_SAMPLES_OPTIONS)
-            if write_samples
-            else None
-        )
+        self._samples_tmp = Path(f"{self.base}.samples.arrows.tmp")
+        self._samples = open(self._samples_tmp, "wb") if write_samples else None
 
     def add(self, rows: SessionRows) -> None:
         for name in SMALL_TABLES:
-            self.rows[name].extend(getattr(rows, name))
+            self.tables[name].append(rows.table(name))
         self.render_stats.update(rows.render_stats)
+        self.data_warnings.update(rows.data_warnings)
         if rows.renderer:
             self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
-        if self._samples is not None and rows.samples is not None and rows.samples.num_rows:
-            self._samples.write_table(rows.samples)
+        stream = rows.samples_stream() if self._samples is not None else None
+        if self._samples is not None and stream is not None:
+            self._samples.write(struct.pack("<Q", stream.size))
+            self._samples.write(stream)
 
     def close(self) -> None:
-        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
+        from trace_tools.io.write import write_json_atomic
 
-        for name, records in self.rows.items():
-            write_parquet_atomic(_small_table(name, records), Path(f"{self.base}.{name}.parquet"))
-        write_json_atomic(
-            {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())},
-            Path(f"{self.base}.meta.json"),
-        )
+        for name, parts in self.tables.items():
+            _concat_write(parts, Path(f"{self.base}.{name}.parquet"))
+        meta = {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())}
+        write_json_atomic({**meta, "data_warnings": dict(self.data_warnings)}, Path(f"{self.base}.meta.json"))
         if self._samples is not None:
             self._samples.close()
             os.chmod(self._samples_tmp, 0o644)
-            os.replace(self._samples_tmp, Path(f"{self.base}.samples.arrow"))
+            os.replace(self._samples_tmp, Path(f"{self.base}.samples.arrows"))
         Path(f"{self.base}.done").write_text("ok")
 
 
@@ -177,47 +230,100 @@ class SamplesFile:
 
     Merging the shards' samples at the end would decode and encode every token again (a second
     on a long dump, after the last session); a run that resumed nothing has every session pass
-    through here in order, so this file is the merged one. A resumed run discards it and merges."""
+    through here in order, so this file is the merged one. A resumed run discards it and merges.
+
+    Encoding Parquet is the costliest thing the driver does per session, so a thread does it
+    (Arrow releases the GIL while encoding): the loop that hands out work and takes results is
+    not held up by it. The queue between them is bounded."""
 
     def __init__(self, run_dir: Path):
+        import queue
+        import threading
+
         self.target = run_dir / "samples.parquet"
         self._tmp = _samples_tmp(self.target)
         self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
+        self._queue: Any = queue.Queue(SAMPLES_QUEUE)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write_all, name="trace-tools-samples", daemon=True)
+        self._thread.start()
 
-    def add(self, samples: pa.Table | None) -> None:
-        if samples is not None and samples.num_rows:
-            self._writer.write_table(samples)
+    def add(self, rows: SessionRows) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(rows)
+
+    def _write_all(self) -> None:
+        while (rows := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain, so add() never blocks; commit() raises it
+            try:
+                samples = rows.samples_table()
+                if samples is not None and samples.num_rows:
+                    self._writer.write_table(samples)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                self._error = error
 
     def commit(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         self._writer.close()
         os.chmod(self._tmp, 0o644)
         os.replace(self._tmp, self.target)
 
+    def abandon(self) -> None:
+        """Stop the writer thread (the run failed); the temporary file is left, as a killed run leaves it."""
+        self._queue.put(None)
+        self._thread.join()
+
 
 def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
     """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table
-    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False)."""
+    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False).
+
+    Quarantine lists `extra_quarantine` (rows of no session), then every session quarantined
+    while loading, then every replay error, each in stream order."""
     for name in SMALL_TABLES:
         parts = _shard_files(run_dir, name, shards)
         if name == "quarantine":
-            parts = [pa.Table.from_pylist(extra_quarantine, schema=pa.schema(list(QUARANTINE_COLUMNS.items()))), *parts]
+            parts = [_small_table(name, extra_quarantine), *_loading_then_replay(parts)]
         _concat_write(parts, run_dir / f"{name}.parquet")
     if write_samples:
-        _stream_samples(_shard_paths(run_dir, "samples", shards, "arrow"), run_dir / "samples.parquet")
+        _stream_samples(_shard_paths(run_dir, "samples", shards, "arrows"), run_dir / "samples.parquet")
 
 
-def shard_meta(run_dir: Path, shards: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Render counters summed over every shard (resumed ones included) and the distinct renderers."""
+def _loading_then_replay(parts: list[pa.Table]) -> list[pa.Table]:
+    import pyarrow.compute as pc
+
+    replay = [pc.equal(part.column("reason"), "replay_error") for part in parts]
+    loading = [part.filter(pc.invert(mask)) for part, mask in zip(parts, replay)]
+    return loading + [part.filter(mask) for part, mask in zip(parts, replay)]
+
+
+@dataclass
+class ShardMeta:
+    """Summed over every shard (resumed ones included)."""
+
+    render_stats: dict[str, int]
+    renderers: list[dict[str, Any]]  # distinct identities
+    data_warnings: dict[str, int]
+
+
+def shard_meta(run_dir: Path, shards: int) -> ShardMeta:
     stats: Counter = Counter()
+    warnings: Counter = Counter()
     renderers: dict[str, dict] = {}
     for index in range(shards):
         path = run_dir / "shards" / f"{index:05d}.meta.json"
         if path.exists():
             meta = json.loads(path.read_text())
             stats.update(meta["render_stats"])
+            warnings.update(meta["data_warnings"])
             for identity in meta["renderers"]:
                 renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
-    return dict(stats), list(renderers.values())
+    return ShardMeta(dict(stats), list(renderers.values()), dict(warnings))
 
 
 def _shard_paths(run_dir: Path, name: str, shards: int, suffix: str = "parquet") -> list[Path]:
@@ -236,7 +342,7 @@ def _concat_write(parts: list[pa.Table], path: Path) -> None:
         write_parquet_atomic(pa.table({}), path)
         return
     schema = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
-    table = pa.concat_tables([_conform(p, schema) for p in parts])
+    table = pa.concat_tables([p if p.schema == schema else _conform(p, schema) for p in parts])
     write_parquet_atomic(table, path)
 
 
@@ -259,11 +365,20 @@ def _stream_samples(paths: list[Path], target: Path) -> None:
     with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
         for path in paths:
             with pa.memory_map(str(path)) as source:
-                reader = pa.ipc.open_file(source)
-                for batch in range(reader.num_record_batches):
-                    writer.write_batch(reader.get_batch(batch))
+                for stream in _sample_streams(source.read_buffer()):
+                    for batch in pa.ipc.open_stream(stream, options=_READ_HERE):
+                        writer.write_batch(batch)
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)
+
+
+def _sample_streams(data: pa.Buffer) -> Iterable[pa.Buffer]:
+    """The length-prefixed IPC streams of a shard's samples file (`ShardWriter`)."""
+    offset = 0
+    while offset < data.size:
+        (length,) = struct.unpack_from("<Q", data, offset)
+        yield data.slice(offset + 8, length)
+        offset += 8 + length
 
 
 def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None) -> Any:

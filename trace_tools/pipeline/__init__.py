@@ -124,9 +124,10 @@ class Pipeline:
     ):
         """`id_arrays`: sessions carry their token ids as int32 arrays, cheap to send to worker
         processes, which call `io.load.materialize_ids` (the engine does this with workers)."""
+        from trace_tools.io import storage
         from trace_tools.io.load import iter_sessions
 
-        self.dump = Path(dump)
+        self.dump = storage.location(dump if isinstance(dump, str) else Path(dump))
         self.stream = iter_sessions(
             self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns, id_arrays=id_arrays
         )

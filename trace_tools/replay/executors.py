@@ -1,23 +1,46 @@
 """Where sessions are replayed: in this process, in a local process pool, or on a Ray cluster.
 
-Every executor maps the same `SessionReplayer` over the session stream and yields results in
-submission order, keeping a bounded number of sessions in flight, so memory follows the
-concurrency and the run directory does not depend on the executor or the worker count.
+Locally (`run_sessions`), the driver reads the sessions (pass 2 of the stream) and every executor
+maps the same `SessionReplayer` over them, yielding results in submission order with a bounded
+number of sessions in flight.
+
+On Ray (`ray_results`), the driver reads nothing but the session index (pass 1). A session task
+gets a few `SessionSlot`s (each session's position and where its rows are) and references to
+their rows, which loader tasks read on the workers, each row group once for all the sessions it
+holds (decoding a row group is most of reading it); the task checks the rows exactly as the
+stream would (`io.load.read_session`) and replays them. The tasks kept in flight follow the
+cluster's CPUs (`ray.cluster_resources()`, re-read as the cluster grows or shrinks); a task takes
+several sessions only while there is plenty of work per CPU, so Ray's cost per task is shared
+and the end of the run still spreads evenly. Results are taken as they finish, tagged with their
+positions, and the engine's shard writer puts them back in stream order; a result may run at
+most a window of positions ahead of the oldest unfinished session, which bounds what waits
+there. A task whose worker process or node dies is retried (`RAY_RETRIES`); replay is
+deterministic, so a retry gives the same rows.
+
+Either way the run directory does not depend on the executor or the worker count.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import time
 from collections import deque
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
+from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 EXECUTORS = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 2
+RAY_RETRIES = 3  # further attempts of a task whose worker process or node died
+REORDER_WINDOW_PER_CPU = 8  # how many positions a finished result may be ahead of the oldest unfinished one
+TASKS_PER_CPU = 4  # a task takes more than one session only while the work left gives each CPU this many tasks
+SESSIONS_PER_TASK = 8  # at most
+CLUSTER_CHECK_S = 5.0  # how often the cluster's CPUs are read again
 
 
 def default_workers() -> int:
@@ -30,20 +53,17 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_sessions(
-    sessions: Iterable[Session],
-    options: ReplayOptions,
-    workers: int,
-    executor: str = "local",
-    address: str | None = None,
-) -> Iterator[SessionRows]:
-    """Replay `sessions` and yield their rows in the same order."""
+def check_executor(executor: str, workers: int) -> None:
     if executor not in EXECUTORS:
         raise TraceToolsError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     if workers < 1:
         raise TraceToolsError(f"--workers must be at least 1 (got {workers})")
-    if executor == "ray":
-        return _ray(sessions, options, workers, address)
+
+
+def run_sessions(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
+    """Replay `sessions` on this machine (`workers` processes; 1 = this one) and yield their rows
+    in the same order."""
+    check_executor("local", workers)
     if workers == 1:
         return map(SessionReplayer(options), sessions)
     return _pool(sessions, options, workers)
@@ -90,34 +110,190 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
 
 
 # -- Ray -------------------------------------------------------------------------------------------
-def _ray(
-    sessions: Iterable[Session], options: ReplayOptions, workers: int, address: str | None
-) -> Iterator[SessionRows]:
+class RayStats:
+    """What a Ray replay moved and where it ran: bytes of task arguments the driver sent, bytes of
+    rows the session tasks received (from loader tasks, worker to worker), bytes of results the
+    driver received (Arrow buffers), the tasks' CPU and the nodes that ran them."""
+
+    def __init__(self) -> None:
+        self.sent_bytes = 0
+        self.rows_bytes = 0
+        self.received_bytes = 0
+        self.tasks = 0
+        self.worker_cpu_s = 0.0
+        self.nodes: set[str] = set()
+
+
+def ray_results(
+    slots: Iterable[SessionSlot],
+    context: DumpContext,
+    options: ReplayOptions,
+    workers: int,
+    address: str | None,
+    stats: RayStats | None = None,
+) -> Iterator[tuple[int, SessionRows]]:
+    """(position, rows) of every slot, as they finish (see the module docstring). A slot whose
+    session pass 1 already quarantined yields its entries without a task."""
+    ray = _connect(workers, address)
+    yield from _RayReplay(ray, context, options, stats or RayStats()).results(slots)
+
+
+def _connect(workers: int, address: str | None) -> Any:
     try:
         import ray
     except ImportError:
         raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
     if not ray.is_initialized():
         # With an address the cluster decides the CPUs; None is ray.init's own default.
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers)
-    task = ray.remote(_ray_replay)
-    shared = ray.put(options)
-    pending: deque = deque()
-    limit = workers * IN_FLIGHT_PER_WORKER
-    for session in sessions:
-        pending.append(task.remote(shared, session))
-        if len(pending) >= limit:
-            yield ray.get(pending.popleft())
-    while pending:
-        yield ray.get(pending.popleft())
+        try:
+            ray.init(
+                address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers
+            )
+        except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UsageError(
+                f"cannot start or reach Ray at {address or 'a local instance'} ({reason}); check --address, and "
+                "RAY_AUTH_TOKEN where the cluster uses token authentication (`ray get-auth-token` on the head)"
+            ) from None
+    return ray
 
 
+class _RayReplay:
+    def __init__(self, ray: Any, context: DumpContext, options: ReplayOptions, stats: RayStats):
+        self.ray, self.stats = ray, stats
+        self.context, self.options = ray.put(context), ray.put(options)
+        self.reader = ray.remote(max_retries=RAY_RETRIES)(_read_rows)
+        self.replayer = ray.remote(max_retries=RAY_RETRIES)(_replay_slots)
+        self.users: dict[tuple[int, int], list[SessionSlot]] = {}  # row group → the slots reading it
+        self.slices: dict[tuple[int, int], dict[int, Any]] = {}  # row group → position → its rows, not yet handed on
+        self.unsent = 0  # sessions not yet in a task
+        self._cpus, self._checked = 1, 0.0
+
+    def results(self, slots: Iterable[SessionSlot]) -> Iterator[tuple[int, SessionRows]]:
+        todo = deque(slots)
+        for slot in todo:
+            self.unsent += not slot.problems
+            for group in slot.row_groups:
+                self.users.setdefault(group, []).append(slot)
+        running: dict[Any, list[SessionSlot]] = {}  # in submission (= position) order
+        while todo or running:
+            while todo and self._room(running, todo[0]):
+                if todo[0].problems:
+                    slot = todo.popleft()
+                    yield slot.position, SessionRows.quarantined(slot.problems)
+                    continue
+                batch = self._batch(todo)
+                running[self._submit(batch)] = batch
+            if running:
+                (done,), _ = self.ray.wait(list(running), num_returns=1)
+                batch = running.pop(done)
+                for slot, rows in zip(batch, self._collect(done, batch)):
+                    yield slot.position, rows
+
+    def _room(self, running: dict[Any, list[SessionSlot]], slot: SessionSlot) -> bool:
+        """Another task fits: fewer in flight than the cluster keeps busy, and not too far ahead
+        of the oldest unfinished session (whose result the shard writer is waiting for)."""
+        if not running:
+            return True
+        cpus = self._cluster_cpus()
+        oldest = next(iter(running.values()))[0].position
+        return len(running) < cpus * IN_FLIGHT_PER_WORKER and slot.position < oldest + cpus * REORDER_WINDOW_PER_CPU
+
+    def _batch(self, todo: deque[SessionSlot]) -> list[SessionSlot]:
+        """The next sessions for one task, in order: one, or more while the work left keeps every
+        CPU TASKS_PER_CPU tasks busy (a session pass 1 quarantined ends the batch)."""
+        size = min(SESSIONS_PER_TASK, max(1, self.unsent // (self._cluster_cpus() * TASKS_PER_CPU)))
+        batch = [todo.popleft()]
+        while todo and len(batch) < size and not todo[0].problems:
+            batch.append(todo.popleft())
+        self.unsent -= len(batch)
+        return batch
+
+    def _cluster_cpus(self) -> int:
+        now = time.monotonic()
+        if now - self._checked > CLUSTER_CHECK_S:
+            self._cpus = max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+            self._checked = now
+        return self._cpus
+
+    def _submit(self, batch: list[SessionSlot]) -> Any:
+        parts = [self._rows(group, slot) for slot in batch for group in slot.row_groups]
+        self._count_sent(batch, len(parts) + 2)
+        return self.replayer.remote(self.options, self.context, batch, *parts)
+
+    def _rows(self, group: tuple[int, int], slot: SessionSlot) -> Any:
+        """The reference to `slot`'s rows in row group `group`; the first slot that needs the group
+        has one loader task read it for every slot that does."""
+        if group not in self.slices:
+            users = self.users.pop(group)
+            ids = [user.session_id for user in users]
+            self._count_sent((group, ids), 1)
+            refs = self.reader.options(num_returns=len(users)).remote(self.context, group[0], group[1], ids)
+            self.slices[group] = dict(zip((user.position for user in users), refs if len(users) > 1 else [refs]))
+        waiting = self.slices[group]
+        ref = waiting.pop(slot.position)
+        if not waiting:
+            del self.slices[group]  # the driver holds no reference: Ray frees the rows after their task
+        return ref
+
+    def _count_sent(self, arguments: Any, references: int) -> None:
+        """Bytes of a task's arguments: its inline values as pickled, and object ids (28 bytes)."""
+        self.stats.sent_bytes += len(pickle.dumps(arguments, protocol=5)) + 28 * references
+        self.stats.tasks += 1
+
+    def _collect(self, done: Any, batch: list[SessionSlot]) -> list[SessionRows]:
+        from ray.exceptions import RayTaskError
+
+        try:
+            results = self.ray.get(done)
+        except RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, UnusableInput):
+                raise UnusableInput(
+                    f"{cause} (read on a Ray worker: every node must reach the dump, e.g. an s3:// URI)"
+                ) from None
+            raise
+        except self.ray.exceptions.RayError as error:  # a worker or node died more than RAY_RETRIES times
+            raise TraceToolsError(
+                f"session {batch[0].session_id}: its Ray task failed {RAY_RETRIES + 1} times "
+                f"({type(error).__name__}: a worker process or node died, out of memory?); "
+                "finished shards are kept and rerunning the command resumes"
+            ) from None
+        for rows in results:
+            self.stats.worker_cpu_s += rows.cpu_s
+            self.stats.nodes.add(rows.node)
+            self.stats.rows_bytes += rows.input_bytes
+            received = sum(buffer.size for buffer in rows.tables.values())
+            self.stats.received_bytes += received + (rows.samples_ipc.size if rows.samples_ipc is not None else 0)
+        return results
+
+
+# Runs in Ray workers: one replayer (and its renderers) per worker process and options.
 _RAY_REPLAYERS: dict[str, SessionReplayer] = {}
 
 
-def _ray_replay(options: ReplayOptions, session: Session) -> SessionRows:
-    """Runs in a Ray worker: one replayer (and its renderers) per worker process and options."""
+def _read_rows(context: DumpContext, number: int, group: int, session_ids: list[str]) -> Any:
+    tables = read_row_group(context, number, group, session_ids)
+    return tables if len(tables) > 1 else tables[0]  # one object per return, as num_returns says
+
+
+def _replay_slots(
+    options: ReplayOptions, context: DumpContext, slots: list[SessionSlot], *parts: Any
+) -> list[SessionRows]:
+    """A task: read, check and replay each slot's session (`parts` are their rows, slot by slot)."""
+    import ray
+
     replayer = _RAY_REPLAYERS.get(options.key())
     if replayer is None:
         replayer = _RAY_REPLAYERS[options.key()] = SessionReplayer(options)
-    return replayer(session)
+    node, results, start = ray.get_runtime_context().get_node_id(), [], 0
+    for slot in slots:
+        started = time.process_time()
+        mine, start = parts[start : start + len(slot.row_groups)], start + len(slot.row_groups)
+        item = read_session(context, slot, list(mine))
+        rows = replayer(item) if isinstance(item, Session) else SessionRows.quarantined(item)
+        rows.pack()
+        rows.input_bytes = sum(part.nbytes for part in mine)
+        rows.cpu_s, rows.node = time.process_time() - started, node
+        results.append(rows)
+    return results

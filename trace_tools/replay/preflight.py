@@ -29,7 +29,7 @@ def check_options(options: Any) -> None:
     parse_choice(options.canonicalization, POLICIES, "--canonicalization")
 
 
-def check_dump(dump: Path, stream: Any, options: Any) -> None:
+def check_dump(dump: Any, stream: Any, options: Any) -> None:
     """The dump (an opened `io.load.SessionStream`) has a usable session, and every recording in it
     has a tokenizer and template that resolve."""
     reason = stream.unusable_reason()

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError
-from trace_tools.io.load import materialize_ids
+from trace_tools.io.load import materialize_ids, session_warnings
 from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
@@ -58,6 +58,7 @@ class SessionReplayer:
     def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()
         materialize_ids(session)
+        rows.data_warnings = {kind: count for kind, (count, _example) in session_warnings(session).items()}
         try:
             prepared = self.prepare(session)
             facts = session_facts(prepared)

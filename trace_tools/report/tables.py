@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from trace_tools.io import storage
 from trace_tools.report.layout import Column, fit, label, legend
 from trace_tools.report.metrics import upstream_lines
 
@@ -23,7 +24,7 @@ HEADLINE_NOTE = (
 )
 
 
-def summary_view(summary: dict[str, Any], width: int, run_dir: Path | None = None) -> list[Any]:
+def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None = None) -> list[Any]:
     """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
     out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
@@ -40,7 +41,7 @@ def summary_view(summary: dict[str, Any], width: int, run_dir: Path | None = Non
     return out + ([Text(""), Text(key)] if key else [])
 
 
-def quarantine_view(summary: dict[str, Any], run_dir: Path | None = None) -> list[Text]:
+def quarantine_view(summary: dict[str, Any], run_dir: Path | str | None = None) -> list[Text]:
     """Quarantined sessions by reason with one example message each, and where the full list is."""
     if not summary.get("quarantined"):
         return []
@@ -55,7 +56,7 @@ def quarantine_view(summary: dict[str, Any], run_dir: Path | None = None) -> lis
         example = f"  e.g. {examples[reason]}" if reason in examples else ""
         lines.append(Text(f"  {reason}: {sessions}{example}"))
     if run_dir is not None:
-        lines.append(Text(f"  every entry: {Path(run_dir) / 'quarantine.parquet'}"))
+        lines.append(Text(f"  every entry: {storage.join(storage.location(run_dir), 'quarantine.parquet')}"))
     return lines
 
 
