@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register, release_tree
+from trace_tools.strategies.base import Strategy, release_tree
+from trace_tools.strategies.declarations import SESSION_V2
 from trace_tools.strategies.session_core import (
     AssemblyError,
     LeafSample,
@@ -24,17 +25,10 @@ from trace_tools.strategies.session_core import (
     session_requests,
     tito_from_context,
 )
-from trace_tools.strategies.session_v1 import SESSION_PARAMS
 
 
-@register
 class SessionV2(Strategy):
-    name = "session-v2"
-    # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
-    counterfactual = True
-    description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
-    params = SESSION_PARAMS
-    upstream_system = "miles"
+    declaration = SESSION_V2
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         tito = tito_from_context(self.ctx, self.setting("tito_family"), self.upstream)
