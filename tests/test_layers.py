@@ -94,3 +94,12 @@ def test_function_level_and_importlib_imports_count():
     )
     assert sorted(_upward("rescore", source)) == ["trace_tools.<relative>", "trace_tools.cli.", "trace_tools.simulate"]
     assert _upward("cli", source) == ["trace_tools.<relative>"]
+
+
+def test_every_package_is_installed():
+    """`pip install .` ships only the packages pyproject.toml lists: a new subpackage must be listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(path.parent.relative_to(ROOT.parent).parts) for path in ROOT.rglob("__init__.py")}
+    assert found - listed == set()

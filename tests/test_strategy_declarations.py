@@ -41,7 +41,8 @@ def test_the_declared_facts_are_those_of_each_strategy():
 
 
 def test_choice_vocabularies_are_the_implementations_keys():
-    from trace_tools.strategies.session_core import FAMILIES, MATCHERS
+    from trace_tools.strategies.session_core.matchers import MATCHERS
+    from trace_tools.strategies.session_core.tito import FAMILIES
 
     assert declarations.SESSION_MATCHERS == tuple(MATCHERS)
     assert declarations.TITO_FAMILIES == tuple(FAMILIES)

@@ -14,15 +14,10 @@ from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import SESSION_V1
-from trace_tools.strategies.session_core import (
-    AssemblyError,
-    assemble_v1,
-    record_outcomes,
-    replay_v1,
-    resolve_matcher,
-    session_requests,
-    tito_from_context,
-)
+from trace_tools.strategies.session_core.errors import AssemblyError
+from trace_tools.strategies.session_core.matchers import resolve_matcher
+from trace_tools.strategies.session_core.recording import record_outcomes, session_requests, tito_from_context
+from trace_tools.strategies.session_core.v1 import assemble_v1, replay_v1
 
 
 class SessionV1(Strategy):
