@@ -32,15 +32,10 @@ from trace_tools.errors import ReplayError
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.render.upstream import took_lenient
 from trace_tools.strategies.base import ReplayContext, Strategy, failure_reason
-from trace_tools.strategies.chains_core import (
-    CONTEXT,
-    ChainCodec,
-    ChainSession,
-    RequestRejected,
-    ServerError,
-    StepOutcome,
-    Trajectory,
-)
+from trace_tools.strategies.chains_core.codec import ChainCodec
+from trace_tools.strategies.chains_core.errors import RequestRejected, ServerError
+from trace_tools.strategies.chains_core.session import ChainSession
+from trace_tools.strategies.chains_core.state import CONTEXT, StepOutcome, Trajectory
 from trace_tools.strategies.declarations import CHAINS
 
 
