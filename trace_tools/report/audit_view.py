@@ -37,7 +37,7 @@ def audit_templates(
 ) -> list[Audit]:
     """Audit a template (or `trl:all`), judging `strategies` (default: every built-in one) by the
     checks each declares it relies on. An unknown strategy name is an `UnknownName`."""
-    return run_audit(chat_template, tokenizer, relies_on(list(strategies or ())))
+    return run_audit(chat_template, tokenizer, relies_on(strategies))
 
 
 def audit_view(audits: Sequence[Audit]) -> list[Any]:

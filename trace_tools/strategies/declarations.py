@@ -13,7 +13,7 @@ list the class in `strategies.builtin`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from trace_tools.errors import UnknownName
@@ -265,7 +265,7 @@ def builtin_params() -> dict[str, Param]:
     return {param.name: param for declaration in DECLARATIONS for param in declaration.params}
 
 
-def relies_on(names: list[str] | tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
+def relies_on(names: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
     """The template facts each named strategy (default: every built-in) relies on; an unknown name
     is an `UnknownName` listing the built-ins."""
     for name in names or ():
