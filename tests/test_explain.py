@@ -11,7 +11,7 @@ from trace_tools.cli.main import app
 from trace_tools.report.explain import explain
 
 EXPECTED = {
-    "claude-code": {"schema_default", "whitespace"},
+    "claude-code": {"schema_default", "whitespace", "command_prefix"},
     "json-reserialize": {"key_order_or_spacing"},
     "reasoning-dropped": {"reasoning"},
     "reasoning-rekeyed": {"reasoning"},
@@ -20,7 +20,15 @@ EXPECTED = {
     "noncanonical-tokenization": {"tokenizer_boundary"},
     "history-edit": {"genuine_edit"},
 }
-COSMETIC = {"whitespace", "schema_default", "key_order_or_spacing", "reasoning", "tool_call_id", "tokenizer_boundary"}
+COSMETIC = {
+    "whitespace",
+    "schema_default",
+    "command_prefix",
+    "key_order_or_spacing",
+    "reasoning",
+    "tool_call_id",
+    "tokenizer_boundary",
+}
 
 
 def _sessions_by_behaviour(path):
@@ -76,10 +84,12 @@ def test_a_genuine_edit_is_never_reported_as_cosmetic(dumps, template):
 def test_explain_cli_shows_aligned_tokens_and_strategy_outcome(dumps):
     path = dumps["qwen3"]
     session = _sessions_by_behaviour(path)["claude-code"][0]
-    result = CliRunner().invoke(app, ["explain", str(path), "--session", session, "--strategy", "tree"])
+    filled = next(f for f in explain(path, session).findings if f.cause == "schema_default")
+    args = ["explain", str(path), "--session", session, "--turn", str(filled.turn_index), "--strategy", "tree"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "Tokens around the first divergence" in result.output
-    assert "replace_all" in result.output
+    assert "schema default filled in" in result.output and "replace_all" in result.output
     assert "tree: turn" in result.output
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from trace_tools.probe.harnesses import HarnessNotInstalled, get_harness
@@ -111,23 +115,34 @@ def test_probe_names_how_to_install_a_missing_harness_and_refuses_unknown_ones(t
     assert unknown.exit_code == 2 and "claude-code" in unknown.output
 
 
-def test_real_claude_code_session_end_to_end_in_a_network_namespace(tmp_path):
-    """One scripted session through the real Claude Code CLI: its profile names what 2.1.x does."""
+@pytest.fixture(scope="module")
+def claude_run():
+    """Three scripted sessions through the real Claude Code CLI (the scenarios rotate file types
+    and whitespace per session), replayed through every strategy."""
     _installed_or_skip("claude-code", "TRACE_TOOLS_REQUIRE_CLAUDE")
     _namespaces_or_skip()
     from trace_tools.probe import probe
 
-    out = Path("/tmp") / f"tt-probe-test-{os.getpid()}" if os.getuid() == 0 else tmp_path / "probe"
+    with _probe_dir("cc") as out:
+        yield probe("claude-code", sessions=3, out=out, timeout_s=180), out
+
+
+@contextmanager
+def _probe_dir(name: str):
+    # The harness runs as `nobody` when we are root: its folder must be outside private homes.
+    base = Path("/tmp") if os.getuid() == 0 else Path(tempfile.mkdtemp())
+    out = base / f"tt-probe-{name}-{os.getpid()}"
     try:
-        result = probe("claude-code", sessions=1, out=out, timeout_s=180)
-        _check_claude_run(result, out)
+        yield out
     finally:
         subprocess.run(["rm", "-rf", str(out)], check=False)
 
 
-def _check_claude_run(result, out: Path) -> None:
+def test_real_claude_code_session_end_to_end_in_a_network_namespace(claude_run):
+    """Scripted sessions through the real Claude Code CLI: its profile names what 2.1.x does."""
+    result, out = claude_run
     assert result.isolation["isolated"] and all(c["ok"] for c in result.isolation["checks"])
-    assert [s["rc"] for s in result.sessions] == [0, 0]  # the version check, then the session
+    assert [s["rc"] for s in result.sessions] == [0, 0, 0, 0]  # the version check, then the sessions
     assert result.version.count(".") == 2
     kinds = {
         (t["kind"], t.get("tool"), t.get("argument"), t.get("key"), t.get("pattern"))
@@ -138,8 +153,7 @@ def _check_claude_run(result, out: Path) -> None:
     assert ("rstrip_lines", "Write", "content", None, None) in kinds
     assert ("kept_verbatim", "Edit", "old_string", None, None) in kinds
     write = next(t for t in result.profile["transformations"] if t["kind"] == "rstrip_lines" and t["tool"] == "Write")
-    assert write["except_file_types"] == [".md"]  # session 0 writes NOTES.md
-    assert result.summary["strategies"]["checkpoint-tree"]["coverage"] == 1.0
+    assert write["except_file_types"] == [".md"]  # session 0 writes NOTES.md, 1 and 2 .txt and .markdown
     assert result.summary["strategies"]["tree"]["coverage_by_tool"]["Edit"] == 0.0
     page = (out / "report.html").read_text()
     assert 'id="harness-profile"' in page and "prefix removed" in page
@@ -147,16 +161,98 @@ def _check_claude_run(result, out: Path) -> None:
     assert {r["kind"] for r in requests} <= {"turn", "side", "count_tokens", "other"}
 
 
-def test_real_mini_swe_agent_session_end_to_end(tmp_path):
+def test_the_simulator_echoes_exactly_as_the_real_client(claude_run):
+    """The same scenario replies through the simulator's claude-code echo (the shipped profile) and
+    through a profile measured on this run: every echo the real client sent, field by field and in
+    key order. The simulator's Anthropic form of each reply equals the recording's, ids aside."""
+    from trace_tools.io.load import load
+    from trace_tools.render.harness_echo import working_directory
+    from trace_tools.simulate import playable_profile
+    from trace_tools.simulate.behaviours import Echo
+    from trace_tools.simulate.formats import wire_from_parsed
+
+    result, out = claude_run
+    shipped, measured = Echo(("claude-code",), random.Random(0)), playable_profile(str(out / "profile.json"))
+    renderer = _renderer(out)
+    compared = 0
+    for session in load(out / "dump").sessions:
+        shipped.cwd = working_directory(session.turns[0].messages)
+        assert shipped.cwd and shipped.cwd.endswith("/repo")
+        served = {}
+        for turn in session.turns:
+            for message in turn.messages:
+                reply = served.get(_ids(message)) if message.get("role") == "assistant" else None
+                if reply is not None:
+                    assert _spelled(shipped(reply)) == _spelled(message)
+                    assert _spelled(measured.echo(reply, shipped.cwd)) == _spelled(message)
+                    compared += 1
+            parsed = renderer.parse_response(turn.output_ids, turn.tools).message
+            simulated = shipped.harness.served(wire_from_parsed(parsed, turn.tools, random.Random(0)))
+            assert _without_ids(simulated) == _without_ids(turn.response)
+            served[_ids(turn.response)] = turn.response
+    assert compared >= 3 * 8
+
+
+def test_checkpoint_tree_trains_real_sessions_once_each(claude_run):
+    """Append-only from the client's side: one sample per session, every token trained, about the
+    forwarded tokens of one sample per session, and no echo taken for a genuine edit."""
+    result, out = claude_run
+    _assert_one_sample_per_session(result, out)
+    turns = pd.read_parquet(out / "turns.parquet")
+    assert "genuine_edit" not in set(turns["drift_cause"].dropna())
+    assert {"command_prefix", "whitespace"} <= set(turns["drift_cause"].dropna())
+
+
+def test_checkpoint_tree_trains_sessions_whose_gateway_returned_reasoning_as_text():
+    """The recorder sends each reply's reasoning as a text block: Claude Code echoes it as text."""
+    _installed_or_skip("claude-code", "TRACE_TOOLS_REQUIRE_CLAUDE")
+    _namespaces_or_skip()
+    from trace_tools.probe import probe
+
+    with _probe_dir("cc-text") as out:
+        result = probe("claude-code", sessions=1, out=out, timeout_s=180, reasoning="text")
+        moved = [t for t in result.profile["transformations"] if t.get("what") == "reasoning.moved_to_text"]
+        assert moved and moved[0]["count"] == moved[0]["of"] and moved[0]["separator"] == ""
+        _assert_one_sample_per_session(result, out)
+
+
+def _assert_one_sample_per_session(result, out: Path) -> None:
+    from trace_tools.io.load import load
+
+    checkpoint = result.summary["strategies"]["checkpoint-tree"]
+    sessions = load(out / "dump").sessions
+    one_each = sum(len(s.turns[-1].prompt_ids) + len(s.turns[-1].output_ids) for s in sessions)
+    assert checkpoint["samples"] == len(sessions) and checkpoint["coverage"] == 1.0
+    assert checkpoint["forwarded_tokens"] <= 1.05 * one_each
+
+
+def _renderer(out: Path):
+    from trace_tools.io.load import load
+    from trace_tools.render.renderer import Renderer
+
+    return Renderer.from_spec(None, dump_meta=load(out / "dump").meta)
+
+
+def _ids(message: dict | None) -> tuple:
+    return tuple(call.get("id") for call in (message or {}).get("tool_calls") or ())
+
+
+def _spelled(message: dict) -> str:
+    return json.dumps(message, ensure_ascii=False)  # key order counts
+
+
+def _without_ids(message: dict) -> str:
+    calls = [{k: v for k, v in call.items() if k != "id"} for call in message.get("tool_calls") or ()]
+    return _spelled({**message, "tool_calls": calls} if calls else message)
+
+
+def test_real_mini_swe_agent_session_end_to_end():
     _installed_or_skip("mini-swe-agent")
     _namespaces_or_skip()
     from trace_tools.probe import probe
 
-    out = Path("/tmp") / f"tt-probe-mini-{os.getpid()}" if os.getuid() == 0 else tmp_path / "probe"
-    try:
+    with _probe_dir("mini") as out:
         result = probe("mini-swe-agent", sessions=1, out=out, timeout_s=180, replay=False)
         assert result.isolation["isolated"]
         assert result.profile["measured"]["calls"]["bash"] >= 7
         assert any(t["kind"] == "message" and t["what"] == "call_ids.kept" for t in result.profile["transformations"])
-    finally:
-        subprocess.run(["rm", "-rf", str(out)], check=False)

@@ -226,3 +226,51 @@ def test_report_html_shows_a_run_directorys_harness_profile(sample_run, tmp_path
     assert 'id="harness-profile"' in page and "harness profile: fake 9.9" in page
     assert "trailing whitespace stripped per line: U+00A0" in page
     assert "x = 1\\u00a0" in page  # the served example, its invisible character made visible
+
+
+def test_reasoning_sent_back_as_text_is_one_finding_with_its_separator():
+    served = reply(call("Read", {"file_path": "/a"}, "toolu_1"), content="Reading.", reasoning="Look first.")
+    echoed = reply(call("Read", {"file_path": "/a"}, "toolu_1"), content="Look first.Reading.")
+    only_calls = reply(call("Read", {"file_path": "/b"}, "toolu_2"), reasoning="Then b.")
+    echoed_calls = reply(call("Read", {"file_path": "/b"}, "toolu_2"), content="Then b.")
+    profile = detect([EchoPair(served, echoed, "s", 0), EchoPair(only_calls, echoed_calls, "s", 1)])
+    moved = by_kind(profile, "message", what="reasoning.moved_to_text")
+    assert (moved["count"], moved["of"], moved["separator"]) == (2, 2, "")
+    kinds = {t.get("what") for t in profile["transformations"] if t["kind"] == "message"}
+    assert not kinds & {"reasoning.dropped", "text.rewritten", "text.added"}
+
+
+def test_a_measured_profile_replays_the_echoes_it_was_measured_on():
+    """The detector's output, applied by the simulator's machinery, gives back every echo exactly."""
+    from trace_tools.render.harness_echo import HarnessEcho
+
+    served = [
+        {"file_path": f"{CWD}/a.py", "old_string": "x = 1  ", "new_string": "x = 3\u00a0 \ny = 4\t"},
+        {"file_path": f"{CWD}/README.md", "old_string": "Title", "new_string": "Title  \nmore  "},
+    ]
+    pairs = [
+        EchoPair(
+            reply(call("Edit", s, f"c{i}")), reply(call("Edit", claude_like_echo(s), f"c{i}")), "s", i, CWD, EDIT_SCHEMA
+        )
+        for i, s in enumerate(served)
+    ]
+    bash = reply(call("Bash", {"command": f"cd {CWD} && ls"}, "c9"))
+    pairs.append(EchoPair(bash, reply(call("Bash", {"command": "ls"}, "c9")), "s", 9, CWD))
+    harness = HarnessEcho(detect(pairs, {"name": "fake", "version": "1", "protocol": "anthropic"}))
+    assert not harness.unsupported
+    for pair in pairs:
+        assert json.dumps(harness.echo(pair.served, CWD)) == json.dumps(pair.echoed)  # key order included
+    assert harness.echo(pairs[-1].served, "/elsewhere") == pairs[-1].served  # the prefix is only cd {cwd}
+
+
+def test_a_profile_with_free_rewrites_cannot_be_simulated(tmp_path):
+    from trace_tools.errors import UsageError
+    from trace_tools.simulate import playable_profile
+
+    served, echoed = (
+        reply(call("Write", {"file_path": "/a.txt", "content": "one\ntwo\n"})),
+        reply(call("Write", {"file_path": "/a.txt", "content": "one\nTWO\n"})),
+    )
+    path = write_profile(detect([EchoPair(served, echoed)], {"name": "fake", "version": "1"}), tmp_path / "p.json")
+    with pytest.raises(UsageError, match="Write.content: rewritten"):
+        playable_profile(str(path))

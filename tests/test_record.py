@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from trace_tools.record import make_renderer, open_recorder
@@ -240,6 +241,28 @@ def test_openai_json_and_stream_carry_tool_calls(recorder, tmp_path):
     assert usage.completion_tokens == len(next(r for r in rows if r.session_id == "o2").output_ids)
     assert {r.session_id for r in rows} == {"o1", "o2"}
     assert all(r.metadata["protocol"] == "openai" for r in rows)
+
+
+def test_reasoning_as_text_goes_to_the_client_as_text_and_the_row_keeps_the_parse(tmp_path):
+    """A gateway that cannot return thinking blocks (`--reasoning text`): an Anthropic text block in
+    place of the thinking block, OpenAI content; the dump's response is the parse, reasoning apart."""
+    with open_recorder(tmp_path / "rec", script=ScriptBook({"*": SCRIPT}), reasoning="text") as running:
+        client = anthropic.Anthropic(base_url=running.url + "/s/t1", api_key="dummy", max_retries=0)
+        message = client.messages.create(
+            model="m", max_tokens=4096, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": "go"}]
+        )
+        chat = openai.OpenAI(base_url=running.url + "/s/t2/v1", api_key="dummy", max_retries=0).chat
+        reply = chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS)
+        rows = _wait_rows(tmp_path / "rec", 2)
+    assert [(b.type, getattr(b, "text", None)) for b in message.content[:2]] == [
+        ("text", "Look, then edit."),
+        ("text", "Editing a.py."),
+    ]
+    assert reply.choices[0].message.content == "Look, then edit.\n\nEditing a.py."
+    for row in rows:
+        assert row.response["reasoning_content"] == "Look, then edit." and row.response["content"] == "Editing a.py."
+    schema = pq.read_schema(next((tmp_path / "rec" / "dump").rglob("*.parquet")))
+    assert json.loads(schema.metadata[b"trace_tools.recorder"])["reasoning"] == "text"
 
 
 def test_mid_list_system_messages_fold_into_the_user_message_before_them():

@@ -45,7 +45,8 @@ def _calls(message):
 
 
 def _args(call):
-    return json.loads(call["function"]["arguments"])
+    arguments = call["function"]["arguments"]
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
 
 
 def test_byte_exact_echo_is_the_response(dump):
@@ -54,40 +55,49 @@ def test_byte_exact_echo_is_the_response(dump):
     assert pairs and all(echo == response for echo, response in pairs)
 
 
-def _strip_lines(value):
-    if isinstance(value, str):
-        return "\n".join(line.rstrip() for line in value.split("\n"))
-    if isinstance(value, dict):
-        return {k: _strip_lines(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strip_lines(v) for v in value]
-    return value
+# What Claude Code 2.1.332 did to echoes, as `trace-tools probe` measured it (docs/probe.md), written
+# out here independently of the profile machinery the simulator uses.
+JS_TRIM_END = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
 
 
-def _without_defaults(args, name, tools):
-    schema = next(t["function"] for t in tools if t["function"]["name"] == name)
-    defaults = {k: p["default"] for k, p in schema["parameters"]["properties"].items() if "default" in p}
-    return {k: v for k, v in args.items() if not (k in defaults and v is defaults[k])}
+def _trim_end_lines(text, path):
+    if path.endswith((".md", ".mdx")):
+        return text
+    return "\n".join(line.rstrip(JS_TRIM_END) for line in text.split("\n"))
 
 
-def test_claude_code_echo_differs_only_by_filled_defaults_and_stripped_lines(dump):
+def _measured_claude_code(name, args, cwd):
+    if name == "Bash":
+        return {**args, "command": args["command"].removeprefix(f"cd {cwd} && ")}
+    if name == "Edit":
+        order = ("replace_all", "file_path", "old_string", "new_string")
+        filled = {"replace_all": False, **args, "new_string": _trim_end_lines(args["new_string"], args["file_path"])}
+        return {key: filled[key] for key in order}
+    if name == "Write":
+        return {**args, "content": _trim_end_lines(args["content"], args["file_path"])}
+    return args
+
+
+def test_claude_code_echo_is_what_the_real_client_was_measured_to_send(dump):
     _, sessions = dump
     session = sessions["claude-code"]
-    tools = session.turns[0].tools
-    unequal = 0
+    cwd = session.turns[0].messages[0]["content"].rsplit("Working directory: ", 1)[1]
+    seen = {"Bash-prefix": 0, "Edit": 0}
     for echo, response in _echo_pairs(session):
-        assert {k: v for k, v in echo.items() if k != "tool_calls"} == {k: v for k, v in response.items() if k != "tool_calls"}
-        unequal += canonicalize_response(echo) != canonicalize_response(response)
+        # An Anthropic client: the row records arguments as objects, no stream `index`.
+        assert all(isinstance(c["function"]["arguments"], dict) and "index" not in c for c in _calls(response))
+        assert {**echo, "tool_calls": None} == {**response, "tool_calls": None}
         for sent, stored in zip(_calls(echo), _calls(response), strict=True):
-            name = stored["function"]["name"]
-            if name in ("Bash", "Read"):  # seed 001: these pass through untouched
-                assert sent == stored
-                continue
-            if name == "Edit":
-                assert "replace_all" in _args(sent)  # the harness always fills it
-            normalize = lambda args: _strip_lines(_without_defaults(args, name, tools))  # noqa: E731
-            assert normalize(_args(sent)) == normalize(_args(stored))
-    assert unequal > 0, "no echo was rewritten: the claude-code behaviour did nothing"
+            name, args = stored["function"]["name"], stored["function"]["arguments"]
+            assert sent["id"] == stored["id"]
+            expected = _measured_claude_code(name, args, cwd)
+            assert list(sent["function"]["arguments"].items()) == list(expected.items())  # key order too
+            seen["Bash-prefix"] += name == "Bash" and args["command"].startswith(f"cd {cwd} && ")
+            seen["Edit"] += name == "Edit"
+    assert all(seen.values()), seen
 
 
 def test_json_reserialize_keeps_dicts_and_changes_text(dump):
@@ -304,3 +314,29 @@ def test_ideal_forwarded_tokens_keep_served_ids_across_a_template_rewrite(dump):
     last = turns[-1]
     assert last.metadata["branch"] == "compaction-1"
     assert summary.metadata["ideal_forwarded_tokens"] == main + len(last.prompt_ids) + len(last.output_ids)
+
+
+def test_harness_profile_file_plays_like_the_builtin_claude_code_behaviour(tmp_path):
+    """`--harness-profile FILE` plays any measured profile; the shipped Claude Code one gives exactly
+    the `claude-code` behaviour's rows, and the dump records which profile was played."""
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trace_tools.render.harness_echo import SHIPPED
+
+    shipped = SHIPPED / "claude-code-2.1.332.json"
+    builtin = simulate(2, seed=9, behaviours=["claude-code"], max_turns=6)
+    played = simulate(2, seed=9, harness_profile=str(shipped), max_turns=6)
+    for a, b in zip(builtin.to_pylist(), played.to_pylist(), strict=True):
+        assert a["messages"] == b["messages"] and a["response"] == b["response"]
+    meta = json.loads(played.schema.metadata[b"trace_tools.simulator"])
+    assert meta["harness_profiles"] == {"harness-profile": "claude-code 2.1.332"}
+    assert json.loads(builtin.schema.metadata[b"trace_tools.simulator"])["harness_profiles"] == {
+        "claude-code": "claude-code 2.1.332"
+    }
+    missing = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out", str(tmp_path / "x.parquet"),
+                                       "--harness-profile", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "no harness profile" in missing.output
+    unplayable = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out",
+                                          str(tmp_path / "x.parquet"), "--behaviour", "harness-profile"])
+    assert unplayable.exit_code == 2 and "--harness-profile" in unplayable.output

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from trace_tools.errors import InvalidOption, UsageError
 
@@ -70,10 +70,15 @@ class Param:
     help: str
     choices: tuple[str, ...] = ()
     minimum: int | None = None
+    check: Callable[[Any], Any] | None = None  # vets (and may normalise) a parsed value; raises UsageError
     flag: bool = False
 
     def parse(self, value: Any) -> Any:
         """The typed value; None means the default."""
+        parsed = self._typed(value)
+        return self.check(parsed) if self.check is not None and value is not None else parsed
+
+    def _typed(self, value: Any) -> Any:
         if value is None:
             return self.default
         if self.type is bool:

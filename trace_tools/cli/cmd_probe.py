@@ -14,6 +14,11 @@ FAMILY_HELP = (
     "qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1."
 )
 
+REASONING_HELP = (
+    "How replies carry the model's reasoning: separate (thinking blocks / reasoning_content) | "
+    "text (plain text ahead of the reply's text, as a gateway that cannot return thinking blocks sends it)."
+)
+
 
 def record_cmd(
     out: Annotated[
@@ -33,6 +38,7 @@ def record_cmd(
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 8642,
     harness: Annotated[str, typer.Option(help="Label the dump with the harness that recorded it.")] = "",
+    reasoning: Annotated[str, typer.Option(help=REASONING_HELP)] = "separate",
     allow_remote: Annotated[bool, typer.Option(help="Allow binding a non-loopback address.")] = False,
 ) -> None:
     """Run a recording gateway: Anthropic Messages and OpenAI Chat Completions in, trace schema v1 out.
@@ -60,6 +66,7 @@ def record_cmd(
         tokenizer=tokenizer,
         chat_template=chat_template,
         harness=harness,
+        reasoning=reasoning,
         allow_remote=allow_remote,
     )
     counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows"
@@ -73,6 +80,7 @@ def probe_cmd(
     template: Annotated[str, typer.Option("--template", help=FAMILY_HELP)] = "qwen3",
     seed: Annotated[int, typer.Option("--seed", help="Varies the scenarios' whitespace characters.")] = 0,
     timeout: Annotated[int, typer.Option("--timeout", help="Seconds one harness session may run.")] = 300,
+    reasoning: Annotated[str, typer.Option(help=REASONING_HELP)] = "separate",
     no_isolation: Annotated[
         bool,
         typer.Option(
@@ -102,6 +110,7 @@ def probe_cmd(
         template=template,
         seed=seed,
         timeout_s=timeout,
+        reasoning=reasoning,
         isolation=not no_isolation,
         replay=replay,
         progress=None if json_out else note,

@@ -49,6 +49,14 @@ def simulate_cmd(
             "contexts ending at 25k-60k tokens).",
         ),
     ] = "swe",
+    harness_profile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--harness-profile",
+            help="A harness profile (profile.json from trace-tools probe, or a shipped name such as "
+            "claude-code-2.1.332) for the harness-profile behaviour; without --behaviour every session plays it.",
+        ),
+    ] = None,
     logprobs_model: Annotated[
         Optional[str],
         typer.Option(
@@ -60,7 +68,7 @@ def simulate_cmd(
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
 
-    Behaviours: byte-exact, claude-code, json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
+    Behaviours: byte-exact, claude-code (the shipped Claude Code 2.1.332 profile), harness-profile (--harness-profile FILE), json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
 
     Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
     """  # noqa: E501 (typer prints docstring lines as written: the behaviour list stays one line)
@@ -78,6 +86,7 @@ def simulate_cmd(
         logprobs_model=logprobs_model,
         profile=profile,
         chat_template=chat_template,
+        harness_profile=harness_profile,
     )
     rows = summarize(table)
     if json_out:

@@ -5,33 +5,42 @@ extend what the engine served for N (`prompt_N + output_N`). The cause comes fro
 documented taxonomy (docs/drift_causes.md), decided from the message-level difference between
 the stored response and its echo, plus the token-level difference:
 
-* `whitespace`           trailing / per-line whitespace stripped from string arguments
+* `whitespace`           trailing whitespace stripped from the lines of string arguments (any
+                         known harness's character set: Python's or JavaScript's `trimEnd`)
 * `schema_default`       a tool-schema default the model omitted was filled in
-* `key_order_or_spacing` tool-argument key order or JSON spacing differs (same values)
-* `reasoning`            reasoning dropped from the echo, or re-keyed (other field, inlined)
+* `command_prefix`       a prefix a harness profile names was removed from an argument (Claude
+                         Code drops a leading `cd <working directory> && ` from Bash commands)
+* `key_order_or_spacing` tool-argument key order rebuilt or JSON spacing changed (same values)
+* `reasoning`            reasoning dropped from the echo, re-keyed (other field, inlined), or
+                         sent back as plain text ahead of the content
 * `tool_call_id`         tool-call `index` / `id` changed (invisible to the template; breaks
                          managers that compare raw messages, e.g. miles strict, uni-agent)
-* `template_rewrite`     same message, but the template renders it (or an earlier turn)
-                         differently in the longer conversation, e.g. reasoning stripped
+* `template_rewrite`     the template, not the echo, changed history: the same message rendered
+                         differently in the longer conversation (reasoning stripped, DeepSeek V3's
+                         generation-prompt `<think>` and tool-outputs closer dropped), or an
+                         earlier turn re-rendered
 * `tokenizer_boundary`   same text, different token split (the model emitted a non-canonical
                          split that re-tokenization merges)
 * `genuine_edit`         the echo changed what the turn says or does
 
 A cosmetic cause is only named when the corresponding normalisation makes the two messages
-equal; anything else is `genuine_edit`, so a real edit is never reported as cosmetic.
+equal; anything else is `genuine_edit`, so a real edit is never reported as cosmetic. The
+harness profiles consulted are the ones trace-tools ships (`render.harness_echo`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
+from trace_tools.render.normalize import ANY_LINE_END_BLANK, parse_arguments, strip_trailing_ws
 
 CAUSES = (
     "whitespace",
     "schema_default",
+    "command_prefix",
     "key_order_or_spacing",
     "reasoning",
     "tool_call_id",
@@ -84,16 +93,19 @@ def continuation_pairs(
 
 def find_drift(prepared: Any) -> list[DriftFinding]:
     """Drift findings for every continued turn of a `PreparedSession`."""
+    from trace_tools.render.harness_echo import working_directory
+
     turns = {p.turn.turn_index: p for p in prepared.turns}
+    cwd = working_directory(prepared.turns[0].turn.messages) if prepared.turns else None
     findings = []
     for n, m, changed in continuation_pairs(prepared.canonical("slime"), list(turns)):
-        finding = _finding(turns[n], turns[m], changed, prepared.renderer)
+        finding = _finding(turns[n], turns[m], changed, prepared.renderer, cwd)
         if finding is not None:
             findings.append(finding)
     return findings
 
 
-def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> DriftFinding | None:
+def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any, cwd: str | None) -> DriftFinding | None:
     turn_n, turn_m = earlier.turn, later.turn
     served = list(earlier.prompt_ids)
     served += turn_n.output_ids  # in place: one copy of the prompt, not three
@@ -102,13 +114,25 @@ def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> Dr
     token_drift = lcp < len(served)
     prompt_len = len(earlier.prompt_ids)
     if changed is not None:
-        causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools)
+        causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools, cwd)
     else:
         stored = turn_n.response if turn_n.response is not None else earlier.response_message
         echo = turn_m.messages[len(turn_n.messages)]
         if echo.get("role") != "assistant":
             return None
-        causes, diff = classify(stored, echo, turn_n.tools, token_drift, lcp, served, nxt, prompt_len, renderer)
+        causes, diff = classify(
+            stored,
+            echo,
+            turn_n.tools,
+            token_drift,
+            lcp,
+            served,
+            nxt,
+            prompt_len,
+            renderer,
+            cwd=cwd,
+            byte_exact=lambda: _byte_exact_prompt(earlier, later, renderer),
+        )
     return DriftFinding(
         turn_n.turn_index,
         turn_m.turn_index,
@@ -122,16 +146,29 @@ def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any) -> Dr
     )
 
 
-def _history_change(before: dict, after: dict, tools) -> tuple[list[str], list[str]]:
+def _history_change(before: dict, after: dict, tools, cwd: str | None) -> tuple[list[str], list[str]]:
     """A message earlier than the echo changed: cosmetic only if a normalisation explains it."""
-    from trace_tools.render.normalize import strip_trailing_ws
-
     diff = message_diff(before, after)
     if before.get("role") == "assistant" == after.get("role"):
-        return _cosmetic_message_causes(before, after, tools) or ["genuine_edit"], diff
-    if strip_trailing_ws(before) == strip_trailing_ws(after):
+        return _cosmetic_message_causes(before, after, tools, cwd) or ["genuine_edit"], diff
+    if _rstripped(before) == _rstripped(after):
         return ["whitespace"], diff
     return ["genuine_edit"], diff
+
+
+def _byte_exact_prompt(earlier: Any, later: Any, renderer: Any) -> list[int] | None:
+    """The next prompt had the harness echoed the stored reply exactly (None without a renderer)."""
+    from trace_tools.pipeline.prepared import render_prompt
+    from trace_tools.render.boundary import RENDER_ERRORS
+
+    if renderer is None or earlier.response_message is None:
+        return None
+    messages = list(later.messages)
+    messages[len(earlier.messages)] = earlier.response_message
+    try:
+        return render_prompt(renderer, messages, later.tools, later.turn)
+    except RENDER_ERRORS:  # a template that cannot render the stored reply explains nothing here
+        return None
 
 
 def classify(
@@ -144,8 +181,16 @@ def classify(
     nxt: list[int],
     prompt_len: int,
     renderer,
+    *,
+    cwd: str | None = None,
+    byte_exact: Callable[[], list[int] | None] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Causes (most specific first) and the message-level difference, as readable paths."""
+    """Causes (most specific first) and the message-level difference, as readable paths.
+
+    `byte_exact` gives the next prompt as a byte-exact echo would have rendered it: when that
+    prompt leaves the served ids no later than the real one, the template (not the echo) made the
+    first difference, and `template_rewrite` leads the causes.
+    """
     from trace_tools.render.canonical import canonicalize_response
 
     stored = stored or {"role": "assistant", "content": ""}
@@ -153,12 +198,29 @@ def classify(
     if not token_drift:
         if not diff:
             return [], diff
-        return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
+        return _cosmetic_message_causes(stored, echo, tools, cwd) or ["genuine_edit"], diff
     if lcp < prompt_len - _generation_prompt_len(renderer):
         return ["template_rewrite"], diff  # divergence before this turn's block: an earlier turn re-rendered
+
+    def without_the_echo() -> str | None:
+        """What leaves the served ids no later than here even had the harness echoed the reply
+        byte for byte: the template, or the tokenizer's split of the model's own tokens; None when
+        the echo's rewrite is the first difference."""
+        exact = byte_exact() if byte_exact is not None and stored != echo else None
+        at = common_prefix_len(served, exact) if exact is not None else len(served)
+        if exact is None or at > lcp:
+            return None
+        return "tokenizer_boundary" if _same_characters(served, exact, at, renderer) else "template_rewrite"
+
     if canonicalize_response(stored) == canonicalize_response(echo):
-        return [_same_message_cause(stored, echo, served, nxt, lcp, renderer)], diff
-    return _cosmetic_message_causes(stored, echo, tools) or ["genuine_edit"], diff
+        cause = _same_message_cause(stored, echo, served, nxt, lcp, renderer)
+        first = without_the_echo() if cause not in ("template_rewrite", "tokenizer_boundary") else None
+        return ([first, cause] if first else [cause]), diff
+    causes = _cosmetic_message_causes(stored, echo, tools, cwd) or ["genuine_edit"]
+    first = without_the_echo()
+    if first:  # a genuine edit still leads
+        causes = ["genuine_edit", first] if causes == ["genuine_edit"] else [first, *causes]
+    return causes, diff
 
 
 def _generation_prompt_len(renderer) -> int:
@@ -179,45 +241,87 @@ def _same_message_cause(stored, echo, served, nxt, lcp, renderer) -> str:
         return "key_order_or_spacing"
     if renderer is None:
         return "template_rewrite"
-    # The next prompt goes on far past the served ids; the same number of tokens (plus margin)
-    # covers the served text, since re-tokenization only merges.
+    if _same_characters(served, nxt, lcp, renderer):
+        return "tokenizer_boundary"  # same characters, another split
     served_text = renderer.decode(served[lcp:])
     next_text = renderer.decode(nxt[lcp : lcp + len(served) - lcp + 16])
-    if next_text.startswith(served_text):
-        return "tokenizer_boundary"  # same characters, another split
     if _squeeze(next_text).startswith(_squeeze(served_text)) and "<tool_call>" in renderer.decode(served):
         return "key_order_or_spacing"  # the model's JSON spacing differs from the template's
     return "template_rewrite"
+
+
+def _same_characters(served: list[int], nxt: list[int], lcp: int, renderer) -> bool:
+    """The text after the divergence is the same characters on both sides (only the split differs).
+
+    The next prompt goes on far past the served ids; the same number of tokens (plus margin)
+    covers the served text, since re-tokenization only merges."""
+    served_text = renderer.decode(served[lcp:])
+    return renderer.decode(nxt[lcp : lcp + len(served) - lcp + 16]).startswith(served_text)
 
 
 def _squeeze(text: str) -> str:
     return "".join(text.split())
 
 
-def _cosmetic_message_causes(stored: dict, echo: dict, tools) -> list[str]:
+def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = None) -> list[str]:
     """Name the normalisations under which the canonical messages become equal; [] when none do."""
     from trace_tools.render.canonical import canonicalize_response
-    from trace_tools.render.normalize import drop_schema_defaults, strip_trailing_ws, tool_defaults
+    from trace_tools.render.harness_echo import shipped_echoes
+    from trace_tools.render.normalize import drop_schema_defaults, tool_defaults
 
     a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
     causes = []
     if _reasoning_of(a) != _reasoning_of(b) or _reasoning_rekeyed(echo):
         causes.append("reasoning")
+        b = _reasoning_moved_back(a, b)
         a, b = _without_reasoning(a), _without_reasoning(b)
     defaults = tool_defaults(tools)
     da = _with_args(a, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
     db = _with_args(b, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
-    if a != b and (da, db) != (a, b) and strip_trailing_ws(da) == strip_trailing_ws(db):
+    if a != b and (da, db) != (a, b) and _rstripped(da) == _rstripped(db):
         causes.append("schema_default")
         a, b = da, db
-    if a != b and strip_trailing_ws(a) == strip_trailing_ws(b):
+    for harness in shipped_echoes():
+        pa = _with_args(a, lambda name, args, h=harness: h.strip_prefixes(name, args, cwd))
+        if a != b and pa != a and _rstripped(pa) == _rstripped(b):
+            causes.append("command_prefix")
+            a = pa
+            break
+    if a != b and _rstripped(a) == _rstripped(b):
         causes.append("whitespace")
         a, b = a, a
     if a != b:
         return []
+    if causes and _key_order_rebuilt(stored, echo):
+        causes.append("key_order_or_spacing")
     if not causes and _only_wire_ids(message_diff(stored, echo)):
         causes.append("tool_call_id")
     return causes
+
+
+def _rstripped(value: Any) -> Any:
+    """`value` with the trailing blanks of every line of every string removed (any harness's set)."""
+    return strip_trailing_ws(value, ANY_LINE_END_BLANK)
+
+
+def _reasoning_moved_back(stored: dict, echo: dict) -> dict:
+    """`echo` with the stored reasoning taken off the front of its text, where the harness sent
+    the reasoning back as text (a gateway that returned it so); otherwise `echo` itself."""
+    reasoning, content = _reasoning_of(stored), echo.get("content")
+    if not reasoning or _reasoning_of(echo) or not isinstance(content, str) or not content.startswith(reasoning):
+        return echo
+    rest = content[len(reasoning) :]
+    return {**echo, "content": rest.strip()} if rest.strip() == (stored.get("content") or "").strip() else echo
+
+
+def _key_order_rebuilt(stored: dict, echo: dict) -> bool:
+    """Some call's shared argument keys come back in another order."""
+    pairs = zip(stored.get("tool_calls") or [], echo.get("tool_calls") or [])
+    for a, b in pairs:
+        x, y = (parse_arguments((c.get("function") or {}).get("arguments")) for c in (a, b))
+        if isinstance(x, dict) and isinstance(y, dict) and [k for k in x if k in y] != [k for k in y if k in x]:
+            return True
+    return False
 
 
 def _reasoning_of(message: dict) -> str:
@@ -251,12 +355,9 @@ def _arguments_key_order_differs(stored: dict, echo: dict) -> bool:
     def orders(message):
         out = []
         for call in message.get("tool_calls") or []:
-            args = call.get("function", {}).get("arguments")
+            args = parse_arguments(call.get("function", {}).get("arguments"))
             if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    return None
+                return None
             out.append(_key_paths(args))
         return out
 
@@ -306,9 +407,29 @@ def message_diff(a: Any, b: Any, path: str = "") -> list[str]:
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in message_diff(x, y, f"{path}[{i}]")]
+    if isinstance(a, str) and isinstance(b, str) and a != b:
+        return [f"{path}: {' → '.join(differing_parts(a, b))}"]
     if a != b:
         return [f"{path}: {_short(a)} → {_short(b)}"]
     return []
+
+
+def differing_parts(a: str, b: str, context: int = 16, limit: int = 48) -> tuple[str, str]:
+    """Both strings cut to the part that differs (plus a little context), as quoted reprs with `…`
+    where text was left out, so the difference shows even deep inside long values."""
+    prefix = 0
+    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
+        suffix += 1
+    start = max(prefix - context, 0)
+
+    def cut(text: str) -> str:
+        end = min(len(text), max(len(text) - suffix, prefix) + context, prefix + limit)
+        return ("…" if start else "") + repr(text[start:end]) + ("…" if end < len(text) else "")
+
+    return cut(a), cut(b)
 
 
 def _parsed(value: Any) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trace_tools.errors import TraceToolsError, UsageError
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError
 from trace_tools.probe.harnesses import Harness, Launch, get_harness
 from trace_tools.probe.scenarios import TASK, Workspace, build_scenario, make_workspace
 
@@ -55,6 +55,7 @@ def probe(
     template: str = "qwen3",
     seed: int = 0,
     timeout_s: int = 300,
+    reasoning: str = "separate",
     isolation: bool = True,
     replay: bool = True,
     workers: int | None = 1,
@@ -62,15 +63,18 @@ def probe(
 ) -> ProbeResult:
     """Probe `harness` for `sessions` sessions into the run directory `out` (see the module docstring).
 
-    `isolation=False` runs the harness in the host's network namespace (the CLI's explicit
-    `--no-isolation`); otherwise a sandbox whose isolation checks fail stops the probe before any
-    harness starts (`IsolationFailed`, exit 2).
+    `reasoning="text"` makes the recorder send the reasoning as plain text, as a gateway that cannot
+    return thinking blocks does (`record.server.REASONING_MODES`). `isolation=False` runs the
+    harness in the host's network namespace (the CLI's explicit `--no-isolation`); otherwise a
+    sandbox whose isolation checks fail stops the probe before any harness starts (`IsolationFailed`, exit 2).
     """
     from trace_tools.probe.profile import detect_from_dump, write_profile
     from trace_tools.record import make_renderer
     from trace_tools.record.model import ScriptedModel
-    from trace_tools.record.server import Recorder, RecorderThread
+    from trace_tools.record.server import REASONING_MODES, Recorder, RecorderThread
 
+    if reasoning not in REASONING_MODES:
+        raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
     spec = get_harness(harness)
     executable = spec.locate()
     if sessions < 1:
@@ -81,7 +85,8 @@ def probe(
     workspaces = [make_workspace(work / f"s{i:02d}" / "repo", i, seed) for i in range(sessions)]
     renderer = make_renderer(template)
     scripts = _ScenarioBook(workspaces, spec, run_dir / "scenarios")
-    recorder = Recorder(run_dir, renderer, ScriptedModel(renderer, scripts), harness=f"{harness}")
+    model = ScriptedModel(renderer, scripts)
+    recorder = Recorder(run_dir, renderer, model, harness=harness, reasoning=reasoning)
     socket_dir = Path(tempfile.mkdtemp(prefix="tt-probe-"))
     try:
         with RecorderThread(recorder, unix=socket_dir / "recorder.sock"):
@@ -91,7 +96,9 @@ def probe(
     version = _version(run_dir)
     _check_sessions(report, run_dir)
     profile = detect_from_dump(run_dir / "dump", harness=harness, version=version, protocol=spec.protocol)
-    profile["measured"].update(sessions_requested=sessions, template=template, seed=seed, isolation=report["mode"])
+    profile["measured"].update(
+        sessions_requested=sessions, template=template, seed=seed, isolation=report["mode"], reasoning=reasoning
+    )
     write_profile(profile, run_dir / "profile.json")
     say(f"profile: {len(profile['transformations'])} transformations over {profile['measured']['echoes']} echoed turns")
     result = ProbeResult(run_dir, harness, version, report, report["sessions"], profile)
@@ -99,7 +106,11 @@ def probe(
         from trace_tools.api import replay as replay_dump
 
         say("replaying the dump through every strategy")
-        result.summary = replay_dump(run_dir / "dump", out=run_dir, workers=workers, overwrite=True).summary
+        # checkpoint-tree's echo rules follow the profile just measured (docs/checkpoint_tree.md)
+        params = {"harness_profile": str(run_dir / "profile.json")}
+        result.summary = replay_dump(
+            run_dir / "dump", out=run_dir, workers=workers, overwrite=True, params=params
+        ).summary
     return result
 
 

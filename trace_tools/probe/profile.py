@@ -31,17 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-FORMAT, VERSION = "trace-tools-harness-profile", 1
+from trace_tools.render.harness_echo import FORMAT, VERSION, file_type, working_directory
+from trace_tools.render.harness_echo import read_profile as read_profile  # the reader lives with its consumers
+from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments
+
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
-# ECMAScript WhiteSpace and LineTerminator code points: what String.prototype.trimEnd removes.
-JS_WHITESPACE = set("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {
-    chr(c) for c in range(0x2000, 0x200B)
-}
 _CD_PREFIX = re.compile(r"^cd (\S+) && $")
 _CD_START = re.compile(r"^cd (\S+) && ")
-_PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
 
 
 def is_blank(char: str) -> bool:
@@ -101,6 +99,7 @@ class Detector:
         self.order_rules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.added_values: dict[tuple[str, str], list[Any]] = defaultdict(list)
         self.served_with: dict[str, int] = defaultdict(int)
+        self.separators: set[str] = set()  # between moved reasoning and a non-empty text
 
     # -- one pair -----------------------------------------------------------------------------
     def add(self, pair: EchoPair) -> None:
@@ -122,6 +121,20 @@ class Detector:
             self._call(call, match, pair, where)
 
     def _blocks(self, served: dict, echoed: dict, where: dict) -> None:
+        separator = _moved_reasoning(served, echoed)
+        if separator is not None:
+            # The reasoning came back as text ahead of the visible text (a gateway that returned
+            # it as text): one finding, not "reasoning dropped" plus "text rewritten".
+            self.served_with["reasoning"] += 1
+            self.messages["reasoning.moved_to_text"].add(
+                {
+                    **where,
+                    "served": served.get("reasoning_content"),
+                    "echoed": echoed.get("content"),
+                    "separator": separator,
+                }
+            )
+            return
         for key, label in (("reasoning_content", "reasoning"), ("content", "text")):
             before, after = served.get(key) or "", echoed.get(key) or ""
             self.served_with[label] += int(bool(before))
@@ -145,6 +158,8 @@ class Detector:
             )
 
     def _message_keys(self, served: dict, echoed: dict, where: dict) -> None:
+        if _moved_reasoning(served, echoed) is not None:
+            served = {key: value for key, value in served.items() if key != "reasoning_content"}
         for key in echoed.keys() - served.keys():
             self.messages[f"message_key_added.{key}"].add({**where, "value": echoed[key]})
         for key in served.keys() - echoed.keys():
@@ -162,14 +177,14 @@ class Detector:
             self.messages[f"call_key_added.{key}"].add({**call_where, "value": echoed[key]})
         for key in served.keys() - echoed.keys():
             self.messages[f"call_key_removed.{key}"].add({**call_where, "value": served[key]})
-        served_args, echoed_args = _arguments(served), _arguments(echoed)
+        served_args, echoed_args = parse_arguments(_raw(served)), parse_arguments(_raw(echoed))
         self._argument_text(name, served, echoed, served_args, echoed_args, call_where)
         if not isinstance(served_args, dict) or not isinstance(echoed_args, dict):
             return
         self._keys(name, served_args, echoed_args, pair, call_where)
-        file_type = _file_type(served_args)
+        kind = file_type(served_args)
         for key in served_args.keys() & echoed_args.keys():
-            self._value(name, key, served_args[key], echoed_args[key], pair.cwd, file_type, call_where)
+            self._value(name, key, served_args[key], echoed_args[key], pair.cwd, kind, call_where)
 
     def _argument_text(
         self, name: str, served: dict, echoed: dict, served_args: Any, echoed_args: Any, where: dict
@@ -309,9 +324,9 @@ class Detector:
         this argument's stripping removes elsewhere (any trailing blank, if it is never stripped)."""
         stripped = self.stripped.get(key)
         counts = {t: dict(v) for t, v in self.by_type[key].items()} if key in self.by_type else {}
-        for file_type, values in self.kept_values.get(key, {}).items():
+        for kind, values in self.kept_values.get(key, {}).items():
             kept = sum(1 for blanks in values if not stripped or blanks & stripped)
-            entry = counts.setdefault(file_type, {"stripped": 0, "kept": 0})
+            entry = counts.setdefault(kind, {"stripped": 0, "kept": 0})
             entry["kept"] += kept
         return dict(sorted((t, n) for t, n in counts.items() if n["stripped"] or n["kept"]))
 
@@ -322,9 +337,10 @@ class Detector:
         for key, finding in messages.items():
             label = key.split(".", 1)[0]
             of = calls if key.startswith(("call_", "tool_calls.dropped")) else self.served_with.get(label, self.pairs)
-            out.append(
-                {"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]}
-            )
+            entry = {"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]}
+            if key == "reasoning.moved_to_text" and len(self.separators) <= 1:
+                entry["separator"] = next(iter(self.separators), "")
+            out.append(entry)
         for name, section in tools.items():
             out += _tool_transformations(name, section, self.added_values)
         return out
@@ -450,23 +466,26 @@ def _matching_call(call: dict, echoed: list[dict], position: int) -> dict | None
     return echoed[position] if position < len(echoed) else None
 
 
-def _arguments(call: dict) -> Any:
-    arguments = (call.get("function") or {}).get("arguments")
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
+def _raw(call: dict) -> Any:
+    return (call.get("function") or {}).get("arguments")
 
 
-def _file_type(arguments: dict) -> str | None:
-    for key in _PATH_KEYS:
-        value = arguments.get(key)
-        if isinstance(value, str) and value:
-            suffix = Path(value).suffix
-            return suffix or Path(value).name
-    return None
+def _moved_reasoning(served: dict, echoed: dict) -> str | None:
+    """The separator when the echo's text is the served reasoning, then the served text; else None."""
+    reasoning, text = served.get("reasoning_content") or "", served.get("content") or ""
+    after = echoed.get("content")
+    if (
+        not reasoning
+        or echoed.get("reasoning_content")
+        or not isinstance(after, str)
+        or not after.startswith(reasoning)
+    ):
+        return None
+    rest = after[len(reasoning) :]
+    if not text:
+        return "" if not rest else None
+    separator = rest[: len(rest) - len(text)] if rest.endswith(text) else None
+    return separator if separator is not None and not separator.strip() else None
 
 
 def _schema_order(tools: list[dict] | None, name: str) -> tuple[str, ...] | None:
@@ -625,34 +644,13 @@ def detect_from_dump(
     )
 
 
-_WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
-
-
 def _working_directories(sessions: list[Any]) -> dict[str, str]:
     """Each session's working directory as its harness announced it in the first request."""
-    out = {}
-    for session in sessions:
-        text = " ".join(str(m.get("content")) for m in session.turns[0].messages if isinstance(m.get("content"), str))
-        match = _WORKING_DIRECTORY.search(text)
-        if match:
-            out[session.session_id] = match.group(1)
-    return out
+    found = {session.session_id: working_directory(session.turns[0].messages) for session in sessions}
+    return {key: value for key, value in found.items() if value}
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
     from trace_tools.io.write import write_json_atomic
 
     return write_json_atomic(profile, path)
-
-
-def read_profile(path: str | Path) -> dict[str, Any]:
-    from trace_tools.errors import UsageError
-
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UsageError(f"{path} is not a trace-tools harness profile")
-    if data.get("version") != VERSION:
-        raise UsageError(
-            f"{path} is harness profile version {data.get('version')}; this trace-tools reads version {VERSION}"
-        )
-    return data

@@ -59,6 +59,7 @@ def open_recorder(
     tokenizer: str | None = None,
     chat_template: str | None = None,
     harness: str = "",
+    reasoning: str = "separate",
     tcp: tuple[str, int] | None = ("127.0.0.1", 0),
     unix: str | Path | None = None,
 ) -> Any:
@@ -66,7 +67,8 @@ def open_recorder(
     from trace_tools.record.server import Recorder, RecorderThread
 
     renderer = make_renderer(template, tokenizer, chat_template)
-    recorder = Recorder(out, renderer, make_model(renderer, script=script, upstream=upstream), harness=harness)
+    model = make_model(renderer, script=script, upstream=upstream)
+    recorder = Recorder(out, renderer, model, harness=harness, reasoning=reasoning)
     return RecorderThread(recorder, tcp=tcp, unix=unix)
 
 

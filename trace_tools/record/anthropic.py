@@ -144,12 +144,16 @@ def signature(thinking: str) -> str:
     return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
 
 
-def reply_blocks(parsed: dict, id_seed: str) -> list[dict]:
-    """Content blocks for a parsed assistant message (OpenAI form, arguments as dicts)."""
+def reply_blocks(parsed: dict, id_seed: str, *, reasoning_as_text: bool = False) -> list[dict]:
+    """Content blocks for a parsed assistant message (OpenAI form, arguments as dicts); the
+    reasoning is a signed thinking block, or with `reasoning_as_text` a text block of its own."""
     blocks: list[dict] = []
     if parsed.get("reasoning_content"):
         thought = parsed["reasoning_content"]
-        blocks.append({"type": "thinking", "thinking": thought, "signature": signature(thought)})
+        if reasoning_as_text:
+            blocks.append({"type": "text", "text": thought})
+        else:
+            blocks.append({"type": "thinking", "thinking": thought, "signature": signature(thought)})
     if parsed.get("content"):
         blocks.append({"type": "text", "text": parsed["content"]})
     for position, call in enumerate(parsed.get("tool_calls") or ()):

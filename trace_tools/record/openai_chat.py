@@ -42,6 +42,17 @@ def reply_message(parsed: dict, id_seed: str) -> dict:
     return message
 
 
+def reasoning_in_content(message: dict) -> dict:
+    """The reply with its reasoning as plain text ahead of the content (a blank line between), as a
+    gateway that does not return reasoning separately sends it."""
+    reasoning = message.get("reasoning_content")
+    if not reasoning:
+        return message
+    out = {key: value for key, value in message.items() if key != "reasoning_content"}
+    out["content"] = f"{reasoning}\n\n{message.get('content') or ''}".rstrip("\n")
+    return out
+
+
 def finish_reason(message: dict, finish: str) -> str:
     if message.get("tool_calls"):
         return "tool_calls"

@@ -37,13 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.data import DumpMeta, Turn
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.record import anthropic, openai_chat
 from trace_tools.record.model import Generation, Request, ScriptedModel, UpstreamModel
 from trace_tools.record.sink import RequestLog, TurnSink, redact
 from trace_tools.render.canonical import canonicalize_messages
 
 SIDE_TITLE = "Scripted session"
+# How a reply carries the model's reasoning: `separate` (Anthropic thinking blocks, OpenAI
+# `reasoning_content`) or `text` (as plain text ahead of the visible text: an Anthropic text block in
+# place of the thinking block, which a gateway in front of an open model cannot sign; OpenAI
+# `content`). Either way the row's `response` is the gateway's parse, reasoning kept apart.
+REASONING_MODES = ("separate", "text")
 
 
 @dataclass
@@ -57,10 +62,21 @@ class RecorderStats:
 class Recorder:
     """Serves one recording into `out_dir` (`dump/`, `requests.jsonl`, `rejected.jsonl`)."""
 
-    def __init__(self, out_dir: str | Path, renderer: Any, model: ScriptedModel | UpstreamModel, *, harness: str = ""):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        renderer: Any,
+        model: ScriptedModel | UpstreamModel,
+        *,
+        harness: str = "",
+        reasoning: str = "separate",
+    ):
+        if reasoning not in REASONING_MODES:
+            raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
         self.out_dir = Path(out_dir)
-        self.renderer, self.model = renderer, model
-        self.meta = recording_meta(renderer, harness, "upstream" if isinstance(model, UpstreamModel) else "script")
+        self.renderer, self.model, self.reasoning = renderer, model, reasoning
+        source = "upstream" if isinstance(model, UpstreamModel) else "script"
+        self.meta = recording_meta(renderer, harness, source, reasoning)
         self.sink = TurnSink(self.out_dir / "dump", self.meta, renderer.vocab_size)
         self.log = RequestLog(self.out_dir / "requests.jsonl")
         self.stats = RecorderStats()
@@ -160,22 +176,23 @@ class Recorder:
         usage_in, usage_out = len(prompt_ids), len(generation.output_ids)
         if protocol == "anthropic":
             blocks = anthropic.reply_blocks(parsed, seed)
+            sent = anthropic.reply_blocks(parsed, seed, reasoning_as_text=self.reasoning == "text")
             stop = anthropic.stop_reason(blocks, generation.finish)
             reply = anthropic.message_body(
-                _id("msg_"), body.get("model", ""), blocks, stop, {"input_tokens": usage_in, "output_tokens": usage_out}
+                _id("msg_"), body.get("model", ""), sent, stop, {"input_tokens": usage_in, "output_tokens": usage_out}
             )
             response, finish = (
                 anthropic.response_message(blocks),
                 "tool_calls" if stop == "tool_use" else generation.finish,
             )
         else:
-            message = openai_chat.reply_message(parsed, seed)
+            response = openai_chat.reply_message(parsed, seed)
+            message = openai_chat.reasoning_in_content(response) if self.reasoning == "text" else response
             finish = openai_chat.finish_reason(message, generation.finish)
             usage = {"prompt_tokens": usage_in, "completion_tokens": usage_out, "total_tokens": usage_in + usage_out}
             reply = openai_chat.completion_body(
                 _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
             )
-            response = message
         sent = await self._send(
             request, protocol, body, reply, session=session, kind="turn", turn_index=turn_index, body_log=body
         )
@@ -274,8 +291,11 @@ class _BadRequest(TraceToolsError):
     pass
 
 
-def recording_meta(renderer: Any, harness: str, source: str) -> DumpMeta:
-    extra = {"recorder": json.dumps({"source": source, "canonicalization": "slime"})}
+def recording_meta(renderer: Any, harness: str, source: str, reasoning: str = "separate") -> DumpMeta:
+    recorder = {"source": source, "canonicalization": "slime"}
+    if reasoning != "separate":
+        recorder["reasoning"] = reasoning
+    extra = {"recorder": json.dumps(recorder)}
     if getattr(renderer, "render_date", None):
         extra["render_date"] = renderer.render_date
     return DumpMeta(

@@ -11,10 +11,12 @@ SHARED_CHARS = 40  # how much of the shared context before the divergence to sho
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
     "schema_default": "schema default filled in: an argument the model omitted came back with its declared default",
-    "key_order_or_spacing": "tool-argument key order or JSON spacing differs (same values)",
-    "reasoning": "reasoning dropped or re-keyed on echo",
+    "command_prefix": "command prefix removed: the harness dropped a prefix its profile names (e.g. `cd <cwd> && `)",
+    "key_order_or_spacing": "tool-argument key order rebuilt or JSON spacing changed (same values)",
+    "reasoning": "reasoning dropped, re-keyed or sent back as text on echo",
     "tool_call_id": "tool-call index/id changed (invisible to the template; breaks raw-message matchers)",
-    "template_rewrite": "the template renders this (or an earlier) turn differently in the longer conversation",
+    "template_rewrite": "the template, not the echo, renders this (or an earlier) turn differently in the longer "
+    "conversation",
     "tokenizer_boundary": "tokenizer boundary: same text, another token split than the model emitted",
     "genuine_edit": "genuine content change: the echo says or does something else",
 }

@@ -50,6 +50,7 @@ def simulate(
     logprobs_model: str | None = None,
     profile: str = "swe",
     chat_template: str | None = None,
+    harness_profile: str | None = None,
 ) -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
@@ -71,15 +72,27 @@ def simulate(
             25–45 turns, contexts ending at 25k–60k tokens); see `simulate/profiles.py`.
         chat_template: the template text, file or name to render with (default: the family's,
             TRL's file, else the bundled sample's copy of it); it must use the family's tool-call format.
+        harness_profile: a harness profile (a profile.json from `trace-tools probe`, or a shipped
+            name) that the `harness-profile` behaviour plays; alone, every session plays it.
     """
     from trace_tools.io.write import sessions_to_table, write_parquet_atomic
 
+    if harness_profile is not None and not behaviours:
+        behaviours = ["harness-profile"]
     family, recipes = _family(template), parse_recipes(behaviours)
     size = get_profile(profile)
     max_turns = size.default_max_turns if max_turns is None else max_turns
     _check(sessions, recording, max_turns)
     session_objects, meta = simulate_sessions(
-        sessions, seed, family.name, recipes, recording, max_turns, profile, chat_template=chat_template
+        sessions,
+        seed,
+        family.name,
+        recipes,
+        recording,
+        max_turns,
+        profile,
+        chat_template=chat_template,
+        harness_profile=harness_profile,
     )
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
@@ -101,6 +114,7 @@ def simulate_sessions(
     profile: str = "swe",
     *,
     chat_template: str | None = None,
+    harness_profile: str | None = None,
 ) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
     from trace_tools.data import DumpMeta, Session
@@ -108,12 +122,13 @@ def simulate_sessions(
     from trace_tools.render.renderer import Renderer
     from trace_tools.simulate.session import SessionBuilder, SimContext
 
+    played = playable_profile(harness_profile) if harness_profile is not None else None
     family = _family(template)
     renderer = Renderer.from_spec(
         family.tokenizer, chat_template or family.template, dump_meta=DumpMeta(extra={"render_date": RENDER_DATE})
     )
     dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
-    ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile))
+    ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile), played)
     built = []
     for index in range(sessions):
         rows = SessionBuilder(ctx, index, recipes[index % len(recipes)]).build()
@@ -128,6 +143,9 @@ def simulate_sessions(
     }
     if profile != "swe":  # the default leaves the recorded arguments (and the bundled sample) unchanged
         arguments["profile"] = profile
+    harnesses = _played_harnesses(recipes, played)
+    if harnesses:
+        arguments["harness_profiles"] = harnesses
     meta = DumpMeta(
         schema_version="1",
         tokenizer=family.tokenizer,
@@ -139,6 +157,33 @@ def simulate_sessions(
     for session in built:
         session.meta = meta
     return built, meta
+
+
+def playable_profile(spec: str) -> Any:
+    """A harness profile the simulator can play (usage error naming what it cannot replay)."""
+    from trace_tools.errors import UsageError
+    from trace_tools.render.harness_echo import HarnessEcho, load_profile
+
+    echo = HarnessEcho(load_profile(spec))
+    if echo.unsupported:
+        raise UsageError(
+            f"harness profile {spec} has transformations the simulator cannot replay "
+            f"({'; '.join(echo.unsupported)}); only rule-like ones are played (docs/simulator.md)"
+        )
+    return echo
+
+
+def _played_harnesses(recipes: list[tuple[str, ...]], played: Any) -> dict[str, str]:
+    """{behaviour: "<harness> <version>"} for the measured harnesses the recipes play."""
+    from trace_tools.simulate.behaviours import harness_echo
+
+    out: dict[str, str] = {}
+    for recipe in recipes:
+        echo = harness_echo(recipe, played)
+        for name in ("claude-code", "harness-profile"):
+            if echo is not None and name in recipe:
+                out[name] = echo.label
+    return out
 
 
 def summarize(table: Any) -> list[dict[str, Any]]:

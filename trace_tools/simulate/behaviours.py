@@ -19,14 +19,17 @@ import json
 import random
 from typing import Any, Iterable
 
-from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError
+from trace_tools.render.harness_echo import HarnessEcho, load_profile
+from trace_tools.render.normalize import parse_arguments
 from trace_tools.simulate.formats import call_id
-from trace_tools.simulate.tools import HARNESS_FILLED_DEFAULTS, UNTOUCHED_BY_CLAUDE_CODE
 
 BEHAVIOURS: dict[str, str] = {
     "byte-exact": "The harness echoes every assistant message exactly as the gateway returned it.",
-    "claude-code": "Echo fills the defaults that harness fills (Edit replace_all=false) and right-strips every line "
-    "of string arguments, except for Bash and Read calls, which pass through untouched.",
+    "claude-code": "Echo as Claude Code 2.1.332 does, measured by trace-tools probe (the shipped harness profile): "
+    "a leading `cd <working directory> && ` removed from Bash commands, Edit's replace_all filled in and its keys "
+    "reordered, trailing whitespace (JavaScript's set) stripped per line from Edit new_string and Write content "
+    "except in Markdown files, arguments sent back as objects (Anthropic protocol).",
     "json-reserialize": "Echo re-serializes tool-call arguments with sorted keys and compact separators "
     "(equal as dicts, different as text).",
     "reasoning-dropped": "Echo leaves out reasoning_content.",
@@ -43,9 +46,21 @@ BEHAVIOURS: dict[str, str] = {
     "noncanonical-tokenization": "The model emits splits the tokenizer would merge (two '\\n' tokens where the "
     "tokenizer has one '\\n\\n'); text and messages are unchanged.",
 }
-ECHO_BEHAVIOURS = ("claude-code", "json-reserialize", "reasoning-dropped", "reasoning-rekeyed", "streaming")
+ECHO_BEHAVIOURS = (
+    "claude-code",
+    "harness-profile",
+    "json-reserialize",
+    "reasoning-dropped",
+    "reasoning-rekeyed",
+    "streaming",
+)
 SESSION_BEHAVIOURS = ("retry", "subagent", "compaction", "truncation", "history-edit", "noncanonical-tokenization")
-CONFLICTS = (("reasoning-dropped", "reasoning-rekeyed"),)
+# One more echo behaviour, outside the default cycle because it needs a file: the harness profile
+# given with --harness-profile (a profile.json measured by trace-tools probe, or a shipped name).
+PROFILE_BEHAVIOUR = "harness-profile"
+CONFLICTS = (("reasoning-dropped", "reasoning-rekeyed"), ("claude-code", PROFILE_BEHAVIOUR))
+# The harness profile `claude-code` plays (shipped package data, `render/harness_profiles/`).
+CLAUDE_CODE_PROFILE = "claude-code-2.1.332"
 
 # With no --behaviour: every behaviour alone, then mixes that exercise several causes at once.
 DEFAULT_MIXES = (
@@ -70,8 +85,8 @@ def parse_recipes(specs: Iterable[str] | None) -> list[tuple[str, ...]]:
 def _recipe(spec: str) -> tuple[str, ...]:
     names = tuple(sorted({part.strip() for part in spec.split("+") if part.strip()}))
     for name in names:
-        if name not in BEHAVIOURS:
-            raise UnknownName("behaviour", name, list(BEHAVIOURS))
+        if name not in BEHAVIOURS and name != PROFILE_BEHAVIOUR:
+            raise UnknownName("behaviour", name, [*BEHAVIOURS, PROFILE_BEHAVIOUR])
     if not names:
         raise UnknownName("behaviour", spec, list(BEHAVIOURS))
     if "byte-exact" in names and len(set(names) & set(ECHO_BEHAVIOURS)):
@@ -84,12 +99,28 @@ def _recipe(spec: str) -> tuple[str, ...]:
     return names
 
 
-class Echo:
-    """The echo side of a recipe: turns the gateway's reply into what the harness sends back."""
+def harness_echo(recipe: tuple[str, ...], profile: HarnessEcho | None) -> HarnessEcho | None:
+    """The measured harness a recipe plays: Claude Code's shipped profile, or the one given."""
+    if "claude-code" in recipe:
+        return HarnessEcho(load_profile(CLAUDE_CODE_PROFILE))
+    if PROFILE_BEHAVIOUR in recipe:
+        if profile is None:
+            raise UsageError("behaviour harness-profile needs a profile: pass --harness-profile FILE")
+        return profile
+    return None
 
-    def __init__(self, recipe: tuple[str, ...], rng: random.Random):
+
+class Echo:
+    """The echo side of a recipe: turns the gateway's reply into what the harness sends back.
+
+    `cwd` is the working directory the session's harness announced (profiles that remove a
+    `cd {cwd} && ` prefix need it)."""
+
+    def __init__(self, recipe: tuple[str, ...], rng: random.Random, profile: HarnessEcho | None = None):
         self.active = [name for name in ECHO_BEHAVIOURS if name in recipe]
         self.rng = rng
+        self.harness = harness_echo(recipe, profile)
+        self.cwd: str | None = None
         # A streaming client either drops the streaming-only `index` or renumbers it; one per session.
         self.index_mode = rng.choice(("drop", "renumber")) if "streaming" in recipe else None
 
@@ -100,20 +131,14 @@ class Echo:
         return message
 
     def _claude_code(self, message: dict) -> dict:
-        for call in message.get("tool_calls") or []:
-            function = call["function"]
-            if function["name"] in UNTOUCHED_BY_CLAUDE_CODE:
-                continue
-            arguments = rstrip_lines(json.loads(function["arguments"]))
-            for key, default in HARNESS_FILLED_DEFAULTS.get(function["name"], {}).items():
-                arguments.setdefault(key, default)
-            # The harness serializes like JSON.stringify: compact separators.
-            function["arguments"] = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-        return message
+        assert self.harness is not None, "claude-code plays its shipped profile"
+        return self.harness.echo(message, self.cwd)
+
+    _harness_profile = _claude_code
 
     def _json_reserialize(self, message: dict) -> dict:
         for call in message.get("tool_calls") or []:
-            arguments = json.loads(call["function"]["arguments"])
+            arguments = parse_arguments(call["function"]["arguments"])
             call["function"]["arguments"] = json.dumps(
                 arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":")
             )
@@ -139,17 +164,6 @@ class Echo:
         if rebuilt:
             message["tool_calls"] = rebuilt
         return message
-
-
-def rstrip_lines(value: Any) -> Any:
-    """Every string inside `value` with each line right-stripped (dicts and lists recursively)."""
-    if isinstance(value, str):
-        return "\n".join(line.rstrip() for line in value.split("\n"))
-    if isinstance(value, dict):
-        return {key: rstrip_lines(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [rstrip_lines(item) for item in value]
-    return value
 
 
 def clear_old_tool_results(messages: list[dict], keep_last: int, placeholder: str) -> int:

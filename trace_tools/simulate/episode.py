@@ -168,8 +168,9 @@ def todo(rng: random.Random, ws: Workspace) -> Step:
 
 
 def reproduce(rng: random.Random, ws: Workspace) -> Step:
+    # Models often `cd` into the repository first, although the shell already is there.
     tests = _rel(ws, ws.test_path(ws.planted_bug.path))
-    return _bash(rng, ws, "reproduce", f"python -m pytest {tests} -q", "Run the module's tests")
+    return _bash(rng, ws, "reproduce", f"cd {ws.root} && python -m pytest {tests} -q", "Run the module's tests")
 
 
 def verify(rng: random.Random, ws: Workspace) -> Step:

@@ -18,12 +18,16 @@ Working rules:
 - Keep edits minimal and in the style of the surrounding code.
 - Run the tests after every change and report what you ran.
 - Use the todo list for tasks with more than two steps, and keep exactly one item in progress.
-- When you are done, reply with a short summary of the change and the test results, without a tool call."""
+- When you are done, reply with a short summary of the change and the test results, without a tool call.
+
+Working directory: {root}"""
 
 SUB_SYSTEM = """You are a read-only research subagent for a coding agent. The repository is at {root}.
 Answer the question you are given by searching and reading files; never modify anything.
 Finish with a concise answer that names files and line numbers, because the agent that called you
-cannot see your intermediate steps."""
+cannot see your intermediate steps.
+
+Working directory: {root}"""
 
 TASK = (
     "{issue}\n\nThe failing behaviour was reported against `{func}` in `{module}`. "

@@ -55,7 +55,7 @@ def _write(ws: Workspace, args: dict, rng: random.Random) -> str:
 
 
 def _bash(ws: Workspace, args: dict, rng: random.Random) -> str:
-    command = args["command"]
+    command = args["command"].removeprefix(f"cd {ws.root} && ")
     if command.startswith("python -m pytest"):
         only = command.split()[3] if len(command.split()) > 4 else None
         return pytest_output(ws, rng, only)

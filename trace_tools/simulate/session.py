@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trace_tools.render.canonical import canonicalize_response
+from trace_tools.render.harness_echo import HarnessEcho
 from trace_tools.simulate import episode, manual, prose
 from trace_tools.simulate.behaviours import Echo, clear_old_tool_results
 from trace_tools.simulate.episode import Step
@@ -86,6 +87,7 @@ class SimContext:
     recording: str
     max_turns: int = 40
     profile: Profile = PROFILES["swe"]
+    harness_profile: HarnessEcho | None = None  # what the `harness-profile` behaviour plays
 
 
 class SessionBuilder:
@@ -97,7 +99,7 @@ class SessionBuilder:
         key = f"{ctx.seed}/{index}"
         self.plan_rng, self.sample_rng = random.Random(f"{key}/plan"), random.Random(f"{key}/sample")
         self.gateway_rng = random.Random(f"{key}/gateway")
-        self.echo = Echo(recipe, random.Random(f"{key}/harness"))
+        self.echo = Echo(recipe, random.Random(f"{key}/harness"), ctx.harness_profile)
         self.linear = LinearGateway(ctx.renderer) if ctx.recording == "linear" else None
         self.ideal = IdealSequences(ctx.renderer)
         self.rows: list[dict[str, Any]] = []
@@ -110,6 +112,7 @@ class SessionBuilder:
         profile = self.ctx.profile
         ws = build_workspace(self.plan_rng, profile.modules, profile.functions)
         ws.verbose = profile.manual
+        self.echo.cwd = ws.root  # the harness works in the repository and says so in its prompts
         turns = self._turn_count()
         task_at = self.plan_rng.randint(1, turns - 2) if "subagent" in self.recipe else None
         steps = self.ctx.family.turn_steps(episode.plan_main(self.plan_rng, ws, turns, task_at=task_at))
@@ -255,11 +258,14 @@ class SessionBuilder:
         return self.ctx.renderer.render(messages, tools, True), "rendered"
 
     def _reply(self, step: Step, output_ids: list[int], tools: list[dict], truncate: bool) -> tuple[dict, str]:
-        """(the gateway's response message, finish_reason). A cut-off reply is whatever the parser makes of it."""
+        """(the gateway's response message, finish_reason). A cut-off reply is whatever the parser
+        makes of it. A measured harness's protocol decides how the row records the reply."""
         if truncate:
             parsed = self.ctx.renderer.parse_response(output_ids, tools).message
-            return wire_from_parsed(parsed, tools, self.gateway_rng), "length"
-        return response_message(step, tools, self.gateway_rng), "tool_calls" if step.calls else "stop"
+            response, finish = wire_from_parsed(parsed, tools, self.gateway_rng), "length"
+        else:
+            response, finish = response_message(step, tools, self.gateway_rng), "tool_calls" if step.calls else "stop"
+        return (self.echo.harness.served(response) if self.echo.harness else response), finish
 
     def _output_ids(self, text: str, truncate: bool) -> tuple[list[int], list[int]]:
         renderer = self.ctx.renderer

@@ -4,8 +4,7 @@ The set mirrors what a Claude-Code-like SWE harness offers: file reading and edi
 `Edit`, `MultiEdit`, `Write`), a shell (`Bash`), search (`Grep`, `Glob`), a todo list
 (`TodoWrite`) and `Task`, which hands a question to a subagent. Two declared defaults matter to
 the behaviours: `Edit.replace_all` (false), which the claude-code echo fills in when the model
-omitted it, and `Bash.timeout`, which no harness fills in (seed 001: Bash and Read arguments pass
-through untouched).
+omitted it (as the measured Claude Code does), and `Bash.timeout`, which no harness fills in.
 """
 
 from __future__ import annotations
@@ -152,10 +151,6 @@ SCHEMAS: dict[str, dict] = {
 
 MAIN_TOOLS = ("Task", "Bash", "Glob", "Grep", "Read", "Edit", "MultiEdit", "Write", "TodoWrite")
 SUBAGENT_TOOLS = ("Bash", "Glob", "Grep", "Read")
-# The defaults a Claude-Code-like harness writes into its echo when the model left them out.
-HARNESS_FILLED_DEFAULTS = {"Edit": {"replace_all": False}}
-# Tools whose string arguments that harness passes through untouched (seed 001).
-UNTOUCHED_BY_CLAUDE_CODE = ("Bash", "Read")
 
 
 def tool_schemas(names: tuple[str, ...] | list[str]) -> list[dict]:

@@ -11,18 +11,23 @@ Options (`declarations.CHECKPOINT_PARAMS`):
 * `retries`: "supersede" (default) trims a leaf that a later sibling re-generated from the same
   request; "keep" keeps every sibling as its own sample (e.g. n>1 sampling on purpose).
 * `echo_rules` (True): False matches messages by dict equality only (for comparison).
+* `harness_profile` ("auto"): the measured harness profiles whose echo rewrites are recognised
+  besides the generic ones: "auto" every profile trace-tools ships, "none" none, or a
+  profile.json from `trace-tools probe` (or a shipped name such as `claude-code-2.1.332`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import ReplayError
 from trace_tools.ids import common_prefix_len
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
+from trace_tools.render.harness_echo import HarnessEcho, load_profile, shipped_echoes, working_directory
 from trace_tools.strategies.base import ReplayContext, Strategy, prepare, release_tree
 from trace_tools.strategies.checkpoint_core import (
     Assembly,
@@ -34,6 +39,17 @@ from trace_tools.strategies.checkpoint_core import (
     build_samples,
 )
 from trace_tools.strategies.declarations import CHECKPOINT_TREE
+
+
+@lru_cache(maxsize=8)
+def harness_echoes(value: str) -> tuple[HarnessEcho, ...]:
+    """The profiles a `harness_profile` value names, ready to apply."""
+    if value == "none":
+        return ()
+    if value == "auto":
+        return shipped_echoes()
+    return (HarnessEcho(load_profile(value)),)
+
 
 # Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
 OWN_COUNTERS = (
@@ -66,13 +82,16 @@ class TurnInput:
     tools: list[dict] | None
     response: dict
     template_kwargs: dict[str, Any]
+    call_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # wire ids per assistant position
+    issued: tuple[str, ...] = ()  # the tool-call ids the gateway returned with the response
 
 
 class CheckpointTreeStrategy(Strategy):
     declaration = CHECKPOINT_TREE
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        replayer = CheckpointReplay(self.ctx, self.setting("retries"), self.setting("echo_rules"))
+        harnesses = harness_echoes(self.setting("harness_profile"))
+        replayer = CheckpointReplay(self.ctx, self.setting("retries"), self.setting("echo_rules"), harnesses)
         for turn in prepared.turns:
             replayer.step(turn_input(turn))
         result = replayer.finish(prepared.reward)
@@ -85,24 +104,54 @@ def turn_input(prepared: PreparedTurn | Turn, ctx: ReplayContext | None = None) 
     shares); a raw `Turn` is prepared with `ctx` first."""
     if not isinstance(prepared, PreparedTurn):
         prepared = prepare(Session(prepared.session_id, [prepared]), ctx or ReplayContext()).turns[0]
+    turn = prepared.turn
     return TurnInput(
-        prepared.turn,
+        turn,
         prepared.messages,
         prepared.tools,
         prepared.response_message or {"role": "assistant", "content": ""},
         prepared.template_kwargs,
+        wire_call_ids(turn.messages, prepared.messages),
+        call_ids_of(turn.response),
     )
+
+
+def call_ids_of(message: Any) -> tuple[str, ...]:
+    """The tool-call ids of a wire assistant message (empty unless every call has one)."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    ids = [call.get("id") if isinstance(call, dict) else None for call in calls or ()]
+    if not ids or not all(isinstance(i, str) and i for i in ids):
+        return ()
+    return tuple(str(i) for i in ids)
+
+
+def wire_call_ids(raw: list[Any], canonical: list[dict]) -> dict[int, tuple[str, ...]]:
+    """{position in the canonical request: the wire tool-call ids of the assistant message there}.
+
+    Canonicalization drops the ids but keeps every assistant message, in order, so the k-th
+    canonical assistant is the k-th wire one; a policy that does not is given no ids."""
+    wire = [m for m in raw if isinstance(m, dict) and m.get("role") == "assistant"]
+    positions = [p for p, m in enumerate(canonical) if m.get("role") == "assistant"]
+    if len(wire) != len(positions):
+        return {}
+    return {p: ids for p, m in zip(positions, wire) if (ids := call_ids_of(m))}
 
 
 class CheckpointReplay:
     """One session's tree, grown turn by turn, then turned into a ReplayResult."""
 
-    def __init__(self, ctx: ReplayContext, retries: str = "supersede", echo_rules: bool = True):
+    def __init__(
+        self,
+        ctx: ReplayContext,
+        retries: str = "supersede",
+        echo_rules: bool = True,
+        harnesses: tuple[HarnessEcho, ...] = (),
+    ):
         if ctx.renderer is None:
             raise ReplayError("checkpoint-tree renders prompts; pass --tokenizer (and --chat-template)")
         self.ctx = ctx
         self.retries = retries
-        self.tree = CheckpointTree(echo_rules=echo_rules)
+        self.tree = CheckpointTree(echo_rules=echo_rules, harnesses=harnesses)
         self.assembler = PromptAssembler(ctx.renderer)
         self.result = ReplayResult()
         self.counters: Counter = Counter({name: 0 for name in (*OWN_COUNTERS, *EXTRA_COUNTERS)})
@@ -110,11 +159,14 @@ class CheckpointReplay:
 
     def step(self, item: TurnInput) -> Node:
         """Attach one turn: extend the deepest matching checkpoint, or start a new root."""
-        attach = self.tree.find_attach(item.messages, item.tools, item.template_kwargs)
+        if not self.tree.nodes:
+            self.tree.cwd = working_directory(item.messages)  # what `cd {cwd} && ` rules need
+        attach = self.tree.find_attach(item.messages, item.tools, item.template_kwargs, item.call_ids)
         self.counters["unrecognized_echoes"] += int(attach.unrecognized)
         if attach.node is None:
             return self._new_root(item, "new_root")
-        appended, carried = self.tree.restore_carried(item.messages[len(attach.node.path) :], item.tools)
+        depth = len(attach.node.path)
+        appended, carried = self.tree.restore_carried(item.messages[depth:], item.tools, item.call_ids, depth)
         try:
             assembly = self.assembler.extend(attach.node, appended, item.tools, item.template_kwargs)
         except AssemblyFailed as failure:
@@ -129,7 +181,7 @@ class CheckpointReplay:
     def _new_root(self, item: TurnInput, event: str) -> Node:
         """A full render of the request (carried echoes restored), or the recorded ids when the
         prompt source allows: for a root they are exactly what the engine saw."""
-        request, carried = self.tree.restore_carried(item.messages, item.tools)
+        request, carried = self.tree.restore_carried(item.messages, item.tools, item.call_ids)
         self._count_echoes((), carried)
         self.counters["new_roots"] += 1
         prompt_ids, _ = prompt_for(item.turn, request, item.tools, self.ctx.renderer, self.ctx.prompt_source)
@@ -149,6 +201,7 @@ class CheckpointReplay:
             turn.output_ids,
             turn.output_logprobs,
             turn.finish_reason,
+            item.issued,
         )
 
     def _count_echoes(self, echoed: tuple[int, ...], carried: list[Node], path_echoes: int = 0) -> None:

@@ -116,6 +116,17 @@ SESSION_PARAMS: tuple[Param, ...] = (
     Param("max_seq_len", int, None, "truncate each sample to this many tokens, as miles does", minimum=1),
     LENIENT_RENDER,
 )
+
+
+def _loadable_harness_profile(value: str) -> str:
+    """A `harness_profile` value that names a profile that loads (usage error otherwise)."""
+    from trace_tools.render.harness_echo import load_profile  # on use: `--help` reads only the declaration
+
+    if value not in ("auto", "none"):
+        load_profile(value)
+    return value
+
+
 CHECKPOINT_PARAMS: tuple[Param, ...] = (
     Param(
         "retries",
@@ -131,6 +142,14 @@ CHECKPOINT_PARAMS: tuple[Param, ...] = (
         True,
         "look past cosmetic echo rewrites; false matches messages by equality only",
         flag=True,
+    ),
+    Param(
+        "harness_profile",
+        str,
+        "auto",
+        "harness profiles whose echo rewrites count as cosmetic: auto (every shipped one), none, "
+        "or a profile.json from trace-tools probe",
+        check=_loadable_harness_profile,
     ),
 )
 
