@@ -46,7 +46,7 @@ from trace_tools.probe.differences import (
 )
 from trace_tools.probe.transformations import fixed_order, tool_transformations
 from trace_tools.render.harness_echo import FORMAT, VERSION, file_type, working_directory
-from trace_tools.render.harness_echo import read_profile as read_profile
+from trace_tools.render.harness_echo import read_profile as read_profile  # the reader lives with its consumers
 from trace_tools.render.normalize import parse_arguments
 
 
