@@ -10,9 +10,11 @@ from typer.testing import CliRunner
 from trace_tools.cli.main import app
 from trace_tools.errors import TemplateNotFound
 from trace_tools.render import audit as audit_module
-from trace_tools.render.audit import STRATEGY_CHECKS, markdown_table, run_audit
+from trace_tools.render.renderer import Renderer
 from trace_tools.render.templates import trl_template_dir
-from trace_tools.strategies.base import available_strategies
+from trace_tools.report.audit_view import audit_templates as run_audit
+from trace_tools.report.audit_view import markdown_table
+from trace_tools.strategies.declarations import DECLARATIONS
 
 SAMPLE = Path(__file__).parents[1] / "sample_traces" / "qwen3.parquet"
 DOCS = Path(__file__).parents[1] / "docs" / "templates.md"
@@ -71,9 +73,26 @@ def test_stand_in_tokenizer_is_said_and_skips_the_token_check():
     assert audit.check("closer_text").detail == "closer '<|eot_id|>'"
 
 
-def test_strategy_table_names_every_registered_strategy():
-    assert sorted(STRATEGY_CHECKS) == sorted(available_strategies())
-    assert all(set(checks) <= set(audit_module.CHECKS) for checks in STRATEGY_CHECKS.values())
+def test_every_strategy_relies_on_real_checks_and_the_docs_say_which(qwen3):
+    assert list(qwen3.relies_on) == [d.name for d in DECLARATIONS]  # judged by default: every strategy
+    docs = {}
+    section = DOCS.read_text().split("## The checks")[1].split("\n## ")[0]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[2] != "relied on by":
+            for check in cells[0].replace("`", "").split(", "):
+                docs[check] = [] if cells[2] == "(informational)" else cells[2].split(", ")
+    assert set(docs) == set(audit_module.CHECKS)
+    for check, names in docs.items():
+        assert names == [d.name for d in DECLARATIONS if check in d.relies_on], f"docs/templates.md row {check}"
+
+
+def test_the_render_layer_judges_only_the_strategies_it_is_given():
+    renderer = Renderer.from_spec("qwen3", "qwen3")
+    audit = audit_module.audit_template(renderer, relies_on={"mine": ("closer_text",), "other": ("prefix_stability",)})
+    assert audit.failing == {"mine": [], "other": ["prefix_stability"]} and not audit.ok
+    with pytest.raises(ValueError, match="no such audit check: closers"):
+        audit_module.audit_template(renderer, relies_on={"mine": ("closers",)})
 
 
 def test_dump_embedded_template_works_without_trl(monkeypatch):

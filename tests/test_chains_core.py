@@ -12,10 +12,11 @@ import re
 import pytest
 
 from chains_toy import ToyRenderer, assistant, call, gen, system, tok, tool_result, untok, user
-from trace_tools.strategies.chains_core import (
-    CONTEXT, MAX_TRAJECTORY_LENGTH, Chain, ChainCodec, ChainSession, ChainsSetupError, RequestRejected, ServerError,
-    TokenBuffer, is_exact_prefix, message_hash, normalize_request, prefix_hashes,
-)
+from trace_tools.strategies.chains_core.codec import ChainCodec
+from trace_tools.strategies.chains_core.errors import ChainsSetupError, RequestRejected, ServerError
+from trace_tools.strategies.chains_core.normalize import message_hash, normalize_request, prefix_hashes
+from trace_tools.strategies.chains_core.session import MAX_TRAJECTORY_LENGTH, ChainSession
+from trace_tools.strategies.chains_core.state import CONTEXT, Chain, TokenBuffer, is_exact_prefix
 
 GP = "<|s|>assistant\n"
 TOOLS_A = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]

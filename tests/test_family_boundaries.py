@@ -106,7 +106,7 @@ def test_linear_probe_cannot_close_a_gpt_oss_tool_call():
 
 
 def test_glm_maps_to_miles_glm47_which_drops_the_trailing_stop_token():
-    from trace_tools.strategies.session_core import TitoTokenizer, family_for
+    from trace_tools.strategies.session_core.tito import TitoTokenizer, family_for
 
     session, renderer = _session("glm4.5", "byte-exact")
     family = family_for(renderer)

@@ -168,30 +168,6 @@ def test_only_the_columns_a_command_needs_are_read(simulated_dump):
     assert session.turns[0].prompt_ids is not None
 
 
-def test_layers_import_downwards_only():
-    """DESIGN §3: io, render, pipeline, strategies, replay, report — no module imports a layer above
-    its own (function-level imports included)."""
-    import ast
-    from pathlib import Path
-
-    import trace_tools
-
-    order = ["io", "render", "pipeline", "strategies", "replay", "report"]
-    root = Path(trace_tools.__file__).parent
-    violations = []
-    for layer in order:
-        above = order[order.index(layer) + 1:]
-        for path in (root / layer).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                for name in names:
-                    parts = name.split(".")
-                    if parts[0] == "trace_tools" and len(parts) > 1 and parts[1] in above:
-                        violations.append(f"{path.relative_to(root)} imports {name}")
-    assert violations == []
-
-
 def test_report_never_replays(sample_run):
     """The run directory carries what reports need: drift windows and fidelity come from replay."""
     import pandas as pd

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from trace_tools.data import Session, Turn
-from trace_tools.probe.profile import EchoPair, character_class, detect, echo_pairs, read_profile, write_profile
+from trace_tools.probe.differences import character_class
+from trace_tools.probe.profile import EchoPair, detect, echo_pairs, read_profile, write_profile
 from trace_tools.report.harness_profile import profile_rows, profile_table
 
 CWD = "/work/repo"

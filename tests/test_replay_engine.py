@@ -12,6 +12,7 @@ from trace_tools.data import COUNTERS, ReplayResult
 from trace_tools.api import replay
 from trace_tools.errors import UsageError
 from trace_tools.strategies.base import REGISTRY, Strategy, register
+from trace_tools.strategies.declarations import Declaration
 
 SESSION_COLUMNS = ["strategy", "session_id", "samples", "forks", "generated_tokens", "trained_tokens",
                    "forwarded_tokens", "context_tokens", *COUNTERS]
@@ -93,7 +94,7 @@ def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
 
 
 class _Exploding(Strategy):
-    name = "test-exploding"
+    declaration = Declaration("test-exploding", "explode", "raises on every session whose id ends in 1")
 
     def replay(self, session):
         if session.session_id.endswith("1"):

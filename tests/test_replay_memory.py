@@ -10,6 +10,7 @@ from trace_tools.data import ReplayResult
 from trace_tools.pipeline import Pipeline
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 from trace_tools.strategies.base import REGISTRY, ReplayContext, Strategy, available_strategies, get_strategy, register
+from trace_tools.strategies.declarations import Declaration
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,7 @@ def test_a_finished_strategy_leaves_no_token_ids_to_the_cycle_collector(prepared
 
 
 class _CollectorProbe(Strategy):
-    name = "test-collector-probe"
-    renders_prompts = False
+    declaration = Declaration("test-collector-probe", "probe", "notes whether the collector runs", renders_prompts=False)
     seen: list[bool] = []
 
     def replay_session(self, prepared):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from trace_tools.strategies.session_core import (COMPLETED, TRUNCATED, AssemblyError, Generation, Record,
-                                                 TurnSample, assemble_records, chain_provenance,
-                                                 compute_turn_samples, merge_pair, merge_turn_samples,
-                                                 sample_status, truncate_turn_samples)
+from trace_tools.strategies.session_core.assembly import (COMPLETED, TRUNCATED, TurnSample, assemble_records,
+                                                          chain_provenance, compute_turn_samples, merge_pair,
+                                                          merge_turn_samples, sample_status, truncate_turn_samples)
+from trace_tools.strategies.session_core.errors import AssemblyError
+from trace_tools.strategies.session_core.records import Generation, Record
 
 STOP = 9  # a stop token that the next turn's render replaces (GLM-style)
 

@@ -5,9 +5,10 @@ import pytest
 
 from session_fakes import assistant, call, tool, user
 from trace_tools.errors import UnknownName
-from trace_tools.strategies.session_core import (INVALID_JSON_OBJECT, ServerError, json_object_tree,
-                                                 loose_tool_call_match, matches, resolve_matcher,
-                                                 role_content_only_match, strict_match)
+from trace_tools.strategies.session_core.errors import ServerError
+from trace_tools.strategies.session_core.matchers import (INVALID_JSON_OBJECT, json_object_tree, loose_tool_call_match,
+                                                          matches, resolve_matcher, role_content_only_match,
+                                                          strict_match)
 
 ALL = [strict_match, loose_tool_call_match, role_content_only_match]
 

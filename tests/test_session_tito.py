@@ -5,8 +5,9 @@ import pytest
 
 from session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
 from trace_tools.errors import UnknownName
-from trace_tools.strategies.session_core import (FAMILIES, RequestRejected, ServerError, TitoTokenizer, family_for,
-                                                 sglang_tools, template_messages)
+from trace_tools.strategies.session_core.errors import RequestRejected, ServerError
+from trace_tools.strategies.session_core.tito import (FAMILIES, TitoTokenizer, family_for, sglang_tools,
+                                                      template_messages)
 
 TOOLS = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object"}, "description": "read"}}]
 

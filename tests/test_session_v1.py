@@ -8,8 +8,11 @@ from session_fakes import (IM_END, NEWLINE, TOY, ToyRenderer, assistant, call, c
                                 session_of, tool, user)
 from trace_tools.data import Session
 from trace_tools.strategies.base import ReplayContext, get_strategy
-from trace_tools.strategies.session_core import (FAMILIES, Generation, LinearTrajectory, ServerError, TitoTokenizer,
-                                                 replay_v1, request_from_turn)
+from trace_tools.strategies.session_core.errors import ServerError
+from trace_tools.strategies.session_core.recording import request_from_turn
+from trace_tools.strategies.session_core.records import Generation
+from trace_tools.strategies.session_core.tito import FAMILIES, TitoTokenizer
+from trace_tools.strategies.session_core.v1 import LinearTrajectory, replay_v1
 
 U1, U_OTHER = user("fix the failing test"), user("write a haiku")
 A1 = assistant("", call("Read", '{"path":"t.py"}', call_id="r1"))

@@ -8,9 +8,10 @@ import pytest
 
 from session_fakes import NEWLINE, TOY, ToyRenderer, assistant, call, conversation, tool, user
 from trace_tools.strategies.base import ReplayContext, get_strategy
-from trace_tools.strategies.session_core import (FAMILIES, MAX_NODES, TitoTokenizer, drop_retries,
-                                                 find_attach_point, replay_v2, request_from_turn, samples_v2,
-                                                 strict_match)
+from trace_tools.strategies.session_core.matchers import strict_match
+from trace_tools.strategies.session_core.recording import request_from_turn
+from trace_tools.strategies.session_core.tito import FAMILIES, TitoTokenizer
+from trace_tools.strategies.session_core.v2 import MAX_NODES, drop_retries, find_attach_point, replay_v2, samples_v2
 
 U1, U_OTHER = user("rename the module"), user("summarize the log")
 A1 = assistant("", call("Grep", '{"q":"mod"}', call_id="g1"))
@@ -199,7 +200,7 @@ def test_masking_zeroes_only_the_loss_mask():
 
 
 def _material(state):
-    from trace_tools.strategies.session_core import collect_v2
+    from trace_tools.strategies.session_core.v2 import collect_v2
 
     return collect_v2(state.tree, 0)
 

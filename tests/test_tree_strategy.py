@@ -1,6 +1,7 @@
 """The `tree` strategy over recorded sessions: provenance, per-turn events, counters, options, edge guards."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from trace_tools.data import COUNTERS, ReplayResult, Sample, Session, Turn
 from trace_tools.errors import InvalidOption, ReplayError
 from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.declarations import TREE
 from trace_tools.strategies.tree import TreeStrategy
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TurnRecord
 
@@ -186,7 +188,7 @@ def test_replay_prepared_accepts_prepared_turn_like_inputs():
 
 def test_subclass_can_rewrite_turns_before_recording():
     class Shifted(TreeStrategy):
-        name = "tree-shifted-test"
+        declaration = replace(TREE, name="tree-shifted-test", label="shifted")
 
         def record_prepared(self, manager, session_id, prepared):
             prepared.prompt_ids = [7] + list(prepared.prompt_ids)  # every prompt changes its first token

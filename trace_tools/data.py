@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# The `trace_tools.harness` of a dump that `trace-tools simulate` wrote: its logprobs are seeded, not sampled.
+SIMULATED_HARNESS = "trace-tools simulate"
+
 
 @dataclass(slots=True)
 class DumpMeta:

@@ -61,7 +61,8 @@ def _did_you_mean(value: Any, allowed: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Param:
-    """One declared option of a strategy: name, type (bool, int or str), default, choices, help."""
+    """One declared option of a strategy: name, type (bool, int or str), default, choices, help;
+    `flag`: `replay` offers it as its own flag (`--fork-threshold`), besides `--param KEY=VALUE`."""
 
     name: str
     type: type
@@ -70,6 +71,7 @@ class Param:
     choices: tuple[str, ...] = ()
     minimum: int | None = None
     check: Callable[[Any], Any] | None = None  # vets (and may normalise) a parsed value; raises UsageError
+    flag: bool = False
 
     def parse(self, value: Any) -> Any:
         """The typed value; None means the default."""
@@ -87,11 +89,11 @@ class Param:
             return parse_choice(value, self.choices, self.name)
         return str(value)
 
-    def describe(self) -> str:
-        """`name` (type[, choices]; default X): help — one line for help texts and errors."""
+    def values(self) -> str:
+        """`choice|choice; default X` (or `int; default X`): what the option takes, for help texts."""
         kind = "|".join(self.choices) if self.choices else self.type.__name__
         default = "none" if self.default is None else str(self.default).lower() if self.type is bool else self.default
-        return f"{self.name} ({kind}; default {default}): {self.help}"
+        return f"{kind}; default {default}"
 
 
 def parse_assignments(items: Iterable[str] | None) -> dict[str, str]:

@@ -8,9 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TOOL_FORMAT_HELP
-from trace_tools.strategies import BUILTIN_STRATEGIES
-
-NAMES = ", ".join(BUILTIN_STRATEGIES)
+from trace_tools.cli._strategies import STRATEGY_NAMES as NAMES
 
 
 def compare_cmd(

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP, TOOL_FORMAT_HELP
-from trace_tools.strategies import BUILTIN_STRATEGIES
+from trace_tools.cli._strategies import PARAM_HELP, STRATEGY_NAMES, with_parameter_flags
 
 StrategyOpt = Annotated[
     Optional[list[str]],
-    typer.Option(
-        "--strategy", "-s", help=f"Strategy to replay (repeatable; default: all): {', '.join(BUILTIN_STRATEGIES)}."
-    ),
+    typer.Option("--strategy", "-s", help=f"Strategy to replay (repeatable; default: all): {STRATEGY_NAMES}."),
 ]
 DumpArg = Annotated[
     Optional[str],
@@ -27,6 +25,7 @@ DumpArg = Annotated[
 INTERRUPTED = 130  # the shell's code for SIGINT
 
 
+@with_parameter_flags
 def replay_cmd(
     dump: DumpArg = None,
     strategy: StrategyOpt = None,
@@ -40,44 +39,9 @@ def replay_cmd(
     tokenizer: Annotated[Optional[str], typer.Option(help=TOKENIZER_HELP + " (overrides the dump).")] = None,
     chat_template: Annotated[Optional[str], typer.Option(help=TEMPLATE_HELP + " (overrides the dump).")] = None,
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
-    fork_threshold: Annotated[
-        Optional[int],
-        typer.Option(help="tree: FORK/merge threshold in tokens (default 1024; <= 0 = agentcore CLEAN/FORK)."),
-    ] = None,
-    realign_gate: Annotated[
-        Optional[str],
-        typer.Option(
-            help="tree: REALIGN gate on the incoming output length (output, slime) or the drift size (drift, TRL)."
-        ),
-    ] = None,
-    realign_from: Annotated[
-        Optional[str],
-        typer.Option(
-            help="tree: REALIGN from the response start (response, slime) or the divergence point (divergence, TRL)."
-        ),
-    ] = None,
-    on_nonlinear: Annotated[Optional[str], typer.Option(help="linear: reset | error | passthrough.")] = None,
-    matcher: Annotated[
-        Optional[str], typer.Option(help="session-v1/v2: strict | loose_tool_call | role_content_only.")
-    ] = None,
-    rollback: Annotated[
-        Optional[bool], typer.Option("--rollback/--no-rollback", help="chains: last-assistant rollback.")
-    ] = None,
-    retries: Annotated[
-        Optional[str], typer.Option(help="checkpoint-tree: supersede an unanswered earlier attempt, or keep both.")
-    ] = None,
-    echo_rules: Annotated[
-        Optional[bool],
-        typer.Option("--echo-rules/--no-echo-rules", help="checkpoint-tree: look past cosmetic echo rewrites."),
-    ] = None,
     param: Annotated[
         Optional[list[str]],
-        typer.Option(
-            "--param",
-            "-p",
-            help="Any strategy parameter as KEY=VALUE (repeatable), e.g. restore_prompt=false; "
-            "the README lists them all.",
-        ),
+        typer.Option("--param", "-p", help=PARAM_HELP),
     ] = None,
     canonicalization: Annotated[
         str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")
@@ -105,6 +69,7 @@ def replay_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
+    flags: Optional[dict[str, Any]] = None,
 ) -> None:
     """Replay a dump through trajectory-management strategies and report what each would train.
 
@@ -119,17 +84,7 @@ def replay_cmd(
     from trace_tools.options import parse_assignments
     from trace_tools.replay.engine import default_dump, default_run_dir
 
-    params = {
-        "fork_threshold": fork_threshold,
-        "realign_gate": realign_gate,
-        "realign_from": realign_from,
-        "on_nonlinear": on_nonlinear,
-        "matcher": matcher,
-        "rollback": rollback,
-        "retries": retries,
-        "echo_rules": echo_rules,
-        **parse_assignments(param),
-    }
+    params = {**(flags or {}), **parse_assignments(param)}
     out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
     try:
         with progress_bar("replaying", "sessions", disable=json_out) as advance:

@@ -22,33 +22,32 @@ list the simulator and checkpoint-tree's echo rules consume (format in docs/prob
 
 from __future__ import annotations
 
-import difflib
-import json
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from trace_tools.probe.differences import (
+    char_name,
+    character_class,
+    is_blank,
+    matching_call,
+    moved_reasoning,
+    order_rules,
+    prefix_pattern,
+    raw_arguments,
+    removed_prefix,
+    rstripped,
+    schema_order,
+    trailing_blanks,
+    trailing_run,
+    unified_diff,
+)
+from trace_tools.probe.transformations import fixed_order, tool_transformations
 from trace_tools.render.harness_echo import FORMAT, VERSION, file_type, working_directory
 from trace_tools.render.harness_echo import read_profile as read_profile  # the reader lives with its consumers
-from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments
-
-# Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
-# JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
-_EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
-_CD_PREFIX = re.compile(r"^cd (\S+) && $")
-_CD_START = re.compile(r"^cd (\S+) && ")
-
-
-def is_blank(char: str) -> bool:
-    return char.isspace() or char in _EXTRA_BLANKS
-
-
-def char_name(char: str) -> str:
-    """`U+00A0` style, with the character's escape (readable in JSON and tables)."""
-    return f"U+{ord(char):04X} {json.dumps(char)}"
+from trace_tools.render.normalize import parse_arguments
 
 
 @dataclass
@@ -114,14 +113,14 @@ class Detector:
                 {**where, "served": len(served_calls), "echoed": len(echoed_calls)}
             )
         for position, call in enumerate(served_calls):
-            match = _matching_call(call, echoed_calls, position)
+            match = matching_call(call, echoed_calls, position)
             if match is None:
                 self.messages["tool_calls.dropped"].add({**where, "served": call})
                 continue
             self._call(call, match, pair, where)
 
     def _blocks(self, served: dict, echoed: dict, where: dict) -> None:
-        separator = _moved_reasoning(served, echoed)
+        separator = moved_reasoning(served, echoed)
         if separator is not None:
             # The reasoning came back as text ahead of the visible text (a gateway that returned
             # it as text): one finding, not "reasoning dropped" plus "text rewritten".
@@ -158,7 +157,7 @@ class Detector:
             )
 
     def _message_keys(self, served: dict, echoed: dict, where: dict) -> None:
-        if _moved_reasoning(served, echoed) is not None:
+        if moved_reasoning(served, echoed) is not None:
             served = {key: value for key, value in served.items() if key != "reasoning_content"}
         for key in echoed.keys() - served.keys():
             self.messages[f"message_key_added.{key}"].add({**where, "value": echoed[key]})
@@ -177,7 +176,7 @@ class Detector:
             self.messages[f"call_key_added.{key}"].add({**call_where, "value": echoed[key]})
         for key in served.keys() - echoed.keys():
             self.messages[f"call_key_removed.{key}"].add({**call_where, "value": served[key]})
-        served_args, echoed_args = parse_arguments(_raw(served)), parse_arguments(_raw(echoed))
+        served_args, echoed_args = parse_arguments(raw_arguments(served)), parse_arguments(raw_arguments(echoed))
         self._argument_text(name, served, echoed, served_args, echoed_args, call_where)
         if not isinstance(served_args, dict) or not isinstance(echoed_args, dict):
             return
@@ -211,7 +210,7 @@ class Detector:
         self.orders[name][(served_order, echoed_order)].add(
             {**where, "served": list(served_order), "echoed": list(echoed_order)}
         )
-        for rule in _order_rules(served_order, echoed_order, added, _schema_order(pair.tools, name)):
+        for rule in order_rules(served_order, echoed_order, added, schema_order(pair.tools, name)):
             self.order_rules[name][rule] += 1
 
     def _value(
@@ -242,20 +241,20 @@ class Detector:
         if before == after:
             self.arguments[(name, path, "unchanged")].add(example)
             if has_trailing:
-                self.kept_values[key][file_type or "(none)"].append(frozenset(_trailing_run(after)))
+                self.kept_values[key][file_type or "(none)"].append(frozenset(trailing_run(after)))
                 self.arguments[(name, path, "trailing_whitespace_kept")].add(example)
             return
-        prefix, rest = _removed_prefix(before, after)
-        stripped = _rstripped(rest, after)
+        prefix, rest = removed_prefix(before, after)
+        stripped = rstripped(rest, after)
         if prefix:
-            finding = self.arguments[(name, path, "prefix_removed:" + _prefix_pattern(prefix, cwd))]
+            finding = self.arguments[(name, path, "prefix_removed:" + prefix_pattern(prefix, cwd))]
             finding.add({**example, "prefix": prefix})
         if stripped is not None:
             if stripped:
                 self.arguments[(name, path, "trailing_whitespace_stripped")].add(example)
                 self.stripped[key] |= stripped
                 self.by_type[key][file_type or "(none)"]["stripped"] += 1
-                self.kept_trailing[key] |= _trailing_blanks(after)
+                self.kept_trailing[key] |= trailing_blanks(after)
             return
         if before.endswith(after) or before.startswith(after):
             self.arguments[(name, path, "suffix_removed" if before.startswith(after) else "prefix_removed")].add(
@@ -289,7 +288,7 @@ class Detector:
         ]
         calls = self.calls[name]
         rules = sorted(rule for rule, n in self.order_rules[name].items() if n == calls)
-        if _fixed_order(self.orders[name]):
+        if fixed_order(self.orders[name]):
             rules.append("fixed_order")
         arguments: dict[str, Any] = defaultdict(dict)
         for (tool, path, kind), finding in sorted(self.arguments.items()):
@@ -342,247 +341,12 @@ class Detector:
                 entry["separator"] = next(iter(self.separators), "")
             out.append(entry)
         for name, section in tools.items():
-            out += _tool_transformations(name, section, self.added_values)
+            out += tool_transformations(name, section, self.added_values)
         return out
-
-
-def _tool_transformations(name: str, section: dict, added_values: dict) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    calls = section["calls"]
-    for key, finding in section["keys_added"].items():
-        values = added_values[(name, key)]
-        entry = {
-            "kind": "add_key",
-            "tool": name,
-            "key": key,
-            "value": values[0],
-            "values_constant": all(v == values[0] for v in values),
-        }
-        out.append({**entry, "count": finding["count"], "of": calls, "example": finding["example"]})
-    for key, finding in section["keys_removed"].items():
-        out.append(
-            {
-                "kind": "remove_key",
-                "tool": name,
-                "key": key,
-                "count": finding["count"],
-                "of": calls,
-                "example": finding["example"],
-            }
-        )
-    changed = [o for o in section["key_order"]["observed"] if o["served"] != o["echoed"]]
-    if changed:
-        out.append(
-            {
-                "kind": "key_order",
-                "tool": name,
-                "rules": section["key_order"]["rules_explaining_every_call"],
-                "fixed_orders": _fixed_order(section_orders(section)) or {},
-                "count": sum(o["count"] for o in changed),
-                "of": calls,
-                "orders": [
-                    {"served": o["served"], "echoed": o["echoed"], "count": o["count"]}
-                    for o in section["key_order"]["observed"]
-                ],
-                "example": changed[0]["example"],
-            }
-        )
-    for what in ("arguments_reserialized", "arguments_type_changed"):
-        if what in section:
-            out.append(
-                {
-                    "kind": what,
-                    "tool": name,
-                    "count": section[what]["count"],
-                    "of": calls,
-                    "example": section[what]["example"],
-                }
-            )
-    for path, argument in section["arguments"].items():
-        out += _argument_transformations(name, path, argument)
-    return out
-
-
-def _argument_transformations(name: str, path: str, argument: dict) -> list[dict[str, Any]]:
-    out = []
-    total = argument.get("echoes", 0)
-    for kind, finding in argument.items():
-        if not isinstance(finding, dict) or "count" not in finding or kind == "unchanged":
-            continue
-        entry: dict[str, Any] = {
-            "tool": name,
-            "argument": path,
-            "count": finding["count"],
-            "of": total,
-            "example": finding["example"],
-        }
-        if kind == "trailing_whitespace_kept":
-            if "trailing_whitespace_stripped" in argument:
-                continue  # the exempt file types of the rstrip rule
-            entry["kind"] = "kept_verbatim"
-        elif kind == "trailing_whitespace_stripped":
-            by_type = argument.get("by_file_type", {})
-            exempt = sorted(t for t, n in by_type.items() if n["kept"] and not n["stripped"])
-            entry.update(
-                kind="rstrip_lines",
-                characters=argument.get("stripped_characters", []),
-                kept_characters=argument.get("kept_trailing_characters", []),
-                character_class=argument.get("character_class"),
-                except_file_types=exempt,
-                by_file_type=by_type,
-            )
-        elif kind.startswith("prefix_removed:"):
-            entry.update(kind="strip_prefix", pattern=kind.split(":", 1)[1])
-        else:
-            entry["kind"] = kind
-        out.append(entry)
-    return out
-
-
-def _fixed_order(orders: dict) -> dict[str, list[str]] | None:
-    """{key set: the one order} when every echo of a key set had the same order whatever was served."""
-    by_keys: dict[str, set[tuple[str, ...]]] = defaultdict(set)
-    for _served, echoed in orders:
-        by_keys[",".join(sorted(echoed))].add(tuple(echoed))
-    if not by_keys or any(len(found) != 1 for found in by_keys.values()):
-        return None
-    return {keys: list(next(iter(found))) for keys, found in sorted(by_keys.items())}
-
-
-def section_orders(section: dict) -> dict:
-    return {(tuple(o["served"]), tuple(o["echoed"])): o for o in section["key_order"]["observed"]}
 
 
 def _finding_json(finding: _Finding) -> dict[str, Any]:
     return {"count": finding.count, "example": finding.example}
-
-
-# -- helpers ------------------------------------------------------------------------------------
-def _matching_call(call: dict, echoed: list[dict], position: int) -> dict | None:
-    if call.get("id"):
-        for candidate in echoed:
-            if candidate.get("id") == call["id"]:
-                return candidate
-    return echoed[position] if position < len(echoed) else None
-
-
-def _raw(call: dict) -> Any:
-    return (call.get("function") or {}).get("arguments")
-
-
-def _moved_reasoning(served: dict, echoed: dict) -> str | None:
-    """The separator when the echo's text is the served reasoning, then the served text; else None."""
-    reasoning, text = served.get("reasoning_content") or "", served.get("content") or ""
-    after = echoed.get("content")
-    if (
-        not reasoning
-        or echoed.get("reasoning_content")
-        or not isinstance(after, str)
-        or not after.startswith(reasoning)
-    ):
-        return None
-    rest = after[len(reasoning) :]
-    if not text:
-        return "" if not rest else None
-    separator = rest[: len(rest) - len(text)] if rest.endswith(text) else None
-    return separator if separator is not None and not separator.strip() else None
-
-
-def _schema_order(tools: list[dict] | None, name: str) -> tuple[str, ...] | None:
-    for tool in tools or ():
-        function = tool.get("function", tool) if isinstance(tool, dict) else {}
-        if isinstance(function, dict) and function.get("name") == name:
-            properties = (function.get("parameters") or {}).get("properties") or {}
-            return tuple(properties)
-    return None
-
-
-def _order_rules(served: tuple, echoed: tuple, added: list[str], schema: tuple | None) -> list[str]:
-    """The key-order rules under which `served` becomes `echoed`."""
-    rules = []
-    kept = tuple(k for k in served if k in echoed)
-    if echoed == tuple(added) + kept:
-        rules.append("added_keys_first")
-    if echoed == kept + tuple(added):
-        rules.append("added_keys_last")
-    if schema is not None and echoed == tuple(k for k in schema if k in echoed) + tuple(
-        k for k in echoed if k not in schema
-    ):
-        rules.append("schema_order")
-    if echoed == tuple(sorted(echoed)):
-        rules.append("sorted")
-    if not added and echoed == served:
-        rules.append("served_order")
-    return rules
-
-
-def _removed_prefix(before: str, after: str) -> tuple[str, str]:
-    """(prefix, rest) when `before` = prefix + rest and `after` is rest (line ends stripped or not);
-    ("", before) when nothing was cut from the front. A `cd DIR && ` prefix is tried first."""
-    if not after or _rstripped(before, after) is not None:
-        return "", before
-    match = _CD_START.match(before)
-    if match and _rstripped(before[match.end() :], after) is not None:
-        return before[: match.end()], before[match.end() :]
-    head = after.split("\n")[0]
-    index = before.find(head, 1) if head else -1
-    while index > 0:
-        if _rstripped(before[index:], after) is not None:
-            return before[:index], before[index:]
-        index = before.find(head, index + 1)
-    return "", before
-
-
-def _rstripped(before: str, after: str) -> set[str] | None:
-    """The characters removed when `after` is `before` with blanks stripped from line ends; None if not."""
-    lines_before, lines_after = before.split("\n"), after.split("\n")
-    if len(lines_before) != len(lines_after):
-        return None
-    removed: set[str] = set()
-    for b, a in zip(lines_before, lines_after):
-        if not b.startswith(a) or not all(is_blank(c) for c in b[len(a) :]):
-            return None
-        removed |= set(b[len(a) :])
-    return removed
-
-
-def _trailing_run(text: str) -> set[str]:
-    """Every blank character in the runs that end the lines of `text`."""
-    found: set[str] = set()
-    for line in text.split("\n"):
-        end = len(line)
-        while end and is_blank(line[end - 1]):
-            end -= 1
-        found |= set(line[end:])
-    return found
-
-
-def _trailing_blanks(text: str) -> set[str]:
-    """The blank characters a line still ends with after stripping: the ones the harness keeps."""
-    return {line[-1] for line in text.split("\n") if line and is_blank(line[-1])}
-
-
-def character_class(stripped: set[str], kept: set[str]) -> str:
-    """Which known whitespace set explains the stripping: JavaScript's trimEnd, Python's rstrip, or neither."""
-    if stripped <= JS_WHITESPACE and not kept & JS_WHITESPACE:
-        return "javascript-trimEnd"
-    if all(c.isspace() for c in stripped) and not any(c.isspace() for c in kept):
-        return "python-rstrip"
-    return "custom"
-
-
-def _prefix_pattern(prefix: str, cwd: str | None) -> str:
-    match = _CD_PREFIX.match(prefix)
-    if match and cwd and match.group(1).rstrip("/") == cwd.rstrip("/"):
-        return "cd {cwd} && "
-    if match:
-        return "cd {other directory} && "
-    return prefix
-
-
-def unified_diff(before: str, after: str) -> str:
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), "served", "echoed")
-    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
 # -- from a dump ------------------------------------------------------------------------------------

@@ -19,13 +19,15 @@ reasoning) through the template and tokenizer and counts the cases where a prope
   edge or line-end whitespace reach the prompt unchanged. Informational: no strategy depends on
   the template here, but a sensitive template lets a harness's echo rewrites reach the tokens.
 
-`STRATEGY_CHECKS` says which checks each strategy's replay relies on; the audit fails for a
-strategy when one of them fails. Plain names on purpose: the render layer knows no strategies.
+Which checks each strategy relies on is part of the strategy's declaration
+(`strategies.declarations`); the caller passes that table in (`relies_on`), so the render layer
+knows no strategies, and the audit fails for a strategy when one of its checks fails. The views
+of an audit (terminal tables, the Markdown table of docs/templates.md) are `report.audit_view`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,23 +42,6 @@ CHECKS = (
     "key_order",
     "whitespace",
 )
-_SERVED_IDS = ("generation_prompt", "prefix_stability", "last_assistant", "reasoning_history", "tokenizer_merges")
-_HEALING = ("prefix_stability", "last_assistant", "reasoning_history", "closer_text", "closer_tool")
-_INCREMENTAL = ("generation_prompt", "tokenizer_merges")
-STRATEGY_CHECKS: dict[str, tuple[str, ...]] = {
-    # the tree compares each request's rendered ids with the ids served before it
-    "tree": _SERVED_IDS,
-    "echo-restore": _SERVED_IDS,
-    # the healer splices served ids + closer + a text-space tail; a non-prefix render resets it
-    "linear": _HEALING,
-    "linear+restore": _HEALING,
-    # chains and miles' TITO session servers append incrementally rendered messages to served ids
-    "chains": _INCREMENTAL,
-    "session-v1": _INCREMENTAL,
-    "session-v2": _INCREMENTAL,
-    # checkpoint-tree glues verified closer text onto exact checkpoints and re-renders the rest
-    "checkpoint-tree": ("closer_text", "closer_tool"),
-}
 PROBES = ("audit closer probe, first body ends in A", "audit closer probe, second body ends in Z")
 EDGE_WHITESPACE = "\n  Done: the fix is in.  \nSecond line\t\n"
 
@@ -75,13 +60,15 @@ class Check:
 
 @dataclass
 class Audit:
-    """A template's checks and, per chosen strategy, the checks it relies on that failed."""
+    """A template's checks and, per chosen strategy, the checks it relies on that failed.
+
+    `relies_on`: strategy name -> the checks it relies on (its declaration's `relies_on`)."""
 
     template: str
     tokenizer: str
     tokenizer_note: str = ""
     checks: list[Check] = field(default_factory=list)
-    strategies: list[str] = field(default_factory=list)
+    relies_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the conversations were adapted to the template
 
     def check(self, name: str) -> Check:
@@ -90,7 +77,7 @@ class Audit:
     @property
     def failing(self) -> dict[str, list[str]]:
         failed = {c.name for c in self.checks if c.status == "fail"}
-        return {s: [c for c in STRATEGY_CHECKS[s] if c in failed] for s in self.strategies}
+        return {s: [c for c in checks if c in failed] for s, checks in self.relies_on.items()}
 
     @property
     def ok(self) -> bool:
@@ -494,15 +481,20 @@ def audit_template(
     template: str = "",
     tokenizer: str = "",
     tokenizer_note: str = "",
-    strategies: Sequence[str] | None = None,
+    relies_on: Mapping[str, Sequence[str]] | None = None,
 ) -> Audit:
     """Run every check over `renderer` (anything with `render_text` and `encode`).
 
     A `tokenizer_note` marks the tokenizer as a stand-in for the template's own: the token-level
     check is then n/a, since the stand-in splits the template's special tokens into pieces.
+    `relies_on` maps each strategy to judge to the checks it relies on (names of `CHECKS`).
     """
+    table = {name: tuple(checks) for name, checks in (relies_on or {}).items()}
+    unknown = sorted({check for checks in table.values() for check in checks} - set(CHECKS))
+    if unknown:
+        raise ValueError(f"no such audit check: {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
     auditor = _Auditor(renderer, stand_in=bool(tokenizer_note))
-    return Audit(template, tokenizer, tokenizer_note, auditor.all(), list(strategies or STRATEGY_CHECKS), auditor.notes)
+    return Audit(template, tokenizer, tokenizer_note, auditor.all(), table, auditor.notes)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -548,9 +540,12 @@ def template_tokenizer(stem: str) -> tuple[str, str]:
 
 
 def run_audit(
-    chat_template: str | None = None, tokenizer: str | None = None, strategies: Sequence[str] | None = None
+    chat_template: str | None = None,
+    tokenizer: str | None = None,
+    relies_on: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Audit]:
-    """Audit one template (`--chat-template` spec, or the tokenizer's own) or every TRL template (`trl:all`).
+    """Audit one template (`--chat-template` spec, or the tokenizer's own) or every TRL template (`trl:all`),
+    judging the strategies of `relies_on` (see `audit_template`).
 
     Without `tokenizer`, a dump file lends the tokenizer it names, a Qwen template gets its own,
     and any other template is audited with the `qwen3` tokenizer as a stand-in (said in the note).
@@ -558,7 +553,6 @@ def run_audit(
     from trace_tools.render.renderer import Renderer
     from trace_tools.render.tokenizer import load_tokenizer
 
-    chosen = _strategies(strategies)
     audits = []
     for text, identity, name, note in _targets(chat_template, tokenizer):
         loaded = load_tokenizer(name)
@@ -566,18 +560,9 @@ def run_audit(
         kwargs = {"bos_token": ""} if note and loaded.hf.bos_token is None else {}
         renderer = Renderer(loaded, text, template_kwargs=kwargs, template_identity=identity)
         audits.append(
-            audit_template(renderer, template=identity, tokenizer=name, tokenizer_note=note, strategies=chosen)
+            audit_template(renderer, template=identity, tokenizer=name, tokenizer_note=note, relies_on=relies_on)
         )
     return audits
-
-
-def _strategies(names: Sequence[str] | None) -> list[str]:
-    from trace_tools.errors import UnknownName
-
-    for name in names or ():
-        if name not in STRATEGY_CHECKS:
-            raise UnknownName("strategy", name, list(STRATEGY_CHECKS))
-    return list(names or STRATEGY_CHECKS)
 
 
 def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, str, str]]:
@@ -617,15 +602,3 @@ def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, st
         stand_in = (STAND_IN, f"{STAND_IN} stands in: no --tokenizer given")
         tokenizer, note = template_tokenizer(stem) if stem else stand_in
     return [(*resolve_template(spec, tokenizer_name=tokenizer), tokenizer, note)]
-
-
-def markdown_table(audits: Sequence[Audit]) -> str:
-    """One row per template, one column per check (`ok`, `FAIL`, `n/a`): the table docs/templates.md shows."""
-    header = "| template | tokenizer | " + " | ".join(f"`{name}`" for name in CHECKS) + " |"
-    rows = [header, "|" + "---|" * (len(CHECKS) + 2)]
-    for audit in audits:
-        name = audit.template.split()[0].removeprefix("trl:")
-        status = {c.name: {"pass": "ok", "fail": "FAIL", "n/a": "n/a"}[c.status] for c in audit.checks}
-        tokenizer = audit.tokenizer + (" (stand-in)" if audit.tokenizer_note else "")
-        rows.append(f"| `{name}` | {tokenizer} | " + " | ".join(status[c] for c in CHECKS) + " |")
-    return "\n".join(rows) + "\n"

@@ -24,7 +24,7 @@ from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.limits import TemplateLimitHit
-from trace_tools.replay.turnrows import extra_counters, sample_rows, session_row, turn_rows
+from trace_tools.replay.turnrows import check_trained_once, extra_counters, sample_rows, session_row, turn_rows
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
 
@@ -93,10 +93,11 @@ class SessionReplayer:
         started = time.perf_counter()
         try:
             result = get_strategy(name)(ctx).replay(prepared)
+            elapsed = time.perf_counter() - started
+            check_trained_once(prepared.session, result)
         except Exception as exc:  # quarantined per strategy: the other strategies still replay it
             rows.quarantine.append(_quarantine(prepared.session_id, f"strategy {name}: {_describe(exc)}"))
             return []
-        elapsed = time.perf_counter() - started
         session = prepared.session
         turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths)
         causes = facts.drift_causes

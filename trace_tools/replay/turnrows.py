@@ -7,7 +7,12 @@ from collections import Counter
 from itertools import compress
 from typing import Any
 
-from trace_tools.data import COUNTERS, ReplayResult, Session
+from trace_tools.data import COUNTERS, ReplayResult, Sample, Session
+from trace_tools.errors import ReplayError
+
+
+class TrainedTwice(ReplayError):
+    """A strategy's samples give one generated token loss 1 more than once (DESIGN §5)."""
 
 
 def trained_by_turn(result: ReplayResult) -> Counter:
@@ -19,6 +24,62 @@ def trained_by_turn(result: ReplayResult) -> Counter:
     for source in [source for source in trained if source < 0]:
         del trained[source]
     return trained
+
+
+def check_trained_once(session: Session, result: ReplayResult) -> None:
+    """Raise `TrainedTwice` unless every generated token carries loss 1 in at most one sample.
+
+    The per-turn metrics count trained tokens by provenance, so they rely on this (DESIGN §5).
+    Samples name only a token's producing turn, not its position in that turn's output, so a
+    turn is checked by counts: it trains no more tokens than it generated, and, when more than one
+    sample trains it, no token id more often than the turn generated that id. That is exact for
+    an id the turn generated once, and never faults a strategy that trains each output position
+    at most once."""
+    outputs = {turn.turn_index: turn.output_ids for turn in session.turns}
+    by_sample = [Counter(compress(*_trained_region(sample))) for sample in result.samples]
+    shared = {source for source, n in Counter(s for c in by_sample for s in c).items() if n > 1 and source in outputs}
+    if shared:
+        _check_shared_turns(result, outputs, shared)
+    for source, count in sum(by_sample, Counter()).items():
+        if source in outputs and count > len(outputs[source]):
+            raise TrainedTwice(
+                f"turn {source} has {count} tokens with loss 1 in samples {_samples_training(result, source)} "
+                f"but generated {len(outputs[source])}; a generated token may be trained in one sample only"
+            )
+
+
+def _trained_region(sample: Sample) -> tuple[list[int], list[int]]:
+    """(producing turn per response token, loss mask) of a sample."""
+    return sample.source_turn[len(sample.token_ids) - sample.response_length :], sample.loss_mask
+
+
+def _check_shared_turns(result: ReplayResult, outputs: dict[int, list[int]], shared: set[int]) -> None:
+    """Turns that several samples train: per token id, no more trainings than the turn generated it."""
+    trained: Counter = Counter()
+    for sample in result.samples:
+        sources, mask = _trained_region(sample)
+        ids = sample.token_ids[len(sample.token_ids) - sample.response_length :]
+        trained.update(pair for pair in zip(compress(sources, mask), compress(ids, mask)) if pair[0] in shared)
+    generated = {source: Counter(outputs[source]) for source in shared}
+    for (source, token), times in trained.items():
+        occurs = generated[source][token]
+        if times > occurs > 0:
+            raise TrainedTwice(
+                f"turn {source}'s token {token} carries loss 1 {times} times in samples "
+                f"{_samples_training(result, source, token)} but the turn generated it {occurs} time(s); "
+                "a generated token may be trained in one sample only"
+            )
+
+
+def _samples_training(result: ReplayResult, source: int, token: int | None = None) -> list[int]:
+    """Indices of the samples that train a token of turn `source` (that token id, when given)."""
+    found = []
+    for index, sample in enumerate(result.samples):
+        start = len(sample.token_ids) - sample.response_length
+        pairs = zip(sample.source_turn[start:], sample.token_ids[start:], sample.loss_mask)
+        if any(turn == source and mask and token in (None, tid) for turn, tid, mask in pairs):
+            found.append(index)
+    return found
 
 
 def turn_event(generated: int, trained: int, strategy_event: str | None) -> str:

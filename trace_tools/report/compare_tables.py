@@ -8,7 +8,7 @@ import pandas as pd
 from rich.text import Text
 
 from trace_tools.report.layout import Column, fit, label, legend, middle
-from trace_tools.strategies import BUILTIN_STRATEGIES
+from trace_tools.strategies.declarations import in_column_order
 
 KEY_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens", "context_tokens")
 SESSIONS_SHOWN = 30
@@ -78,8 +78,7 @@ def _sessions(frame: pd.DataFrame, width: int) -> list[Any]:
 
 def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
     """Behaviour × strategy: % of genuine generated tokens trained / forwarded tokens ÷ ideal."""
-    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
-    strategies = sorted(dict.fromkeys(frame["strategy"]), key=lambda name: (order.get(name, len(order)), name))
+    strategies = in_column_order(dict.fromkeys(frame["strategy"]))
     behaviours = list(dict.fromkeys(frame["behaviour"]))
     cells = {(r.behaviour, r.strategy): r for r in frame.itertuples()}
     sessions = [str(max(cells[b, s].sessions for s in strategies if (b, s) in cells)) for b in behaviours]

@@ -5,7 +5,7 @@ columns. `fit` measures every column at its full width and, when they do not all
 console, stacks them: several tables, each repeating the key columns and holding as many value
 columns as fit. Numbers never wrap; only columns marked `wrap` (free text such as a detail or a
 note) may break between words. Long identifiers are shortened from the middle (`middle`), so ids
-that share a prefix stay distinct. Strategy names become short labels (`LABELS`) with a legend.
+that share a prefix stay distinct. Strategy names become their declared short labels, with a legend.
 """
 
 from __future__ import annotations
@@ -19,23 +19,10 @@ from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from trace_tools.strategies.declarations import label
+
 GAP = 2  # columns are separated by two spaces
-# One short label per strategy, the same in every table; `legend` explains those that differ.
-LABELS = {
-    "tree": "tree",
-    "echo-restore": "restore",
-    "linear": "linear",
-    "linear+restore": "lin+rst",
-    "chains": "chains",
-    "session-v1": "sess-v1",
-    "session-v2": "sess-v2",
-    "checkpoint-tree": "ckpt",
-}
 WRAP_WIDTH = 12  # what a wrapping text column asks for; it takes whatever width is left over
-
-
-def label(strategy: str) -> str:
-    return LABELS.get(strategy, strategy)
 
 
 def legend(strategies: Iterable[str]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.strategies import BUILTIN_STRATEGIES
+from trace_tools.strategies.declarations import NAMES, in_column_order
 
 MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
 
@@ -133,7 +133,7 @@ def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
     grouped = turns.groupby(["tool", "strategy"])[["trained_tokens", "generated_tokens"]].sum()
     generated = grouped["generated_tokens"]
     coverage = (grouped["trained_tokens"] / generated.where(generated > 0)).unstack()
-    coverage = coverage[_ordered(coverage.columns)]
+    coverage = coverage[in_column_order(coverage.columns)]
     figure, ax = _figure(max(7.0, 1.1 * len(coverage) + 2.5), 4.5)
     coverage.plot.bar(ax=ax, width=0.85, color=_colours(coverage.columns), legend=False)
     ax.set_ylabel("token coverage (trained / generated)")
@@ -149,7 +149,7 @@ def samples_figure(tables: dict[str, pd.DataFrame]) -> Any:
     if not len(sessions):
         return None
     counts = sessions.groupby(["samples", "strategy"]).size().unstack(fill_value=0)
-    counts = counts[_ordered(counts.columns)]
+    counts = counts[in_column_order(counts.columns)]
     low, high = int(counts.index.min()), int(counts.index.max())
     if high - low < MAX_SAMPLE_BARS:  # every value on the axis, none skipped
         counts = counts.reindex(range(low, high + 1), fill_value=0)
@@ -177,7 +177,7 @@ def drift_figure(tables: dict[str, pd.DataFrame]) -> Any:
     drifted = drifted[drifted["prompt_tokens"] > 0]
     if not len(drifted):
         return None
-    strategies = _ordered(turns["strategy"].unique())
+    strategies = in_column_order(turns["strategy"].unique())
     rows = (len(strategies) + 1) // 2
     figure = Figure(figsize=(9.0, 1.5 * rows + 1.0))
     axes = figure.subplots(rows, 2, sharex=True, squeeze=False).ravel()
@@ -208,17 +208,12 @@ def _legend_outside(ax: Any) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
 
-def _ordered(names: Any) -> list[str]:
-    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
-    return sorted(names, key=lambda name: (order.get(name, len(order)), name))
-
-
 def _colours(names: Any) -> list[Any]:
     from matplotlib import colormaps
 
     tab10 = colormaps["tab10"]
     palette = [tab10(n) for n in range(10)]
-    order = {name: n for n, name in enumerate(BUILTIN_STRATEGIES)}
+    order = {name: n for n, name in enumerate(NAMES)}
     return [palette[order.get(name, len(order) + n) % len(palette)] for n, name in enumerate(names)]
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import markdown_cell
 from trace_tools.report.metrics import upstream_lines
+from trace_tools.strategies.declarations import BY_NAME
 
 COUNTERFACTUAL_NOTE = (
     "Strategies marked *counterfactual* act before generation (they change the ids the engine would "
@@ -56,16 +57,8 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
 
 
 def counterfactual_names(summary: dict[str, Any]) -> list[str]:
-    from trace_tools.strategies.base import get_strategy
-
-    names = []
-    for name in summary["strategies"]:
-        try:
-            if get_strategy(name).counterfactual:
-                names.append(name)
-        except Exception:  # a run written by a build that had a strategy this one lacks
-            continue
-    return names
+    """The run's strategies declared counterfactual (one this build does not declare is not named)."""
+    return [name for name in summary["strategies"] if name in BY_NAME and BY_NAME[name].counterfactual]
 
 
 def _overview(summary: dict[str, Any]) -> list[str]:

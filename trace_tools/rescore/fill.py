@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
-from trace_tools.data import DumpMeta, Session, Turn
+from trace_tools.data import SIMULATED_HARNESS, DumpMeta, Session, Turn
 from trace_tools.rescore import plan, require_torch
 
 
@@ -110,11 +110,9 @@ def _fill_table(
 def logprobs_source(meta: DumpMeta) -> str:
     """`synthetic` for a simulated dump whose logprobs were seeded, not computed by a model (every turn
     of it is expected to be flagged); `teacher-forced:MODEL` when `fill_logprobs` wrote them; else `recorded`."""
-    from trace_tools.simulate import HARNESS
-
     if "logprobs" in meta.extra:
         return meta.extra["logprobs"]
-    return "synthetic" if meta.harness == HARNESS else "recorded"
+    return "synthetic" if meta.harness == SIMULATED_HARNESS else "recorded"
 
 
 LOGPROBS_KEY = "trace_tools.logprobs"  # who computed output_logprobs, when not the recording engine

@@ -23,6 +23,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from trace_tools.data import SIMULATED_HARNESS
 from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.simulate.behaviours import BEHAVIOURS, parse_recipes
 from trace_tools.simulate.formats import FAMILIES
@@ -31,7 +32,6 @@ from trace_tools.simulate.profiles import PROFILES, get_profile
 
 __all__ = ["BEHAVIOURS", "FAMILIES", "PROFILES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
-HARNESS = "trace-tools simulate"
 # The day the simulated gateway renders on; a dump whose template stamps the date into its prompts
 # (gpt-oss) names it in `trace_tools.render_date`, so replay renders the same day.
 RENDER_DATE = "2025-03-03"
@@ -151,7 +151,7 @@ def simulate_sessions(
         tokenizer=family.tokenizer,
         chat_template=renderer.chat_template,
         history_mode="linear" if recording == "linear" else "tree",
-        harness=HARNESS,
+        harness=SIMULATED_HARNESS,
         extra={"simulator": json.dumps(arguments), "recording": recording, **dated},
     )
     for session in built:

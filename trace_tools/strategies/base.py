@@ -5,10 +5,11 @@ does. The pipeline (`trace_tools.pipeline`) prepares each session once (canonica
 responses, prompt ids); the engine (`trace_tools.replay`) owns iteration, timing, error capture
 and the run directory; a strategy only implements `replay_session(prepared) -> ReplayResult`.
 
-To add one: subclass `Strategy`, set `name` (and `counterfactual` if it changes the ids the
-engine would have seen), declare its options in `params` (`trace_tools.options.Param`), implement
-`replay_session`, and decorate the class with `@register`. Options are read with
-`self.setting(name)`: typed, defaulted and checked against the declaration, never parsed by hand.
+What a strategy is (name, label, parameters, template facts, counterfactual or not) is its
+`declaration` (`strategies.declarations`); the class copies those facts into its attributes. Options are
+read with `self.setting(name)`: typed, defaulted and checked against the declaration, never
+parsed by hand. The built-in classes are listed in `strategies.builtin`; `register` adds another
+at run time (a plugin, a test).
 """
 
 from __future__ import annotations
@@ -25,22 +26,19 @@ from trace_tools.options import Param, check_known
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.base import RendererLike
 from trace_tools.render.upstream import upstream_render
-from trace_tools.strategies import BUILTIN_STRATEGIES
+from trace_tools.strategies.declarations import NAMES, Declaration, builtin_params
 
+# Strategies registered at run time, besides the built-in ones.
 REGISTRY: dict[str, type["Strategy"]] = {}
-
-# Declared by every strategy that reproduces an upstream system's render (docs/upstream_families.md).
-LENIENT_RENDER = Param(
-    "lenient_render",
-    bool,
-    False,
-    "pass tool-call arguments as JSON text to a template that needs text; upstream passes dicts "
-    "and fails those requests (every report labels a run that sets this)",
-)
 _NUMBER = re.compile(r"\d+")
 
 
 def register(cls: type["Strategy"]) -> type["Strategy"]:
+    """Make a strategy that is not built in available by its name (its own `declaration`'s)."""
+    if "declaration" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__} has no declaration of its own; set `declaration = Declaration(...)`")
+    if cls.name in NAMES:
+        raise ValueError(f"strategy {cls.name!r} is built in")
     REGISTRY[cls.name] = cls
     return cls
 
@@ -61,15 +59,27 @@ class ReplayContext:
 
 
 class Strategy(ABC):
-    """One trajectory-management strategy; subclasses are small modules under strategies/."""
+    """One trajectory-management strategy; subclasses are small modules under strategies/.
 
+    A subclass sets `declaration`; its name, parameters (read through `setting`), kind and
+    upstream system become class attributes here, so that no view keeps a second copy."""
+
+    declaration: ClassVar[Declaration]
     name: ClassVar[str]
-    counterfactual: ClassVar[bool] = False  # True when replay feeds ids the engine never saw
-    description: ClassVar[str] = ""
-    params: ClassVar[tuple[Param, ...]] = ()  # declared options, read through `setting`
-    renders_prompts: ClassVar[bool] = True  # False: works from recorded prompt ids without a tokenizer
-    # The upstream system whose renders this strategy reproduces ("miles", "slime", ...), or None.
+    params: ClassVar[tuple[Param, ...]] = ()
+    counterfactual: ClassVar[bool] = False
+    renders_prompts: ClassVar[bool] = True
     upstream_system: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declaration = cls.__dict__.get("declaration")
+        if declaration is not None:
+            cls.name = declaration.name
+            cls.params = declaration.params
+            cls.counterfactual = declaration.counterfactual
+            cls.renders_prompts = declaration.renders_prompts
+            cls.upstream_system = declaration.upstream_system
 
     def __init__(self, ctx: ReplayContext):
         self.ctx = ctx
@@ -140,24 +150,20 @@ def release_tree(roots: Iterable[Any]) -> None:
 
 
 def get_strategy(name: str) -> type[Strategy]:
-    _load_builtin_strategies()
     try:
-        return REGISTRY[name]
+        return _classes()[name]
     except KeyError:
-        raise UnknownName("strategy", name, sorted(REGISTRY)) from None
+        raise UnknownName("strategy", name, sorted(_classes())) from None
 
 
 def available_strategies() -> list[str]:
-    """Registered names in the DESIGN §3 column order."""
-    _load_builtin_strategies()
-    order = list(BUILTIN_STRATEGIES)
-    return [n for n in order if n in REGISTRY] + sorted(set(REGISTRY) - set(order))
+    """Every strategy name: the built-in ones in the DESIGN §3 column order, then the registered ones."""
+    return [*NAMES, *sorted(REGISTRY)]
 
 
 def declared_params() -> dict[str, Param]:
-    """Every option any registered strategy declares, by name (strategies that share one share its declaration)."""
-    _load_builtin_strategies()
-    return {param.name: param for cls in REGISTRY.values() for param in cls.params}
+    """Every option any strategy declares, by name (strategies that share one share its declaration)."""
+    return {**builtin_params(), **{param.name: param for cls in REGISTRY.values() for param in cls.params}}
 
 
 def check_params(strategies: list[str], params: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,15 +180,11 @@ def check_params(strategies: list[str], params: Mapping[str, Any]) -> dict[str, 
     return {key: declared[key].parse(value) for key, value in given.items()}
 
 
-def _load_builtin_strategies() -> None:
-    import importlib
+def _classes() -> dict[str, type[Strategy]]:
+    """The built-in classes (imported on first use: `--help` needs only their declarations) and the registered ones."""
+    from trace_tools.strategies.builtin import BUILTIN
 
-    for module in ("tree", "echo_restore", "linear", "chains", "session_v1", "session_v2", "checkpoint_tree"):
-        try:
-            importlib.import_module(f"trace_tools.strategies.{module}")
-        except ModuleNotFoundError as exc:  # a strategy module not written yet
-            if exc.name != f"trace_tools.strategies.{module}":
-                raise
+    return {**BUILTIN, **REGISTRY}
 
 
 def turn_tools(turn: Turn) -> list[dict] | None:

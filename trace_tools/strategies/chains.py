@@ -11,7 +11,7 @@ the messages appended after each generation — so the ids a chain feeds are not
 prompt ids (a miles/slime gateway re-rendered differently). Replay reuses the recorded outputs as
 if generated on those ids.
 
-Options (`CHAINS_PARAMS`): `rollback` (default on: roll back a rewritten latest assistant
+Options (`declarations.CHAINS_PARAMS`): `rollback` (default on: roll back a rewritten latest assistant
 instead of forking), `prompt_length` and `response_length` (total capacity, enforced only when
 both are set; off by default).
 
@@ -29,35 +29,18 @@ from typing import Any
 
 from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.errors import ReplayError
-from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.render.upstream import took_lenient
-from trace_tools.strategies.base import LENIENT_RENDER, ReplayContext, Strategy, failure_reason, register
-from trace_tools.strategies.chains_core import (
-    CONTEXT,
-    ChainCodec,
-    ChainSession,
-    RequestRejected,
-    ServerError,
-    StepOutcome,
-    Trajectory,
-)
-
-CHAINS_PARAMS: tuple[Param, ...] = (
-    Param("rollback", bool, True, "roll back a rewritten latest assistant instead of forking a new chain"),
-    Param("prompt_length", int, None, "chain capacity: prompt tokens (enforced with response_length)", minimum=1),
-    Param("response_length", int, None, "chain capacity: response tokens (enforced with prompt_length)", minimum=1),
-    LENIENT_RENDER,
-)
+from trace_tools.strategies.base import ReplayContext, Strategy, failure_reason
+from trace_tools.strategies.chains_core.codec import ChainCodec
+from trace_tools.strategies.chains_core.errors import RequestRejected, ServerError
+from trace_tools.strategies.chains_core.session import ChainSession
+from trace_tools.strategies.chains_core.state import CONTEXT, StepOutcome, Trajectory
+from trace_tools.strategies.declarations import CHAINS
 
 
-@register
 class ChainsStrategy(Strategy):
-    name = "chains"
-    counterfactual = True
-    description = "uni-agent multiple linear chains: prefix-hash chain selection, last-assistant rollback"
-    params = CHAINS_PARAMS
-    upstream_system = "uni-agent"
+    declaration = CHAINS
 
     def __init__(self, ctx: ReplayContext):
         super().__init__(ctx)

@@ -7,7 +7,7 @@ sessions give one sample; subagents and genuine edits give real branches; a retr
 earlier sibling while that is still a leaf. Recorded outputs are reused on the assembled prompts
 (counterfactual), and no generated token is zeroed or re-emitted because of drift.
 
-Options (`CHECKPOINT_PARAMS`):
+Options (`declarations.CHECKPOINT_PARAMS`):
 * `retries`: "supersede" (default) trims a leaf that a later sibling re-generated from the same
   request; "keep" keeps every sibling as its own sample (e.g. n>1 sampling on purpose).
 * `echo_rules` (True): False matches messages by dict equality only (for comparison).
@@ -26,10 +26,9 @@ from typing import Any
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import ReplayError
 from trace_tools.ids import common_prefix_len
-from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
 from trace_tools.render.harness_echo import HarnessEcho, load_profile, shipped_echoes, working_directory
-from trace_tools.strategies.base import ReplayContext, Strategy, prepare, register, release_tree
+from trace_tools.strategies.base import ReplayContext, Strategy, prepare, release_tree
 from trace_tools.strategies.checkpoint_core import (
     Assembly,
     AssemblyFailed,
@@ -39,15 +38,7 @@ from trace_tools.strategies.checkpoint_core import (
     PromptAssembler,
     build_samples,
 )
-
-RETRY_POLICIES = ("supersede", "keep")
-
-
-def check_harness_profile(value: str) -> str:
-    """A `harness_profile` value that names a profile that loads (usage error otherwise)."""
-    if value not in ("auto", "none"):
-        load_profile(value)
-    return value
+from trace_tools.strategies.declarations import CHECKPOINT_TREE
 
 
 @lru_cache(maxsize=8)
@@ -60,24 +51,6 @@ def harness_echoes(value: str) -> tuple[HarnessEcho, ...]:
     return (HarnessEcho(load_profile(value)),)
 
 
-CHECKPOINT_PARAMS: tuple[Param, ...] = (
-    Param(
-        "retries",
-        str,
-        "supersede",
-        "an unanswered earlier attempt: trim it (supersede) or keep both",
-        choices=RETRY_POLICIES,
-    ),
-    Param("echo_rules", bool, True, "look past cosmetic echo rewrites; false matches messages by equality only"),
-    Param(
-        "harness_profile",
-        str,
-        "auto",
-        "harness profiles whose echo rewrites count as cosmetic: auto (every shipped one), none, "
-        "or a profile.json from trace-tools probe",
-        check=check_harness_profile,
-    ),
-)
 # Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
 OWN_COUNTERS = (
     "tree_branches",
@@ -113,12 +86,8 @@ class TurnInput:
     issued: tuple[str, ...] = ()  # the tool-call ids the gateway returned with the response
 
 
-@register
 class CheckpointTreeStrategy(Strategy):
-    name = "checkpoint-tree"
-    counterfactual = True  # prompts are assembled from checkpoints, not the recorded prompt ids
-    description = "token-checkpoint tree: deepest echo-equivalent checkpoint, delta render, exactly-once masks"
-    params = CHECKPOINT_PARAMS
+    declaration = CHECKPOINT_TREE
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         harnesses = harness_echoes(self.setting("harness_profile"))

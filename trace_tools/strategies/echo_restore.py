@@ -27,11 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
-from trace_tools.options import Param
 from trace_tools.pipeline.prepared import render_prompt
-from trace_tools.strategies.base import register
+from trace_tools.strategies.declarations import ECHO_RESTORE
 from trace_tools.strategies.restore_core import RestoreOutcome, restore_walk
-from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy, check_request
+from trace_tools.strategies.tree import TreeStrategy, check_request
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 
@@ -66,16 +65,8 @@ def restore_prepared(manager: TrajectoryManager, session_id: str, prepared: Any)
     return replace(prepared, messages=outcome.messages), outcome
 
 
-@register
 class EchoRestoreStrategy(TreeStrategy):
-    name = "echo-restore"
-    counterfactual = True
-    description = "slime PR #2282: restore re-rendered assistant echoes before rendering, then the slime tree"
-    params = (
-        *TREE_PARAMS,
-        Param("restore_prompt", bool, True, "render the restored messages; false restores for routing only (seed 001)"),
-    )
-    renders_prompts = True
+    declaration = ECHO_RESTORE
 
     def replay_prepared(
         self, session_id: str, prepared_turns: Sequence[Any], reward: float, manager: TrajectoryManager | None = None

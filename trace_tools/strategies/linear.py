@@ -10,7 +10,7 @@ upstream systems offers this combination.
 Counterfactual: healed prompts are ids the engine never saw; the recorded `output_ids` and
 logprobs are reused as if sampled on the healed context (DESIGN §3).
 
-Options (`LINEAR_PARAMS`): `on_nonlinear` ("reset" | "error" | "passthrough", default reset),
+Options (`declarations.LINEAR_PARAMS`): `on_nonlinear` ("reset" | "error" | "passthrough", default reset),
 `delta` (text-space delta render first, default true), plus every `tree` option.
 `fork_threshold` defaults to the tree's 1024; agentcore pairs the healer with a CLEAN/FORK-only
 manager, which is `fork_threshold=0`.
@@ -29,36 +29,18 @@ from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
 from trace_tools.errors import ReplayError
-from trace_tools.options import Param
-from trace_tools.strategies.base import register
+from trace_tools.strategies.declarations import LINEAR, LINEAR_RESTORE
 from trace_tools.strategies.echo_restore import RestoreLog, restore_prepared
-from trace_tools.strategies.linear_core import ON_NONLINEAR, LinearHealer, heal_and_commit
-from trace_tools.strategies.tree import TREE_PARAMS, TreeStrategy
+from trace_tools.strategies.linear_core import LinearHealer, heal_and_commit
+from trace_tools.strategies.tree import TreeStrategy
 from trace_tools.strategies.tree_core import TrajectoryManager
 
 _PROMPT_EVENTS = {"healed": "healed", "reset": "reset", "rendered": "rendered", "passthrough": "rendered"}
-LINEAR_PARAMS: tuple[Param, ...] = (
-    *TREE_PARAMS,
-    Param(
-        "on_nonlinear",
-        str,
-        "reset",
-        "what a non-append-only request does: re-anchor, fail the session, or pass",
-        choices=ON_NONLINEAR,
-    ),
-    Param("delta", bool, True, "heal through the text-space delta render first (the full render gives the same ids)"),
-)
 
 
-@register
 class LinearStrategy(TreeStrategy):
-    name = "linear"
-    counterfactual = True
-    description = "agentcore LinearHealer: feed the served prefix + closer + new tail, then the slime tree"
-    params = LINEAR_PARAMS
-    renders_prompts = True
+    declaration = LINEAR
     restore_first = False
-    upstream_system = "agentcore"
 
     def make_healer(self) -> LinearHealer:
         """A healer over the context's renderer as agentcore renders, configured from `on_nonlinear` and `delta`."""
@@ -104,8 +86,6 @@ class LinearStrategy(TreeStrategy):
         return self.restore_log.apply(result) if self.restore_first else result
 
 
-@register
 class LinearRestoreStrategy(LinearStrategy):
-    name = "linear+restore"
-    description = "restore re-rendered echoes (slime PR #2282), then heal them linearly (agentcore)"
+    declaration = LINEAR_RESTORE
     restore_first = True

@@ -45,10 +45,10 @@ from typing import Any, Sequence
 from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import suffix_prefix_overlap
 from trace_tools.render.base import RendererLike
+from trace_tools.strategies.declarations import ON_NONLINEAR
 
 log = logging.getLogger(__name__)
 
-ON_NONLINEAR = ("reset", "error", "passthrough")
 COUNTER_KEYS = (
     "healed_turns",
     "healed_prefix_tokens",

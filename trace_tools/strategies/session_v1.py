@@ -11,45 +11,17 @@ continues with the next recorded request.
 from __future__ import annotations
 
 from trace_tools.data import ReplayResult
-from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import LENIENT_RENDER, Strategy, register
-from trace_tools.strategies.session_core import (
-    FAMILIES,
-    MATCHERS,
-    AssemblyError,
-    assemble_v1,
-    record_outcomes,
-    replay_v1,
-    resolve_matcher,
-    session_requests,
-    tito_from_context,
-)
-
-SESSION_PARAMS: tuple[Param, ...] = (
-    Param(
-        "matcher",
-        str,
-        "strict",
-        "how a request's history is compared with the stored messages",
-        choices=tuple(MATCHERS),
-    ),
-    Param(
-        "tito_family", str, None, "miles TITO family (default: the one matching the template)", choices=tuple(FAMILIES)
-    ),
-    Param("max_seq_len", int, None, "truncate each sample to this many tokens, as miles does", minimum=1),
-    LENIENT_RENDER,
-)
+from trace_tools.strategies.base import Strategy
+from trace_tools.strategies.declarations import SESSION_V1
+from trace_tools.strategies.session_core.errors import AssemblyError
+from trace_tools.strategies.session_core.matchers import resolve_matcher
+from trace_tools.strategies.session_core.recording import record_outcomes, session_requests, tito_from_context
+from trace_tools.strategies.session_core.v1 import assemble_v1, replay_v1
 
 
-@register
 class SessionV1(Strategy):
-    name = "session-v1"
-    # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
-    counterfactual = True
-    description = "miles v1 session server: linear TITO trajectory, one-step rollback, one merged sample"
-    params = SESSION_PARAMS
-    upstream_system = "miles"
+    declaration = SESSION_V1
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         session = prepared.session

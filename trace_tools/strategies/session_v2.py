@@ -10,31 +10,18 @@ from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, register, release_tree
-from trace_tools.strategies.session_core import (
-    AssemblyError,
-    LeafSample,
-    SessionForest,
-    TitoTokenizer,
-    TurnOutcome,
-    record_outcomes,
-    replay_v2,
-    resolve_matcher,
-    samples_v2,
-    session_requests,
-    tito_from_context,
-)
-from trace_tools.strategies.session_v1 import SESSION_PARAMS
+from trace_tools.strategies.base import Strategy, release_tree
+from trace_tools.strategies.declarations import SESSION_V2
+from trace_tools.strategies.session_core.errors import AssemblyError
+from trace_tools.strategies.session_core.matchers import resolve_matcher
+from trace_tools.strategies.session_core.recording import record_outcomes, session_requests, tito_from_context
+from trace_tools.strategies.session_core.records import TurnOutcome
+from trace_tools.strategies.session_core.tito import TitoTokenizer
+from trace_tools.strategies.session_core.v2 import LeafSample, SessionForest, replay_v2, samples_v2
 
 
-@register
 class SessionV2(Strategy):
-    name = "session-v2"
-    # The TITO prompt (checkpoint + suffix render) is not what the recording gateway fed the engine.
-    counterfactual = True
-    description = "miles v2 session server: trajectory forest, retry trimming, exactly-once masking"
-    params = SESSION_PARAMS
-    upstream_system = "miles"
+    declaration = SESSION_V2
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         tito = tito_from_context(self.ctx, self.setting("tito_family"), self.upstream)

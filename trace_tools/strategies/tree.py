@@ -2,7 +2,7 @@
 
 Each prepared turn (canonical messages, canonical response, prompt ids recorded or rendered) is
 recorded into a `TrajectoryManager` with the dump's `turn_index` as provenance, then the session
-is linearized with the session reward. Options: `TREE_PARAMS` (fork threshold, the REALIGN rule
+is linearized with the session reward. Options: `declarations.TREE_PARAMS` (fork threshold, the REALIGN rule
 of slime or TRL, slime's per-sample token budget, and whether upstream's unsafe edges are guarded).
 
 Other strategies reuse this one: subclass `TreeStrategy` and override `record_prepared` (e.g. to
@@ -14,50 +14,20 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from trace_tools.data import ReplayResult
-from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.render.upstream import ArgumentFormError, check_render, took_lenient
-from trace_tools.strategies.base import LENIENT_RENDER, Strategy, failure_reason, register, release_tree
+from trace_tools.strategies.base import Strategy, failure_reason, release_tree
+from trace_tools.strategies.declarations import TREE
 from trace_tools.strategies.tree_core import (
-    REALIGN_GATES,
-    REALIGN_STARTS,
     BaseSample,
     TrajectoryManager,
     TreeSample,
     TurnRecord,
 )
 
-TREE_PARAMS: tuple[Param, ...] = (
-    Param("fork_threshold", int, 1024, "FORK / rewrite-merge threshold in tokens; <= 0 = agentcore CLEAN/FORK only"),
-    Param(
-        "realign_gate",
-        str,
-        "output",
-        "REALIGN gate on the incoming output length (slime) or the drift size (TRL)",
-        choices=REALIGN_GATES,
-    ),
-    Param(
-        "realign_from",
-        str,
-        "response",
-        "REALIGN from the response start (slime) or the divergence point (TRL)",
-        choices=REALIGN_STARTS,
-    ),
-    Param(
-        "max_sample_tokens", int, 0, "truncate each sample to this many tokens as slime does; 0 = no limit", minimum=0
-    ),
-    Param("safe_edges", bool, True, "guard upstream's unsafe edge cases; false reproduces them"),
-    LENIENT_RENDER,
-)
 
-
-@register
 class TreeStrategy(Strategy):
-    name = "tree"
-    description = "slime TrajectoryManager: message tree, rewrite-merge, CLEAN/REALIGN/FORK, per-node dedup"
-    params = TREE_PARAMS
-    renders_prompts = False  # with recorded prompt ids and responses it needs no tokenizer
-    upstream_system = "slime"
+    declaration = TREE
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         return self.replay_prepared(prepared.session_id, prepared.turns, prepared.reward)

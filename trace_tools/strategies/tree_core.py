@@ -38,12 +38,10 @@ from typing import Any, Iterator, Sequence
 from trace_tools.data import COUNTERS, Sample
 from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import common_prefix_len as _list_prefix_len
+from trace_tools.strategies.declarations import DEFAULT_FORK_THRESHOLD, REALIGN_GATES, REALIGN_STARTS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FORK_THRESHOLD = 1024
-REALIGN_GATES = ("output", "drift")
-REALIGN_STARTS = ("response", "divergence")
 COMPLETED = "completed"
 
 
