@@ -201,7 +201,14 @@ def main() -> None:
     text = report(shape, results, args)
     print(text)
     if not args.no_write:
-        (ROOT / "docs" / "scale.md").write_text(text)
+        write_measured(ROOT / "docs" / "scale.md", text)
+
+
+def write_measured(page: Path, text: str) -> None:
+    """Replace the page from its `## Measured` heading on; the hand-written part above stays."""
+    marker = "\n## Measured\n"
+    head = page.read_text().split(marker, 1)[0] if page.exists() and marker in page.read_text() else None
+    page.write_text(text if head is None else head + marker + text.split(marker, 1)[1])
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -238,7 +245,7 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         "they finish and the shard writer puts them back in stream order, so the run directory is the "
         "same as `--workers 1`'s (tested, on a two-raylet cluster too). A task whose worker dies is "
         "retried, up to 3 times; a killed driver resumes from the finished shards, also from a run "
-        'directory in object storage. How to run it on a cluster: the README, "Scale".',
+        'directory in object storage. How to run it on a cluster: the next section.',
         "",
         "## Measured",
         "",
