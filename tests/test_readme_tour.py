@@ -135,3 +135,15 @@ def run_script(code: str, tmp_path: Path) -> str:
     output = run_verbatim("python demo.py", scratch, env)
     assert (scratch / "runs" / "api" / "summary.json").is_file()
     return output
+
+
+def test_api_functions_stay_callable_after_their_submodules_load(tmp_path):
+    """`tt.replay` imports `trace_tools.replay` (and so on): a second call still finds the function."""
+    import trace_tools as tt
+
+    dump = tmp_path / "dump.parquet"
+    for _ in range(2):
+        tt.simulate(sessions=1, seed=3, out=str(dump), max_turns=3)
+        tt.reconstruct(dump)
+    for n in range(2):
+        assert tt.replay(dump, out=tmp_path / f"run{n}", strategies=["tree"], workers=1).run_dir.is_dir()
