@@ -231,6 +231,8 @@ def costs(row: dict) -> dict:
 
 
 def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
+    import trace_tools
+
     rays = [results[f"ray-{n}"] for n in args.cpus]
     local, before = results["workers-1"], results["driver-reads"]
     what = "all eight strategies" if not args.strategy else ", ".join(f"`{s}`" for s in args.strategy)
@@ -249,6 +251,7 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         "",
         "## Measured",
         "",
+        f"**Measured, not generated** ({time.strftime('%Y-%m-%d')}, trace-tools {trace_tools.__version__}): "
         f"`python benchmarks/bench_scale.py{_flags(args)}` on this machine ({os.cpu_count()} cores, shared: "
         f"wall times are indicative only), {what}, {'with' if args.samples else 'without'} samples, on "
         f"{shape['sessions']} simulated `swe-long` sessions ({shape['turns']} turns, {shape['mb']:.0f} MB of "
