@@ -94,12 +94,29 @@ def sample_table(runs: Runs) -> str:
         saved = "—" if saving is None else f"{100 * saving['savings']:+.1f}%"
         saved += " ⚑" if saving and saving["saves_by_training_less"] else ""
         rows.append(
-            [f"`{name}`", count(s["samples"]), f"{s['samples'] / s['sessions']:.2f}", pct(s["coverage"]),
-             *(tool_coverage(s, tool) for tool in ("Edit", "Write", "Bash")),
-             count(s["forwarded_tokens"]), count(s["context_tokens"]), saved]
+            [
+                f"`{name}`",
+                count(s["samples"]),
+                f"{s['samples'] / s['sessions']:.2f}",
+                pct(s["coverage"]),
+                *(tool_coverage(s, tool) for tool in ("Edit", "Write", "Bash")),
+                count(s["forwarded_tokens"]),
+                count(s["context_tokens"]),
+                saved,
+            ]
         )
-    header = ["strategy", "samples", "per session", "coverage", "Edit", "Write", "Bash", "forwarded", "context",
-              "savings vs tree"]
+    header = [
+        "strategy",
+        "samples",
+        "per session",
+        "coverage",
+        "Edit",
+        "Write",
+        "Bash",
+        "forwarded",
+        "context",
+        "savings vs tree",
+    ]
     fidelity = summary["prompt_fidelity"]
     note = f"Prompt fidelity {fidelity['exact']}/{fidelity['turns_compared']}"
     note += ": every recorded prompt re-renders exactly." if fidelity["exact"] == fidelity["turns_compared"] else "."
@@ -120,8 +137,9 @@ def claims_table(runs: Runs) -> str:
     """docs/results.md: slime PR #2282's configurations on simulated Claude Code sessions."""
     rows = []
     for label, behaviour, strategy, params in CLAIM_ROWS:
-        dump = runs.simulate(f"claims-{behaviour}", sessions=CLAIMS_SESSIONS, seed=CLAIMS_SEED, template="qwen3",
-                             behaviours=[behaviour])
+        dump = runs.simulate(
+            f"claims-{behaviour}", sessions=CLAIMS_SESSIONS, seed=CLAIMS_SEED, template="qwen3", behaviours=[behaviour]
+        )
         name = f"claims-{behaviour}-{strategy}" + ("-not-restored" if params else "")
         s = runs.replay(name, dump, [strategy], params)["strategies"][strategy]
         turns = tt.open_run(runs.root / "runs" / name).turns
@@ -130,8 +148,16 @@ def claims_table(runs: Runs) -> str:
             mine = turns[turns["tool"] == tool]
             trained_turns.append(f"{int((mine['trained_tokens'] > 0).sum())}/{len(mine)}")
         counters = s["counters"]
-        rows.append([label, count(s["samples"]), pct(s["coverage"]), *trained_turns,
-                     count(counters["rewrite_merges"]), count(counters["drift_realign"])])
+        rows.append(
+            [
+                label,
+                count(s["samples"]),
+                pct(s["coverage"]),
+                *trained_turns,
+                count(counters["rewrite_merges"]),
+                count(counters["drift_realign"]),
+            ]
+        )
     header = ["configuration", "samples", "coverage", "Edit", "Write", "Bash", "merges", "realigns"]
     return markdown(header, [":---", "---:", ":---", ":---", ":---", ":---", "---:", "---:"], rows)
 
