@@ -78,7 +78,7 @@ def ray_run(cpus: int, dump: Path, out: Path, options) -> dict:
     run pays imports, renderer set-up and Ray's function export once, not per turn."""
     import ray
 
-    from trace_tools.io import rundir
+    from trace_tools.io import rundir, shards
     from trace_tools.replay import engine
 
     started = time.perf_counter()
@@ -145,9 +145,9 @@ def _instrument(rundir, engine) -> dict:
         setattr(owner, name, wrapper)
 
     timed(rundir.SamplesFile, "_write_all", "samples_cpu")
-    timed(rundir.ShardWriter, "add", "shards_cpu")
-    timed(rundir.ShardWriter, "close", "shards_cpu")
-    timed(rundir, "merge_shards", "end_cpu")
+    timed(shards.ShardWriter, "add", "shards_cpu")
+    timed(shards.ShardWriter, "close", "shards_cpu")
+    timed(shards, "merge", "end_cpu")
     real_results = engine.ray_results
     began = time.thread_time()
 

@@ -221,13 +221,13 @@ def test_interrupt_says_how_to_resume_and_the_rerun_says_it_resumed(simulated_du
     from trace_tools.replay.session import SessionReplayer
 
     out = tmp_path / "run"
-    monkeypatch.setenv("TRACE_TOOLS_SHARD_SIZE", "4")
+    monkeypatch.setenv("TRACE_TOOLS_SHARD_ROWS", "1")  # a shard per session
     real = SessionReplayer.__call__
     calls = []
 
     def interrupted(self, session):
         calls.append(1)
-        if len(calls) == 6:  # in the second shard
+        if len(calls) == 6:  # five shards finished
             raise KeyboardInterrupt
         return real(self, session)
 
@@ -238,7 +238,7 @@ def test_interrupt_says_how_to_resume_and_the_rerun_says_it_resumed(simulated_du
     assert f"run the same command with --out {out} to resume" in " ".join(first.output.split())
     monkeypatch.setattr(SessionReplayer, "__call__", real)
     second = _invoke(*argv)
-    assert second.exit_code == 0 and "resumed: 1 finished shard(s)" in second.output
+    assert second.exit_code == 0 and "resumed: 5 finished shard(s)" in second.output
     fresh = replay(simulated_dump, out=tmp_path / "fresh", strategies=["tree"], write_samples=False)
     assert (out / "summary.json").read_text() == (fresh.run_dir / "summary.json").read_text()
 

@@ -98,20 +98,20 @@ def _descendants(root: int) -> list[int]:
 
 def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, single_process_run):
     out = tmp_path / "run"
-    env = {**os.environ, "TRACE_TOOLS_SHARD_SIZE": "3", "TRACE_TOOLS_WORKERS": "1"}
+    env = {**os.environ, "TRACE_TOOLS_SHARD_ROWS": "1", "TRACE_TOOLS_WORKERS": "1"}  # a shard per session
     code = f"from trace_tools.api import replay; replay({str(simulated_dump)!r}, out={str(out)!r})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 300
-    while not (out / "shards" / "00001.done").exists() and time.monotonic() < deadline and process.poll() is None:
+    while len(list((out / "shards").glob("*.done"))) < 2 and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
     process.kill()
     process.wait()
     finished = sorted(p.name for p in (out / "shards").glob("*.done"))
-    assert "00000.done" in finished and not (out / "summary.json").exists()
-    os.environ["TRACE_TOOLS_SHARD_SIZE"] = "3"
+    assert "0000000.done" in finished and not (out / "summary.json").exists()
+    os.environ["TRACE_TOOLS_SHARD_ROWS"] = "1"
     try:
         result = replay(simulated_dump, out=out, workers=1)
     finally:
-        del os.environ["TRACE_TOOLS_SHARD_SIZE"]
+        del os.environ["TRACE_TOOLS_SHARD_ROWS"]
     assert result.resumed_shards >= 2
     assert run_contents(out) == single_process_run

@@ -67,4 +67,7 @@ def test_default_path_and_usage_errors(sample_run, tmp_path):
         assert result.exit_code == 2 and message in result.output
     (tmp_path / "bare").mkdir()
     result = runner.invoke(app, ["export", str(tmp_path / "bare"), "--strategy", "tree"])
+    assert result.exit_code == 2 and "is not a finished run directory" in result.output
+    (run / "samples.parquet").unlink()
+    result = runner.invoke(app, ["export", str(run), "--strategy", "tree"])
     assert result.exit_code == 2 and "replay again without --no-samples" in result.output

@@ -208,5 +208,5 @@ def test_strict_exits_1_when_a_record_is_quarantined(tmp_path):
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
     args = ["import", "gateway-traces", str(source), "--out", str(tmp_path / "d.parquet")]
     assert CliRunner().invoke(app, args).exit_code == 0
-    result = CliRunner().invoke(app, [*args, "--strict"])
+    result = CliRunner().invoke(app, [*args, "--strict", "--overwrite"])
     assert result.exit_code == 1 and "empty_messages" in result.output

@@ -331,9 +331,10 @@ def test_disagreeing_files_first_wins_and_is_reported(tmp_path):
     assert "trace_tools.harness" in warning and "a.parquet" in warning and "b.parquet" in warning
 
 
-def test_newer_schema_version_is_warned_about(tmp_path):
-    dump = load(write_dump(tmp_path / "d.parquet", _with_meta(baseline_table(), schema_version="2")))
-    assert any("schema_version '2'" in w for w in dump.warnings)
+def test_another_schema_version_is_refused_naming_the_supported_ones(tmp_path):
+    with pytest.raises(UnusableInput, match=r"declares trace_tools.schema_version '2'; this trace-tools reads schema "
+                                            r"version 1: convert the dump"):
+        load(write_dump(tmp_path / "d.parquet", _with_meta(baseline_table(), schema_version="2")))
 
 
 def test_vocabulary_from_the_tokenizer_name(tmp_path):

@@ -57,7 +57,7 @@ def test_an_s3_dump_replays_to_the_same_tables_as_its_local_copy(dumps, local_ru
         assert run_contents(copy) == run_contents(local_run)
         assert json.loads((copy / "run.json").read_text())["inputs"]["dump"] == uri
         assert (copy / "report.html").stat().st_size and list((copy / "plots").glob("*.png"))
-    assert storage.is_file(f"{bucket}/runs/r1/shards/00000.done")
+    assert storage.is_file(f"{bucket}/runs/r1/shards/0000000.done")
 
 
 def test_validate_and_reconstruct_read_the_dump_in_place(dumps):
@@ -107,16 +107,19 @@ def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeyp
     _, uri, bucket = dumps
     out = f"{bucket}/runs/killed"
     # TMPDIR: the killed driver cannot remove its staging directory; keep it in this test's folder
-    env = {**os.environ, "TRACE_TOOLS_SHARD_SIZE": "3", "TRACE_TOOLS_WORKERS": "1", "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "TRACE_TOOLS_SHARD_ROWS": "1", "TRACE_TOOLS_WORKERS": "1", "TMPDIR": str(tmp_path)}
     code = f"from trace_tools.api import replay; replay({uri!r}, out={out!r}, strategies={STRATEGIES!r})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 300
-    while not storage.exists(f"{out}/shards/00001.done") and time.monotonic() < deadline and process.poll() is None:
+    def finished() -> int:
+        return sum(name.endswith(".done") for name in storage.list_files(f"{out}/shards")) if storage.exists(out) else 0
+
+    while finished() < 2 and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
     process.kill()
     process.wait()
-    assert storage.exists(f"{out}/shards/00000.done") and not storage.exists(f"{out}/summary.json")
-    monkeypatch.setenv("TRACE_TOOLS_SHARD_SIZE", "3")
+    assert storage.exists(f"{out}/shards/0000000.done") and not storage.exists(f"{out}/summary.json")
+    monkeypatch.setenv("TRACE_TOOLS_SHARD_ROWS", "1")
     result = replay(uri, out=out, strategies=STRATEGIES, workers=1)
     assert result.resumed_shards >= 2
     with storage.local_run(out) as copy:

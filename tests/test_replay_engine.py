@@ -61,10 +61,10 @@ def test_every_session_is_accounted_for(sample_run):
 def test_shards_of_another_format_are_never_resumed(simulated_dump, tmp_path, monkeypatch):
     """A run written with an earlier shard layout (samples as Parquet) must not lend its shards to
     this one, whose merge reads Arrow IPC: it is refused, then replayed in full under --overwrite."""
-    from trace_tools.io import rundir
+    from trace_tools.io import shards
 
     out = tmp_path / "run"
-    monkeypatch.setattr(rundir, "SHARD_FORMAT", rundir.SHARD_FORMAT - 1)
+    monkeypatch.setattr(shards, "SHARD_FORMAT", shards.SHARD_FORMAT - 1)
     replay(simulated_dump, out=out, strategies=["tree"])
     monkeypatch.undo()
     with pytest.raises(UsageError, match="an earlier trace-tools shard format"):
@@ -79,7 +79,7 @@ def test_shards_of_another_format_are_never_resumed(simulated_dump, tmp_path, mo
 def test_rerun_resumes_finished_shards(simulated_dump, tmp_path):
     out = tmp_path / "run"
     first = replay(simulated_dump, out=out, strategies=["tree"])
-    shard = out / "shards" / "00000.sessions.parquet"
+    shard = out / "shards" / "0000000.sessions.parquet"
     stamp = shard.stat().st_mtime_ns
     second = replay(simulated_dump, out=out, strategies=["tree"])
     assert shard.stat().st_mtime_ns == stamp

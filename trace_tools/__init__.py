@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": ("trace_tools.io.load", "load"),
     "iter_sessions": ("trace_tools.io.load", "iter_sessions"),
-    "validate": ("trace_tools.io.validate", "validate"),
+    "validate": ("trace_tools.pipeline.validate", "validate"),
     "replay": ("trace_tools.api", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
     "explain": ("trace_tools.report.explain", "explain"),

@@ -40,6 +40,7 @@ class RunResult:
     quarantined: int
     resumed_shards: int = 0
     reconstruction: dict[str, Any] = field(default_factory=dict)
+    redone_shards: list[str] = field(default_factory=list)  # finished shards replayed again, and why
     ray: dict[str, Any] = field(default_factory=dict)  # with executor="ray": tasks, nodes, bytes sent, worker CPU
 
 
@@ -88,7 +89,7 @@ def replay(
     from trace_tools.report.plots import PlotHelper
 
     with PlotHelper() as plots, _staged(out) as (local_out, mirror):
-        engine = run(
+        engine, result = run(
             dump,
             options,
             local_out,
@@ -98,8 +99,8 @@ def replay(
             progress=progress,
             overwrite=overwrite,
             mirror=mirror,
+            finish=lambda engine: (engine, _finish(engine, plots)),
         )
-        result = _finish(engine, plots)
     if executor == "ray":
         stats = engine.ray
         result.ray = {"tasks": stats.tasks, "nodes": len(stats.nodes), "sent_bytes": stats.sent_bytes}
@@ -122,8 +123,8 @@ def _staged(out: str | Path | None) -> Iterator[tuple[str | Path | None, Any]]:
 
 
 def _finish(engine: Any, plots: Any) -> RunResult:
-    """summary.json, run.json, report.md, report.html and plots (drawn by `plots`, a
-    `PlotHelper`) from the merged tables."""
+    """run.json, report.html, report.md and plots (drawn by `plots`, a `PlotHelper`) from the
+    merged tables, and summary.json last: it marks the run directory finished."""
     from trace_tools.io import rundir
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
@@ -136,13 +137,19 @@ def _finish(engine: Any, plots: Any) -> RunResult:
     reconstruction = reconstruction_summary(engine.render_stats)
     summary = summarize(tables, engine, engine.options.strategies)
     summary["reconstruction"] = reconstruction
-    write_json_atomic(summary, run_dir / "summary.json")
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     drawn: list[str] = []
-    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(tables)))
+    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(tables)), summary=summary)
     write_report(run_dir, summary, tables, drawn)
+    write_json_atomic(summary, run_dir / "summary.json")
     return RunResult(
-        run_dir, summary, engine.sessions_replayed, summary["quarantined"], engine.resumed_shards, reconstruction
+        run_dir,
+        summary,
+        engine.sessions_replayed,
+        summary["quarantined"],
+        engine.resumed_shards,
+        reconstruction,
+        engine.redone_shards,
     )
 
 

@@ -33,8 +33,23 @@ class TemplateNotFound(UsageError):
     """No chat template could be resolved for a tokenizer."""
 
 
+class TemplateLimitExceeded(UsageError):
+    """A chat template ran past the time or size limit of one render (`render.limits`): it is
+    untrusted code that would fail every session the same way, so the run stops."""
+
+
+class TemplateUnusable(UsageError):
+    """A chat template that does not compile, or fails on the simplest conversation: every
+    session would fail the same way."""
+
+
 class MalformedRules(UsageError):
     """A gate rules file that cannot be used (message names the line)."""
+
+
+class OutputFailed(TraceToolsError):
+    """An output could not be written (the disk is full, a file-size limit, a read-only file
+    system); the message names the file, and its temporary file is gone."""
 
 
 class ReplayError(TraceToolsError):

@@ -7,9 +7,27 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
 
-console = Console()
-err_console = Console(stderr=True)
+from trace_tools.report.escape import UNSAFE, visible
+
+
+class _VisibleConsole(Console):
+    """A console that prints every control and bidi character of the text it is given as its
+    escape (`report.escape`): ids, names and messages come from dumps anyone may have written.
+    Rich's own control segments (colours, cursor moves) pass untouched."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(visible(text), style, control)
+            if not control and UNSAFE.search(text)
+            else Segment(text, style, control)
+            for text, style, control in buffer
+        )
+
+
+console = _VisibleConsole()
+err_console = _VisibleConsole(stderr=True)
 
 # Option help shared by the commands that render prompts.
 TOKENIZER_HELP = (
@@ -21,6 +39,15 @@ TOOL_FORMAT_HELP = (
     "Tool-call format of the responses, instead of the one detected from the template: "
     "json | xml | glm | deepseek | harmony | llama."
 )
+
+
+def exiting_on_interrupt() -> None:
+    """Ignore further Ctrl-C while the command exits on the first one: a second signal (a repeated
+    key press, or one the workers' start-up held back) would otherwise kill the process once
+    Python's own handler is gone, with a signal exit code instead of 130."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def print_all(renderables: Any) -> None:

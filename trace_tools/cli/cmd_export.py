@@ -17,6 +17,9 @@ def export_cmd(
         Optional[str],
         typer.Option("--out", help="Output file, a path or a URI; default RUN/export/<strategy>.<format>."),
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file (never the run's own inputs).")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Export a strategy's samples: tokens, loss_mask, rollout_log_probs, response_length, reward, provenance.
@@ -26,7 +29,7 @@ def export_cmd(
     from trace_tools.cli._output import console, print_json
     from trace_tools.io.export import export_samples
 
-    report = export_samples(run, strategy, fmt, out)
+    report = export_samples(run, strategy, fmt, out, overwrite=overwrite)
     if json_out:
         print_json(
             {

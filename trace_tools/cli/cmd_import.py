@@ -36,6 +36,9 @@ def import_cmd(
         ),
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any record was quarantined.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out dump and its quarantine file.")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the import report as JSON.")] = False,
 ) -> None:
     """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
@@ -58,6 +61,7 @@ def import_cmd(
             chat_template=chat_template,
             session_key=session_key,
             progress=advance,
+            overwrite=overwrite,
         )
     if json_out:
         print_json(report.to_dict())

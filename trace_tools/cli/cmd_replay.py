@@ -106,6 +106,9 @@ def replay_cmd(
                 tool_format=tool_format,
             )
     except KeyboardInterrupt:
+        from trace_tools.cli._output import exiting_on_interrupt
+
+        exiting_on_interrupt()
         note(f"interrupted: finished shards are kept in {out}; run the same command with --out {out} to resume")
         raise typer.Exit(INTERRUPTED) from None
     if json_out:
@@ -120,6 +123,8 @@ def replay_cmd(
             )
         if result.resumed_shards:
             note(f"resumed: {result.resumed_shards} finished shard(s) of an earlier run with the same options reused")
+        for reason in result.redone_shards:
+            note(f"replayed again: {reason}")
         note(f"run directory: {result.run_dir}")
         note(f"report.html: {storage.join(result.run_dir, 'report.html')}")
     if strict and result.quarantined:

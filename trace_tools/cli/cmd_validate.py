@@ -38,7 +38,7 @@ def validate_cmd(
     """
     from trace_tools.cli._output import error, print_json
     from trace_tools.errors import TraceToolsError
-    from trace_tools.io.validate import validate
+    from trace_tools.pipeline.validate import validate
 
     try:
         report = validate(dump, quarantine_out=out, tokenizer=tokenizer)

@@ -73,18 +73,33 @@ def _guard(command):
     @functools.wraps(command)
     def guarded(*args, **kwargs):
         from trace_tools.errors import TraceToolsError
+        from trace_tools.render.limits import TemplateLimitHit
 
         try:
             return command(*args, **kwargs)
         except TraceToolsError as exc:
-            if os.environ.get("TRACE_TOOLS_DEBUG"):
-                raise
-            from trace_tools.cli._output import error
+            _fail(str(exc), exc.exit_code)
+        except OSError as exc:  # the file system refused something the library did not foresee
+            _fail(f"{exc}; check the path, its permissions and the free space", 2)
+        except KeyboardInterrupt:
+            from trace_tools.cli._output import exiting_on_interrupt
 
-            error(f"{exc} (set TRACE_TOOLS_DEBUG=1 for a traceback)")
-            raise typer.Exit(exc.exit_code) from None
+            exiting_on_interrupt()
+            _fail("interrupted", 130)
+        except TemplateLimitHit as hit:  # raised past every `except Exception` on purpose (render.limits)
+            _fail(str(hit), 2)
 
     return guarded
+
+
+def _fail(message: str, code: int) -> None:
+    """One line on stderr and the exit code; with TRACE_TOOLS_DEBUG the exception itself."""
+    if os.environ.get("TRACE_TOOLS_DEBUG"):
+        raise
+    from trace_tools.cli._output import error
+
+    error(f"{message} (set TRACE_TOOLS_DEBUG=1 for a traceback)")
+    raise typer.Exit(code) from None
 
 
 _register()

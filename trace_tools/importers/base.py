@@ -123,8 +123,12 @@ def _whole_file(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _parse(text: str) -> Any:
+    from trace_tools.io.rows import TooDeep, parse_json
+
     try:
-        return json.loads(text)
+        return parse_json(text)
+    except TooDeep as error:
+        return BadRecord("bad_json", f"JSON {error}")
     except ValueError as error:
         where = f"{getattr(error, 'msg', error)} at char {getattr(error, 'pos', '?')}"
         return BadRecord("bad_json", f"not valid JSON ({where})")

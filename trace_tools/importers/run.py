@@ -37,7 +37,7 @@ from trace_tools.importers.base import (
     json_values,
     source_files,
 )
-from trace_tools.io.write import atomic_open, dump_writer
+from trace_tools.io.write import atomic_open, check_output_file, dump_writer
 
 META_KEY = "import"  # trace_tools.import: the JSON census below
 MAX_LISTED_FILES = 50
@@ -114,13 +114,16 @@ def import_traces(
     session_key: str | None = None,
     row_group_rows: int = 256,
     progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = False,
 ) -> ImportReport:
     """Convert `sources` in format `fmt` into the schema-v1 dump `out` (see the module docstring).
 
     `tokenizer` and `chat_template` (a name, `trl:<name>`, a `.jinja` file or a dump that embeds
     one) are written into the dump's metadata, the template as text; ids are checked against the
     tokenizer's vocabulary. Raises `UnusableInput` / `UnknownName` / `TemplateNotFound` for
-    unusable input or options (exit 2); malformed records are reported, not raised.
+    unusable input or options, `UsageError` for an `out` (or its quarantine file) that is a
+    directory, one of the sources, or an existing file without `overwrite` (all exit 2);
+    malformed records are reported, not raised.
     """
     from trace_tools.importers import get_format
 
@@ -131,11 +134,20 @@ def import_traces(
             "(a request header such as x-session-id, or a field such as request.user)"
         )
     out = Path(out)
-    files = [f for f in source_files(sources) if f.resolve() != quarantine_path(out).resolve()]  # an earlier run's
+    files = source_files(sources)
+    check_output_file(out, files, overwrite)
+    files = [f for f in files if f.resolve() != quarantine_path(out).resolve()]  # an earlier import's
+    check_output_file(quarantine_path(out), files, overwrite)
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
     meta = _recording_meta(report, tokenizer, chat_template)
     options = Options(session_key=session_key, vocab_size=report.vocab_size)
     sessions = _census(_outcomes(module, files, options), report)
+    if not sessions and report.by_reason.get("no_session"):
+        looked = f"--session-key {session_key!r} finds nothing" if session_key else "the format's own fields hold none"
+        raise UnusableInput(
+            f"none of the {report.records} records names a session ({looked}); pass --session-key NAME, "
+            "the request header (e.g. x-session-id) or field (e.g. request.metadata.session_id) that holds it"
+        )
     meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
     _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
     return report

@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trace_tools.errors import UnknownName, UnusableInput
+from trace_tools.errors import UnknownName, UnusableInput, UsageError
 from trace_tools.io import storage
 from trace_tools.io.storage import Location
-from trace_tools.io.write import atomic_open
+from trace_tools.io.write import atomic_open, check_output_file
 
 FORMATS = ("parquet", "jsonl")
 SAMPLE_COLUMNS = [
@@ -75,18 +75,23 @@ class ExportReport:
     trained_tokens: int = 0
 
 
-def export_samples(run: str | Path, strategy: str, fmt: str = "parquet", out: str | Path | None = None) -> ExportReport:
+def export_samples(
+    run: str | Path, strategy: str, fmt: str = "parquet", out: str | Path | None = None, overwrite: bool = False
+) -> ExportReport:
     """Write `strategy`'s samples from `run` to `out` (default `RUN/export/<strategy>.<fmt>`).
 
-    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample) or UnknownName
-    (a format, or a strategy the run did not replay), both exit 2 on the command line.
+    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample), UnknownName (a
+    format, or a strategy the run did not replay) or UsageError (an `out` that is a directory, the
+    run's own samples or dump, a file in a run directory or an existing file without
+    `overwrite`), all exit 2 on the command line.
     """
     if fmt not in FORMATS:
         raise UnknownName("export format", fmt, FORMATS)
     run = storage.location(run)
     samples = _samples_file(run)
-    _check_strategy(samples, strategy)
     target = storage.location(out) if out else storage.join(run, "export", f"{strategy}.{fmt}")
+    _check_target(target, [samples, *_dump_files(run)], overwrite)
+    _check_strategy(samples, strategy)
     report = ExportReport(target, strategy, fmt)
     rows = _export_rows(samples, strategy, storage.name(run), report)
     with storage.local_output(target) as local:
@@ -95,12 +100,37 @@ def export_samples(run: str | Path, strategy: str, fmt: str = "parquet", out: st
 
 
 def _samples_file(run: Location) -> Location:
+    from trace_tools.io.rundir import require_run
+
     if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
+    if isinstance(run, Path):
+        require_run(run)  # finished, and a replay run (not a rescore output)
     samples = storage.join(run, "samples.parquet")
     if not storage.is_file(samples):
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
     return samples
+
+
+def _check_target(target: Location, inputs: list[Location], overwrite: bool) -> None:
+    """Never write over an input, a run's own file or an existing file unless asked (`write.check_output_file`)."""
+    if isinstance(target, Path):
+        check_output_file(target, [source for source in inputs if isinstance(source, Path)], overwrite)
+    elif target in inputs:
+        raise UsageError(f"--out {target} is one of this command's inputs; choose another path")
+    elif not overwrite and storage.is_file(target):
+        raise UsageError(f"--out {target} exists; pass --overwrite to replace it, or choose another path")
+
+
+def _dump_files(run: Location) -> list[Location]:
+    """The dump the run replayed (run.json): an export must never land on it."""
+    from trace_tools.io.rundir import load_run_info
+
+    if not isinstance(run, Path):
+        return []
+    inputs = load_run_info(run).get("inputs") or {}
+    names = [inputs.get("dump"), *(inputs.get("files") or [])]
+    return [storage.location(name) for name in names if isinstance(name, str)]
 
 
 def _check_strategy(samples: Location, strategy: str) -> None:

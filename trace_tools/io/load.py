@@ -46,8 +46,27 @@ from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import UnusableInput
 from trace_tools.ids import shared_ints
 from trace_tools.io import storage
-from trace_tools.io.rows import BadRow, BadText, HistoryParser, records, short, text_values, turn_from_record
-from trace_tools.io.schema import COLUMNS, INT32_MAX, META_FIELDS, META_PREFIX, REQUIRED, SCHEMA_VERSION, check_schema
+from trace_tools.io.rows import (
+    BadRow,
+    BadText,
+    HistoryParser,
+    max_cell_bytes,
+    records,
+    short,
+    text_values,
+    turn_from_record,
+)
+from trace_tools.io.schema import (
+    COLUMNS,
+    COLUMNS_BY_NAME,
+    INT32_MAX,
+    META_FIELDS,
+    META_PREFIX,
+    REQUIRED,
+    SUPPORTED_SCHEMA_VERSIONS,
+    check_schema,
+    expected_type,
+)
 from trace_tools.io.storage import Location
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
@@ -89,18 +108,43 @@ class LoadedDump:
 
 def find_files(path: Location) -> list[Location]:
     """The Parquet files of a dump (a local path or a URI, `io.storage`): the file itself, or every
-    `*.parquet` under a directory, sorted."""
+    `*.parquet` under a directory, sorted.
+
+    Local directories that trace-tools writes (a replay run, a rescore output) are outputs, never
+    input: one inside a dump directory is passed over, and pointing at one is an error that says so."""
+    from trace_tools.io.rundir import directory_kind, not_a_dump
+
     root = storage.location(path)
     if storage.is_file(root):
+        kind = directory_kind(root.parent) if isinstance(root, Path) else None
+        if kind is not None and isinstance(root, Path):
+            raise UnusableInput(not_a_dump(root, root.parent, kind))
         return [root]
     if not storage.exists(root):
         raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
     if not storage.is_dir(root):
         raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
-    files = storage.list_files(root, ".parquet")
+    if isinstance(root, Path):
+        kind = directory_kind(root)
+        if kind is not None:
+            raise UnusableInput(not_a_dump(root, root, kind))
+        files: list[Location] = sorted(_parquet_files(root))
+    else:
+        files = storage.list_files(root, ".parquet")
     if not files:
         raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
     return files
+
+
+def _parquet_files(root: Path) -> Iterator[Path]:
+    """`*.parquet` files under a local `root`, passing over the directories trace-tools writes."""
+    import os
+
+    from trace_tools.io.rundir import directory_kind
+
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = [name for name in subfolders if directory_kind(Path(folder) / name) is None]
+        yield from (path for name in names if name.endswith(".parquet") and (path := Path(folder) / name).is_file())
 
 
 def _unreadable(path: Location, error: Exception) -> UnusableInput:
@@ -167,10 +211,14 @@ def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMe
     return dataclasses.replace(meta, **chosen)
 
 
-def _schema_warnings(meta: DumpMeta) -> list[str]:
-    if meta.schema_version and meta.schema_version != SCHEMA_VERSION:
-        return [f"dump declares schema_version {meta.schema_version!r}; reading it as schema v{SCHEMA_VERSION}"]
-    return []
+def _check_schema_version(label: str, keys: dict[str, str]) -> None:
+    """A file that declares a schema version this trace-tools does not read is refused, not guessed at."""
+    version = keys.get("schema_version")
+    if version is not None and version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise UnusableInput(
+            f"{label} declares trace_tools.schema_version {version!r}; this trace-tools reads schema version "
+            f"{', '.join(SUPPORTED_SCHEMA_VERSIONS)}: convert the dump, or read it with the trace-tools that wrote it"
+        )
 
 
 def read_dump_meta(path: Location) -> DumpMeta:
@@ -230,8 +278,12 @@ def _row_turn(
     vocab_size: int | None,
     parser: HistoryParser,
     ids_checked: frozenset[str],
+    oversized: str | None = None,
 ) -> Turn | QuarantineEntry:
-    """One row of a session as a `Turn`, or the entry that quarantines the session."""
+    """One row of a session as a `Turn`, or the entry that quarantines the session (`oversized`
+    says which of its cells was over the cell limit, and nulled unread: `_without_oversized`)."""
+    if oversized is not None:
+        return QuarantineEntry(session_id, record.get("turn_index"), "cell_too_large", f"{where}: {oversized}")
     try:
         return turn_from_record(record, vocab_size, parser, ids_checked)
     except BadRow as bad:
@@ -363,6 +415,61 @@ def _int_objects(size: int) -> Any:
     return _INT_OBJECTS[0]
 
 
+def _without_oversized(batch: pa.RecordBatch, limit: int) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """The batch with every cell over `limit` bytes nulled before anything decodes it, and for each
+    such row (by position) what was too large; `_row_turn` quarantines its session."""
+    oversized: dict[int, str] = {}
+    columns = list(batch.columns)
+    for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
+        cells = _oversized_rows(column, limit)
+        for position, size in cells.items():
+            oversized.setdefault(
+                position, f"{name} holds {size:,} bytes, over the cell limit of {limit:,} ($TRACE_TOOLS_MAX_CELL_BYTES)"
+            )
+        if cells:
+            columns[index] = _nulled(column, cells)
+    return (pa.RecordBatch.from_arrays(columns, schema=batch.schema), oversized) if oversized else (batch, oversized)
+
+
+def _oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
+    """Row position → size in bytes of the cells of `column` larger than `limit`, measured on
+    Arrow's buffers (nothing decoded)."""
+    import pyarrow.compute as pc
+
+    found: dict[int, int] = {}
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        return found  # values shared through a dictionary are counted where they are stored
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or (pa.types.is_large_binary(kind))
+    ):
+        sizes = pc.binary_length(column)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        width = kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8
+        sizes = pc.multiply(pc.list_value_length(column), max(width, 1))
+    else:
+        return found
+    largest = pc.max(sizes).as_py()
+    if largest is None or largest <= limit:
+        return found
+    for position in pc.indices_nonzero(pc.greater(sizes, limit)).to_pylist():
+        found[position] = sizes[position].as_py()
+    return found
+
+
+def _nulled(column: pa.Array, rows: dict[int, int]) -> pa.Array:
+    """`column` with the cells at `rows` made null (the oversized ones, never decoded)."""
+    if not rows:
+        return column
+    import pyarrow.compute as pc
+
+    mask = pa.array([position in rows for position in range(len(column))])
+    return pc.if_else(mask, pa.scalar(None, column.type), column)
+
+
 def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
     columns = [
@@ -420,6 +527,7 @@ class DumpContext:
     vocab: list[int | None]  # out-of-vocab bound, per file
     metas: list[DumpMeta]  # recording metadata, per file
     group_starts: list[list[int]]  # first row of each row group, per file
+    cell_limit: int = 0  # bytes a cell may hold (`io.rows.max_cell_bytes`)
 
 
 class SessionStream(Iterator["Session | QuarantineEntry"]):
@@ -448,6 +556,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     ):
         root = storage.location(path)
         self._id_arrays = id_arrays  # token ids as int32 arrays, to ship to worker processes
+        self._cell_limit = max_cell_bytes()
         # Only the columns a command needs are read (the required ones always); validation covers those.
         self._wanted = None if columns is None else set(columns) | set(REQUIRED)
         self._infos = [self._inspect(file, root) for file in find_files(root)]
@@ -515,9 +624,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), _trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
+        for info in self._infos:
+            _check_schema_version(info.label, info.keys)
         keys, self.warnings = _merge_keys([(info.label, info.keys) for info in self._infos])
         self.meta = _dump_meta(keys, overrides)
-        self.warnings += _schema_warnings(self.meta)
 
     def _index_file(self, number: int, info: _FileInfo) -> None:
         """Pass 1 for one file: record each session's first/last row and the file's schema problems."""
@@ -532,12 +642,16 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             )
             return
         seen_here: dict[str, None] = {}
-        orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": []}  # null / empty session_id
+        # null / empty / oversized session_id
+        orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": [], "cell_too_large": []}
         row = 0
         for batch in _iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
-            for value in text_values(batch.column(0)):
+            oversized, start = _oversized_rows(batch.column(0), self._cell_limit), row
+            for value in text_values(_nulled(batch.column(0), oversized)):
                 session_id = session_key(value)
-                if session_id is None:
+                if row - start in oversized:
+                    orphans["cell_too_large"].append(row)
+                elif session_id is None:
                     orphans["missing_column" if value is None else "bad_message"].append(row)
                 else:
                     self._note_row(session_id, number, row, seen_here)
@@ -552,7 +666,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         for reason, rows in orphans.items():
             if rows:
                 shown = ", ".join(map(str, rows[:5])) + (", …" if len(rows) > 5 else "")
-                what = "null" if reason == "missing_column" else "empty"
+                what = {"missing_column": "null", "bad_message": "empty"}.get(reason, "oversized")
                 self._unattributed.append(
                     QuarantineEntry(
                         None, None, reason, f"{info.label}: {what} session_id in {len(rows)} rows (rows {shown})"
@@ -635,6 +749,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             list(self._file_vocab),
             list(self._file_meta),
             starts,
+            self._cell_limit,
         )
 
     def _read_rows(self, number: int, info: _FileInfo, buffers: dict[str, list[Turn]]) -> Iterator[int]:
@@ -648,9 +763,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         vocab = self._file_vocab[number]
         row = 0
         for batch in _iter_batches(info.path, columns, ROW_BATCH_ROWS):
+            batch, oversized = _without_oversized(batch, self._cell_limit)
             checked = _batch_ids_ok(batch, vocab)
-            for record in _batch_records(_utc_batch(batch), checked, self._id_arrays):
-                self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked)
+            for index, record in enumerate(_batch_records(_utc_batch(batch), checked, self._id_arrays)):
+                self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked, oversized.get(index))
                 row += 1
             yield row
 
@@ -661,6 +777,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         buffers: dict[str, list[Turn]],
         vocab_size: int | None,
         ids_checked: frozenset[str] = frozenset(),
+        oversized: str | None = None,
     ) -> None:
         session_id = session_key(record["session_id"])
         if session_id is None:
@@ -671,7 +788,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         parser = self._parsers.get(session_id)
         if parser is None:
             parser = self._parsers[session_id] = HistoryParser()
-        item = _row_turn(record, where, session_id, vocab_size, parser, ids_checked)
+        item = _row_turn(record, where, session_id, vocab_size, parser, ids_checked, oversized)
         if isinstance(item, QuarantineEntry):
             span.problems.append(item)
             buffers.pop(session_id, None)
@@ -701,9 +818,13 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         with_rows = [info for info in self._infos if info.rows]
         broken = [info for info in with_rows if info.problems or "session_id" not in info.columns]
         if broken and len(broken) == len(with_rows):
-            detail = broken[0].problems[0][2] if broken[0].problems else "required column session_id is missing"
+            column, reason, detail = (
+                broken[0].problems[0] if broken[0].problems else ("session_id", "missing_column", "")
+            )
+            detail = detail or "required column session_id is missing"
             where = broken[0].label if len(broken) == 1 else f"{broken[0].label} and {len(broken) - 1} other file(s)"
-            return f"{detail} ({where}), so no session can be read; add it (trace schema v1) and re-export the dump"
+            fix = "add it" if reason == "missing_column" else f"write it as {expected_type(COLUMNS_BY_NAME[column])}"
+            return f"{detail} ({where}), so no session can be read; {fix} (trace schema v1) and re-export the dump"
         if not self._spans:
             return "no row has a session_id; fill the session_id column"
         return None
@@ -744,11 +865,12 @@ def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table])
             continue
         rows = part.column(ROW_COLUMN).to_pylist()
         batch = part.drop_columns([ROW_COLUMN]).combine_chunks().to_batches()[0]
+        batch, oversized = _without_oversized(batch, context.cell_limit or max_cell_bytes())
         vocab = context.vocab[number]
         checked = _batch_ids_ok(batch, vocab)
-        for row, record in zip(rows, _batch_records(_utc_batch(batch), checked, False)):
+        for index, (row, record) in enumerate(zip(rows, _batch_records(_utc_batch(batch), checked, False))):
             where = f"{context.labels[number]} row {row}"
-            item = _row_turn(record, where, slot.session_id, vocab, parser, checked)
+            item = _row_turn(record, where, slot.session_id, vocab, parser, checked, oversized.get(index))
             if isinstance(item, QuarantineEntry):
                 return [item]
             turns.append(item)

@@ -30,6 +30,57 @@ _TEXT_COLUMNS = ("finish_reason", "request_id")
 _JSON_COLUMNS = (("tools", list), ("response", dict), ("chat_template_kwargs", dict), ("metadata", dict))
 
 
+MAX_JSON_DEPTH = 100  # real messages and tool schemas nest a dozen levels; recursion in later layers needs room
+MAX_CELL_BYTES = 64 * 2**20  # a cell larger than this quarantines its session (`cell_too_large`)
+
+
+def max_cell_bytes() -> int:
+    """The cell size limit: `$TRACE_TOOLS_MAX_CELL_BYTES`, else `MAX_CELL_BYTES`."""
+    import os
+
+    from trace_tools.errors import UsageError
+
+    text = os.environ.get("TRACE_TOOLS_MAX_CELL_BYTES", "")
+    if not text:
+        return MAX_CELL_BYTES
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"$TRACE_TOOLS_MAX_CELL_BYTES is {text!r}; set a positive number of bytes or unset it")
+    return int(text)
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than `MAX_JSON_DEPTH` (or than the parser can follow)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads`, refusing (`TooDeep`) what nests deeper than `MAX_JSON_DEPTH`: the parser
+    itself overflows Python's recursion limit around a thousand levels, and every later layer that
+    walks the value recursively would, far below it."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep() from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+        raise TooDeep()
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item if type(item) is list else ()
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 class BadRow(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
@@ -110,13 +161,13 @@ class HistoryParser:
 
     def tools(self, text: str) -> Any:
         if self._tools is None or self._tools[0] != text:
-            self._tools = (text, json.loads(text))
+            self._tools = (text, parse_json(text))
         return self._tools[1]
 
     def __call__(self, text: str) -> Any:
         value = self._extend(text)
         if value is None:
-            value = json.loads(text)
+            value = parse_json(text)
         if isinstance(value, list):
             body = text.rstrip()
             self._body = body[:-1].rstrip() if body.endswith("]") else None
@@ -131,7 +182,7 @@ class HistoryParser:
         if not rest.startswith(","):
             return None
         try:
-            tail = json.loads("[" + rest[1:])
+            tail = parse_json("[" + rest[1:])
         except ValueError:
             return None  # the full parse reports the error
         return self._value + tail if isinstance(tail, list) else None
@@ -153,12 +204,12 @@ def turn_from_record(
             raise BadRow("missing_column", f"null {name}")
     if record["turn_index"] < 0:
         raise BadRow("negative_turn", f"turn_index is {record['turn_index']}")
-    messages = _messages(record, parser or json.loads)
+    messages = _messages(record, parser or parse_json)
     output_ids = _token_ids(record, "output_ids", vocab_size, "output_ids" in ids_checked)
     output_ids = [] if output_ids is None else output_ids  # not null: checked above
     logprobs = _logprobs(record, len(output_ids))
     values = {
-        name: _json_value(record, name, kind, parser.tools if parser and name == "tools" else json.loads)
+        name: _json_value(record, name, kind, parser.tools if parser and name == "tools" else parse_json)
         for name, kind in _JSON_COLUMNS
     }
     _check_tools(values["tools"])
@@ -197,13 +248,15 @@ def short(value: str, limit: int = 40) -> str:
     return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value)} chars)"
 
 
-def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callable[[str], Any] = json.loads) -> Any:
+def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callable[[str], Any] = parse_json) -> Any:
     """Parse a JSON column; None stays None; anything but `expected` (list or dict) is `bad_json`."""
     text = record.get(name)
     if text is None:
         return None
     try:
         value = parse(text)
+    except TooDeep as error:
+        raise BadRow("bad_json", f"{name} is {error}") from None
     except ValueError as error:
         raise BadRow(
             "bad_json",
@@ -236,7 +289,7 @@ def _check_surrogates(value: Any, where: str) -> None:
             _check_surrogates(item, f"{where}[{position}]")
 
 
-def _messages(record: dict[str, Any], parse: Callable[[str], Any] = json.loads) -> list[dict[str, Any]]:
+def _messages(record: dict[str, Any], parse: Callable[[str], Any] = parse_json) -> list[dict[str, Any]]:
     messages = _json_value(record, "messages", list, parse)
     if not messages:
         raise BadRow("empty_messages", "messages is null" if messages is None else "messages is an empty array")

@@ -1,32 +1,27 @@
-"""The run directory (DESIGN §6): layout, fingerprint, resumable shards, merged tables, reading.
+"""The run directory (DESIGN §6): layout, table schemas, what a session's replay produced, reading.
 
 Replay writes it and reports read it; both import this module and nothing of each other.
 
     RUN/run.json            inputs, options, versions, renderer identities, reconstruction counters
     RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
     RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
-    RUN/summary.json        RUN/report.md          RUN/plots/*.png
-    RUN/shards/             FINGERPRINT, NNNNN.<table>.parquet, NNNNN.samples.arrows, NNNNN.done
+    RUN/report.md           RUN/report.html        RUN/plots/*.png
+    RUN/summary.json        written last: a run directory without it is unfinished
+    RUN/shards/, RUN/.lock  resumable shards and the writer's lock (`io.shards`)
 
 Sessions are replayed in shards of consecutive sessions (stream order); each finished shard is
-written atomically with a completion marker, so a rerun with the same options and inputs
-resumes where it stopped, and the merged tables are the same whatever the worker count. Merging
-streams shard by shard (samples record batch by record batch), so it never holds a whole table.
-A shard keeps its samples as Arrow IPC streams (zstd), one per session, each preceded by its
-length: they are read back only to resume, writing IPC is a tenth of the CPU of encoding the same
-table as Parquet, and a session's stream is made where it was replayed (a Ray worker), so the
-driver only appends bytes.
+written with a marker that lists its files and their checksums, so a rerun with the same options,
+inputs and code resumes where it stopped, and the merged tables are the same whatever the worker
+count. A session's result crosses from a worker as Arrow IPC streams (`SessionRows.pack`); a
+shard keeps its samples as those streams (zstd), read back only to resume: writing IPC is a tenth
+of the CPU of encoding the same table as Parquet.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import shutil
-import struct
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,6 +32,8 @@ import pyarrow.parquet as pq
 from trace_tools.errors import TraceToolsError, UnusableInput
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
+REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
+_REBUILD = "replay again into it to rebuild it (`trace-tools replay DUMP --out {run}` resumes from its shards)"
 TABLES = (*SMALL_TABLES, "samples")
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -148,81 +145,36 @@ def _ipc_stream(table: pa.Table, options: pa.ipc.IpcWriteOptions | None = None) 
     return sink.getvalue()
 
 
-SHARD_FORMAT = 3  # 2: samples in Arrow IPC; 3: every session has a position (quarantined ones too)
-
-
-def fingerprint(options: dict[str, Any], files: Iterable[str]) -> str:
-    """Options, each input file's path, size and modification time, and the shard format: what a
-    resume must match."""
-    from trace_tools.io import storage
-
-    inputs = [storage.stamp(f) for f in files]
-    blob = json.dumps({"options": options, "inputs": inputs, "format": SHARD_FORMAT}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def prepare(run_dir: Path, stamp: str) -> int:
-    """Create the directory; keep finished shards only when the fingerprint matches. Returns how
-    many finished shards were kept."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UnusableInput(f"--out {run_dir} is a file, not a directory; pass a directory path")
-    shards = run_dir / "shards"
-    marker = shards / "FINGERPRINT"
-    if marker.exists() and marker.read_text().strip() != stamp:
-        shutil.rmtree(shards)
-    shards.mkdir(parents=True, exist_ok=True)
-    marker.write_text(stamp)
-    return len(list(shards.glob("*.done")))
-
-
-def shard_done(run_dir: Path, index: int) -> bool:
-    return (run_dir / "shards" / f"{index:05d}.done").exists()
-
-
-class ShardWriter:
-    """Collects the rows of one shard; samples go to disk session by session."""
-
-    def __init__(self, run_dir: Path, index: int, write_samples: bool):
-        self.base = run_dir / "shards" / f"{index:05d}"
-        self.tables: dict[str, list[pa.Table]] = {name: [] for name in SMALL_TABLES}
-        self.render_stats: Counter = Counter()
-        self.data_warnings: Counter = Counter()
-        self.renderers: dict[str, dict] = {}
-        self._samples_tmp = Path(f"{self.base}.samples.arrows.tmp")
-        self._samples = open(self._samples_tmp, "wb") if write_samples else None
-
-    def add(self, rows: SessionRows) -> None:
-        for name in SMALL_TABLES:
-            self.tables[name].append(rows.table(name))
-        self.render_stats.update(rows.render_stats)
-        self.data_warnings.update(rows.data_warnings)
-        if rows.renderer:
-            self.renderers.setdefault(json.dumps(rows.renderer, sort_keys=True), rows.renderer)
-        stream = rows.samples_stream() if self._samples is not None else None
-        if self._samples is not None and stream is not None:
-            self._samples.write(struct.pack("<Q", stream.size))
-            self._samples.write(stream)
-
-    def close(self) -> None:
-        from trace_tools.io.write import write_json_atomic
-
-        for name, parts in self.tables.items():
-            _concat_write(parts, Path(f"{self.base}.{name}.parquet"))
-        meta = {"render_stats": dict(self.render_stats), "renderers": list(self.renderers.values())}
-        write_json_atomic({**meta, "data_warnings": dict(self.data_warnings)}, Path(f"{self.base}.meta.json"))
-        if self._samples is not None:
-            self._samples.close()
-            os.chmod(self._samples_tmp, 0o644)
-            os.replace(self._samples_tmp, Path(f"{self.base}.samples.arrows"))
-        Path(f"{self.base}.done").write_text("ok")
-
-
 def _small_table(name: str, records: list[dict[str, Any]]) -> pa.Table:
     if name == "quarantine":
         return pa.Table.from_pylist(records, schema=pa.schema(list(QUARANTINE_COLUMNS.items())))
     if name == "drift":
         return pa.Table.from_pylist(records, schema=DRIFT_SCHEMA)
     return pa.Table.from_pylist(records)
+
+
+class TableBuffer:
+    """Small tables gathered into one write of at least `limit` bytes: each write of a record
+    batch or row group costs about a millisecond and a row group's metadata, which a dump of many
+    one-turn sessions would otherwise pay per session."""
+
+    def __init__(self, write: Any, limit: int = 8 * 2**20):
+        self._write, self._limit = write, limit
+        self._parts: list[pa.Table] = []
+        self._bytes = 0
+
+    def add(self, table: pa.Table | None) -> None:
+        if table is None or not table.num_rows:
+            return
+        self._parts.append(table)
+        self._bytes += table.get_total_buffer_size()
+        if self._bytes >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self._write(pa.concat_tables(self._parts).combine_chunks() if len(self._parts) > 1 else self._parts[0])
+            self._parts, self._bytes = [], 0
 
 
 class SamplesFile:
@@ -238,11 +190,15 @@ class SamplesFile:
 
     def __init__(self, run_dir: Path):
         import queue
+        import tempfile
         import threading
 
         self.target = run_dir / "samples.parquet"
-        self._tmp = _samples_tmp(self.target)
+        fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")  # unique to this writer
+        os.close(fd)
+        self._tmp = Path(name)
         self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
+        self._buffer = TableBuffer(self._writer.write_table)
         self._queue: Any = queue.Queue(SAMPLES_QUEUE)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write_all, name="trace-tools-samples", daemon=True)
@@ -250,7 +206,10 @@ class SamplesFile:
 
     def add(self, rows: SessionRows) -> None:
         if self._error is not None:
-            raise self._error
+            from trace_tools.io.write import writing
+
+            with writing(self.target):
+                raise self._error
         self._queue.put(rows)
 
     def _write_all(self) -> None:
@@ -258,127 +217,33 @@ class SamplesFile:
             if self._error is not None:
                 continue  # drain, so add() never blocks; commit() raises it
             try:
-                samples = rows.samples_table()
-                if samples is not None and samples.num_rows:
-                    self._writer.write_table(samples)
+                self._buffer.add(rows.samples_table())
             except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
                 self._error = error
 
     def commit(self) -> None:
+        from trace_tools.io.write import plain_file_mode, writing
+
         self._queue.put(None)
         self._thread.join()
-        if self._error is not None:
-            raise self._error
-        self._writer.close()
-        os.chmod(self._tmp, 0o644)
+        with writing(self.target):
+            if self._error is not None:
+                raise self._error
+            self._buffer.flush()
+            self._writer.close()
+        os.chmod(self._tmp, plain_file_mode())
         os.replace(self._tmp, self.target)
 
     def abandon(self) -> None:
-        """Stop the writer thread (the run failed); the temporary file is left, as a killed run leaves it."""
+        """Stop the writer thread and remove the temporary file (the run failed or was interrupted;
+        a killed run's is removed by the next one, `io.shards.prepare`)."""
         self._queue.put(None)
         self._thread.join()
-
-
-def merge_shards(run_dir: Path, shards: int, extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
-    """Write RUN/<table>.parquet from the shard files, streaming, with one schema per table
-    (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False).
-
-    Quarantine lists `extra_quarantine` (rows of no session), then every session quarantined
-    while loading, then every replay error, each in stream order."""
-    for name in SMALL_TABLES:
-        parts = _shard_files(run_dir, name, shards)
-        if name == "quarantine":
-            parts = [_small_table(name, extra_quarantine), *_loading_then_replay(parts)]
-        _concat_write(parts, run_dir / f"{name}.parquet")
-    if write_samples:
-        _stream_samples(_shard_paths(run_dir, "samples", shards, "arrows"), run_dir / "samples.parquet")
-
-
-def _loading_then_replay(parts: list[pa.Table]) -> list[pa.Table]:
-    import pyarrow.compute as pc
-
-    replay = [pc.equal(part.column("reason"), "replay_error") for part in parts]
-    loading = [part.filter(pc.invert(mask)) for part, mask in zip(parts, replay)]
-    return loading + [part.filter(mask) for part, mask in zip(parts, replay)]
-
-
-@dataclass
-class ShardMeta:
-    """Summed over every shard (resumed ones included)."""
-
-    render_stats: dict[str, int]
-    renderers: list[dict[str, Any]]  # distinct identities
-    data_warnings: dict[str, int]
-
-
-def shard_meta(run_dir: Path, shards: int) -> ShardMeta:
-    stats: Counter = Counter()
-    warnings: Counter = Counter()
-    renderers: dict[str, dict] = {}
-    for index in range(shards):
-        path = run_dir / "shards" / f"{index:05d}.meta.json"
-        if path.exists():
-            meta = json.loads(path.read_text())
-            stats.update(meta["render_stats"])
-            warnings.update(meta["data_warnings"])
-            for identity in meta["renderers"]:
-                renderers.setdefault(json.dumps(identity, sort_keys=True), identity)
-    return ShardMeta(dict(stats), list(renderers.values()), dict(warnings))
-
-
-def _shard_paths(run_dir: Path, name: str, shards: int, suffix: str = "parquet") -> list[Path]:
-    return [p for i in range(shards) if (p := run_dir / "shards" / f"{i:05d}.{name}.{suffix}").exists()]
-
-
-def _shard_files(run_dir: Path, name: str, shards: int) -> list[pa.Table]:
-    return [pq.read_table(p) for p in _shard_paths(run_dir, name, shards)]
-
-
-def _concat_write(parts: list[pa.Table], path: Path) -> None:
-    from trace_tools.io.write import write_parquet_atomic
-
-    parts = [p for p in parts if p.num_columns]
-    if not parts:
-        write_parquet_atomic(pa.table({}), path)
-        return
-    schema = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
-    table = pa.concat_tables([p if p.schema == schema else _conform(p, schema) for p in parts])
-    write_parquet_atomic(table, path)
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    columns = []
-    for field_ in schema:
-        if field_.name in table.column_names:
-            columns.append(table.column(field_.name).cast(field_.type))
-        else:
-            columns.append(pa.nulls(table.num_rows, field_.type))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _samples_tmp(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp")
-
-
-def _stream_samples(paths: list[Path], target: Path) -> None:
-    tmp = _samples_tmp(target)
-    with pq.ParquetWriter(tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as writer:
-        for path in paths:
-            with pa.memory_map(str(path)) as source:
-                for stream in _sample_streams(source.read_buffer()):
-                    for batch in pa.ipc.open_stream(stream, options=_READ_HERE):
-                        writer.write_batch(batch)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
-
-
-def _sample_streams(data: pa.Buffer) -> Iterable[pa.Buffer]:
-    """The length-prefixed IPC streams of a shard's samples file (`ShardWriter`)."""
-    offset = 0
-    while offset < data.size:
-        (length,) = struct.unpack_from("<Q", data, offset)
-        yield data.slice(offset + 8, length)
-        offset += 8 + length
+        try:
+            self._writer.close()
+        except (OSError, pa.ArrowException):
+            pass
+        self._tmp.unlink(missing_ok=True)
 
 
 def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None) -> Any:
@@ -388,20 +253,59 @@ def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None)
     path = Path(run_dir) / f"{name}.parquet"
     if not path.exists():
         return pd.DataFrame()
-    if columns is not None:
-        present = set(pq.read_schema(path).names)
-        columns = [c for c in columns if c in present]
-    return pq.read_table(path, columns=columns).to_pandas()
+    try:
+        if columns is not None:
+            present = set(pq.read_schema(path).names)
+            columns = [c for c in columns if c in present]
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (pa.ArrowException, OSError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UnusableInput(f"{path} is not readable ({reason}); {_REBUILD.format(run=Path(run_dir))}") from None
+
+
+def directory_kind(path: Path) -> str | None:
+    """`run` for a directory `trace-tools replay` writes, `rescore` for one `trace-tools rescore`
+    writes, None for anything else (such directories are outputs, never dumps to read)."""
+    if (path / "shards" / "FINGERPRINT").is_file() or (path / "run.json").is_file():
+        return "run"
+    summary = path / "summary.json"
+    if not summary.is_file():
+        return None
+    try:
+        keys = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(keys, dict) and "strategies" in keys:
+        return "run"
+    return "rescore" if isinstance(keys, dict) and "logprobs_source" in keys else None
+
+
+def not_a_dump(pointed: Path, directory: Path, kind: str) -> str:
+    """Why a run or rescore output directory (or a table in one) cannot be read as a dump, naming
+    the dump it came from."""
+    source = load_run_info(directory).get("inputs", {}).get("dump") if kind == "run" else None
+    made = "`trace-tools replay`" if kind == "run" else "`trace-tools rescore`"
+    what = "a directory" if pointed == directory else f"a table in {directory}, a directory"
+    hint = f"pass the dump it read ({source})" if source else "pass the dump it read"
+    return f"{pointed} is {what} written by {made}, not a dump; {hint}"
 
 
 def require_run(run_dir: str | Path) -> Path:
     """A finished run directory, or a clear error naming the fix."""
     path = Path(run_dir)
+    if directory_kind(path) == "rescore":
+        raise TraceToolsError(
+            f"{path} is a `trace-tools rescore` output directory, not a replay run: it has no strategies "
+            "to report, compare, gate or export; pass a `trace-tools replay --out` directory"
+        )
     if not (path / "summary.json").is_file():
         raise TraceToolsError(
             f"{path} is not a finished run directory (no summary.json); "
             f"run `trace-tools replay DUMP --out {path}` first"
         )
+    missing = [f"{name}.parquet" for name in REQUIRED_TABLES if not (path / f"{name}.parquet").is_file()]
+    if missing:
+        raise UnusableInput(f"{path} has no {' or '.join(missing)}; {_REBUILD.format(run=path)}")
     return path
 
 
@@ -410,8 +314,12 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 def load_run_info(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / "run.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """run.json, or {} when it is missing or unreadable."""
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 _LIST_COLUMNS = {field_.name: field_.type for field_ in SAMPLES_SCHEMA if pa.types.is_list(field_.type)}

@@ -14,7 +14,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1"  # what this trace-tools writes
+SUPPORTED_SCHEMA_VERSIONS = ("1",)  # what it reads; a dump declaring another is refused
 META_PREFIX = "trace_tools."
 # DumpMeta fields that have their own `trace_tools.<name>` key; other trace_tools.* keys go to `extra`.
 META_FIELDS = ("schema_version", "tokenizer", "chat_template", "history_mode", "harness")
@@ -71,6 +72,7 @@ REASONS = (
     "bad_text",
     "bad_message",
     "bad_logprob",
+    "cell_too_large",
     "replay_error",
 )
 # Legal but counted (DESIGN §6): sessions with a turn_index gap, turns with an empty generation.
@@ -136,6 +138,11 @@ _EXPECTED = {
 }
 
 
+def expected_type(column: Column) -> str:
+    """What a column must hold, in words with its canonical type, e.g. `a list of integers (list<int32>)`."""
+    return _EXPECTED[column.kind]
+
+
 def check_field(column: Column, arrow_type: pa.DataType) -> str | None:
     """None when `arrow_type` can hold `column` (DESIGN §10), else a short 'expected …, found …' text.
 
@@ -144,7 +151,7 @@ def check_field(column: Column, arrow_type: pa.DataType) -> str | None:
     """
     if pa.types.is_null(arrow_type) or _COMPATIBLE[column.kind](arrow_type):
         return None
-    return f"column {column.name} is {arrow_type}; expected {_EXPECTED[column.kind]}"
+    return f"column {column.name} is {arrow_type}; expected {expected_type(column)}"
 
 
 def check_schema(schema: pa.Schema) -> list[tuple[str, str, str]]:

@@ -229,7 +229,7 @@ class StagedRun:
     On entry the remote run's `shards/` (what a resume needs) and `run.json` are copied in and
     every other remote file becomes an empty placeholder (so the usual checks see a non-empty
     directory). `shards_reset()` deletes the remote shards the run dropped (a changed
-    fingerprint) and uploads the fingerprint; `shard_written(i)` uploads shard i; both in a
+    fingerprint) and uploads the fingerprint; `shard_written(name)` uploads that shard; both in a
     background thread, in order. On a clean exit every other file written or changed locally is
     uploaded; the staging directory is removed in any case.
     """
@@ -251,13 +251,13 @@ class StagedRun:
         return self
 
     def shards_reset(self) -> None:
-        """The local `shards/` now says which shards count (after `rundir.prepare`): mirror it remotely."""
+        """The local `shards/` now says which shards count (after `shards.prepare`): mirror it remotely."""
         dropped = [r for r in self._before if r.startswith("shards/") and not (self.local / r).exists()]
         self._submit(lambda: delete(self.uri, dropped))
         self._upload(["shards/FINGERPRINT"])
 
-    def shard_written(self, index: int) -> None:
-        self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{index:05d}.*")])
+    def shard_written(self, name: str) -> None:
+        self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{name}.*")])
 
     def _upload(self, relatives: list[str]) -> None:
         """Upload files that will not change again, and remember them as uploaded."""

@@ -46,6 +46,7 @@ class ValidationReport:
     unattributed: int = 0
     data_warnings: dict[str, int] = field(default_factory=dict)
     warning_examples: dict[str, str] = field(default_factory=dict)
+    file_metas: list[DumpMeta] = field(default_factory=list)  # each file's recording metadata
 
     @property
     def clean(self) -> bool:
@@ -130,4 +131,5 @@ def validate(path: str | Path, *, quarantine_out: str | Path | None = None, **lo
         unattributed=sum(e.session_id is None for e in entries),
         data_warnings=dict(stream.data_warnings),
         warning_examples=dict(stream.warning_examples),
+        file_metas=stream.file_metas,
     )

@@ -9,6 +9,7 @@ file gets the permissions a plain `open` would give (0644 under umask 022), not 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
+from trace_tools.errors import OutputFailed
 from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
 
 QUARANTINE_SCHEMA = pa.schema(
@@ -34,22 +36,66 @@ QUARANTINE_SCHEMA = pa.schema(
 )
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a write that fails for want of room (a full disk or quota, a file-size limit, a
+    read-only file system) into `OutputFailed` naming `path`; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _NO_ROOM and "No space left on device" not in str(error):
+            raise
+        reason = error.strerror or (str(error).strip().splitlines() or ["write failed"])[0]
+        raise OutputFailed(
+            f"cannot write {path} ({reason}); free some space or write somewhere else (its temporary file was removed)"
+        ) from None
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
     """Open a temp file next to `path`; on success fsync and rename it onto `path`, else delete it."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, plain_file_mode())
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+
+
+def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
+    """Refuse an output file that would destroy something the user did not ask to replace: a
+    directory, one of the command's own inputs (always), a file directly in a run directory, or
+    any existing file (those two unless `overwrite`)."""
+    from trace_tools.errors import UsageError
+    from trace_tools.io.rundir import directory_kind
+
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a directory; pass a file path")
+    target = out.resolve()
+    for source in inputs:
+        if source.exists() and source.resolve() == target:
+            raise UsageError(f"{option} {out} is one of this command's inputs; choose another path")
+    if overwrite:
+        return
+    kind = directory_kind(target.parent)
+    if kind is not None:
+        raise UsageError(
+            f"{option} {out} is inside the {kind} directory {out.parent}, whose files trace-tools manages; "
+            "choose a path outside it (or pass --overwrite)"
+        )
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"{option} {out} exists; pass --overwrite to replace it, or choose another path")
 
 
 def read_cached(path: Path | None, key: str, default: Any) -> Any:
@@ -74,11 +120,12 @@ def write_cached(path: Path | None, key: str, value: Any) -> None:
         pass
 
 
-def _umask() -> int:
-    """The process umask (reading it means setting it, so it is set straight back)."""
+def plain_file_mode() -> int:
+    """The permissions a plain `open` gives a new file: 0o666 less the process umask (reading the
+    umask means setting it, so it is set straight back)."""
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None) -> Path:

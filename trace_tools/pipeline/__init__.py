@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from trace_tools.data import QuarantineEntry, Session
+from trace_tools.data import DumpMeta, QuarantineEntry, Session
 from trace_tools.errors import TraceToolsError, UnknownName
 from trace_tools.pipeline.facts import SessionFacts, session_facts
 from trace_tools.pipeline.prepared import PROMPT_SOURCES, PreparedSession, PreparedTurn, prepare_session
@@ -39,8 +39,10 @@ __all__ = [
 
 
 class RendererPool:
-    """One renderer per distinct recording: a directory may mix tokenizers and templates, and each
-    session is rendered with its own file's (command-line options override the dump's metadata)."""
+    """One renderer per distinct `RenderSpec`: a directory may mix tokenizers, templates and
+    recording dates, and each session is rendered with every input its own file names (command-line
+    options override the dump's metadata). The pool keys on the resolved spec, so two files that
+    differ in anything a renderer reads (a gpt-oss render date, say) never share one."""
 
     def __init__(
         self,
@@ -55,43 +57,69 @@ class RendererPool:
             raise UnknownName("tool-call format", tool_format, TOOL_FORMATS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
         self.tool_format = tool_format
-        self._cache: dict[tuple, Any] = {}
+        self._specs: dict[tuple, Any] = {}  # a file's metadata → its RenderSpec (resolution reads files)
+        self._renderers: dict[Any, Any] = {}  # RenderSpec → Renderer
 
     def for_session(self, session: Session) -> Any:
         """The session's renderer; None when no tokenizer is known (raises for a bad name)."""
         if self.fixed is not None:
             return self.fixed
-        meta = session.meta
-        tokenizer = self.tokenizer or meta.tokenizer
-        key = (tokenizer, self.chat_template, meta.chat_template)
-        if key not in self._cache:
-            self._cache[key] = self._build(tokenizer, meta)
-        return self._cache[key]
-
-    def _build(self, tokenizer: str | None, meta: Any) -> Any:
-        if tokenizer is None:
+        spec = self.spec_for(session.meta)
+        if spec is None:
             return None
-        from trace_tools.render.renderer import Renderer
+        renderer = self._renderers.get(spec)
+        if renderer is None:
+            renderer = self._renderers[spec] = spec.build()
+        return renderer
 
-        return Renderer.from_spec(tokenizer, self.chat_template, dump_meta=meta, tool_format=self.tool_format)
+    def spec_for(self, meta: DumpMeta) -> Any:
+        """Every input the renderer of a recording with this metadata reads; None without a tokenizer."""
+        key = (
+            meta.schema_version,
+            meta.tokenizer,
+            meta.chat_template,
+            meta.history_mode,
+            meta.harness,
+            *meta.extra.items(),
+        )
+        if key not in self._specs:
+            from trace_tools.render.spec import RenderSpec
+
+            tokenizer = self.tokenizer or meta.tokenizer
+            self._specs[key] = (
+                None
+                if tokenizer is None
+                else RenderSpec.resolve(tokenizer, self.chat_template, meta, tool_format=self.tool_format)
+            )
+        return self._specs[key]
 
     def check(self, metas: Iterable[Any]) -> None:
-        """Resolve every recording's tokenizer name and chat template up front (no loading), so a
-        wrong name fails before the first session instead of quarantining all of them."""
-        from trace_tools.render.templates import resolve_template
-        from trace_tools.render.tokenizer import check_tokenizer_name
-
+        """Resolve every recording's tokenizer name, chat template and render date up front (no
+        loading), so a wrong name fails before the first session instead of quarantining all of them."""
         if self.fixed is not None:
             return
-        for meta in {(m.tokenizer, m.chat_template): m for m in metas}.values():
-            name = self.tokenizer or meta.tokenizer
-            if name:
-                check_tokenizer_name(name)
-            if name or self.chat_template:
-                resolve_template(self.chat_template, tokenizer_name=name, dump_template=meta.chat_template)
+        for meta in metas:
+            if self.tokenizer or meta.tokenizer:
+                self.spec_for(meta)
+            elif self.chat_template:
+                from trace_tools.render.templates import resolve_template
+
+                resolve_template(self.chat_template, dump_template=meta.chat_template)
+
+    def check_templates(self) -> None:
+        """Every resolved template compiles and renders the simplest conversation within its
+        limits (`render.spec.check_template`): one that fails there would fail every session."""
+        from trace_tools.render.spec import check_template
+
+        for spec in self.specs():
+            check_template(spec)
+
+    def specs(self) -> list[Any]:
+        """The distinct specs resolved so far, in the order first met."""
+        return list(dict.fromkeys(spec for spec in self._specs.values() if spec is not None))
 
     def identities(self) -> list[dict]:
-        return [r.identity for r in self._cache.values() if r is not None]
+        return [r.identity for r in self._renderers.values() if r is not None]
 
     def __getstate__(self) -> dict:
         # Shipped to worker processes as a recipe: each builds its own renderers.
@@ -100,7 +128,8 @@ class RendererPool:
             "chat_template": self.chat_template,
             "fixed": self.fixed,
             "tool_format": self.tool_format,
-            "_cache": {},
+            "_specs": {},
+            "_renderers": {},
         }
 
 

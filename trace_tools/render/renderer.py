@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_tools.data import DumpMeta
-from trace_tools.errors import ReplayError, TraceToolsError, UnknownName
+from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer, verdict_digest
+from trace_tools.render.limits import TemplateLimits, limited
 from trace_tools.render.parser import parse_response_text
+from trace_tools.render.spec import RenderSpec
 from trace_tools.render.template_runner import TemplateRunner, build_runner
-from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import Tokenizer, cache_dir, import_transformers, load_tokenizer
 
 # tool-call format -> family name of the templates that use it
@@ -67,6 +68,7 @@ class Renderer:
         parser: str | None = None,
         render_date: str | None = None,
         verify_incremental: bool | None = None,
+        limits: TemplateLimits | None = None,
     ):
         if parser is not None and parser not in families.TOOL_FORMATS:
             raise UnknownName("tool-call format", parser, families.TOOL_FORMATS)
@@ -75,6 +77,7 @@ class Renderer:
         self.template_kwargs = dict(template_kwargs or {})
         self.template_identity = template_identity
         self._parser, self.render_date = parser, render_date
+        self.limits = limits or TemplateLimits.from_env()
         self.tool_format = parser or detect_tool_format(chat_template)
         self.family = FAMILIES.get(self.tool_format or "", "unknown")
         known = families.family_for_format(self.tool_format)
@@ -92,7 +95,8 @@ class Renderer:
             verdict_path=self._verdict_path,
         )
         self._reasoning_open: dict[str, bool] = {}
-        self._jinja: Any = None
+        self._jinja: Any = None  # the template as a function: a TemplateRunner, or transformers' own
+        self._guarded: Any = None  # the same, under the template limits
         self._encoded: OrderedDict[str, list[int]] = OrderedDict()
 
     def __reduce__(self):
@@ -107,6 +111,7 @@ class Renderer:
                 self._parser,
                 self.render_date,
                 self._verify,
+                self.limits,
             ),
         )
 
@@ -119,28 +124,37 @@ class Renderer:
         template_kwargs: dict | None = None,
         tool_format: str | None = None,
     ) -> "Renderer":
-        """Resolve names the way the CLI does: options first, then the dump's own metadata.
+        """Resolve names the way the CLI does: options first, then the dump's own metadata
+        (`RenderSpec.resolve`), and build the renderer.
 
         `tool_format` overrides the format detected from the template (`--tool-format`); the
         dump's `trace_tools.render_date` pins the date a template stamps into its prompts.
         """
-        name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
-        if not name:
-            raise TraceToolsError(
-                "no tokenizer: the dump names none (`trace_tools.tokenizer`); pass `--tokenizer NAME|PATH`"
-            )
-        tokenizer_obj = load_tokenizer(name)  # first, so a wrong name is reported as a tokenizer, not a template
-        text, identity = resolve_template(
-            chat_template, tokenizer_name=name, dump_template=dump_meta.chat_template if dump_meta else None
-        )
-        render_date = dump_meta.extra.get("render_date") if dump_meta else None
+        return RenderSpec.resolve(tokenizer, chat_template, dump_meta, template_kwargs, tool_format).build()
+
+    @classmethod
+    def from_render_spec(cls, spec: RenderSpec) -> "Renderer":
         return cls(
-            tokenizer_obj,
-            text,
-            template_kwargs=template_kwargs,
-            template_identity=identity,
-            parser=tool_format,
-            render_date=render_date,
+            spec.tokenizer,
+            spec.template,
+            template_kwargs=json.loads(spec.template_kwargs),
+            template_identity=spec.template_identity,
+            parser=spec.tool_format,
+            render_date=spec.render_date,
+            limits=spec.limits,
+        )
+
+    @property
+    def spec(self) -> RenderSpec:
+        """Every input this renderer reads (`render.spec`)."""
+        return RenderSpec(
+            self.tokenizer.name,
+            self.chat_template,
+            self.template_identity,
+            json.dumps(self.template_kwargs, sort_keys=True, default=repr),
+            self._parser,
+            self.render_date,
+            self.limits,
         )
 
     # -- RendererLike -------------------------------------------------------------------------
@@ -283,15 +297,7 @@ class Renderer:
 
     @property
     def identity(self) -> dict[str, Any]:
-        return {
-            "tokenizer": self.tokenizer.name,
-            "template": self.template_identity,
-            "template_kwargs": self.template_kwargs,
-            "tool_format": self.tool_format,
-            "render_date": self.render_date,
-            "transformers": _library_version("transformers"),
-            "tokenizers": _library_version("tokenizers"),
-        }
+        return self.spec.identity()
 
     def cache_info(self) -> dict[str, int]:
         """What the incremental engine did: renders by path, fallbacks by reason, tokens encoded/reused."""
@@ -312,15 +318,20 @@ class Renderer:
             self._rendered_template,
             self.tokenizer.special_tokens_map,
             *parts,
-            _library_version("transformers"),
+            library_version("transformers"),
             jinja2.__version__,
         )
         return cache_dir() / "render-checks" / f"{kind}-{digest}.json"
 
     def _template_fn(self) -> Any:
-        if self._jinja is None:
-            self._jinja = _jinja_renderer(self.tokenizer, self._rendered_template, self._runner_verdict_path())
-        return self._jinja
+        """The template as a function, run under the template limits (`render.limits`)."""
+        if self._guarded is None:
+            guard = functools.partial(limited, limits=self.limits, template=self.template_identity or "(inline)")
+            self._jinja = _jinja_renderer(
+                self.tokenizer, self._rendered_template, self._runner_verdict_path(), self.limits.output, guard
+            )
+            self._guarded = guard(self._jinja)
+        return self._guarded
 
     def _apply_template(
         self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
@@ -338,7 +349,7 @@ class Renderer:
             raise TemplateFailed(self.template_identity or "(inline)", str(exc)) from exc
 
 
-def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | None):
+def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | None, size_limit: int, guard: Any):
     """`apply_chat_template(tokenize=False)`'s text, without its per-call overhead.
 
     A `TemplateRunner` renders where it reproduces transformers on probe conversations (its
@@ -387,15 +398,18 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
             return direct
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
         try:
-            same = all(direct(probe, None, g, {}) == reference(probe, None, g, {}) for g in (False, True))
+            same = all(guard(direct)(probe, None, g, {}) == guard(reference)(probe, None, g, {}) for g in (False, True))
         except Exception:
             same = False
         return direct if same else reference
 
-    return build_runner(chat_template, specials, transformers_render, verdict) or transformers_render()
+    return (
+        build_runner(chat_template, specials, transformers_render, verdict, size_limit, guard) or transformers_render()
+    )
 
 
-def _library_version(name: str) -> str:
+@functools.cache
+def library_version(name: str) -> str:
     """An installed distribution's version, read without importing it (importing transformers
     takes a second, and a replay that finds its render verdicts on disk never needs it)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -31,21 +31,29 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from types import BuiltinMethodType
 from typing import Any, Callable, Sequence
 
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace
 
 from trace_tools.memo import IdentityMemo
+from trace_tools.render import limits
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
-# Public str methods the sandbox lets through unwrapped (it wraps only the two format methods).
-_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+# Public str methods the sandbox lets through unwrapped (it wraps only the two format methods), less
+# those that can make a string far longer than their inputs (checked first: `render.limits`).
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {
+    "format",
+    "format_map",
+    *limits.SIZED_STR_METHODS,
+}
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 _CALL = [{"type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": [True, None, 2.5]}}}]
 _TEXT_ARGUMENTS = {"name": "f", "arguments": '{"x": 1}'}
@@ -84,14 +92,29 @@ class _NotPlain(Exception):
     """Data that is not plain JSON: the native steps leave it to transformers."""
 
 
+class _SizedCodeGenerator(CodeGenerator):
+    """Jinja's code generator, with `a ~ b` checked against the size limit once joined (the
+    result is at most the sum of its parts, so checking after is enough)."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
+        self.write("environment.check_size(")
+        super().visit_Concat(node, frame)
+        self.write(")")
+
+
 class _CheapSandbox(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with its per-attribute verdicts memoised per type.
+    """transformers' sandbox, with its per-attribute verdicts memoised per type, and the
+    operations that can make a value far larger than their inputs checked against `size_limit`
+    before they run (`render.limits`).
 
     The sandbox decides from `isinstance` checks on the object and the attribute's name alone,
     so the verdict is a function of (type, name) for any object that does not claim another class.
     """
 
     _verdicts: dict[tuple[type, str], bool] = {}
+    code_generator_class = _SizedCodeGenerator
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+    size_limit = limits.DEFAULT_OUTPUT
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
@@ -101,9 +124,51 @@ class _CheapSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except LookupError:
                 return self.undefined(obj=obj, name=attribute)
-        if type(obj) is str and attribute in _STR_METHODS:  # `content.startswith`: always safe
-            return getattr(obj, attribute)
+        if type(obj) is str:
+            if attribute in _STR_METHODS:  # `content.startswith`: always safe
+                return getattr(obj, attribute)
+            estimate = limits.SIZED_STR_METHODS.get(attribute)
+            if estimate is not None:
+                return limits.sized(getattr(obj, attribute), partial(estimate, obj), attribute, self.size_limit)
         return super().getattr(obj, attribute)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        limits.check_binop(operator, left, right, self.size_limit)
+        result = self.binop_table[operator](left, right)
+        return limits.check_size(result, self.size_limit) if operator == "+" else result
+
+    def check_size(self, value: Any) -> Any:
+        return limits.check_size(value, self.size_limit)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None or type(value.__self__) is not str:
+            return wrapped
+        formatter = _SizedFormatter(self)
+        text, is_map = value.__self__, value.__name__ == "format_map"
+
+        def sized_format(*args: Any, **kwargs: Any) -> str:
+            if is_map:  # the sandbox's own wrapper reports the misuse
+                return wrapped(*args, **kwargs)
+            return formatter.vformat(text, args, kwargs)
+
+        return sized_format
+
+    def configure_limits(self, limit: int) -> None:
+        """The output and value size limit; the size-checked filters and globals. Called before a
+        template is compiled (its module binds `environment.concat` once)."""
+        self.size_limit = limit
+        self.concat = limits.bounded_concat(limit)  # type: ignore[method-assign]
+        self.filters = dict(self.filters)
+        for name, estimate in limits.SIZED_FILTERS.items():
+            if name in self.filters:
+                self.filters[name] = limits.sized(self.filters[name], estimate, name, limit)
+        self.filters["tojson"] = limits.sized_json(self.filters["tojson"])
+        self.globals = dict(self.globals)
+        lipsum = self.globals.get("lipsum")
+        if callable(lipsum):
+            words = lambda n=5, html=True, min=20, max=100: int(n) * int(max) * 12  # noqa: E731 - lipsum's signature
+            self.globals["lipsum"] = limits.sized(lipsum, words, "lipsum", limit)
 
     def is_safe_callable(self, obj: Any) -> bool:
         # A builtin method cannot carry the `unsafe_callable`/`alters_data` marks the sandbox looks for.
@@ -149,6 +214,14 @@ def _tojson(
 
 def _strftime_now(date_format: str) -> str:
     return datetime.now().strftime(date_format)
+
+
+class _SizedFormatter(SandboxedFormatter):
+    """The sandbox's `str.format`, refusing a field width or precision past the size limit."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        limits.check_format_spec(format_spec, self._env.size_limit)  # type: ignore[attr-defined]
+        return super().format_field(value, format_spec)
 
 
 class _DictFactory:
@@ -253,30 +326,42 @@ class TemplateRunner:
     template variables (the special-token map) that `apply_chat_template` passes, `fallback`
     renders what the steps refuse."""
 
-    def __init__(self, chat_template: str, variables: dict, steps: Any, fallback: Callable[..., str]):
+    def __init__(
+        self,
+        chat_template: str,
+        variables: dict,
+        steps: Any,
+        fallback: Callable[..., str],
+        size_limit: int = limits.DEFAULT_OUTPUT,
+    ):
         self.steps, self._fallback = steps, fallback
         self._json: IdentityMemo[str] = IdentityMemo()
         env = steps.environment(chat_template)
         env.filters["tojson"] = self._memoised_json(env.filters["tojson"])
+        env.configure_limits(size_limit)
         self._template = env.from_string(chat_template)
         self._variables = dict(variables)
         self.reset()
 
-    def reproduces(self, reference: Callable[..., str]) -> bool:
-        """True when the probe conversations render as `reference` renders them: the same text,
-        or an error where it fails (templates refuse different probes); at least one must render."""
+    def reproduces(self, reference: Callable[[], Callable[..., str]], guard: Callable = lambda render: render) -> bool:
+        """True when the probe conversations render as `reference()` renders them: the same text,
+        or an error where it fails (templates refuse different probes); at least one must render.
+
+        Each probe renders here first, under `guard` (the template limits), and only then through
+        the reference, whose environment checks no value sizes: a hostile template stops here."""
+        own = guard(self)
         rendered = 0
         for messages, tools, kwargs in _PROBES:
             for generation in (False, True):
                 try:
-                    expected = reference(messages, tools, generation, kwargs)
+                    mine: str | None = own(messages, tools, generation, kwargs)
+                except Exception:
+                    mine = None
+                try:
+                    expected = guard(reference())(messages, tools, generation, kwargs)
                 except Exception:
                     expected = None
-                try:
-                    same = self(messages, tools, generation, kwargs) == expected
-                except Exception:
-                    same = expected is None
-                if not same:
+                if mine != expected:
                     return False
                 rendered += expected is not None
         self.reset()
@@ -326,27 +411,34 @@ class TemplateRunner:
 
 
 def build_runner(
-    chat_template: str, variables: dict, reference: Callable[[], Callable[..., str]], verdict: Path | None
+    chat_template: str,
+    variables: dict,
+    reference: Callable[[], Callable[..., str]],
+    verdict: Path | None,
+    size_limit: int = limits.DEFAULT_OUTPUT,
+    guard: Callable = lambda render: render,
 ) -> TemplateRunner | None:
     """The fastest runner that reproduces `reference()` (transformers' render), or None.
 
     `verdict` is where the native steps' verdict for this template is kept; a stored "yes"
-    spares building the reference (and importing transformers) at all.
+    spares building the reference (and importing transformers) at all. `size_limit` bounds
+    what one render and each value it builds may hold, `guard` runs a probe render under the
+    template limits (`render.limits`).
     """
-    native = TemplateRunner(chat_template, variables, NativeSteps(), lambda *call: reference()(*call))
+    native = TemplateRunner(chat_template, variables, NativeSteps(), lambda *call: reference()(*call), size_limit)
     stored = _read_verdict(verdict)
     if stored is True:
         return native
-    same = stored is None and native.reproduces(reference())
+    same = stored is None and native.reproduces(reference, guard)
     if stored is None:
         _write_verdict(verdict, same)
     if same:
         return native
     try:
-        runner = TemplateRunner(chat_template, variables, TransformersSteps(), reference())
+        runner = TemplateRunner(chat_template, variables, TransformersSteps(), reference(), size_limit)
     except (ImportError, AttributeError):
         return None
-    return runner if runner.reproduces(reference()) else None
+    return runner if runner.reproduces(reference, guard) else None
 
 
 def _read_verdict(path: Path | None) -> bool | None:

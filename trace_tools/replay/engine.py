@@ -1,44 +1,41 @@
 """The replay engine: stream a dump's sessions through every strategy into a run directory.
 
     pipeline pass 1 (index) → pass 2 (sessions as they complete) → executor (this process or a
-    process pool) → rows in stream order → shards of SHARD_SIZE sessions, each written
-    atomically → merged tables (`io.rundir`)
+    process pool) → rows in stream order → shards (closed by rows, bytes or time), each finished
+    by a marker that lists its files with checksums → merged tables (`io.shards`)
 
     on Ray: pass 1 only → each session's slot (where its rows are) → tasks that read, check and
     replay their own rows → rows as they finish → put back in stream order → the same shards
 
-Every session has a position in the stream (quarantined ones too), and shard i holds positions
-[i·size, (i+1)·size), so the run directory is the same for every executor. Only the sessions in
-flight and the rows of the shard being filled are in memory. A shard that is already finished
-(same options, same inputs) is not replayed again, so a killed run resumes.
-The run-level summary, report.md and plots are computed from the merged tables by the caller
-(`trace_tools.api.replay`), which keeps this layer free of reporting.
+Every session has a position in the stream (quarantined ones too), and a shard holds the
+consecutive positions its marker records, so the run directory is the same for every executor.
+Only the sessions in flight and the rows of the shard being filled are in memory. A shard that is
+already finished (same options, inputs and code), whose files check out and whose sessions are the
+ones the dump has at its positions, is not replayed again, so a killed run resumes. One process
+writes a run directory at a time (`io.shards.RunLock`). The run-level summary, report.md and
+plots are computed from the merged tables by the caller (`trace_tools.api.replay`, through
+`finish`), which keeps this layer free of reporting.
 """
 
 from __future__ import annotations
 
-import os
+import bisect
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from trace_tools.data import Session
 from trace_tools.errors import UnusableInput
-from trace_tools.io import rundir, storage
+from trace_tools.io import rundir, shards, storage
 from trace_tools.io.storage import Location
 from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
 from trace_tools.strategies.base import available_strategies, get_strategy
 
-SHARD_SIZE = 16  # sessions per shard; `$TRACE_TOOLS_SHARD_SIZE` overrides it (part of the fingerprint)
-
-
-def shard_size() -> int:
-    value = os.environ.get("TRACE_TOOLS_SHARD_SIZE", "")
-    return max(1, int(value)) if value.isdigit() else SHARD_SIZE
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,6 +53,7 @@ class EngineResult:
     meta: Any
     warnings: list[str]
     resumed_shards: int = 0
+    redone_shards: list[str] = field(default_factory=list)  # finished shards not reused, and why
     render_stats: dict[str, int] = field(default_factory=dict)
     renderers: list[dict[str, Any]] = field(default_factory=list)
     data_warnings: dict[str, int] = field(default_factory=dict)  # legal oddities of valid sessions (io.load)
@@ -88,8 +86,10 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
     mirror: Any = None,
-) -> EngineResult:
-    """Replay `dump` under `options` into a run directory (tables only; see the module docstring).
+    finish: Callable[[EngineResult], T],
+) -> T:
+    """Replay `dump` under `options` into a run directory (tables only; see the module docstring),
+    then `finish(result)` (the summary and reports) while this process still holds the run's lock.
 
     Everything that would make every session fail the same way is checked before the first one
     (`preflight`): a usage error (exit 2) then, never a quarantine of everything. `mirror` (an
@@ -116,52 +116,74 @@ def run(
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
-    size = shard_size()
-    stamp = rundir.fingerprint({**asdict(options), "shard_size": size}, stream.files)
+    current = shards.fingerprint(asdict(options), stream.files)
     check_dump(dump_path, stream, options)
-    check_run_dir(run_dir, stamp, overwrite, asdict(options))
-    resumed = rundir.prepare(run_dir, stamp)
-    if mirror is not None:
-        mirror.shards_reset()
-    result = EngineResult(
-        run_dir,
-        dump_path,
-        options,
-        stream.files,
-        stream.rows,
-        stream.session_count,
-        0,
-        stream.vocab_checked,
-        stream.meta,
-        list(stream.warnings),
-        resumed,
-    )
-    shards = _Shards(run_dir, size, stream.session_count, options.write_samples, not resumed, progress)
-    shards.written = mirror.shard_written if mirror is not None else None
+    pipeline.renderers.check_templates()
+    check_run_dir(run_dir, current, overwrite)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with shards.RunLock(run_dir):
+        (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
+        verdict = shards.prepare(run_dir, current)
+        if mirror is not None:
+            mirror.shards_reset()
+        result = EngineResult(
+            run_dir,
+            dump_path,
+            options,
+            stream.files,
+            stream.rows,
+            stream.session_count,
+            0,
+            stream.vocab_checked,
+            stream.meta,
+            list(stream.warnings),
+            redone_shards=verdict.redone,
+        )
+        _replay(stream, result, verdict.reusable, current["stamp"], workers, executor, address, progress, mirror)
+        return finish(result)
+
+
+def _replay(
+    stream: Any,
+    result: EngineResult,
+    reusable: list[shards.Marker],
+    stamp: str,
+    workers: int,
+    executor: str,
+    address: str | None,
+    progress: Callable[[int, int], None] | None,
+    mirror: Any,
+) -> None:
+    """Replay the sessions no reusable shard holds into new shards, then merge every shard."""
+    options, run_dir = result.options, result.run_dir
+    tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress)
+    tracker.written = mirror.shard_written if mirror is not None else None
     if executor == "ray":
-        slots = (slot for slot in stream.slots() if not shards.resumed(slot.position))
+        slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
-        results = _local_results(stream, options, workers, shards)
+        results = _local_results(stream, options, workers, tracker)
     try:
         for position, rows in results:
-            shards.add(position, rows)
-        shards.finish()
+            tracker.add(position, rows)
+        tracker.finish()
     except BaseException:
-        if shards.samples is not None:
-            shards.samples.abandon()
+        tracker.abandon()
         raise
-    result.sessions_replayed = shards.replayed
-    meta = rundir.shard_meta(run_dir, shards.count)
+    result.sessions_replayed = tracker.replayed
+    result.resumed_shards = len(tracker.reused())
+    result.redone_shards += tracker.redone
+    markers = tracker.markers()
+    shards.check_coverage(markers, stream.session_count)
+    meta = shards.shard_meta(markers)
     result.render_stats, result.renderers, result.data_warnings = meta.render_stats, meta.renderers, meta.data_warnings
     quarantine = [asdict(entry) for entry in stream.unattributed]
-    rundir.merge_shards(run_dir, shards.count, quarantine, options.write_samples and shards.samples is None)
-    if shards.samples is not None:
-        shards.samples.commit()
-    return result
+    shards.merge(run_dir, markers, quarantine, options.write_samples and tracker.samples is None)
+    if tracker.samples is not None:
+        tracker.samples.commit()
 
 
-def _local_results(stream: Any, options: ReplayOptions, workers: int, shards: "_Shards") -> Iterator[tuple[int, Any]]:
+def _local_results(stream: Any, options: ReplayOptions, workers: int, tracker: "_Shards") -> Iterator[tuple[int, Any]]:
     """(position, rows) of every session not resumed, in stream order: this process reads the
     sessions (pass 2) and `run_sessions` replays them; a session quarantined while loading goes
     straight to the shards."""
@@ -169,53 +191,82 @@ def _local_results(stream: Any, options: ReplayOptions, workers: int, shards: "_
 
     def to_replay() -> Iterator[Session]:
         for position, item in stream.positioned():
-            if shards.resumed(position):
+            session_id = item.session_id if isinstance(item, Session) else item[0].session_id
+            if tracker.resumed(position, session_id):
                 continue
             if isinstance(item, Session):
                 in_flight.append(position)
                 yield item
             else:
-                shards.add(position, rundir.SessionRows.quarantined(item))
+                tracker.add(position, rundir.SessionRows.quarantined(item))
 
     for rows in run_sessions(to_replay(), options, workers):
         yield in_flight.popleft(), rows
 
 
 class _Shards:
-    """Shard i holds the sessions at stream positions [i·size, (i+1)·size).
+    """The shards of this run: reusable ones (skipped, their sessions checked one by one) and new
+    ones, each closed at the shard limits (`io.shards.Limits`) or where a reusable one begins.
 
     Results may arrive in any order (Ray hands them back as they finish); they wait here until
     every earlier position is written, so each shard, and samples.parquet, is written in stream
-    order, and a shard is closed (and `written(i)` told) as soon as its last session is in."""
+    order, and a shard is closed (and `written(name)` told) as soon as it is full."""
 
     def __init__(
         self,
         run_dir: Path,
-        size: int,
+        reusable: list[shards.Marker],
         total: int,
         write_samples: bool,
-        fresh: bool,
+        stamp: str,
         progress: Callable[[int, int], None] | None,
     ):
-        self.run_dir, self.size, self.total, self.progress = run_dir, size, total, progress
-        self.count = -(-total // size)
-        self.finished = {i for i in range(self.count) if rundir.shard_done(run_dir, i)}  # by an earlier run
+        self.run_dir, self.total, self.progress, self.stamp = run_dir, total, progress, stamp
         self.write_samples = write_samples
+        self.limits = shards.Limits.from_env()
+        self._reusable = {marker.start: marker for marker in reusable}
+        self._starts = sorted(self._reusable)
+        self._checked: set[int] = set()  # reusable shards whose every session was found where it recorded
+        self._checking: Any = None  # digest of the ids passed so far in the reusable shard being checked
+        self._written: list[shards.Marker] = []
         # A run that resumed nothing has every session pass through here in order: samples.parquet is written then.
-        self.samples = rundir.SamplesFile(run_dir) if write_samples and fresh else None
-        self.written: Callable[[int], None] | None = None
+        self.samples = rundir.SamplesFile(run_dir) if write_samples and not reusable else None
+        self.written: Callable[[str], None] | None = None
+        self.redone: list[str] = []  # reusable shards dropped once their sessions came, and why
         self.replayed = 0
         self._next = 0  # the next position to write
         self._waiting: dict[int, rundir.SessionRows] = {}
-        self._writer: rundir.ShardWriter | None = None
+        self._ids: dict[int, str] = {}  # position → session id, for the sessions being replayed
+        self._writer: shards.ShardWriter | None = None
         self._seen = 0
 
-    def resumed(self, position: int) -> bool:
-        """True for a session of a shard an earlier run finished (counted, not replayed again)."""
-        if position // self.size in self.finished:
-            self._tick()
-            return True
-        return False
+    def resumed(self, position: int, session_id: str) -> bool:
+        """True for a session a reusable shard holds (counted, not replayed again). A shard whose
+        first session is not the one it recorded is replayed; one that goes wrong later stops the run."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        marker = self._reusable.get(self._starts[index]) if index >= 0 else None
+        if marker is None or position >= marker.end:
+            self._ids[position] = session_id  # its result will need it (what its shard's marker digests)
+            return False
+        if position == marker.start:
+            if session_id != marker.first:
+                first = f"it starts with session {marker.first!r}, the dump with {session_id!r}"
+                self.redone.append(f"shard {marker.name}: {first}")
+                self._drop(marker)
+                self._ids[position] = session_id
+                return False
+            self._checking = shards.IdDigest()
+        self._checking.add(session_id)
+        if position == marker.end - 1:
+            if self._checking.value() != marker.sessions:
+                raise UnusableInput(
+                    f"shard {marker.name} of {self.run_dir} holds other sessions than the dump has at positions "
+                    f"{marker.start}–{marker.end - 1} (its files were swapped or edited); rerun with --overwrite"
+                )
+            self._checked.add(marker.start)
+            self._flush()
+        self._tick()
+        return True
 
     def add(self, position: int, rows: rundir.SessionRows) -> None:
         self._waiting[position] = rows
@@ -225,32 +276,61 @@ class _Shards:
 
     def _flush(self) -> None:
         while self._next < self.total:
-            index = self._next // self.size
-            if index in self.finished:
-                self._next = (index + 1) * self.size
+            marker = self._reusable.get(self._next)
+            if marker is not None:
+                if marker.start not in self._checked:
+                    return  # its last session has not been checked yet
+                self._close()
+                self._next = marker.end
                 continue
             rows = self._waiting.pop(self._next, None)
             if rows is None:
                 return
             if self._writer is None:
-                self._writer = rundir.ShardWriter(self.run_dir, index, self.write_samples)
-            self._writer.add(rows)
+                self._writer = shards.ShardWriter(self.run_dir, self._next, self.write_samples, self.stamp)
+            self._writer.add(self._ids.pop(self._next), rows)
             if self.samples is not None:
                 self.samples.add(rows)
             self._next += 1
-            if self._next % self.size == 0 or self._next == self.total:
-                self._close(index)
+            if self._writer.full(self.limits):
+                self._close()
+        self._close()
 
-    def _close(self, index: int) -> None:
-        assert self._writer is not None
-        self._writer.close()
+    def _close(self) -> None:
+        if self._writer is None:
+            return
+        marker = self._writer.close()
         self._writer = None
+        self._written.append(marker)
         if self.written is not None:
-            self.written(index)
+            self.written(marker.name)
 
     def finish(self) -> None:
         """Every result is in: nothing may still wait (a position no executor returned is a bug)."""
         assert not self._waiting and self._writer is None, "a session's result never came back"
+
+    def abandon(self) -> None:
+        """The run stops (error or interrupt): the shard being filled and samples.parquet are left
+        unwritten, their temporary files removed."""
+        if self._writer is not None:
+            self._writer.discard()
+            self._writer = None
+        if self.samples is not None:
+            self.samples.abandon()
+
+    def reused(self) -> list[shards.Marker]:
+        return list(self._reusable.values())
+
+    def markers(self) -> list[shards.Marker]:
+        """Every shard of the run, reused and new, in stream order."""
+        return sorted([*self._reusable.values(), *self._written], key=lambda marker: marker.start)
+
+    def _drop(self, marker: shards.Marker) -> None:
+        """A reusable shard that turned out not to be: its files go, its sessions are replayed."""
+        for name in [*marker.files, f"{marker.name}.done"]:
+            (self.run_dir / "shards" / name).unlink(missing_ok=True)
+        del self._reusable[marker.start]
+        self._starts.remove(marker.start)
 
     def _tick(self) -> None:
         """One more session accounted for (replayed, resumed or quarantined while loading)."""

@@ -22,10 +22,14 @@ Either way the run directory does not depend on the executor or the worker count
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import pickle
+import sys
 import time
 from collections import deque
+from contextlib import contextmanager, nullcontext
+from types import FrameType
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
@@ -85,28 +89,150 @@ def _replay_in_worker(session: Session) -> SessionRows:
 
 
 def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
-    context = multiprocessing.get_context("spawn")
+    context = _QuietSpawn(hide_main=_main_not_reimportable())
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,))
     try:
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,)) as pool:
-            pending: deque = deque()
-            for session in sessions:
-                pending.append(pool.submit(_replay_in_worker, session))
-                if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
-                    yield pending.popleft().result()
-            while pending:
+        pending: deque = deque()
+        for session in sessions:
+            pending.append(pool.submit(_replay_in_worker, session))
+            if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
                 yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
     except BrokenProcessPool:
+        _stop(pool, context)
         raise TraceToolsError(
-            "a worker process died (out of memory, or a program started from stdin that "
-            "worker processes cannot re-import); rerun with --workers 1, or fewer workers; "
+            "a worker process died (out of memory, or killed); rerun with --workers 1, or fewer workers; "
             "finished shards are kept and the rerun resumes"
         ) from None
+    except BaseException:  # Ctrl-C, or the caller stopped reading: the workers go at once
+        _stop(pool, context)
+        raise
+    pool.shutdown()
+
+
+def _main_not_reimportable() -> bool:
+    """True when a spawned worker must not import the program's main module, as spawn does: it
+    was read from stdin (there is no file), or this call runs at the top level of the script
+    outside an `if __name__ == "__main__":` block, so importing it would start the replay again
+    in every worker. The workers need nothing from it (they run trace-tools functions only)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(getattr(main, "__spec__", None), "name", None):
+        return False  # -c, a notebook or `python -m`: spawn imports nothing from a script
+    if not os.path.isfile(path):
+        return True
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            return not _under_main_guard(path, frame.f_lineno)
+        frame = frame.f_back
+    return False
+
+
+def _under_main_guard(path: str, line: int) -> bool:
+    """Whether `line` of the script lies in a top-level `if __name__ == "__main__":` block."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
+            if node.lineno <= line <= (node.end_lineno or node.lineno):
+                return True
+    return False
+
+
+@contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Spawn's preparation reads `__main__.__spec__` and `__file__` to re-import it in the child;
+    without them it imports nothing."""
+    main = sys.modules["__main__"]
+    saved: dict[str, Any] = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C back while a worker process is started, then deliver it: the worker inherits a
+    blocked SIGINT, so a Ctrl-C reaches this process alone (which stops the workers) instead of
+    interrupting each worker's start-up with a traceback, and this process is not interrupted
+    half-way through sending a worker its arguments. Blocking the signal is not enough for the
+    latter: another thread of this process takes it, and Python raises KeyboardInterrupt in the
+    main thread all the same; so a handler records it meanwhile."""
+    import signal
+    import threading
+    from multiprocessing import resource_tracker
+
+    # Spawning starts multiprocessing's resource tracker on first use, and that start unblocks
+    # SIGINT on its way out, which the worker would inherit. Start it first.
+    resource_tracker.ensure_running()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets Ctrl-C
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
+
+
+class _QuietProcess(multiprocessing.context.SpawnProcess):
+    """A spawned worker that never sees Ctrl-C (`_interrupts_held`), started without importing the
+    program's main module where that would re-run it (`_main_not_reimportable`)."""
+
+    hide_main = False
+    held_popen: Any = None
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        with _interrupts_held(), _main_hidden() if process_obj.hide_main else nullcontext():
+            # Kept before the block ends: a Ctrl-C held back strikes right then, before
+            # multiprocessing records the child, and `_stop` must still find it.
+            process_obj.held_popen = multiprocessing.context.SpawnProcess._Popen(process_obj)
+            return process_obj.held_popen
+
+
+class _QuietSpawn(multiprocessing.context.SpawnContext):
+    """Spawns `_QuietProcess`es and remembers every one it started."""
+
+    def __init__(self, hide_main: bool) -> None:
+        super().__init__()
+        self.hide_main = hide_main
+        self.started: list[_QuietProcess] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> _QuietProcess:  # type: ignore[override]  # noqa: N802
+        process = _QuietProcess(*args, **kwargs)
+        process.hide_main = self.hide_main
+        self.started.append(process)
+        return process
+
+
+def _stop(pool: Any, context: _QuietSpawn) -> None:
+    """Cancel what is queued and end the workers without waiting for their sessions, including
+    one whose start a Ctrl-C cut short (the pool never learnt of it)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in context.started:
+        if process.held_popen is not None and process.held_popen.poll() is None:
+            process.held_popen.terminate()
 
 
 # -- Ray -------------------------------------------------------------------------------------------
@@ -144,6 +270,7 @@ def _connect(workers: int, address: str | None) -> Any:
     except ImportError:
         raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
     if not ray.is_initialized():
+        _check_reachable(address)
         # With an address the cluster decides the CPUs; None is ray.init's own default.
         try:
             ray.init(
@@ -156,6 +283,22 @@ def _connect(workers: int, address: str | None) -> Any:
                 "RAY_AUTH_TOKEN where the cluster uses token authentication (`ray get-auth-token` on the head)"
             ) from None
     return ray
+
+
+def _check_reachable(address: str | None) -> None:
+    """Ray retries an address nothing answers on for minutes; one TCP connection says so at once."""
+    import socket
+
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # no address (a local Ray), `auto`, or a form Ray itself will judge
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as error:
+        raise UsageError(
+            f"cannot reach the Ray cluster at --address {address} ({error.strerror or error}); "
+            "check that the cluster is running and reachable from here, or drop --address to start a local Ray"
+        ) from None
 
 
 class _RayReplay:

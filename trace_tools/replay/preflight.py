@@ -10,7 +10,6 @@ options unless `overwrite`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -69,32 +68,37 @@ def _require_no_rendering(label: str, strategies: list[str], prompt_source: str)
         )
 
 
-def check_run_dir(run_dir: Path, fingerprint: str, overwrite: bool, options: dict[str, Any] | None = None) -> None:
+def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> None:
     """The run directory is new, empty, or this same run (to resume); never a file, someone else's
-    directory, or a run made with other options unless `overwrite`."""
+    directory, or a run made with other options, inputs or code unless `overwrite`. `current` is
+    this run's fingerprint (`io.shards.fingerprint`)."""
+    from trace_tools.io.shards import LOCK_NAME, RunLock, recorded_fingerprint
+
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--out {run_dir} is a file; pass a directory path for the run")
-    marker = run_dir / "shards" / "FINGERPRINT"
-    if marker.is_file():
-        if marker.read_text().strip() != fingerprint and not overwrite:
+    RunLock.check_free(run_dir)
+    recorded = recorded_fingerprint(run_dir)
+    if recorded is not None:
+        if recorded.get("stamp") != current["stamp"] and not overwrite:
             raise UsageError(
-                f"{run_dir} holds a run made with other options ({_changed(run_dir, options or {})}); "
+                f"{run_dir} holds a run made with {_changed(recorded, current)}; "
                 "pass --overwrite to replace it, or choose another --out"
             )
         return
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+    if run_dir.is_dir() and any(path.name != LOCK_NAME for path in run_dir.iterdir()) and not overwrite:
         raise UsageError(
             f"--out {run_dir} is a directory that holds other files, not a trace-tools run; "
             "pass a new or empty directory (or --overwrite)"
         )
 
 
-def _changed(run_dir: Path, options: dict[str, Any]) -> str:
-    """The options whose recorded value (run.json) differs from this run's, e.g. `strategies: [...] → [...]`."""
-    try:
-        previous = json.loads((run_dir / "run.json").read_text())["options"]
-    except (OSError, ValueError, KeyError):
-        return "an unfinished earlier run, another dump, or an earlier trace-tools shard format"
-    plain = json.loads(json.dumps(options, default=str))
-    changed = [f"{key}: {previous.get(key)} → {value}" for key, value in plain.items() if previous.get(key) != value]
-    return "; ".join(changed) or "another dump, changed input files, or an earlier trace-tools shard format"
+def _changed(previous: dict[str, Any], current: dict[str, Any]) -> str:
+    """What differs, e.g. `other options (strategies: [...] → [...])` or `trace-tools 0.1.0, this is 0.2.0`."""
+    from trace_tools.io.shards import fingerprint_change
+
+    change = fingerprint_change(previous, current)
+    if change:
+        return change
+    before, now = previous.get("options") or {}, current["options"]
+    changed = [f"{key}: {before.get(key)} → {value}" for key, value in now.items() if before.get(key) != value]
+    return f"other options ({'; '.join(changed)})" if changed else "other options"

@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from trace_tools.data import Session
-from trace_tools.errors import TraceToolsError
+from trace_tools.errors import TemplateLimitExceeded, TraceToolsError
 from trace_tools.io.load import materialize_ids, session_warnings
 from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
+from trace_tools.render.limits import TemplateLimitHit
 from trace_tools.replay.turnrows import check_trained_once, extra_counters, sample_rows, session_row, turn_rows
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
@@ -53,7 +54,10 @@ class SessionReplayer:
 
     def __call__(self, session: Session) -> SessionRows:
         with _collector_paused():
-            return self._replay(session)
+            try:
+                return self._replay(session)
+            except TemplateLimitHit as hit:  # the template, not this session: the run stops (exit 2)
+                raise TemplateLimitExceeded(str(hit)) from None
 
     def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.errors import TraceToolsError
+from trace_tools.io.schema import COLUMNS
 from trace_tools.pipeline.drift import DriftFinding
 
 
@@ -42,6 +43,10 @@ class Explanation:
         }
 
 
+# What explaining a turn reads (`metadata`, the simulator's ground truth, is not decoded).
+EXPLAIN_COLUMNS = tuple(column.name for column in COLUMNS if column.name != "metadata")
+
+
 def explain(
     dump: str | Path,
     session_id: str,
@@ -66,6 +71,7 @@ def explain(
         canonicalization=canonicalization,
         prompt_source=prompt_source,
         tool_format=tool_format,
+        columns=EXPLAIN_COLUMNS,
     )
     prepared = pipeline.session(session_id)
     result = explain_prepared(prepared, turn=turn, context=context)

@@ -28,7 +28,16 @@ from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
-TOP_LEVEL = ("quarantined", "sessions_total", "turns_total", "prompt_fidelity", "quarantined_by_reason", "warnings")
+TOP_LEVEL = (
+    "quarantined",
+    "sessions_total",
+    "turns_total",
+    "sessions_replayed",
+    "turns_replayed",
+    "prompt_fidelity",
+    "quarantined_by_reason",
+    "warnings",
+)
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
 # Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
 STRATEGY_METRICS = (
@@ -56,6 +65,8 @@ TOP_METRICS = (
     "quarantined",
     "sessions_total",
     "turns_total",
+    "sessions_replayed",
+    "turns_replayed",
     "prompt_fidelity.turns_compared",
     "prompt_fidelity.exact",
     "prompt_fidelity.rate",
@@ -99,15 +110,23 @@ def parse_rules(path: str | Path) -> list[Rule]:
     """Parse and check a rules file; every problem raises MalformedRules naming the line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MalformedRules(f"cannot read rules file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise MalformedRules(
+            f"{path} is not UTF-8 text (byte {exc.start}); save the rules file as UTF-8 TOML"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise MalformedRules(f"{path}: {exc}") from None
+    except RecursionError:
+        raise MalformedRules(
+            f"{path}: values nested too deeply for a rules file; see `trace-tools gate --help`"
+        ) from None
     tables = data.get("rule")
-    if not isinstance(tables, list) or not tables:
+    if not isinstance(tables, list) or not tables or not all(isinstance(table, dict) for table in tables):
         raise MalformedRules(f"{path}: no [[rule]] tables found; see `trace-tools gate --help` for the format")
     lines = _rule_lines(text)
     return [_rule(path, t, lines[i] if i < len(lines) else 0) for i, t in enumerate(tables)]
@@ -135,6 +154,11 @@ def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
         name=table.get("name"),
     )
     _check_metric(rule.metric, where)
+    if rule.is_regression and (rule.value is not None or rule.op is not None):
+        raise MalformedRules(
+            f"{where}: a rule has either `op` and `value` (a threshold) or `max_regression` (against --baseline), "
+            "not both; split it into two rules"
+        )
     if rule.is_regression:
         if not _is_number(rule.max_regression) or rule.max_regression < 0:
             raise MalformedRules(f"{where}: max_regression must be a non-negative number")

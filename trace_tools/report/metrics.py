@@ -16,6 +16,8 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
     summary: dict[str, Any] = {
         "sessions_total": int(loaded.session_count),
         "turns_total": int(loaded.rows),
+        "sessions_replayed": _distinct(tables["sessions"], ["session_id"]),
+        "turns_replayed": _distinct(tables["turns"], ["session_id", "turn_index"]),
         "quarantined": _distinct_sessions(quarantine),
         "quarantined_by_reason": _quarantined_by_reason(quarantine),
         "quarantine_examples": _quarantine_examples(quarantine),
@@ -29,6 +31,11 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
     summary["token_savings"] = token_savings(summary["strategies"])
     summary["drift_causes"] = drift_causes(tables["turns"])
     return summary
+
+
+def _distinct(table: pd.DataFrame, columns: list[str]) -> int:
+    """How many distinct `columns` values a run table holds (sessions or turns, whatever the strategy)."""
+    return int(len(table[columns].drop_duplicates())) if len(table) else 0
 
 
 def drift_causes(turns: pd.DataFrame) -> dict[str, dict[str, dict[str, int]]]:

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.io.write import write_text_atomic
+from trace_tools.report.escape import markdown_cell
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.strategies.declarations import BY_NAME
 
@@ -85,7 +86,7 @@ def _strategy_table(summary: dict[str, Any]) -> list[str]:
     for name, s in summary["strategies"].items():
         per = s["samples"] / s["sessions"] if s["sessions"] else 0
         rows.append(
-            f"| {name} | {s['sessions']} | {s['samples']} | {per:.2f} | {s['forks']['max']} | "
+            f"| {markdown_cell(name)} | {s['sessions']} | {s['samples']} | {per:.2f} | {s['forks']['max']} | "
             f"{s['coverage']:.1%} | {s['trained_tokens']} | {s['forwarded_tokens']} | {s['context_tokens']} |"
         )
     return rows
@@ -94,7 +95,7 @@ def _strategy_table(summary: dict[str, Any]) -> list[str]:
 def _tool_table(summary: dict[str, Any]) -> list[str]:
     tools = sorted({t for s in summary["strategies"].values() for t in s["tool_turns"]})
     rows = [
-        "| tool | turns | " + " | ".join(summary["strategies"]) + " |",
+        "| tool | turns | " + " | ".join(map(markdown_cell, summary["strategies"])) + " |",
         "|---|---:|" + "---:|" * len(summary["strategies"]),
     ]
     for tool in tools:
@@ -103,7 +104,7 @@ def _tool_table(summary: dict[str, Any]) -> list[str]:
             tt = s["tool_turns"].get(tool)
             turns = max(turns, tt["turns"] if tt else 0)
             cells.append(f"{s['coverage_by_tool'][tool]:.1%} ({tt['dropped_turns']})" if tt else "–")
-        rows.append(f"| {tool} | {turns} | " + " | ".join(cells) + " |")
+        rows.append(f"| {markdown_cell(tool)} | {turns} | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -114,10 +115,8 @@ def _savings_table(summary: dict[str, Any]) -> list[str]:
     rows = ["| strategy | samples Δ | forwarded Δ | trained Δ | savings | flag |", "|---|---:|---:|---:|---:|---|"]
     for name, v in savings.items():
         flag = "saves tokens by training fewer" if v["saves_by_training_less"] else ""
-        rows.append(
-            f"| {name} | {v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d} | "
-            f"{v['savings']:.1%} | {flag} |"
-        )
+        deltas = f"{v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d}"
+        rows.append(f"| {markdown_cell(name)} | {deltas} | {v['savings']:.1%} | {flag} |")
     return rows
 
 
@@ -126,7 +125,8 @@ def _counter_table(summary: dict[str, Any]) -> list[str]:
     names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in summary["strategies"].values())]
     if not names:
         return ["(all counters zero)"]
-    rows = ["| counter | " + " | ".join(summary["strategies"]) + " |", "|---|" + "---:|" * len(summary["strategies"])]
+    names_row = " | ".join(map(markdown_cell, summary["strategies"]))
+    rows = [f"| counter | {names_row} |", "|---|" + "---:|" * len(summary["strategies"])]
     rows += [
         f"| {c} | " + " | ".join(str(s["counters"][c]) for s in summary["strategies"].values()) + " |" for c in names
     ]
@@ -137,5 +137,8 @@ def _causes_table(causes: dict[str, dict[str, dict[str, int]]]) -> list[str]:
     rows = ["| strategy | cause | drifted turns | turns losing tokens | tokens lost |", "|---|---|---:|---:|---:|"]
     for strategy, by_cause in causes.items():
         for cause, v in by_cause.items():
-            rows.append(f"| {strategy} | {cause} | {v['turns']} | {v['turns_losing_tokens']} | {v['tokens_lost']} |")
+            rows.append(
+                f"| {markdown_cell(strategy)} | {markdown_cell(cause)} | {v['turns']} | {v['turns_losing_tokens']} | "
+                f"{v['tokens_lost']} |"
+            )
     return rows

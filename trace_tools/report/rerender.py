@@ -7,17 +7,13 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.io.rundir import load_summary, require_run
+from trace_tools.io.rundir import load_summary, read_table, require_run
 
 
 def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
     """The run's tables as DataFrames (samples only when present)."""
     path = require_run(Path(run))
-    tables = {}
-    for name in ("turns", "sessions", "samples", "quarantine"):
-        file = path / f"{name}.parquet"
-        tables[name] = pd.read_parquet(file) if file.exists() else pd.DataFrame()
-    return tables
+    return {name: read_table(path, name) for name in ("turns", "sessions", "samples", "quarantine")}
 
 
 def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:

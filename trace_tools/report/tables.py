@@ -28,8 +28,7 @@ def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None
     """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
     out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
-        f"What each strategy would train ({summary.get('sessions_total', 0)} sessions, "
-        f"{summary.get('turns_total', 0)} turns)",
+        f"What each strategy would train ({_replayed(summary)})",
         headline_tables(summary, width),
     ) + [Text(HEADLINE_NOTE)]
     out += _section(
@@ -39,6 +38,15 @@ def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None
     out += _section("Dropped turns by tool: share of turns with no trained token", dropped_tables(summary, width))
     key = legend(summary["strategies"])
     return out + ([Text(""), Text(key)] if key else [])
+
+
+def _replayed(summary: dict[str, Any]) -> str:
+    """`N sessions, M turns` replayed, with the total read when some were quarantined."""
+    total, turns = summary.get("sessions_total", 0), summary.get("turns_total", 0)
+    replayed = summary.get("sessions_replayed", total)  # runs made before it was counted
+    if replayed == total:
+        return f"{total} sessions, {turns} turns"
+    return f"{replayed} of {total} sessions replayed, {summary.get('turns_replayed', turns)} turns"
 
 
 def quarantine_view(summary: dict[str, Any], run_dir: Path | str | None = None) -> list[Text]:

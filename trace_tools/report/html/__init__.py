@@ -12,26 +12,34 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_tools.report.escape import BIDI, visible_bidi
+
 REPORT_NAME = "report.html"
 
 
 def write_html_report(
-    run_dir: str | Path, out: str | Path | None = None, plots_drawn: Callable[[], object] | None = None
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    plots_drawn: Callable[[], object] | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> Path:
     """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path.
 
     `plots_drawn` is called, when given, just before RUN/plots are read: the page's other parts
-    are built while the plots are still being drawn elsewhere."""
+    are built while the plots are still being drawn elsewhere. `summary` is the run's summary
+    when the caller has it and summary.json is not written yet (replay writes it last)."""
     from trace_tools.io.rundir import require_run
     from trace_tools.io.write import write_text_atomic
 
-    run = require_run(Path(run_dir))
+    run = Path(run_dir) if summary is not None else require_run(Path(run_dir))
     target = Path(out) if out is not None else run / REPORT_NAME
-    write_text_atomic(render_html(run, plots_drawn), target)
+    write_text_atomic(render_html(run, plots_drawn, summary), target)
     return target
 
 
-def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) -> str:
+def render_html(
+    run_dir: Path, plots_drawn: Callable[[], object] | None = None, summary: dict[str, Any] | None = None
+) -> str:
     """The page's HTML text for a finished run directory."""
     import pandas as pd
 
@@ -41,7 +49,8 @@ def render_html(run_dir: Path, plots_drawn: Callable[[], object] | None = None) 
     from trace_tools.report.metrics import upstream_lines
     from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary is None:
+        summary = json.loads((run_dir / "summary.json").read_text())
     quarantine_path = run_dir / "quarantine.parquet"
     quarantine = pd.read_parquet(quarantine_path) if quarantine_path.exists() else None
     strategies = list(summary["strategies"])
@@ -87,10 +96,11 @@ def _harness_profile(run_dir: Path) -> dict[str, Any] | None:
 
 
 def script_json(value: Any) -> str:
-    """JSON safe inside a <script> element: `<`, `>` and `&` escaped (only strings can hold them)."""
+    """JSON safe inside a <script> element: `<`, `>` and `&` escaped (only strings can hold them),
+    bidi formatting characters shown as their escapes (`report.escape`)."""
     from markupsafe import Markup
 
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = visible_bidi(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
@@ -112,6 +122,15 @@ def _asset(env, name: str):
     return Markup(env.loader.get_source(env, name)[0])
 
 
+def _visible(value: Any) -> Any:
+    """Every value the page prints, with bidi formatting characters made visible (markup stays markup)."""
+    from markupsafe import Markup
+
+    if isinstance(value, str) and BIDI.search(value):
+        return Markup(visible_bidi(value)) if isinstance(value, Markup) else visible_bidi(value)
+    return value
+
+
 def _environment():
     import jinja2
 
@@ -121,6 +140,7 @@ def _environment():
         trim_blocks=True,
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
+        finalize=_visible,
     )
     env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
     return env

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trace_tools.report.escape import visible_bidi
+
 CHUNK_BYTES = 256 * 1024
 TURN_COLUMNS = [
     "strategy",
@@ -289,7 +291,8 @@ def _code(value: str, table: list[str]) -> int:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, bidi formatting characters shown as their escapes (`report.escape`)."""
+    return visible_bidi(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 def _pack(members: list[str]) -> str:

@@ -1,0 +1,206 @@
+"""Chat templates are untrusted code (DESIGN §10), and a renderer is keyed on every input it reads.
+
+Every render runs under a time and an output limit, and the operations that build a value far
+larger than their inputs are checked before they run; a template that breaks a limit, does not
+compile, or fails on the simplest conversation stops `replay` and `validate` with exit 2 naming
+it. Two recordings that differ in anything a renderer reads (a gpt-oss render date) get their own
+renderer (`RenderSpec`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from trace_tools.cli.main import app
+from trace_tools.data import DumpMeta
+from trace_tools.render.limits import TemplateLimitHit, TemplateLimits
+from trace_tools.render.renderer import Renderer
+from trace_tools.render.spec import RenderSpec
+
+HOSTILE = {  # each would hang for minutes or allocate gigabytes without the limits
+    "a 10^10-step loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "exponential macro recursion": "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
+                                   "{{ f(60) }}",
+    "a 10 GB string": "{{ 'x' * 10**10 }}",
+    "a 10 GB string never printed": "{% set y = 'x' * 10**10 %}",
+    "a huge power": "{{ 2 ** 10000000000 }}",
+    "doubling with ~": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
+                       "{% endfor %}",
+    "doubling with +": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
+                       "{% endfor %}",
+    "padding by filter": "{{ 'x'|center(10**10) }}",
+    "padding by method": "{{ 'x'.ljust(10**10) }}",
+    "padding by format": "{{ '{:>10000000000}'.format(1) }}",
+    "padding by printf": "{{ '%10000000000d' % 1 }}",
+    "indent": "{{ ('a\\n' * 1000)|indent(10**8) }}",
+    "join": "{{ range(100000)|join('x' * 100000) }}",
+    "lipsum": "{{ lipsum(10**9) }}",
+    "a JSON indent": "{{ messages|tojson(indent=10**9) }}",
+    "batch fill": "{{ range(3)|batch(10**9, 'x')|list|length }}",
+    "many small writes": "{% for i in range(100000) %}{% for j in range(1000) %}{{ 'y' * 40 }}{% endfor %}{% endfor %}",
+}
+
+
+def test_every_hostile_template_stops_at_a_limit_in_time_and_memory():
+    """In a child process whose address space is capped at 3 GiB: an unchecked allocation would
+    fail there with MemoryError instead of the limit, and every render must stop within the
+    time limit plus scheduling slack."""
+    code = textwrap.dedent(
+        f"""
+        import json, resource, time
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+        from trace_tools.render.limits import TemplateLimitHit, TemplateLimits
+        from trace_tools.render.renderer import Renderer
+        results = {{}}
+        for name, text in json.loads({json.dumps(json.dumps(HOSTILE))}).items():
+            renderer = Renderer("qwen3", text + "{{{{ messages[0].content }}}}", template_identity="hostile",
+                                limits=TemplateLimits(seconds=2.0))
+            started = time.monotonic()
+            try:
+                renderer.render_text([{{"role": "user", "content": "hi"}}])
+                outcome = "rendered"
+            except TemplateLimitHit as hit:
+                outcome = "limit: " + hit.what
+            except BaseException as error:
+                outcome = type(error).__name__
+            results[name] = [outcome, time.monotonic() - started]
+        print(json.dumps(results))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (outcome, seconds) in results.items():
+        assert outcome.startswith("limit: "), (name, outcome)
+        assert seconds < 2.0 * 2 + 3, (name, seconds)  # probes render twice: ours, then no reference
+
+
+def test_the_time_limit_stops_a_loop_and_the_renderer_works_again():
+    renderer = Renderer("qwen3", "{% if messages[0].content == 'loop' %}" + HOSTILE["a 10^10-step loop"] +
+                        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="sometimes",
+                        limits=TemplateLimits(seconds=1.0))
+    assert renderer.render_text([{"role": "user", "content": "fine"}]) == "fine"
+    started = time.monotonic()
+    with pytest.raises(TemplateLimitHit, match="ran past the 1 s limit"):
+        renderer.render_text([{"role": "user", "content": "loop"}])
+    assert time.monotonic() - started < 4
+    assert renderer.render_text([{"role": "user", "content": "again"}]) == "again"  # nothing left pending
+    time.sleep(0.2)  # a stray asynchronous exception would surface here
+
+
+def test_output_over_the_limit_is_refused_before_it_is_joined():
+    renderer = Renderer("qwen3", "{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="plain",
+                        limits=TemplateLimits(output=1000))
+    assert len(renderer.render_text([{"role": "user", "content": "x" * 999}])) == 999
+    with pytest.raises(TemplateLimitHit, match="wrote more than 1,000 characters"):
+        renderer.render_text([{"role": "user", "content": "x" * 600}, {"role": "user", "content": "y" * 600}])
+
+
+def test_real_templates_render_alike_with_and_without_the_checks():
+    """The checked operations give the same text as unchecked Jinja where they stay in bounds."""
+    template = ("{{ 'ab' * 3 }}|{{ 2 ** 10 }}|{{ '%05d' % 42 }}|{{ '{:>6}'.format('r') }}|{{ 'a' ~ 'b' }}|"
+                "{{ 'x'.center(5) }}|{{ [1, 2]|join(', ') }}|{{ 'a\\nb'|indent(2) }}|{{ {'k': [1]}|tojson(indent=2) }}"
+                "|{{ messages[0].content.replace('h', 'H') }}")
+    text = Renderer("qwen3", template, template_identity="ops").render_text([{"role": "user", "content": "hi"}])
+    assert text == 'ababab|1024|00042|     r|ab|  x  |1, 2|a\n  b|{\n  "k": [\n    1\n  ]\n}|Hi'
+
+
+def test_limits_are_configurable_and_a_bad_setting_is_a_usage_error(monkeypatch, simulated_dump):
+    monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_SECONDS", "0.5")
+    monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_OUTPUT", "2000")
+    assert TemplateLimits.from_env() == TemplateLimits(0.5, 2000)
+    monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_SECONDS", "soon")
+    result = CliRunner().invoke(app, ["reconstruct", str(simulated_dump)])
+    assert result.exit_code == 2 and "$TRACE_TOOLS_TEMPLATE_SECONDS is 'soon'; set a positive number" in result.output
+
+
+# -- a template that breaks a limit, raises or does not parse: exit 2 naming it --------------------
+def _with_template(source, path, template: str):
+    table = pq.read_table(source)
+    metadata = {**table.schema.metadata, b"trace_tools.chat_template": template.encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+    return path
+
+
+BROKEN = {
+    "raises": ("{{ raise_exception('this template refuses everything') }}", "this template refuses everything"),
+    "does not parse": ("{% for m in messages %}{{ m.content }}", "Unexpected end of template"),
+    "loops": (HOSTILE["a 10^10-step loop"], "ran past the 2 s limit in one render"),
+    "allocates": (HOSTILE["a 10 GB string"], "repeated a value past"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+@pytest.mark.parametrize("command", ["replay", "validate"])
+def test_a_broken_template_stops_the_command_with_exit_2_naming_it(kind, command, simulated_dump, tmp_path):
+    template, message = BROKEN[kind]
+    dump = _with_template(simulated_dump, tmp_path / "d.parquet", template)
+    args = [command, str(dump)] + (["-s", "tree", "--out", str(tmp_path / "run")] if command == "replay" else [])
+    env = {**os.environ, "TRACE_TOOLS_TEMPLATE_SECONDS": "2", "COLUMNS": "400"}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = " ".join(done.stderr.split())
+    assert "chat template dump sha256=" in error and message in error
+    assert "Traceback" not in done.stderr and "quarantined" not in done.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_a_template_over_a_limit_in_one_session_stops_the_replay(simulated_dump, tmp_path, monkeypatch):
+    """A template that renders the probe but loops on a longer conversation: the session does
+    not become a quarantine entry, the run stops (exit 2)."""
+    template = ("{% if messages|length > 3 %}" + HOSTILE["a 10^10-step loop"] + "{% endif %}"
+                + pq.read_table(simulated_dump).schema.metadata[b"trace_tools.chat_template"].decode())
+    dump = _with_template(simulated_dump, tmp_path / "d.parquet", template)
+    monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_SECONDS", "1")
+    result = CliRunner().invoke(app, ["replay", str(dump), "-s", "tree", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "ran past the 1 s limit in one render" in " ".join(result.output.split())
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# -- RenderSpec: the pool keys on every input a renderer reads -----------------------------------------
+def test_two_gpt_oss_recordings_of_different_dates_each_render_with_their_own(tmp_path, monkeypatch):
+    import trace_tools.simulate as simulate
+    from trace_tools.reconstruct import reconstruct
+
+    simulate.simulate(sessions=3, seed=1, template="gpt-oss", out=str(tmp_path / "a.parquet"))
+    monkeypatch.setattr(simulate, "RENDER_DATE", "2024-02-29")
+    simulate.simulate(sessions=3, seed=2, template="gpt-oss", out=str(tmp_path / "b.parquet"))
+    summary = reconstruct(tmp_path).summary
+    assert summary["exact"] == summary["turns"] > 0  # one shared renderer gets the later file wrong
+
+
+def test_a_render_spec_holds_every_input_and_is_the_identity():
+    meta = DumpMeta(tokenizer="gpt-oss", chat_template=None, extra={"render_date": "2025-06-01"})
+    spec = RenderSpec.resolve(None, "gpt-oss", meta)
+    other_day = RenderSpec.resolve(None, "gpt-oss", DumpMeta(tokenizer="gpt-oss", extra={"render_date": "2024-02-29"}))
+    assert spec != other_day and spec == RenderSpec.resolve(None, "gpt-oss", meta)
+    assert len({spec, other_day, RenderSpec.resolve(None, "gpt-oss", meta)}) == 2
+    renderer = spec.build()
+    assert renderer.spec == spec and renderer.identity == spec.identity()
+    assert spec.identity()["render_date"] == "2025-06-01" and spec.identity()["tool_format"] == "harmony"
+    with pytest.raises(Exception, match="render_date 'yesterday' is not a date"):
+        RenderSpec.resolve(None, "gpt-oss", DumpMeta(tokenizer="gpt-oss", extra={"render_date": "yesterday"}))
+
+
+def test_run_json_names_each_renderer_by_its_spec(tmp_path, monkeypatch):
+    import trace_tools.simulate as simulate
+    from trace_tools.api import replay
+
+    first_day = simulate.RENDER_DATE
+    simulate.simulate(sessions=2, seed=1, template="gpt-oss", out=str(tmp_path / "dump" / "a.parquet"))
+    monkeypatch.setattr(simulate, "RENDER_DATE", "2024-02-29")
+    simulate.simulate(sessions=2, seed=2, template="gpt-oss", out=str(tmp_path / "dump" / "b.parquet"))
+    result = replay(tmp_path / "dump", out=tmp_path / "run", strategies=["tree"], workers=1)
+    renderers = json.loads((tmp_path / "run" / "run.json").read_text())["renderers"]
+    assert sorted(r["render_date"] for r in renderers) == sorted(["2024-02-29", first_day])
+    assert result.summary["prompt_fidelity"]["rate"] == 1.0

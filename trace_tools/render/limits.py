@@ -1,0 +1,319 @@
+"""Chat templates are untrusted code (DESIGN §10): every render runs under a time and a size limit.
+
+A dump carries its own template, and Jinja is a programming language: a loop of 10¹⁰ steps or
+`'x' * 10**10` is one line. Three things bound a render:
+
+* **time**: a watchdog thread per process raises `RenderTimeout` inside the rendering thread
+  once a render has run `seconds` (Python checks for it between bytecodes, so any loop, macro
+  recursion or long chain of filters stops); arming it costs two dictionary writes per render;
+* **output**: the text a render (or a macro, or a `{% set %}` block) produces is joined in
+  slices and refused past `output` characters, before it is built;
+* **single operations**: in our own template environment (`template_runner`) the operations
+  that make a value many times larger than their inputs are checked before they run: `*`,
+  `**`, `%` and `+`, `~`, `str.format`, the padding, `replace` and `join` string methods, and the
+  filters `center`, `indent`, `format`, `wordwrap`, `join`, `replace`, `tojson`, `batch`,
+  `slice` and the `lipsum` global. (Templates that only transformers itself can render keep the
+  time and output limits.)
+
+Exceeding a limit raises `TemplateLimitHit`, a `BaseException`: no `except Exception` on its way
+(a template refusing a window, a strategy counting a server error) can take it for the
+template's own error. The replay engine and the CLI turn it into `TemplateLimitExceeded` (exit 2,
+naming the template). The defaults are two orders of magnitude above what real templates need on
+real data (`docs/run_directory.md`); `$TRACE_TOOLS_TEMPLATE_SECONDS` and
+`$TRACE_TOOLS_TEMPLATE_OUTPUT` (characters) change them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Callable, Iterable
+
+DEFAULT_SECONDS = 20.0
+DEFAULT_OUTPUT = 16 * 2**20  # characters of one render's text
+MAX_INT_BITS = 2**20  # an integer a template computes (`**`, `*`)
+MAX_JSON_INDENT = 1024
+_WATCH_INTERVAL = 0.05
+
+
+@dataclass(frozen=True)
+class TemplateLimits:
+    seconds: float = DEFAULT_SECONDS
+    output: int = DEFAULT_OUTPUT
+
+    @classmethod
+    def from_env(cls) -> "TemplateLimits":
+        return cls(
+            _env_number("TRACE_TOOLS_TEMPLATE_SECONDS", DEFAULT_SECONDS),
+            int(_env_number("TRACE_TOOLS_TEMPLATE_OUTPUT", DEFAULT_OUTPUT)),
+        )
+
+    def identity(self) -> dict[str, float]:
+        return {"seconds": self.seconds, "output_chars": self.output}
+
+
+def _env_number(name: str, default: float) -> float:
+    from trace_tools.errors import UsageError
+
+    text = os.environ.get(name, "")
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"${name} is {text!r}; set a positive number or unset it")
+    return value
+
+
+class TemplateLimitHit(BaseException):
+    """A render went past a limit. `what` says which ("ran past the 20 s limit")."""
+
+    def __init__(self, what: str, template: str = "") -> None:
+        super().__init__(what, template)
+        self.what, self.template = what, template
+
+    def __str__(self) -> str:
+        where = f"chat template {self.template}" if self.template else "a chat template"
+        return (
+            f"{where} {self.what} in one render; it is not run further (templates are untrusted code). "
+            "Fix or replace the template (--chat-template), or raise the limit with "
+            "$TRACE_TOOLS_TEMPLATE_SECONDS / $TRACE_TOOLS_TEMPLATE_OUTPUT if the template is trusted"
+        )
+
+
+class RenderTimeout(BaseException):
+    """Raised by the watchdog inside a render that ran past its time (no arguments: it is
+    raised by type)."""
+
+
+# -- time -----------------------------------------------------------------------------------------
+class _Watchdog:
+    """One daemon thread per process; `arm` and `disarm` bracket each render of each thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadlines: dict[int, tuple[float, int]] = {}  # thread id → (deadline, token)
+        self._fired: set[int] = set()  # tokens the watchdog raised into
+        self._token = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> int:
+        if self._thread is None:
+            self._start()
+        with self._lock:
+            self._token += 1
+            self._deadlines[threading.get_ident()] = (time.monotonic() + seconds, self._token)
+            return self._token
+
+    def disarm(self, token: int) -> bool:
+        """End a render; True when the watchdog fired into it (a pending exception is cleared)."""
+        thread = threading.get_ident()
+        with self._lock:
+            self._deadlines.pop(thread, None)
+            fired = token in self._fired
+            self._fired.discard(token)
+        if fired:
+            _raise_in(thread, None)
+        return fired
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="trace-tools-template-watchdog", daemon=True)
+                self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(_WATCH_INTERVAL)
+            now = time.monotonic()
+            with self._lock:
+                for thread, (deadline, token) in self._deadlines.items():
+                    if now > deadline and token not in self._fired:
+                        self._fired.add(token)
+                        _raise_in(thread, RenderTimeout)
+
+
+def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
+    """Raise `exception` in `thread` at its next bytecode; None clears one not raised yet."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), None if exception is None else ctypes.py_object(exception)
+    )
+
+
+WATCHDOG = _Watchdog()
+
+
+def limited(render: Callable[..., str], limits: TemplateLimits, template: str) -> Callable[..., str]:
+    """`render` under the time limit, its text checked against the output limit."""
+
+    def guarded(*args: Any) -> str:
+        token = WATCHDOG.arm(limits.seconds)
+        try:
+            try:
+                text = render(*args)
+            finally:
+                fired = WATCHDOG.disarm(token)
+        except RenderTimeout:
+            fired = True
+        except TemplateLimitHit as hit:
+            raise TemplateLimitHit(hit.what, template) from None
+        if fired:
+            raise TemplateLimitHit(f"ran past the {limits.seconds:g} s limit", template)
+        if len(text) > limits.output:
+            raise TemplateLimitHit(f"wrote more than {limits.output:,} characters", template)
+        return text
+
+    return guarded
+
+
+# -- size: checks the template environment calls ------------------------------------------------
+def too_big(what: str) -> TemplateLimitHit:
+    return TemplateLimitHit(what)
+
+
+def bounded_concat(limit: int) -> Callable[[Iterable[str]], str]:
+    """`Environment.concat` that refuses a text longer than `limit` before joining it."""
+
+    def concat(pieces: Iterable[str]) -> str:
+        iterator = iter(pieces)
+        parts: list[str] = []
+        total = 0
+        while batch := list(islice(iterator, 512)):
+            total += sum(map(len, batch))
+            if total > limit:
+                raise too_big(f"wrote more than {limit:,} characters")
+            parts += batch
+        return "".join(parts)
+
+    return concat
+
+
+def check_size(value: Any, limit: int) -> Any:
+    """`value` when it is not a string or sequence longer than `limit`."""
+    if isinstance(value, (str, list, tuple)) and len(value) > limit:
+        raise too_big(f"built a value of more than {limit:,} items")
+    return value
+
+
+def check_binop(operator: str, left: Any, right: Any, limit: int) -> None:
+    """Refuse `left <operator> right` when the result would be too large, before computing it."""
+    if operator == "*":
+        for sequence, count in ((left, right), (right, left)):
+            if isinstance(sequence, (str, list, tuple)) and isinstance(count, int):
+                _need(len(sequence) * max(count, 0) <= limit, f"repeated a value past {limit:,} items")
+        if isinstance(left, int) and isinstance(right, int):
+            _need(abs(left).bit_length() + abs(right).bit_length() <= MAX_INT_BITS, "multiplied too large numbers")
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+        _need(abs(left).bit_length() * max(right, 0) <= MAX_INT_BITS, "raised a number to too large a power")
+    elif operator == "%" and isinstance(left, str):
+        check_printf(left, right if isinstance(right, tuple) else (right,), limit)
+
+
+_PRINTF = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_SPEC = re.compile(r"(?:.?[<>=^])?[+\- ]?z?#?0?(\d*)[,_]?(?:\.(\d+))?")
+
+
+def check_printf(text: str, args: tuple, limit: int) -> None:
+    """`text % args` pads to widths and precisions no larger than `limit`."""
+    for match in _PRINTF.finditer(text):
+        for number in match.groups():
+            if number == "*":
+                _need(all(not isinstance(a, int) or a <= limit for a in args), f"padded past {limit:,} characters")
+            elif number:
+                _need(int(number) <= limit, f"padded past {limit:,} characters")
+
+
+def check_format_spec(spec: str, limit: int) -> None:
+    """A `str.format` field spec whose width and precision are no larger than `limit`."""
+    match = _SPEC.match(spec)
+    for number in match.groups() if match else ():
+        if number:
+            _need(len(number) < 12 and int(number) <= limit, f"padded past {limit:,} characters")
+
+
+def _need(condition: bool, what: str) -> None:
+    if not condition:
+        raise too_big(what)
+
+
+def _lines(text: Any) -> int:
+    return str(text).count("\n") + 1
+
+
+def _width(value: Any) -> int:
+    return value if isinstance(value, int) else len(str(value))
+
+
+def _sequence_length(value: Any) -> int:
+    try:
+        return len(value)
+    except TypeError:
+        return 0
+
+
+# What each amplifying string method or filter would make, from its arguments, before it runs.
+SIZED_STR_METHODS: dict[str, Callable[..., int]] = {
+    "center": lambda s, width, *rest: width,
+    "ljust": lambda s, width, *rest: width,
+    "rjust": lambda s, width, *rest: width,
+    "zfill": lambda s, width: width,
+    "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * tabsize,
+    "replace": lambda s, old, new, count=-1: (
+        len(s) + max(len(new) - len(old), 0) * (len(s) + 1 if not old else s.count(old))
+    ),
+    "join": lambda s, items: len(s) * _sequence_length(items),
+}
+SIZED_FILTERS: dict[str, Callable[..., int]] = {
+    "center": lambda value, width=80: _width(width),
+    "indent": lambda value, width=4, *rest, **kw: len(str(value)) + _lines(value) * _width(width),
+    "format": lambda value, *args, **kw: 0,  # checked as printf below
+    "wordwrap": lambda value, width=79, break_long_words=True, wrapstring=None, *rest, **kw: (
+        len(str(value)) + (len(str(value)) // max(_width(width), 1) + _lines(value)) * len(wrapstring or "\n")
+    ),
+    "join": lambda value, d="", *rest, **kw: _sequence_length(value) * len(str(d)),
+    "replace": lambda value, old, new, count=None, *rest: (
+        len(str(value)) + max(len(str(new)) - len(str(old)), 0) * (len(str(value)) + 1)
+    ),
+    "batch": lambda value, linecount, *rest: _width(linecount),
+    "slice": lambda value, slices, *rest: _width(slices),
+}
+
+
+def sized(function: Callable[..., Any], estimate: Callable[..., int], name: str, limit: int) -> Callable[..., Any]:
+    """`function`, refused when `estimate` of its arguments says the result exceeds `limit`. A
+    filter that takes Jinja's context, eval context or environment first keeps its mark (copied
+    by `wraps`), and the estimate sees the arguments after it."""
+    skip = 1 if getattr(function, "jinja_pass_arg", None) else 0
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        given = args[skip:]
+        try:
+            size = estimate(*given, **kwargs)
+        except (TypeError, ValueError, AttributeError):
+            size = 0  # arguments the function itself will refuse
+        if name == "format" and given:
+            check_printf(str(given[0]), tuple(given[1:]), limit)
+        _need(size <= limit, f"asked `{name}` for more than {limit:,} characters")
+        return function(*args, **kwargs)
+
+    return checked
+
+
+def sized_json(tojson: Callable[..., str]) -> Callable[..., str]:
+    """`tojson`, refusing an indent wider than MAX_JSON_INDENT (each nested line repeats it)."""
+
+    @functools.wraps(tojson)
+    def checked(value: Any, *args: Any, **kwargs: Any) -> str:
+        indent = kwargs.get("indent", args[1] if len(args) > 1 else None)
+        _need(indent is None or _width(indent) <= MAX_JSON_INDENT, f"asked for a JSON indent over {MAX_JSON_INDENT}")
+        return tojson(value, *args, **kwargs)
+
+    return checked

@@ -1,0 +1,135 @@
+"""`RenderSpec`: every input a renderer reads, resolved, in one frozen value.
+
+A renderer's output depends on its tokenizer, its template text, the default template kwargs,
+the tool-call format it parses, the date a date-stamping template (gpt-oss) prints, and the
+limits its template runs under. Two recordings that differ in any of these need two renderers,
+so `RenderSpec` is what the renderer pool keys on (`pipeline.RendererPool`), and its `identity()`
+is what run.json records for each renderer.
+
+    spec = RenderSpec.resolve("qwen3", chat_template=None, dump_meta=meta)   # names → texts
+    renderer = spec.build()
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from trace_tools.data import DumpMeta
+from trace_tools.errors import (
+    ReplayError,
+    TemplateLimitExceeded,
+    TemplateUnusable,
+    TraceToolsError,
+    UnusableInput,
+)
+from trace_tools.render.limits import TemplateLimits
+
+if TYPE_CHECKING:
+    from trace_tools.render.renderer import Renderer
+
+
+@dataclass(frozen=True)
+class RenderSpec:
+    """Tokenizer (a name or path), template text and where it came from, default template kwargs
+    (JSON), the tool-call format when given instead of the template's, the render date, limits."""
+
+    tokenizer: str
+    template: str = field(repr=False)
+    template_identity: str
+    template_kwargs: str = "{}"
+    tool_format: str | None = None
+    render_date: str | None = None
+    limits: TemplateLimits = field(default_factory=TemplateLimits.from_env)
+
+    @classmethod
+    def resolve(
+        cls,
+        tokenizer: str | None,
+        chat_template: str | None = None,
+        dump_meta: DumpMeta | None = None,
+        template_kwargs: dict | None = None,
+        tool_format: str | None = None,
+    ) -> "RenderSpec":
+        """Resolve names the way the CLI does: options first, then the dump's own metadata
+        (`trace_tools.tokenizer`, `.chat_template`, `.render_date`). Nothing is loaded; unknown
+        names raise (exit 2)."""
+        from trace_tools.render.templates import resolve_template
+        from trace_tools.render.tokenizer import check_tokenizer_name
+
+        name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
+        if not name:
+            raise TraceToolsError(
+                "no tokenizer: the dump names none (`trace_tools.tokenizer`); pass `--tokenizer NAME|PATH`"
+            )
+        check_tokenizer_name(name)  # first, so a wrong name is reported as a tokenizer, not a template
+        text, identity = resolve_template(
+            chat_template, tokenizer_name=name, dump_template=dump_meta.chat_template if dump_meta else None
+        )
+        render_date = dump_meta.extra.get("render_date") if dump_meta else None
+        _check_date(render_date)
+        kwargs = json.dumps(template_kwargs or {}, sort_keys=True, default=repr)
+        return cls(name, text, identity, kwargs, tool_format, render_date)
+
+    def build(self) -> "Renderer":
+        from trace_tools.render.renderer import Renderer
+
+        return Renderer.from_render_spec(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What run.json records of a renderer: every input except the template text (its source
+        and digest stand for it), the effective tool-call format and the library versions."""
+        from trace_tools.render.renderer import detect_tool_format, library_version
+
+        return {
+            "tokenizer": self.tokenizer,
+            "template": self.template_identity,
+            "template_kwargs": json.loads(self.template_kwargs),
+            "tool_format": self.tool_format or detect_tool_format(self.template),
+            "render_date": self.render_date,
+            "limits": self.limits.identity(),
+            "transformers": library_version("transformers"),
+            "tokenizers": library_version("tokenizers"),
+        }
+
+
+_PROBE = [{"role": "user", "content": "Hello"}]
+
+
+def check_template(spec: RenderSpec) -> None:
+    """The template compiles and renders a one-message conversation within its limits; otherwise
+    every session would fail the same way, so this raises `TemplateUnusable` or
+    `TemplateLimitExceeded` (exit 2) with the template's own error."""
+    from trace_tools.render.limits import TemplateLimitHit
+
+    try:
+        spec.build().render_text(_PROBE, None, True)
+    except TemplateLimitHit as hit:
+        raise TemplateLimitExceeded(str(hit)) from None
+    except TraceToolsError as error:
+        if not isinstance(error, ReplayError):
+            raise  # a tokenizer that does not load, say: its own message
+        raise TemplateUnusable(_unusable(spec, getattr(error, "reason", str(error)), error.__cause__)) from None
+    except Exception as error:  # a template may raise anything: a TypeError, a RecursionError, ...
+        raise TemplateUnusable(_unusable(spec, f"{type(error).__name__}: {error}", error)) from None
+
+
+def _unusable(spec: RenderSpec, error: str, cause: BaseException | None) -> str:
+    line = getattr(cause, "lineno", None)  # a syntax error knows where
+    return (
+        f"chat template {spec.template_identity} fails on a one-message conversation, so it would fail "
+        f"every session: {error}{f' (line {line})' if line else ''}; fix the template or pass --chat-template"
+    )
+
+
+def _check_date(render_date: str | None) -> None:
+    if render_date is None:
+        return
+    try:
+        datetime.strptime(render_date, "%Y-%m-%d")  # what `families.pin_clock` reads
+    except (TypeError, ValueError):
+        raise UnusableInput(
+            f"trace_tools.render_date {render_date!r} is not a date (YYYY-MM-DD); fix the dump's metadata"
+        ) from None
