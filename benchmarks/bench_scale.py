@@ -206,9 +206,8 @@ def main() -> None:
 
 def write_measured(page: Path, text: str) -> None:
     """Replace the page from its `## Measured` heading on; the hand-written part above stays."""
-    marker = "\n## Measured\n"
-    head = page.read_text().split(marker, 1)[0] if page.exists() and marker in page.read_text() else None
-    page.write_text(text if head is None else head + marker + text.split(marker, 1)[1])
+    marker, old = "\n## Measured\n", page.read_text() if page.exists() else ""
+    page.write_text(old.split(marker, 1)[0] + marker + text.split(marker, 1)[1] if marker in old else text)
 
 
 # -- the report -----------------------------------------------------------------------------------
