@@ -268,11 +268,14 @@ def _fastest(best: dict | None, measured: dict) -> dict:
 
 
 def report(shape: dict, results: dict, doubled: dict, differing: int, args: argparse.Namespace) -> str:
+    import trace_tools
+
     base = shape["turns"] / results["naive"]["elapsed"]
     lines = [
         "# Replay performance",
         "",
-        "Measured by `python benchmarks/bench_replay.py"
+        f"**Measured, not generated** ({time.strftime('%Y-%m-%d')}, trace-tools {trace_tools.__version__}) by "
+        "`python benchmarks/bench_replay.py"
         + (f" --sessions {args.sessions}" if args.sessions != 40 else "")
         + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
         + "` on this machine "

@@ -201,7 +201,13 @@ def main() -> None:
     text = report(shape, results, args)
     print(text)
     if not args.no_write:
-        (ROOT / "docs" / "scale.md").write_text(text)
+        write_measured(ROOT / "docs" / "scale.md", text)
+
+
+def write_measured(page: Path, text: str) -> None:
+    """Replace the page from its `## Measured` heading on; the hand-written part above stays."""
+    marker, old = "\n## Measured\n", page.read_text() if page.exists() else ""
+    page.write_text(old.split(marker, 1)[0] + marker + text.split(marker, 1)[1] if marker in old else text)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -224,6 +230,8 @@ def costs(row: dict) -> dict:
 
 
 def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
+    import trace_tools
+
     rays = [results[f"ray-{n}"] for n in args.cpus]
     local, before = results["workers-1"], results["driver-reads"]
     what = "all eight strategies" if not args.strategy else ", ".join(f"`{s}`" for s in args.strategy)
@@ -238,10 +246,11 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         "they finish and the shard writer puts them back in stream order, so the run directory is the "
         "same as `--workers 1`'s (tested, on a two-raylet cluster too). A task whose worker dies is "
         "retried, up to 3 times; a killed driver resumes from the finished shards, also from a run "
-        'directory in object storage. How to run it on a cluster: the README, "Scale".',
+        'directory in object storage. How to run it on a cluster: the next section.',
         "",
         "## Measured",
         "",
+        f"**Measured, not generated** ({time.strftime('%Y-%m-%d')}, trace-tools {trace_tools.__version__}): "
         f"`python benchmarks/bench_scale.py{_flags(args)}` on this machine ({os.cpu_count()} cores, shared: "
         f"wall times are indicative only), {what}, {'with' if args.samples else 'without'} samples, on "
         f"{shape['sessions']} simulated `swe-long` sessions ({shape['turns']} turns, {shape['mb']:.0f} MB of "

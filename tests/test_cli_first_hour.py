@@ -18,7 +18,7 @@ from trace_tools.api import replay
 from trace_tools.strategies.base import ReplayContext, declared_params, get_strategy
 
 runner = CliRunner()
-README = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+STRATEGIES_DOC = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "strategies.md").read_text()
 
 
 def _invoke(*argv, **env):
@@ -80,7 +80,7 @@ def test_every_declared_parameter_is_documented_and_typed():
     declared = declared_params()
     assert {"fork_threshold", "realign_gate", "matcher", "rollback", "retries", "restore_prompt"} <= set(declared)
     for name, param in declared.items():
-        assert f"`{name}`" in README, f"README does not document strategy parameter {name}"
+        assert f"`{name}`" in STRATEGIES_DOC, f"docs/strategies.md does not document strategy parameter {name}"
         assert param.type in (bool, int, str) and param.help
         assert param.parse(None) == param.default
 

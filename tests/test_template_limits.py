@@ -7,6 +7,7 @@ it. Two recordings that differ in anything a renderer reads (a gpt-oss render da
 renderer (`RenderSpec`)."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -169,7 +170,7 @@ def test_a_template_over_a_limit_in_one_session_stops_the_replay(simulated_dump,
 
 # -- RenderSpec: the pool keys on every input a renderer reads -----------------------------------------
 def test_two_gpt_oss_recordings_of_different_dates_each_render_with_their_own(tmp_path, monkeypatch):
-    import trace_tools.simulate as simulate
+    simulate = importlib.import_module("trace_tools.simulate")  # the package attribute is the API function
     from trace_tools.reconstruct import reconstruct
 
     simulate.simulate(sessions=3, seed=1, template="gpt-oss", out=str(tmp_path / "a.parquet"))
@@ -193,7 +194,7 @@ def test_a_render_spec_holds_every_input_and_is_the_identity():
 
 
 def test_run_json_names_each_renderer_by_its_spec(tmp_path, monkeypatch):
-    import trace_tools.simulate as simulate
+    simulate = importlib.import_module("trace_tools.simulate")  # the package attribute is the API function
     from trace_tools.api import replay
 
     first_day = simulate.RENDER_DATE

@@ -16,6 +16,8 @@ Attributes load lazily, so `import trace_tools` stays cheap.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -46,3 +48,18 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """`replay`, `simulate` and `reconstruct` name both an API function and a submodule. Importing
+    a submodule sets the package attribute of that name to it, so the first `tt.replay(...)` (which
+    imports `trace_tools.replay`) would turn the next into "'module' object is not callable". On
+    the package the function wins; the submodules stay importable by their full names."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

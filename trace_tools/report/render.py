@@ -15,7 +15,7 @@ from trace_tools.strategies.declarations import BY_NAME
 COUNTERFACTUAL_NOTE = (
     "Strategies marked *counterfactual* act before generation (they change the ids the engine would "
     "have seen). Replay reuses the recorded `output_ids` and logprobs as if the model had produced them "
-    "on the healed/restored/re-encoded context, which is the reconstruction method of seed 000's validation."
+    "on the healed/restored/re-encoded context, as agentcore's linear-history pull request validated its healing."
 )
 
 
