@@ -61,6 +61,7 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     tool_format: str | None = None,
     overwrite: bool = False,
+    render_path: str = "fast",
 ) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
@@ -70,7 +71,9 @@ def replay(
     a local one). The output does not depend on either. `tool_format` overrides the tool-call
     format detected from the chat template (`--tool-format`). A run directory holding a run made
     with other options is refused unless `overwrite`. `dump` and `out` may be object-storage URIs
-    (`s3://…`, `gs://…`; `io.storage`).
+    (`s3://…`, `gs://…`; `io.storage`). `render_path="reference"` renders and tokenizes with
+    transformers end to end; `"verify"` runs the fast path and compares every result with the
+    reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
@@ -84,6 +87,7 @@ def replay(
         {k: v for k, v in (params or {}).items() if v is not None},
         write_samples,
         tool_format,
+        render_path,
     )
     from trace_tools.io import storage
     from trace_tools.report.plots import PlotHelper
@@ -172,7 +176,7 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
             "vocab_checked": engine.vocab_checked,
             "dump_meta": meta,
         },
-        "options": asdict(engine.options),
+        "options": engine.options.recorded(),
         "renderers": engine.renderers,
         "reconstruction": reconstruction,
         "versions": {"python": platform.python_version(), **_versions()},

@@ -112,11 +112,12 @@ def run(
         prompt_source=options.prompt_source,
         tool_format=options.tool_format,
         id_arrays=workers > 1,
+        render_path=options.render_path,
     )
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
-    current = shards.fingerprint(asdict(options), stream.files)
+    current = shards.fingerprint(options.recorded(), stream.files)
     check_dump(dump_path, stream, options)
     pipeline.renderers.check_templates()
     check_run_dir(run_dir, current, overwrite)

@@ -40,9 +40,18 @@ class ReplayOptions:
     params: dict[str, Any] = field(default_factory=dict)
     write_samples: bool = True
     tool_format: str | None = None
+    render_path: str = "fast"  # how renders are computed, not what they are (`render.spec.RENDER_PATHS`)
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def recorded(self) -> dict[str, Any]:
+        """The options as run.json and the run's fingerprint record them: the render path only
+        when it is not the default, so a default run records what it did before the switch existed."""
+        recorded = asdict(self)
+        if self.render_path == "fast":
+            del recorded["render_path"]
+        return recorded
 
 
 class SessionReplayer:
@@ -50,7 +59,9 @@ class SessionReplayer:
 
     def __init__(self, options: ReplayOptions):
         self.options = options
-        self.renderers = RendererPool(options.tokenizer, options.chat_template, tool_format=options.tool_format)
+        self.renderers = RendererPool(
+            options.tokenizer, options.chat_template, tool_format=options.tool_format, render_path=options.render_path
+        )
 
     def __call__(self, session: Session) -> SessionRows:
         with _collector_paused():

@@ -234,4 +234,22 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
         "tokens_encoded": int(stats.get("tokens_encoded", 0)),
         "tokens_reused": int(stats.get("tokens_reused", 0)),
         "templates_not_incremental": int(stats.get("template_not_incremental", 0)),
+        # only on the other render paths, so a default run's summary is what it was
+        **({"reference_renders": int(stats["reference_renders"])} if stats.get("reference_renders") else {}),
+        **({"verify": verify_summary(stats)} if stats.get("verify:checked") else {}),
+    }
+
+
+def verify_summary(stats: dict[str, int]) -> dict[str, Any]:
+    """`--verify`'s counters (`render.renderer.Renderer._checked`): fast results compared with
+    transformers' own, and per kind of result (ids, text, encode, decode) how many differed."""
+    differing = {
+        key.split(":", 1)[1].removesuffix("_differs"): int(value)
+        for key, value in sorted(stats.items())
+        if key.startswith("verify:") and key.endswith("_differs")
+    }
+    return {
+        "checked": int(stats.get("verify:checked", 0)),
+        "differences": sum(differing.values()),
+        "by_kind": differing,
     }
