@@ -129,3 +129,14 @@ def test_the_reference_renderer_calls_transformers(monkeypatch):
     monkeypatch.setattr(FastEncoder, "encode", lambda *a: pytest.fail("the fast encoder was used"))
     assert renderer.render([{"role": "user", "content": "hi"}]) == hf.encode("x\n", add_special_tokens=False)
     assert calls == ["template"]
+
+
+def test_reconstruct_on_the_reference_path_matches_every_recorded_prompt():
+    """transformers' own render of every sample turn equals the recorded prompt ids, as the fast
+    path's does; --verify counts every turn's checks and finds no difference."""
+    from trace_tools.reconstruct import reconstruct
+
+    reference = reconstruct(SAMPLE, render_path="reference")
+    assert (reference.summary["exact"], reference.summary["turns_compared"]) == (330, 330)
+    verified = reconstruct(SAMPLE / "qwen3.parquet", render_path="verify").summary["verify"]
+    assert verified["checked"] >= 2 * 165 and verified["differences"] == 0, verified

@@ -127,6 +127,15 @@ class RendererPool:
     def identities(self) -> list[dict]:
         return [r.identity for r in self._renderers.values() if r is not None]
 
+    def render_stats(self) -> dict[str, int]:
+        """The counters of every renderer built so far, summed (`Renderer.cache_info`)."""
+        from collections import Counter
+
+        total: Counter = Counter()
+        for renderer in self._renderers.values():
+            total.update(renderer.cache_info())
+        return dict(total)
+
     def __getstate__(self) -> dict:
         # Shipped to worker processes as a recipe: each builds its own renderers.
         return {

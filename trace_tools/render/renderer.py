@@ -412,6 +412,21 @@ class Renderer:
             raise TemplateFailed(self.template_identity or "(inline)", str(exc)) from exc
 
 
+def verify_summary(stats: dict[str, int]) -> dict[str, Any]:
+    """`--verify`'s counters (`Renderer._checked`): fast results compared with
+    transformers' own, and per kind of result (ids, text, encode, decode) how many differed."""
+    differing = {
+        key.split(":", 1)[1].removesuffix("_differs"): int(value)
+        for key, value in sorted(stats.items())
+        if key.startswith("verify:") and key.endswith("_differs")
+    }
+    return {
+        "checked": int(stats.get("verify:checked", 0)),
+        "differences": sum(differing.values()),
+        "by_kind": differing,
+    }
+
+
 def transformers_template(tokenizer: Tokenizer, chat_template: str) -> Callable[..., str]:
     """The template as transformers renders it: `apply_chat_template(tokenize=False)`."""
 

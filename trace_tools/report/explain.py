@@ -29,7 +29,7 @@ class Explanation:
     window: TokenWindow | None
     strategy: str | None = None
     strategy_turn: dict[str, Any] = field(default_factory=dict)
-    verify: dict[str, Any] | None = None  # with render_path="verify": `report.metrics.verify_summary`
+    verify: dict[str, Any] | None = None  # with render_path="verify": `render.renderer.verify_summary`
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -89,7 +89,7 @@ def explain(
         result.strategy = strategy
         result.strategy_turn = strategy_turn_view(prepared, ctx, strategy, result.focus.turn_index)
     if render_path == "verify" and prepared.renderer is not None:
-        from trace_tools.report.metrics import verify_summary
+        from trace_tools.render.renderer import verify_summary
 
         result.verify = verify_summary(prepared.renderer.cache_info())
     return result

@@ -225,6 +225,8 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
     `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
     the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
     template re-renders earlier turns, `appended_role` for a new user or system message)."""
+    from trace_tools.render.renderer import verify_summary
+
     reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
     return {
         "incremental_renders": int(stats.get("incremental", 0)),
@@ -237,19 +239,4 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
         # only on the other render paths, so a default run's summary is what it was
         **({"reference_renders": int(stats["reference_renders"])} if stats.get("reference_renders") else {}),
         **({"verify": verify_summary(stats)} if stats.get("verify:checked") else {}),
-    }
-
-
-def verify_summary(stats: dict[str, int]) -> dict[str, Any]:
-    """`--verify`'s counters (`render.renderer.Renderer._checked`): fast results compared with
-    transformers' own, and per kind of result (ids, text, encode, decode) how many differed."""
-    differing = {
-        key.split(":", 1)[1].removesuffix("_differs"): int(value)
-        for key, value in sorted(stats.items())
-        if key.startswith("verify:") and key.endswith("_differs")
-    }
-    return {
-        "checked": int(stats.get("verify:checked", 0)),
-        "differences": sum(differing.values()),
-        "by_kind": differing,
     }
