@@ -48,7 +48,9 @@ def test_a_finished_strategy_leaves_no_token_ids_to_the_cycle_collector(prepared
 
 
 class _CollectorProbe(Strategy):
-    declaration = Declaration("test-collector-probe", "probe", "notes whether the collector runs", renders_prompts=False)
+    declaration = Declaration(
+        "test-collector-probe", "probe", "notes whether the collector runs", renders_prompts=False
+    )
     seen: list[bool] = []
 
     def replay_session(self, prepared):
@@ -59,13 +61,46 @@ class _CollectorProbe(Strategy):
 def test_the_collector_is_paused_only_while_a_session_replays(simulated_dump):
     session = next(s for s in Pipeline(simulated_dump) if hasattr(s, "turns"))
     register(_CollectorProbe)
+    _CollectorProbe.seen = []
+    options = ReplayOptions(strategies=["test-collector-probe"])
     try:
-        SessionReplayer(ReplayOptions(strategies=["test-collector-probe"]))(session)
+        SessionReplayer(options, pause_gc=True)(session)
         assert gc.isenabled()
         gc.disable()  # a caller that runs with the collector off keeps it off
-        SessionReplayer(ReplayOptions(strategies=["test-collector-probe"]))(session)
+        SessionReplayer(options, pause_gc=True)(session)
         assert not gc.isenabled()
+        gc.enable()
+        SessionReplayer(options)(session)  # a process the replay does not own keeps its collector
     finally:
         gc.enable()
         REGISTRY.pop("test-collector-probe")
-    assert _CollectorProbe.seen == [False, False]
+    assert _CollectorProbe.seen == [False, False, True]
+
+
+@pytest.mark.parametrize("owns_process", [False, True])
+def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, tmp_path, monkeypatch, owns_process):
+    """The API in a notebook keeps the collector running and starts no plot helper; the command
+    line (`owns_process=True`) pauses the collector during sessions and draws in a helper."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from trace_tools.api import replay
+    from trace_tools.report import plots
+
+    started = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(plots.subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
+    # as in a fresh process, where matplotlib is not loaded yet
+    monkeypatch.setattr(plots, "sys", SimpleNamespace(modules={}, executable=sys.executable))
+    register(_CollectorProbe)
+    _CollectorProbe.seen = []
+    try:
+        replay(simulated_dump, out=tmp_path / "run", strategies=["test-collector-probe"], workers=1,
+               owns_process=owns_process)
+    finally:
+        REGISTRY.pop("test-collector-probe")
+    assert gc.isenabled()
+    assert _CollectorProbe.seen and set(_CollectorProbe.seen) == {not owns_process}
+    assert len(started) == (1 if owns_process else 0)
+    assert (tmp_path / "run" / "plots").is_dir()

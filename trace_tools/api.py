@@ -62,6 +62,7 @@ def replay(
     tool_format: str | None = None,
     overwrite: bool = False,
     render_path: str = "fast",
+    owns_process: bool = False,
 ) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
@@ -74,6 +75,9 @@ def replay(
     (`s3://…`, `gs://…`; `io.storage`). `render_path="reference"` renders and tokenizes with
     transformers end to end; `"verify"` runs the fast path and compares every result with the
     reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).
+    `owns_process=True` (the command line) lets the replay act on the whole process: pause the
+    garbage collector while each session replays here and draw plots in a helper process started
+    at once; by default (a notebook, a service) it does neither.
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
@@ -92,7 +96,7 @@ def replay(
     from trace_tools.io import storage
     from trace_tools.report.plots import PlotHelper
 
-    with PlotHelper() as plots, _staged(out) as (local_out, mirror):
+    with PlotHelper(helper=owns_process) as plots, _staged(out) as (local_out, mirror):
         engine, result = run(
             dump,
             options,
@@ -104,6 +108,7 @@ def replay(
             overwrite=overwrite,
             mirror=mirror,
             finish=lambda engine: (engine, _finish(engine, plots)),
+            owns_process=owns_process,
         )
     if executor == "ray":
         stats = engine.ray

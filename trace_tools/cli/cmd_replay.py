@@ -109,6 +109,7 @@ def replay_cmd(
                 address=address,
                 tool_format=tool_format,
                 render_path=path,
+                owns_process=True,
             )
     except KeyboardInterrupt:
         from trace_tools.cli._output import exiting_on_interrupt

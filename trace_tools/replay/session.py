@@ -12,7 +12,7 @@ import gc
 import hashlib
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -55,16 +55,20 @@ class ReplayOptions:
 
 
 class SessionReplayer:
-    """Replays sessions under fixed options; each process builds one (and its renderers) once."""
+    """Replays sessions under fixed options; each process builds one (and its renderers) once.
 
-    def __init__(self, options: ReplayOptions):
-        self.options = options
+    `pause_gc`: switch the cyclic garbage collector off while each session replays
+    (`_collector_paused`). It is process-wide, so only a process the replay owns does it: a worker
+    process, or the command line's; a notebook or a service calling the API keeps its collector."""
+
+    def __init__(self, options: ReplayOptions, pause_gc: bool = False):
+        self.options, self.pause_gc = options, pause_gc
         self.renderers = RendererPool(
             options.tokenizer, options.chat_template, tool_format=options.tool_format, render_path=options.render_path
         )
 
     def __call__(self, session: Session) -> SessionRows:
-        with _collector_paused():
+        with _collector_paused() if self.pause_gc else nullcontext():
             try:
                 return self._replay(session)
             except TemplateLimitHit as hit:  # the template, not this session: the run stops (exit 2)
