@@ -104,3 +104,27 @@ def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, 
     assert _CollectorProbe.seen and set(_CollectorProbe.seen) == {not owns_process}
     assert len(started) == (1 if owns_process else 0)
     assert (tmp_path / "run" / "plots").is_dir()
+
+
+def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simulated_dump):
+    """A stream for worker processes hands out int32 arrays (cheap to send); the worker turns them
+    into `list[int]` once, and the replay itself refuses any other type instead of guessing."""
+    import numpy as np
+
+    from trace_tools.replay import executors
+
+    options = ReplayOptions(strategies=["tree"], write_samples=False)
+    shipped = next(s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
+    plain = next(s for s in Pipeline(simulated_dump) if hasattr(s, "turns"))
+    assert isinstance(shipped.turns[0].prompt_ids, np.ndarray) and shipped.turns[0].prompt_ids.dtype == np.int32
+    with pytest.raises(TypeError, match="materialize"):
+        SessionReplayer(options)(shipped)
+
+    executors._init_worker(options)
+    try:
+        rows = executors._replay_in_worker(shipped)
+    finally:
+        executors._WORKER = None
+    assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in shipped.turns)
+    assert [t.prompt_ids for t in shipped.turns] == [t.prompt_ids for t in plain.turns]
+    assert rows.turns == SessionReplayer(options)(plain).turns

@@ -392,7 +392,8 @@ def _id_arrays(column: pa.Array) -> list[Any]:
 
 def materialize_ids(session: Session) -> Session:
     """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
-    shared ints, in place (what strategies work on)."""
+    shared ints, in place: the data model's `list[int]`, what strategies work on. Called once per
+    session, by the executor that received it (`replay.executors`)."""
     for name in ("output_ids", "prompt_ids"):
         for turn, ids in zip(session.turns, _shared_lists([getattr(turn, name) for turn in session.turns])):
             setattr(turn, name, ids)

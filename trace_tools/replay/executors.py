@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
-from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
+from trace_tools.io.load import DumpContext, SessionSlot, materialize_ids, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
@@ -87,8 +87,10 @@ def _init_worker(options: ReplayOptions) -> None:
 
 
 def _replay_in_worker(session: Session) -> SessionRows:
+    """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle), turned
+    into the data model's `list[int]` once, here, then replayed."""
     assert _WORKER is not None, "worker not initialised"
-    return _WORKER(session)
+    return _WORKER(materialize_ids(session))
 
 
 def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:

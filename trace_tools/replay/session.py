@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TemplateLimitExceeded, TraceToolsError
-from trace_tools.io.load import materialize_ids, session_warnings
+from trace_tools.io.load import session_warnings
 from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
@@ -76,7 +76,7 @@ class SessionReplayer:
 
     def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()
-        materialize_ids(session)
+        _check_id_lists(session)
         rows.data_warnings = {kind: count for kind, (count, _example) in session_warnings(session).items()}
         try:
             prepared = self.prepare(session)
@@ -157,6 +157,19 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _check_id_lists(session: Session) -> None:
+    """Token ids are `list[int]` wherever a session is replayed (the data model's type); the int32
+    arrays a stream hands out for worker processes are turned into lists once, where they arrive
+    (`executors`, `io.load.materialize_ids`)."""
+    for turn in session.turns:
+        for ids in (turn.prompt_ids, turn.output_ids):
+            if ids is not None and type(ids) is not list:
+                raise TypeError(
+                    f"session {session.session_id!r} carries token ids as {type(ids).__name__}, not list[int]; "
+                    "a stream opened with id_arrays=True is materialized by the executor (io.load.materialize_ids)"
+                )
 
 
 def _quarantine(session_id: str, detail: str) -> dict[str, Any]:
