@@ -31,8 +31,8 @@ the last such boundary inside the shared part and encodes only the rest. This ho
 renders too, so even a fallback tokenizes only what changed.
 
 Caches live for one session (`reset()` between sessions keeps memory bounded by the largest
-session); message digests are memoised by object identity, which is safe because messages are
-never mutated once built (canonicalization returns new objects).
+session); message digests are memoised by object identity, which is safe because canonical
+messages cannot change: the pipeline freezes them (`render.canonical.freeze`).
 """
 
 from __future__ import annotations
