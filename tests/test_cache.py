@@ -99,3 +99,20 @@ def test_cache_commands(cache_root):
     assert not (cache_root / "render-checks").exists()
     wrong = runner.invoke(app, ["cache", "clear", "--kind", "everything"])
     assert wrong.exit_code == 2 and "unknown cache kind" in wrong.output and "Traceback" not in wrong.output
+
+
+def test_only_the_cache_module_knows_where_the_cache_is():
+    """Every artefact goes through `io.cache` (its location, its keys): no other module reads the
+    environment variable or builds a path of its own under the cache folder."""
+    from pathlib import Path
+
+    import trace_tools
+
+    root = Path(trace_tools.__file__).parent
+    needles = ('environ.get("TRACE_TOOLS_CACHE"', 'environ["TRACE_TOOLS_CACHE"', "XDG_CACHE_HOME", "cache_dir() /")
+    readers = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.name != "cache.py" and any(needle in path.read_text() for needle in needles)
+    ]
+    assert readers == []
