@@ -45,36 +45,37 @@ def test_a_reference_replay_of_the_sample_is_the_fast_one(sample_run, tmp_path):
     assert "render_path" not in default["options"] and all("path" not in r for r in default["renderers"])
 
 
-def _fast_run(tmp_path: Path) -> Path:
-    out = tmp_path / "fast"
-    argv = ["replay", str(SAMPLE / "qwen3.parquet"), "-s", "tree", "--workers", "1", "--out", str(out)]
-    result = runner.invoke(app, argv)
-    assert result.exit_code == 0, result.output
-    return out
+def _replay_qwen3(out: Path, strategy: str, *flags: str):
+    argv = ["replay", str(SAMPLE / "qwen3.parquet"), "-s", strategy, "--workers", "1", "--out", str(out), *flags]
+    return runner.invoke(app, argv)
+
+
+def _verify_counts(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())["reconstruction"]["verify"]
+
+
+def _break_the_fast_encoder(monkeypatch) -> None:
+    """A fast encoder that splits every blank line differently from the tokenizer."""
+    original = FastEncoder._bpe_piece
+    monkeypatch.setattr(FastEncoder, "_bpe_piece", lambda self, piece: original(self, piece.replace("\n\n", "\n \n")))
 
 
 def test_verify_finds_a_broken_fast_encoder_keeps_the_reference_results_and_exits_1(tmp_path, monkeypatch):
-    fast = _fast_run(tmp_path)
-    original = FastEncoder._bpe_piece
-    # A fast encoder that splits every blank line differently from the tokenizer.
-    monkeypatch.setattr(FastEncoder, "_bpe_piece", lambda self, piece: original(self, piece.replace("\n\n", "\n \n")))
-    out = tmp_path / "verify"
-    argv = ["replay", str(SAMPLE / "qwen3.parquet"), "-s", "tree", "--workers", "1", "--out", str(out), "--verify"]
-    result = runner.invoke(app, argv)
+    assert _replay_qwen3(tmp_path / "fast", "tree").exit_code == 0
+    _break_the_fast_encoder(monkeypatch)
+    result = _replay_qwen3(tmp_path / "verify", "tree", "--verify")
     assert result.exit_code == 1, result.output
     assert "differ from transformers" in result.output
-    verify = json.loads((out / "summary.json").read_text())["reconstruction"]["verify"]
+    verify = _verify_counts(tmp_path / "verify")
     assert verify["differences"] > 0 and verify["by_kind"].get("ids", 0) > 0, verify
-    assert _same_run().differences(fast, out, across_render_paths=True) == []
+    assert _same_run().differences(tmp_path / "fast", tmp_path / "verify", across_render_paths=True) == []
 
 
 def test_verify_of_a_clean_fast_path_exits_0_and_says_so(tmp_path):
-    out = tmp_path / "verify"
-    argv = ["replay", str(SAMPLE / "qwen3.parquet"), "-s", "linear", "--workers", "1", "--out", str(out), "--verify"]
-    result = runner.invoke(app, argv)
+    result = _replay_qwen3(tmp_path / "verify", "linear", "--verify")
     assert result.exit_code == 0, result.output
     assert "none differs" in result.output
-    verify = json.loads((out / "summary.json").read_text())["reconstruction"]["verify"]
+    verify = _verify_counts(tmp_path / "verify")
     assert verify["checked"] > 100 and verify["differences"] == 0 and verify["by_kind"] == {}
 
 
@@ -91,8 +92,7 @@ def test_explain_on_the_reference_path_finds_what_the_fast_path_finds():
 
 
 def test_explain_verify_reports_and_fails_on_a_difference(monkeypatch):
-    original = FastEncoder._bpe_piece
-    monkeypatch.setattr(FastEncoder, "_bpe_piece", lambda self, piece: original(self, piece.replace("\n\n", "\n \n")))
+    _break_the_fast_encoder(monkeypatch)
     result = runner.invoke(app, ["explain", str(SAMPLE), "--session", "sim-qwen3-s7-0001", "--verify", "--json"])
     assert result.exit_code == 1, result.output
     assert "differ from transformers" in result.output

@@ -203,8 +203,7 @@ class Renderer:
         kwargs = {**self.template_kwargs, **template_kwargs}
         tools = tools or None
         if self.path == "reference":
-            self.engine.stats["reference_renders"] += 1
-            return self._apply_template(messages, tools, add_generation_prompt, kwargs)
+            return self._reference_text(messages, tools, add_generation_prompt, kwargs)
         text = self.engine.text(messages, tools, add_generation_prompt, kwargs)
         if self.path == "verify":
             return self._checked(
@@ -375,7 +374,9 @@ class Renderer:
     ) -> str:
         return self._run(self._template_fn(), messages, tools, add_generation_prompt, kwargs)
 
-    def _reference_text(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict):
+    def _reference_text(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict
+    ) -> str:
         self.engine.stats["reference_renders"] += 1
         return self._run(self._reference_fn(), messages, tools, generation, kwargs)
 
@@ -383,9 +384,6 @@ class Renderer:
         self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict
     ) -> list[int]:
         """`apply_chat_template(tokenize=True)`'s ids: transformers' render, encoded by its tokenizer."""
-        if self.path == "reference":
-            self.engine.stats["reference_renders"] += 1
-            return self.tokenizer.encode_reference(self._apply_template(messages, tools, generation, kwargs))
         return self.tokenizer.encode_reference(self._reference_text(messages, tools, generation, kwargs))
 
     def _checked(self, what: str, fast: Any, reference: Callable[[], Any]) -> Any:
