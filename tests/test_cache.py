@@ -64,10 +64,18 @@ def test_tokenizer_files_are_keyed_by_recipe_and_ranks(cache_root, monkeypatch):
 
 
 def test_every_cached_artefact_of_a_replay_is_listed_and_cleared_by_kind(cache_root, tmp_path):
-    from trace_tools.api import replay
+    """A fresh process (this one keeps its tokenizers loaded) replays into an empty cache."""
+    import os
+    import subprocess
+    import sys
+
     from trace_tools.replay.engine import default_dump
 
-    replay(default_dump() / "qwen3.parquet", out=tmp_path / "run", strategies=["tree"], workers=1)
+    dump, out = default_dump() / "qwen3.parquet", tmp_path / "run"
+    argv = [sys.executable, "-m", "trace_tools.cli.main", "replay", str(dump), "-s", "tree", "--workers", "1"]
+    env = {**os.environ, "TRACE_TOOLS_CACHE": str(cache_root)}
+    done = subprocess.run([*argv, "--out", str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     (cache_root / "unrelated.txt").write_text("kept")
     found = {kind.kind: kind for kind in cache.info().kinds}
     assert found["render-checks"].entries >= 2 and found["tokenizers"].entries >= 2  # verdicts; json + ranks

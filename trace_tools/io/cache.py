@@ -5,7 +5,7 @@ Everything trace-tools keeps between processes lives under one folder, `cache_di
 Each kind of artefact has its own subfolder (`KINDS`), and each artefact's file name ends with
 the digest of a `CacheKey`: everything the artefact is computed from, named explicitly.
 
-    key = CacheKey("tokenizers", "qwen3", inputs=(ranks_sha, recipe), code=code_digest("render/tokenizer.py"),
+    key = CacheKey("tokenizers", "qwen3", inputs=(ranks_sha, recipe), code=code_digest("render/tokenizer_files.py"),
                    libraries=("tokenizers", "transformers"))
     key.path("/tokenizer.json")   # ~/.cache/trace-tools/tokenizers/qwen3-<digest>/tokenizer.json
 
@@ -23,7 +23,7 @@ import json
 import os
 import platform
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -90,7 +90,7 @@ class CacheKey:
     name: str
     inputs: tuple[Any, ...] = ()
     code: str = ""
-    libraries: tuple[str, ...] = field(default=())
+    libraries: tuple[str, ...] = ()
 
     def digest(self) -> str:
         versions = {library: library_version(library) for library in self.libraries}
