@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def dump_of(sessions: int) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from run_support import one_turn_dump
-
-    from trace_tools.render.tokenizer import cache_dir
+    from trace_tools.io.cache import cache_dir
 
     folder = cache_dir() / "bench"
     folder.mkdir(parents=True, exist_ok=True)

@@ -165,7 +165,7 @@ def dumps(sessions: int, seed: int) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trace_tools.render.tokenizer import cache_dir
+    from trace_tools.io.cache import cache_dir
     from trace_tools.simulate import simulate
 
     folder = cache_dir() / "bench"

@@ -1,11 +1,14 @@
 """Check that two run directories hold the same results, timings aside.
 
-    python benchmarks/same_run.py RUN_A RUN_B
+    python benchmarks/same_run.py RUN_A RUN_B [--across-render-paths]
 
 Compares every Parquet table of the run (row for row, column for column, `elapsed_s` left out),
 `summary.json` and `run.json` (the creation time and the input paths left out) and `report.md`
 (its timing lines left out). Exit 0 when they match, 1 with the first differences listed when
-they do not. Used to show that a refactoring changed no result (issue 24).
+they do not. Used to show that a refactoring changed no result (issue 24). With
+`--across-render-paths` (a fast run against a `--reference` or `--verify` one) what records how
+prompts were rendered is left out too: the render path in run.json's options and renderers, and
+the `reconstruction` counters of run.json and summary.json.
 """
 
 from __future__ import annotations
@@ -39,12 +42,17 @@ def table_differences(a: Path, b: Path) -> list[str]:
     return found
 
 
-def json_differences(a: Path, b: Path) -> list[str]:
-    return _diff(_load(a), _load(b), a.name)
+def json_differences(a: Path, b: Path, across_render_paths: bool = False) -> list[str]:
+    return _diff(_load(a, across_render_paths), _load(b, across_render_paths), a.name)
 
 
-def _load(path: Path) -> object:
+def _load(path: Path, across_render_paths: bool = False) -> object:
     data = json.loads(path.read_text())
+    if across_render_paths:
+        data.pop("reconstruction", None)
+        data.get("options", {}).pop("render_path", None)
+        for renderer in data.get("renderers", []):
+            renderer.pop("path", None)
     if path.name == "run.json":
         for key in RUN_JSON_VOLATILE:
             data.pop(key, None)
@@ -71,7 +79,7 @@ def text_differences(a: Path, b: Path) -> list[str]:
     return [f"{a.name}: differs first at line {row}"]
 
 
-def differences(run_a: Path, run_b: Path) -> list[str]:
+def differences(run_a: Path, run_b: Path, across_render_paths: bool = False) -> list[str]:
     names_a = {p.name for p in run_a.iterdir() if p.is_file()}
     names_b = {p.name for p in run_b.iterdir() if p.is_file()}
     found = [f"files only on one side: {sorted(names_a ^ names_b)}"] if names_a != names_b else []
@@ -80,15 +88,16 @@ def differences(run_a: Path, run_b: Path) -> list[str]:
         if name.endswith(".parquet"):
             found += table_differences(a, b)
         elif name in ("summary.json", "run.json"):
-            found += json_differences(a, b)
+            found += json_differences(a, b, across_render_paths)
         elif name == "report.md":
             found += text_differences(a, b)
     return found
 
 
 def main(argv: list[str]) -> int:
-    run_a, run_b = (Path(arg) for arg in argv)
-    found = differences(run_a, run_b)
+    flag = "--across-render-paths"
+    run_a, run_b = (Path(arg) for arg in argv if arg != flag)
+    found = differences(run_a, run_b, flag in argv)
     for line in found[:40]:
         print(line)
     print("same results" if not found else f"{len(found)} differences")

@@ -13,11 +13,19 @@ import pytest
 from trace_tools.data import QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io import iter_sessions, load, read_dump_meta
+
 # The package re-exports the function `load`, which shadows the submodule as an attribute.
 load_module = importlib.import_module("trace_tools.io.load")
 from io_support import (  # noqa: E402
-    SESSION_IDS, VOCAB, baseline_sessions, baseline_table, distinct_session_ids, read_like_workers, with_cell,
-    with_column, write_dump,
+    SESSION_IDS,
+    VOCAB,
+    baseline_sessions,
+    baseline_table,
+    distinct_session_ids,
+    read_like_workers,
+    with_cell,
+    with_column,
+    write_dump,
 )
 
 
@@ -237,7 +245,8 @@ def test_a_bad_file_condemns_a_session_spanning_a_good_one(tmp_path):
     write_dump(tmp_path / "dump" / "b.parquet", table.slice(4).drop_columns(["messages"]))
     dump = load(tmp_path / "dump", vocab_size=VOCAB)
     assert [s.session_id for s in dump.sessions] == ["alpha"]
-    assert [(e.session_id, e.reason) for e in dump.quarantine] == [("beta", "missing_column"), ("gamma", "missing_column")]
+    quarantined = [(e.session_id, e.reason) for e in dump.quarantine]
+    assert quarantined == [("beta", "missing_column"), ("gamma", "missing_column")]
     assert all("b.parquet" in e.detail and "messages" in e.detail for e in dump.quarantine)
 
 
@@ -277,7 +286,7 @@ def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layou
 
 def test_iter_sessions_streams_without_reading_the_whole_dump(tmp_path, monkeypatch):
     batches_read = []
-    real = load_module._iter_batches
+    real = load_module.iter_batches
 
     def counting(path, columns, batch_rows):
         for batch in real(path, columns, batch_rows):
@@ -285,7 +294,7 @@ def test_iter_sessions_streams_without_reading_the_whole_dump(tmp_path, monkeypa
                 batches_read.append(batch.num_rows)
             yield batch
 
-    monkeypatch.setattr(load_module, "_iter_batches", counting)
+    monkeypatch.setattr(load_module, "iter_batches", counting)
     monkeypatch.setattr(load_module, "ROW_BATCH_ROWS", 2)
     stream = iter_sessions(write_dump(tmp_path / "d.parquet"), vocab_size=VOCAB)
     assert stream.session_count == 3 and batches_read == []  # the index read session_id only
@@ -314,7 +323,8 @@ def test_file_metadata_and_keyword_overrides(tmp_path):
                        history_mode="linear", harness="claude-code", recorder="gw-7")
     path = write_dump(tmp_path / "d.parquet", table)
     meta = read_dump_meta(path)
-    assert (meta.tokenizer, meta.chat_template, meta.history_mode, meta.harness) == ("my-tok", "{{ x }}", "linear", "claude-code")
+    found = (meta.tokenizer, meta.chat_template, meta.history_mode, meta.harness)
+    assert found == ("my-tok", "{{ x }}", "linear", "claude-code")
     assert meta.extra == {"recorder": "gw-7"}
     dump = load(path, tokenizer="other", history_mode="tree", vocab_size=VOCAB)
     assert (dump.meta.tokenizer, dump.meta.history_mode, dump.meta.harness) == ("other", "tree", "claude-code")

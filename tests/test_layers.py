@@ -103,3 +103,13 @@ def test_every_package_is_installed():
     listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(path.parent.relative_to(ROOT.parent).parts) for path in ROOT.rglob("__init__.py")}
     assert found - listed == set()
+
+
+MODULE_LINES = 660  # "no module over about 600 lines" (issue 24): one job per module
+
+
+def test_no_module_grows_past_one_job():
+    """A module past this size does several jobs; split it along its seams instead (the tokenizer
+    into recipes, files and fast encoder; io.load into dump files, id columns and the stream)."""
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in ROOT.rglob("*.py")}
+    assert {name: lines for name, lines in sizes.items() if lines > MODULE_LINES} == {}

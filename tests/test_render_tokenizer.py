@@ -15,9 +15,11 @@ import pytest
 
 from trace_tools.errors import UnknownName
 from trace_tools.render import tokenizer as tk
+from trace_tools.render import tokenizer_files
 from trace_tools.render.tokenizer import load_tokenizer, vocab_size_for
 
-ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   .,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
+ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   "
+            ".,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
             "éüñçßøåæ汉字编码测试かなカナ한글ÀÉ\u0301\u0308\u0327Ωπλ😀🛠→—…\u00a0\u200b")
 BASE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -66,7 +68,8 @@ def test_qwen3_added_tokens_match_tiktoken_with_the_recipe_table():
     import tiktoken
 
     ranks_file = tk.ranks_path("qwen3")
-    ranks = {base64.b64decode(a): int(b) for a, b in (line.split() for line in ranks_file.read_bytes().splitlines() if line)}
+    lines = (line.split() for line in ranks_file.read_bytes().splitlines() if line)
+    ranks = {base64.b64decode(a): int(b) for a, b in lines}
     table = {token: 151643 + i for i, token in enumerate(tk.RECIPES["qwen3"].added)}
     reference = tiktoken.Encoding("qwen3-check", pat_str=tk.RECIPES["qwen3"].pattern, mergeable_ranks=ranks,
                                   special_tokens=table)
@@ -213,12 +216,12 @@ def test_builtin_added_tokens_are_known_without_loading_the_backend(name):
 def test_decoded_ranks_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
     ranks = tk.ranks_path("qwen3")
-    decoded = tk._mergeable_ranks(ranks)
+    decoded = tokenizer_files.mergeable_ranks(ranks)
     (cached,) = (tmp_path / "tokenizers").glob("*.ranks.marshal")
-    assert len(decoded) == 151643 and tk._mergeable_ranks(ranks) == decoded
+    assert len(decoded) == 151643 and tokenizer_files.mergeable_ranks(ranks) == decoded
     for damage in (cached.read_bytes()[:1000], b"\xff not marshal data", marshal.dumps([1, 2])):
         cached.write_bytes(damage)
-        assert tk._mergeable_ranks(ranks) == decoded
+        assert tokenizer_files.mergeable_ranks(ranks) == decoded
 
 
 @pytest.mark.parametrize("name", [n for n in tk.RECIPES if tk._has_fast_encoder(n, None)])

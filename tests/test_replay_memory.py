@@ -48,7 +48,9 @@ def test_a_finished_strategy_leaves_no_token_ids_to_the_cycle_collector(prepared
 
 
 class _CollectorProbe(Strategy):
-    declaration = Declaration("test-collector-probe", "probe", "notes whether the collector runs", renders_prompts=False)
+    declaration = Declaration(
+        "test-collector-probe", "probe", "notes whether the collector runs", renders_prompts=False
+    )
     seen: list[bool] = []
 
     def replay_session(self, prepared):
@@ -59,13 +61,70 @@ class _CollectorProbe(Strategy):
 def test_the_collector_is_paused_only_while_a_session_replays(simulated_dump):
     session = next(s for s in Pipeline(simulated_dump) if hasattr(s, "turns"))
     register(_CollectorProbe)
+    _CollectorProbe.seen = []
+    options = ReplayOptions(strategies=["test-collector-probe"])
     try:
-        SessionReplayer(ReplayOptions(strategies=["test-collector-probe"]))(session)
+        SessionReplayer(options, pause_gc=True)(session)
         assert gc.isenabled()
         gc.disable()  # a caller that runs with the collector off keeps it off
-        SessionReplayer(ReplayOptions(strategies=["test-collector-probe"]))(session)
+        SessionReplayer(options, pause_gc=True)(session)
         assert not gc.isenabled()
+        gc.enable()
+        SessionReplayer(options)(session)  # a process the replay does not own keeps its collector
     finally:
         gc.enable()
         REGISTRY.pop("test-collector-probe")
-    assert _CollectorProbe.seen == [False, False]
+    assert _CollectorProbe.seen == [False, False, True]
+
+
+@pytest.mark.parametrize("owns_process", [False, True])
+def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, tmp_path, monkeypatch, owns_process):
+    """The API in a notebook keeps the collector running and starts no plot helper; the command
+    line (`owns_process=True`) pauses the collector during sessions and draws in a helper."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from trace_tools.api import replay
+    from trace_tools.report import plots
+
+    started = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(plots.subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
+    # as in a fresh process, where matplotlib is not loaded yet
+    monkeypatch.setattr(plots, "sys", SimpleNamespace(modules={}, executable=sys.executable))
+    register(_CollectorProbe)
+    _CollectorProbe.seen = []
+    try:
+        replay(simulated_dump, out=tmp_path / "run", strategies=["test-collector-probe"], workers=1,
+               owns_process=owns_process)
+    finally:
+        REGISTRY.pop("test-collector-probe")
+    assert gc.isenabled()
+    assert _CollectorProbe.seen and set(_CollectorProbe.seen) == {not owns_process}
+    assert len(started) == (1 if owns_process else 0)
+    assert (tmp_path / "run" / "plots").is_dir()
+
+
+def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simulated_dump):
+    """A stream for worker processes hands out int32 arrays (cheap to send); the worker turns them
+    into `list[int]` once, and the replay itself refuses any other type instead of guessing."""
+    import numpy as np
+
+    from trace_tools.replay import executors
+
+    options = ReplayOptions(strategies=["tree"], write_samples=False)
+    shipped = next(s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
+    plain = next(s for s in Pipeline(simulated_dump) if hasattr(s, "turns"))
+    assert isinstance(shipped.turns[0].prompt_ids, np.ndarray) and shipped.turns[0].prompt_ids.dtype == np.int32
+    with pytest.raises(TypeError, match="materialize"):
+        SessionReplayer(options)(shipped)
+
+    executors._init_worker(options)
+    try:
+        rows = executors._replay_in_worker(shipped)
+    finally:
+        executors._WORKER = None
+    assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in shipped.turns)
+    assert [t.prompt_ids for t in shipped.turns] == [t.prompt_ids for t in plain.turns]
+    assert rows.turns == SessionReplayer(options)(plain).turns

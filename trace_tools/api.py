@@ -61,6 +61,8 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     tool_format: str | None = None,
     overwrite: bool = False,
+    render_path: str = "fast",
+    owns_process: bool = False,
 ) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
     write the run directory (DESIGN §6).
@@ -70,7 +72,12 @@ def replay(
     a local one). The output does not depend on either. `tool_format` overrides the tool-call
     format detected from the chat template (`--tool-format`). A run directory holding a run made
     with other options is refused unless `overwrite`. `dump` and `out` may be object-storage URIs
-    (`s3://…`, `gs://…`; `io.storage`).
+    (`s3://…`, `gs://…`; `io.storage`). `render_path="reference"` renders and tokenizes with
+    transformers end to end; `"verify"` runs the fast path and compares every result with the
+    reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).
+    `owns_process=True` (the command line) lets the replay act on the whole process: pause the
+    garbage collector while each session replays here and draw plots in a helper process started
+    at once; by default (a notebook, a service) it does neither.
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
@@ -84,11 +91,12 @@ def replay(
         {k: v for k, v in (params or {}).items() if v is not None},
         write_samples,
         tool_format,
+        render_path,
     )
     from trace_tools.io import storage
     from trace_tools.report.plots import PlotHelper
 
-    with PlotHelper() as plots, _staged(out) as (local_out, mirror):
+    with PlotHelper(helper=owns_process) as plots, _staged(out) as (local_out, mirror):
         engine, result = run(
             dump,
             options,
@@ -100,6 +108,7 @@ def replay(
             overwrite=overwrite,
             mirror=mirror,
             finish=lambda engine: (engine, _finish(engine, plots)),
+            owns_process=owns_process,
         )
     if executor == "ray":
         stats = engine.ray
@@ -172,7 +181,7 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
             "vocab_checked": engine.vocab_checked,
             "dump_meta": meta,
         },
-        "options": asdict(engine.options),
+        "options": engine.options.recorded(),
         "renderers": engine.renderers,
         "reconstruction": reconstruction,
         "versions": {"python": platform.python_version(), **_versions()},

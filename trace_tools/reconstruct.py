@@ -81,6 +81,7 @@ def reconstruct(
     renderer: Any = None,
     progress: Callable[[int, int], None] | None = None,
     tool_format: str | None = None,
+    render_path: str = "fast",
 ) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
@@ -88,12 +89,14 @@ def reconstruct(
     file's tokenizer and template, reading only the columns this needs), an already loaded dump
     (anything with `.sessions`), or a list of `Session`s. `tokenizer` / `chat_template` override
     the dump's metadata, `tool_format` the detected tool-call format; `renderer` (any RendererLike)
-    skips resolution altogether.
+    skips resolution altogether. `render_path`: fast | reference | verify
+    (`render.spec.RENDER_PATHS`); with verify, `summary["verify"]` counts what was checked and
+    what differed.
     """
     from trace_tools.pipeline import RendererPool
 
     sessions, quarantined, total = _sessions(dump, tokenizer, chat_template, renderer, tool_format)
-    pool = RendererPool(tokenizer, chat_template, renderer, tool_format)
+    pool = RendererPool(tokenizer, chat_template, renderer, tool_format, render_path)
     rows: list[dict[str, Any]] = []
     identities: dict[str, Any] = {}
     for done, session in enumerate(sessions, start=1):
@@ -102,6 +105,10 @@ def reconstruct(
             progress(done, total)
     turns = pd.DataFrame(rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
     summary = {**summarize(turns), "quarantined_sessions": len(quarantined)}
+    if render_path == "verify":
+        from trace_tools.render.renderer import verify_summary
+
+        summary["verify"] = verify_summary(pool.render_stats())
     identity = next(iter(identities.values()), {}) if len(identities) <= 1 else {"renderers": list(identities.values())}
     return ReconstructResult(turns, session_table(turns), summary, identity)
 

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TOOL_FORMAT_HELP
+from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
 from trace_tools.cli._strategies import STRATEGY_NAMES as NAMES
 
 
@@ -119,6 +120,8 @@ def explain_cmd(
     prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    reference: ReferenceOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Show why a turn drifted: served vs re-rendered ids around the first divergence, the message diff, the cause.
 
@@ -139,9 +142,11 @@ def explain_cmd(
         chat_template=chat_template,
         prompt_source=prompt_source,
         tool_format=tool_format,
+        render_path=render_path(reference, verify),
     )
     if json_out:
         print_json(result.to_dict())
-        return
-    for renderable in explanation_renderables(result):
-        console.print(renderable)
+    else:
+        for renderable in explanation_renderables(result):
+            console.print(renderable)
+    verify_outcome(result.verify)

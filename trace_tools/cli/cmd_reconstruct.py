@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
+from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
 
 
 def reconstruct_cmd(
@@ -26,6 +27,8 @@ def reconstruct_cmd(
     ] = None,
     tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
+    reference: ReferenceOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids.
 
@@ -36,16 +39,23 @@ def reconstruct_cmd(
     from trace_tools.cli._progress import progress_bar
     from trace_tools.reconstruct import reconstruct
 
+    path = render_path(reference, verify)
     with progress_bar("reconstructing", "sessions", disable=json_out) as advance:
         result = reconstruct(
-            dump, tokenizer=tokenizer, chat_template=chat_template, tool_format=tool_format, progress=advance
+            dump,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            tool_format=tool_format,
+            progress=advance,
+            render_path=path,
         )
     if out is not None:
         result.save(out)
     if json_out:
         typer.echo(json.dumps(result.summary, indent=2))
-        return
-    _print_table(result, out)
+    else:
+        _print_table(result, out)
+    verify_outcome(result.summary.get("verify"))
 
 
 def _print_table(result, out: Path | None) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP, TOOL_FORMAT_HELP
+from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
 from trace_tools.cli._strategies import PARAM_HELP, STRATEGY_NAMES, with_parameter_flags
 
 StrategyOpt = Annotated[
@@ -69,6 +70,8 @@ def replay_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
+    reference: ReferenceOpt = False,
+    verify: VerifyOpt = False,
     flags: Optional[dict[str, Any]] = None,
 ) -> None:
     """Replay a dump through trajectory-management strategies and report what each would train.
@@ -85,6 +88,7 @@ def replay_cmd(
     from trace_tools.replay.engine import default_dump, default_run_dir
 
     params = {**(flags or {}), **parse_assignments(param)}
+    path = render_path(reference, verify)
     out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
     try:
         with progress_bar("replaying", "sessions", disable=json_out) as advance:
@@ -104,6 +108,8 @@ def replay_cmd(
                 executor=executor,
                 address=address,
                 tool_format=tool_format,
+                render_path=path,
+                owns_process=True,
             )
     except KeyboardInterrupt:
         from trace_tools.cli._output import exiting_on_interrupt
@@ -127,6 +133,7 @@ def replay_cmd(
             note(f"replayed again: {reason}")
         note(f"run directory: {result.run_dir}")
         note(f"report.html: {storage.join(result.run_dir, 'report.html')}")
+    verify_outcome(result.reconstruction.get("verify"))
     if strict and result.quarantined:
         raise typer.Exit(1)
 

@@ -59,12 +59,19 @@ COMMANDS = [
     ("probe", "cmd_probe", "probe_cmd"),
     ("rescore", "cmd_rescore", "rescore_cmd"),
 ]
+# (group name, module, its typer app, [(command name, function)]): `trace-tools cache info`, ...
+GROUPS = [("cache", "cmd_cache", "cache_app", [("info", "info_cmd"), ("clear", "clear_cmd")])]
 
 
 def _register() -> None:
     for name, module, func in COMMANDS:
         mod = importlib.import_module(f"trace_tools.cli.{module}")
         app.command(name)(_guard(getattr(mod, func)))
+    for group, module, sub_app, commands in GROUPS:
+        mod = importlib.import_module(f"trace_tools.cli.{module}")
+        for name, func in commands:
+            getattr(mod, sub_app).command(name)(_guard(getattr(mod, func)))
+        app.add_typer(getattr(mod, sub_app), name=group)
 
 
 def _guard(command):

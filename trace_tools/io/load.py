@@ -33,7 +33,6 @@ without that column) get one entry per file with `session_id` None.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,27 +42,40 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
-from trace_tools.errors import UnusableInput
-from trace_tools.ids import shared_ints
 from trace_tools.io import storage
+from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta: re-exported)
+    check_schema_version,
+    find_files,
+    iter_batches,
+    merge_keys,
+    merged_dump_meta,
+    read_dump_meta,
+    read_file_schema,
+    trace_tools_keys,
+    unreadable_file,
+    vocab_bound,
+)
+from trace_tools.io.id_columns import (  # noqa: F401 (materialize_ids: re-exported)
+    batch_ids_ok,
+    batch_records,
+    materialize_ids,
+    null_rows,
+    oversized_rows,
+    utc_batch,
+    without_oversized,
+)
 from trace_tools.io.rows import (
     BadRow,
     BadText,
     HistoryParser,
     max_cell_bytes,
-    records,
-    short,
     text_values,
     turn_from_record,
 )
 from trace_tools.io.schema import (
     COLUMNS,
     COLUMNS_BY_NAME,
-    INT32_MAX,
-    META_FIELDS,
-    META_PREFIX,
     REQUIRED,
-    SUPPORTED_SCHEMA_VERSIONS,
     check_schema,
     expected_type,
 )
@@ -71,7 +83,6 @@ from trace_tools.io.storage import Location
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
-_UTC_US = pa.timestamp("us", tz="UTC")
 
 
 @dataclass
@@ -100,141 +111,6 @@ class LoadedDump:
     def quarantined_sessions(self) -> list[str]:
         """Ids of quarantined sessions, each once, in input order."""
         return list(dict.fromkeys(e.session_id for e in self.quarantine if e.session_id is not None))
-
-
-# ---------------------------------------------------------------------------------------------
-# Files and metadata
-
-
-def find_files(path: Location) -> list[Location]:
-    """The Parquet files of a dump (a local path or a URI, `io.storage`): the file itself, or every
-    `*.parquet` under a directory, sorted.
-
-    Local directories that trace-tools writes (a replay run, a rescore output) are outputs, never
-    input: one inside a dump directory is passed over, and pointing at one is an error that says so."""
-    from trace_tools.io.rundir import directory_kind, not_a_dump
-
-    root = storage.location(path)
-    if storage.is_file(root):
-        kind = directory_kind(root.parent) if isinstance(root, Path) else None
-        if kind is not None and isinstance(root, Path):
-            raise UnusableInput(not_a_dump(root, root.parent, kind))
-        return [root]
-    if not storage.exists(root):
-        raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
-    if not storage.is_dir(root):
-        raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
-    if isinstance(root, Path):
-        kind = directory_kind(root)
-        if kind is not None:
-            raise UnusableInput(not_a_dump(root, root, kind))
-        files: list[Location] = sorted(_parquet_files(root))
-    else:
-        files = storage.list_files(root, ".parquet")
-    if not files:
-        raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
-    return files
-
-
-def _parquet_files(root: Path) -> Iterator[Path]:
-    """`*.parquet` files under a local `root`, passing over the directories trace-tools writes."""
-    import os
-
-    from trace_tools.io.rundir import directory_kind
-
-    for folder, subfolders, names in os.walk(root, followlinks=True):
-        subfolders[:] = [name for name in subfolders if directory_kind(Path(folder) / name) is None]
-        yield from (path for name in names if name.endswith(".parquet") and (path := Path(folder) / name).is_file())
-
-
-def _unreadable(path: Location, error: Exception) -> UnusableInput:
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
-
-
-def _read_schema(path: Location) -> tuple[pa.Schema, list[int]]:
-    """A file's Arrow schema and the row count of each row group, from its footer only."""
-    try:
-        with storage.open_input(path) as handle:
-            parquet = pq.ParquetFile(handle)
-            groups = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-            return parquet.schema_arrow, groups
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise _unreadable(path, error) from None
-
-
-def _iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput."""
-    try:
-        with storage.open_input(path) as handle:
-            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=columns)
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise _unreadable(path, error) from None
-
-
-def _trace_tools_keys(schema: pa.Schema) -> dict[str, str]:
-    """The file's `trace_tools.*` key-value metadata, prefix stripped."""
-    found = {}
-    for key, value in (schema.metadata or {}).items():
-        key = key.decode("utf-8", "replace")
-        if key.startswith(META_PREFIX):
-            found[key[len(META_PREFIX) :]] = value.decode("utf-8", "replace")
-    return found
-
-
-def _merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]]:
-    """Merge files' metadata for dump-level reporting (the first file that sets a key wins); one
-    note per disputed key. Sessions keep their own file's metadata (see `SessionStream`)."""
-    merged: dict[str, str] = {}
-    source: dict[str, str] = {}
-    warnings: dict[str, str] = {}
-    for label, keys in per_file:
-        for key, value in keys.items():
-            if key not in merged:
-                merged[key], source[key] = value, label
-            elif merged[key] != value and key not in warnings:
-                warnings[key] = (
-                    f"files disagree on {META_PREFIX}{key}: {source[key]} has {short(merged[key])}, "
-                    f"{label} has {short(value)}; each session keeps its own file's value "
-                    f"(dump-level summaries show {source[key]}'s)"
-                )
-    return merged, list(warnings.values())
-
-
-def _dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMeta:
-    """A DumpMeta from merged `trace_tools.*` keys, with non-None keyword overrides applied."""
-    known = {name: keys.get(name) for name in META_FIELDS}
-    extra = {key: value for key, value in keys.items() if key not in META_FIELDS}
-    meta = DumpMeta(**known, extra=extra)
-    # Any: mypy checks `**` values against every field, `extra` included; these keys are str options.
-    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(meta, **chosen)
-
-
-def _check_schema_version(label: str, keys: dict[str, str]) -> None:
-    """A file that declares a schema version this trace-tools does not read is refused, not guessed at."""
-    version = keys.get("schema_version")
-    if version is not None and version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise UnusableInput(
-            f"{label} declares trace_tools.schema_version {version!r}; this trace-tools reads schema version "
-            f"{', '.join(SUPPORTED_SCHEMA_VERSIONS)}: convert the dump, or read it with the trace-tools that wrote it"
-        )
-
-
-def read_dump_meta(path: Location) -> DumpMeta:
-    """The dump's `trace_tools.*` metadata from the file footers alone (first file wins on conflicts)."""
-    files = find_files(path)
-    keys, _ = _merge_keys([(str(f), _trace_tools_keys(_read_schema(f)[0])) for f in files])
-    return _dump_meta(keys, {})
-
-
-def _vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
-    """The out-of-vocab bound: the explicit size, else the tokenizer's full size, else None (unknown)."""
-    if vocab_size is not None:
-        return int(vocab_size)
-    from trace_tools.io.vocab import vocab_size_for
-
-    return vocab_size_for(tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,7 +157,7 @@ def _row_turn(
     oversized: str | None = None,
 ) -> Turn | QuarantineEntry:
     """One row of a session as a `Turn`, or the entry that quarantines the session (`oversized`
-    says which of its cells was over the cell limit, and nulled unread: `_without_oversized`)."""
+    says which of its cells was over the cell limit, and nulled unread: `without_oversized`)."""
     if oversized is not None:
         return QuarantineEntry(session_id, record.get("turn_index"), "cell_too_large", f"{where}: {oversized}")
     try:
@@ -299,183 +175,6 @@ def session_key(value: Any) -> str | None:
     if value is None or not str(value).strip():
         return None
     return str(value)
-
-
-def _batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str]:
-    """Token-id columns of a batch whose every value is non-null and in range, checked at once."""
-    import pyarrow.compute as pc
-
-    bound = vocab_size if vocab_size is not None else INT32_MAX + 1
-    ok = []
-    for name in ("output_ids", "prompt_ids"):
-        index = batch.schema.get_field_index(name)
-        if index < 0 or not (
-            pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)
-        ):
-            continue
-        values = batch.column(index).flatten()
-        if values.null_count or not pa.types.is_integer(values.type):
-            continue
-        low_high = pc.min_max(values)
-        low, high = low_high["min"].as_py(), low_high["max"].as_py()
-        if low is None or (low >= 0 and high < bound):
-            ok.append(name)
-    return frozenset(ok)
-
-
-def _batch_records(batch: pa.RecordBatch, checked: frozenset[str], as_arrays: bool) -> list[dict[str, Any]]:
-    """The batch's rows as dicts (`rows.records`). The token-id columns in `checked` (in range)
-    become lists of shared int objects (a 50k-token prompt is then 400 kB of pointers, not 1.8 MB
-    of ints), or with `as_arrays` int32 arrays, which cross to worker processes as plain bytes
-    (`materialize_ids` turns them into lists there)."""
-    plain = batch.drop_columns(list(checked)) if checked else batch
-    rows = records(plain)
-    for name in checked:
-        values = _id_arrays(batch.column(name)) if as_arrays else _interned_lists(batch.column(name))
-        for row, ids in zip(rows, values):
-            row[name] = ids
-    return rows
-
-
-def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
-    """(flat values, row starts, row ends, validity) of a list<int> column."""
-    flat = column.flatten().to_numpy(zero_copy_only=False)
-    offsets = column.offsets.to_numpy()
-    base = int(offsets[0])
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    return flat, (offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist(), valid
-
-
-def _interned_lists(column: pa.Array) -> list[list[int] | None]:
-    """A list<int> column's rows, each a list of the process-wide shared int objects."""
-    flat, starts, ends, valid = _rows_of(column)
-    # Row by row: one list per row, without a whole-column list to slice copies from.
-    return _shared_lists([flat[a:b] if ok else None for a, b, ok in zip(starts, ends, valid)])
-
-
-def _shared_lists(rows: list[Any]) -> list[list[int] | None]:
-    """Integer arrays as lists of the shared int objects (`_int_objects`).
-
-    A row that starts with the row before it (a session's prompt repeats its history) copies that
-    row's list and converts only the rest: a list copy touches each element once, a conversion
-    three times, and the history is nearly all of a long prompt."""
-    import numpy as np
-
-    lists: list[list[int] | None] = []
-    previous: Any = None
-    previous_list: list[int] = []
-    for row in rows:
-        if row is None or isinstance(row, list):  # nothing to convert
-            lists.append(row)
-            previous = None
-            continue
-        objects = _int_objects(int(row.max()) + 1 if len(row) else 0)
-        n = len(previous) if previous is not None else 0
-        if 0 < n <= len(row) and np.array_equal(row[:n], previous):
-            ids = previous_list.copy()
-            ids += objects[row[n:]].tolist()
-        else:
-            ids = objects[row].tolist()
-        lists.append(ids)
-        previous, previous_list = row, ids
-    return lists
-
-
-def _id_arrays(column: pa.Array) -> list[Any]:
-    """A list<int> column's rows as int32 arrays (copies, so the batch is not kept alive)."""
-    import numpy as np
-
-    flat, starts, ends, valid = _rows_of(column)
-    flat = flat.astype(np.int32, copy=False)
-    return [flat[a:b].copy() if ok else None for a, b, ok in zip(starts, ends, valid)]
-
-
-def materialize_ids(session: Session) -> Session:
-    """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
-    shared ints, in place (what strategies work on)."""
-    for name in ("output_ids", "prompt_ids"):
-        for turn, ids in zip(session.turns, _shared_lists([getattr(turn, name) for turn in session.turns])):
-            setattr(turn, name, ids)
-    return session
-
-
-_INT_OBJECTS: list[Any] = []
-
-
-def _int_objects(size: int) -> Any:
-    """An object array whose i-th entry is the int i: `ids.shared_ints`'s objects, so recorded and
-    tokenized ids compare by pointer."""
-    import numpy as np
-
-    if not _INT_OBJECTS or len(_INT_OBJECTS[0]) < size:
-        table = shared_ints(size)
-        objects = np.empty(len(table), dtype=object)
-        objects[:] = table
-        _INT_OBJECTS[:] = [objects]
-    return _INT_OBJECTS[0]
-
-
-def _without_oversized(batch: pa.RecordBatch, limit: int) -> tuple[pa.RecordBatch, dict[int, str]]:
-    """The batch with every cell over `limit` bytes nulled before anything decodes it, and for each
-    such row (by position) what was too large; `_row_turn` quarantines its session."""
-    oversized: dict[int, str] = {}
-    columns = list(batch.columns)
-    for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
-        cells = _oversized_rows(column, limit)
-        for position, size in cells.items():
-            oversized.setdefault(
-                position, f"{name} holds {size:,} bytes, over the cell limit of {limit:,} ($TRACE_TOOLS_MAX_CELL_BYTES)"
-            )
-        if cells:
-            columns[index] = _nulled(column, cells)
-    return (pa.RecordBatch.from_arrays(columns, schema=batch.schema), oversized) if oversized else (batch, oversized)
-
-
-def _oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
-    """Row position → size in bytes of the cells of `column` larger than `limit`, measured on
-    Arrow's buffers (nothing decoded)."""
-    import pyarrow.compute as pc
-
-    found: dict[int, int] = {}
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        return found  # values shared through a dictionary are counted where they are stored
-    if (
-        pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-        or pa.types.is_binary(kind)
-        or (pa.types.is_large_binary(kind))
-    ):
-        sizes = pc.binary_length(column)
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        width = kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8
-        sizes = pc.multiply(pc.list_value_length(column), max(width, 1))
-    else:
-        return found
-    largest = pc.max(sizes).as_py()
-    if largest is None or largest <= limit:
-        return found
-    for position in pc.indices_nonzero(pc.greater(sizes, limit)).to_pylist():
-        found[position] = sizes[position].as_py()
-    return found
-
-
-def _nulled(column: pa.Array, rows: dict[int, int]) -> pa.Array:
-    """`column` with the cells at `rows` made null (the oversized ones, never decoded)."""
-    if not rows:
-        return column
-    import pyarrow.compute as pc
-
-    mask = pa.array([position in rows for position in range(len(column))])
-    return pc.if_else(mask, pa.scalar(None, column.type), column)
-
-
-def _utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
-    columns = [
-        column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column for column in batch.columns
-    ]
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,9 +265,9 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         self._init_meta(**overrides)
         # Each file keeps its own recording metadata and vocabulary bound, so a directory may mix
         # recordings (e.g. Qwen3 and Qwen3.5 dumps) and each session is checked and rendered as recorded.
-        self._file_meta = [_dump_meta(info.keys, overrides) for info in self._infos]
-        self._file_vocab = [_vocab_bound(vocab_size, meta.tokenizer) for meta in self._file_meta]
-        self.vocab_size = _vocab_bound(vocab_size, self.meta.tokenizer)
+        self._file_meta = [merged_dump_meta(info.keys, overrides) for info in self._infos]
+        self._file_vocab = [vocab_bound(vocab_size, meta.tokenizer) for meta in self._file_meta]
+        self.vocab_size = vocab_bound(vocab_size, self.meta.tokenizer)
         self.vocab_checked = all(bound is not None for bound in self._file_vocab)
         for meta, bound in zip(self._file_meta, self._file_vocab):
             if bound is None and meta.tokenizer:
@@ -615,19 +314,19 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     # -- setup ---------------------------------------------------------------------------------
     @staticmethod
     def _inspect(path: Location, root: Location) -> _FileInfo:
-        schema, groups = _read_schema(path)
+        schema, groups = read_file_schema(path)
         if path == root:
             label = storage.name(path)
         else:
             label = path.relative_to(root).as_posix() if isinstance(path, Path) else path[len(str(root)) + 1 :]
         columns = [column.name for column in COLUMNS if column.name in schema.names]
-        return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), _trace_tools_keys(schema))
+        return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
         for info in self._infos:
-            _check_schema_version(info.label, info.keys)
-        keys, self.warnings = _merge_keys([(info.label, info.keys) for info in self._infos])
-        self.meta = _dump_meta(keys, overrides)
+            check_schema_version(info.label, info.keys)
+        keys, self.warnings = merge_keys([(info.label, info.keys) for info in self._infos])
+        self.meta = merged_dump_meta(keys, overrides)
 
     def _index_file(self, number: int, info: _FileInfo) -> None:
         """Pass 1 for one file: record each session's first/last row and the file's schema problems."""
@@ -645,9 +344,9 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         # null / empty / oversized session_id
         orphans: dict[str, list[int]] = {"missing_column": [], "bad_message": [], "cell_too_large": []}
         row = 0
-        for batch in _iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
-            oversized, start = _oversized_rows(batch.column(0), self._cell_limit), row
-            for value in text_values(_nulled(batch.column(0), oversized)):
+        for batch in iter_batches(info.path, ["session_id"], INDEX_BATCH_ROWS):
+            oversized, start = oversized_rows(batch.column(0), self._cell_limit), row
+            for value in text_values(null_rows(batch.column(0), oversized)):
                 session_id = session_key(value)
                 if row - start in oversized:
                     orphans["cell_too_large"].append(row)
@@ -762,10 +461,10 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         columns = [c for c in info.columns if self._wanted is None or c in self._wanted]
         vocab = self._file_vocab[number]
         row = 0
-        for batch in _iter_batches(info.path, columns, ROW_BATCH_ROWS):
-            batch, oversized = _without_oversized(batch, self._cell_limit)
-            checked = _batch_ids_ok(batch, vocab)
-            for index, record in enumerate(_batch_records(_utc_batch(batch), checked, self._id_arrays)):
+        for batch in iter_batches(info.path, columns, ROW_BATCH_ROWS):
+            batch, oversized = without_oversized(batch, self._cell_limit)
+            checked = batch_ids_ok(batch, vocab)
+            for index, record in enumerate(batch_records(utc_batch(batch), checked, self._id_arrays)):
                 self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked, oversized.get(index))
                 row += 1
             yield row
@@ -845,7 +544,7 @@ def read_row_group(context: DumpContext, number: int, group: int, session_ids: l
         with storage.open_input(path) as handle:
             table = pq.ParquetFile(handle).read_row_group(group, columns=context.columns[number])
     except (pa.ArrowException, OSError, ValueError) as error:
-        raise _unreadable(path, error) from None
+        raise unreadable_file(path, error) from None
     start = context.group_starts[number][group]
     table = table.append_column(ROW_COLUMN, pa.array(np.arange(start, start + table.num_rows, dtype=np.int64)))
     ids = table.column("session_id")
@@ -865,10 +564,10 @@ def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table])
             continue
         rows = part.column(ROW_COLUMN).to_pylist()
         batch = part.drop_columns([ROW_COLUMN]).combine_chunks().to_batches()[0]
-        batch, oversized = _without_oversized(batch, context.cell_limit or max_cell_bytes())
+        batch, oversized = without_oversized(batch, context.cell_limit or max_cell_bytes())
         vocab = context.vocab[number]
-        checked = _batch_ids_ok(batch, vocab)
-        for index, (row, record) in enumerate(zip(rows, _batch_records(_utc_batch(batch), checked, False))):
+        checked = batch_ids_ok(batch, vocab)
+        for index, (row, record) in enumerate(zip(rows, batch_records(utc_batch(batch), checked, False))):
             where = f"{context.labels[number]} row {row}"
             item = _row_turn(record, where, slot.session_id, vocab, parser, checked, oversized.get(index))
             if isinstance(item, QuarantineEntry):

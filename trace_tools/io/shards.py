@@ -24,7 +24,6 @@ shard by shard, so memory does not grow with the number of sessions.
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
+from trace_tools.io import cache
 from trace_tools.io.rundir import (
     SAMPLES_SCHEMA,
     SAMPLES_WRITE_OPTIONS,
@@ -65,16 +65,9 @@ RESULT_CODE = ("data.py", "ids.py", "memo.py", "options.py", "io", "render", "pi
 
 
 # -- fingerprint --------------------------------------------------------------------------------
-@functools.cache
 def code_digest() -> str:
-    """sha256 of the source of the modules that compute a run's tables (`RESULT_CODE`)."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for part in RESULT_CODE:
-        paths = sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]
-        for path in paths:
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    """sha256 of the source of the modules that compute a run's tables (`RESULT_CODE`; `io.cache`)."""
+    return cache.code_digest(*RESULT_CODE)
 
 
 def fingerprint(options: dict[str, Any], files: Iterable[str]) -> dict[str, Any]:

@@ -50,13 +50,17 @@ class RendererPool:
         chat_template: str | None = None,
         renderer: Any = None,
         tool_format: str | None = None,
+        render_path: str = "fast",
     ):
         from trace_tools.render.families import TOOL_FORMATS
+        from trace_tools.render.spec import RENDER_PATHS
 
         if tool_format is not None and tool_format not in TOOL_FORMATS:
             raise UnknownName("tool-call format", tool_format, TOOL_FORMATS)
+        if render_path not in RENDER_PATHS:
+            raise UnknownName("render path", render_path, RENDER_PATHS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
-        self.tool_format = tool_format
+        self.tool_format, self.render_path = tool_format, render_path
         self._specs: dict[tuple, Any] = {}  # a file's metadata → its RenderSpec (resolution reads files)
         self._renderers: dict[Any, Any] = {}  # RenderSpec → Renderer
 
@@ -89,7 +93,9 @@ class RendererPool:
             self._specs[key] = (
                 None
                 if tokenizer is None
-                else RenderSpec.resolve(tokenizer, self.chat_template, meta, tool_format=self.tool_format)
+                else RenderSpec.resolve(
+                    tokenizer, self.chat_template, meta, tool_format=self.tool_format, path=self.render_path
+                )
             )
         return self._specs[key]
 
@@ -121,6 +127,15 @@ class RendererPool:
     def identities(self) -> list[dict]:
         return [r.identity for r in self._renderers.values() if r is not None]
 
+    def render_stats(self) -> dict[str, int]:
+        """The counters of every renderer built so far, summed (`Renderer.cache_info`)."""
+        from collections import Counter
+
+        total: Counter = Counter()
+        for renderer in self._renderers.values():
+            total.update(renderer.cache_info())
+        return dict(total)
+
     def __getstate__(self) -> dict:
         # Shipped to worker processes as a recipe: each builds its own renderers.
         return {
@@ -128,6 +143,7 @@ class RendererPool:
             "chat_template": self.chat_template,
             "fixed": self.fixed,
             "tool_format": self.tool_format,
+            "render_path": self.render_path,
             "_specs": {},
             "_renderers": {},
         }
@@ -150,9 +166,11 @@ class Pipeline:
         vocab_size: int | None = None,
         tool_format: str | None = None,
         id_arrays: bool = False,
+        render_path: str = "fast",
     ):
         """`id_arrays`: sessions carry their token ids as int32 arrays, cheap to send to worker
-        processes, which call `io.load.materialize_ids` (the engine does this with workers)."""
+        processes, which call `io.load.materialize_ids` (the engine does this with workers).
+        `render_path`: fast | reference | verify (`render.spec.RENDER_PATHS`)."""
         from trace_tools.io import storage
         from trace_tools.io.load import iter_sessions
 
@@ -160,7 +178,7 @@ class Pipeline:
         self.stream = iter_sessions(
             self.dump, tokenizer=tokenizer, vocab_size=vocab_size, columns=columns, id_arrays=id_arrays
         )
-        self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format)
+        self.renderers = RendererPool(tokenizer, chat_template, renderer, tool_format, render_path)
         self.renderers.check(self.stream.file_metas)
         self.canonicalization, self.prompt_source = canonicalization, prompt_source
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from trace_tools.data import Session, Turn
 from trace_tools.errors import ReplayError
-from trace_tools.render.canonical import canonicalize_response, message_translator
+from trace_tools.render.canonical import canonicalize_response, freeze, message_translator
 
 PROMPT_SOURCES = ("auto", "recorded", "rendered")
 
@@ -99,7 +99,7 @@ class Canonicalizer:
         for message in raw:
             hit = self._memo.get(id(message))
             if hit is None or hit[0] is not message:
-                hit = (message, self._convert(message))
+                hit = (message, freeze(self._convert(message)))
                 self._memo[id(message)] = hit
             if hit[1] is not None:
                 out.append(hit[1])
@@ -130,11 +130,11 @@ def _prepare_turn(turn: Turn, translate: Canonicalizer, renderer: Any, policy: s
 def response_message(turn: Turn, renderer: Any, policy: str = "slime") -> tuple[dict | None, bool]:
     """The recorded response canonicalized like the requests; parsed from output ids when absent."""
     if turn.response is not None:
-        return canonicalize_response(turn.response, policy), _has_raw_arguments(turn.response)
+        return freeze(canonicalize_response(turn.response, policy)), _has_raw_arguments(turn.response)
     if not turn.output_ids or renderer is None:
         return None, False
     parsed = renderer.parse_response(turn.output_ids, turn.tools)
-    return canonicalize_response(parsed.message, policy), parsed.ill_formed
+    return freeze(canonicalize_response(parsed.message, policy)), parsed.ill_formed
 
 
 def prompt_for(

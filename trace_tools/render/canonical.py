@@ -16,7 +16,9 @@ matches the stored one, hence fork counts. Policies:
 * `miles`: messages as sent (miles compares them with its own matchers later).
 * `none`: messages as sent.
 
-Every policy returns new objects; the input is never mutated.
+Every policy returns new objects; the input is never mutated. The pipeline then `freeze`s what a
+policy returns: memos downstream (digests, template forms, window renders) key on a message's
+identity, which is safe only because a canonical message never changes.
 """
 
 from __future__ import annotations
@@ -176,6 +178,45 @@ def canonicalize_messages(messages: Sequence[Any], policy: str | None = "slime")
     """The request messages as the named gateway would store and render them."""
     convert = _policy(policy)
     return [m for m in (convert(message) for message in messages or ()) if m is not None]
+
+
+class FrozenDict(dict):
+    """A dict that refuses every change: a canonical message, or a mapping inside one. It is still
+    a dict (JSON, templates, `==` and `{**message}` see no difference); a copy (`dict(m)`,
+    `copy.copy`, `copy.deepcopy`, pickling) is a plain, changeable dict."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("canonical messages are immutable (memos key on their identity); copy one to change it")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # what copy, deepcopy and pickle rebuild
+        return (dict, (dict(self),))
+
+
+class FrozenList(list):
+    """A list that refuses every change (the lists inside a canonical message)."""
+
+    __slots__ = ()
+
+    _refuse = FrozenDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (list, (list(self),))
+
+
+def freeze(value: Any) -> Any:
+    """`value` with every dict and list in it made immutable (`FrozenDict`, `FrozenList`)."""
+    kind = type(value)
+    if kind is dict:
+        return FrozenDict({key: freeze(item) for key, item in value.items()})
+    if kind is list:
+        return FrozenList([freeze(item) for item in value])
+    return value
 
 
 def canonicalize_response(message: dict | None, policy: str | None = "slime") -> dict | None:

@@ -10,27 +10,31 @@ over, so both happen incrementally (`trace_tools.render.incremental`): a convers
 one already rendered renders only a short window around its new messages and encodes only the
 text after the last shared special token, with every shortcut checked and a full render where
 a check fails.
+
+Those shortcuts are the fast path. `RenderSpec.path` (`--reference`, `--verify`) switches to
+transformers end to end (`apply_chat_template` on the whole conversation, transformers' tokenizer
+for every encode and decode), or runs both and compares every result (`render.spec.RENDER_PATHS`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
-from trace_tools.render.incremental import IncrementalRenderer, verdict_digest
+from trace_tools.render.incremental import IncrementalRenderer
 from trace_tools.render.limits import TemplateLimits, limited
 from trace_tools.render.parser import parse_response_text
-from trace_tools.render.spec import RenderSpec
+from trace_tools.render.spec import RENDER_PATHS, RenderSpec
 from trace_tools.render.template_runner import TemplateRunner, build_runner
-from trace_tools.render.tokenizer import Tokenizer, cache_dir, import_transformers, load_tokenizer
+from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
 # tool-call format -> family name of the templates that use it
 FAMILIES = {family.tool_format: family.name for family in families.FAMILIES.values()}
@@ -67,8 +71,8 @@ class Renderer:
         template_identity: str = "",
         parser: str | None = None,
         render_date: str | None = None,
-        verify_incremental: bool | None = None,
         limits: TemplateLimits | None = None,
+        path: str = "fast",
     ):
         if parser is not None and parser not in families.TOOL_FORMATS:
             raise UnknownName("tool-call format", parser, families.TOOL_FORMATS)
@@ -84,19 +88,16 @@ class Renderer:
         self.stop_tokens = known.stop_tokens if known else families.DEFAULT_STOP_TOKENS
         self._rendered_template = families.pin_clock(chat_template, render_date)
         self._text_arguments = families.concatenates_arguments(chat_template)
-        if verify_incremental is None:
-            verify_incremental = os.environ.get("TRACE_TOOLS_VERIFY_RENDER") == "1"
-        self._verify = verify_incremental
+        if path not in RENDER_PATHS:
+            raise UnknownName("render path", path, RENDER_PATHS)
+        self.path = path
         self.engine = IncrementalRenderer(
-            self._apply_template,
-            self.tokenizer.encode,
-            self.tokenizer.hard_boundaries,
-            verify=verify_incremental,
-            verdict_path=self._verdict_path,
+            self._apply_template, self.tokenizer.encode, self.tokenizer.hard_boundaries, verdict_path=self._verdict_path
         )
         self._reasoning_open: dict[str, bool] = {}
         self._jinja: Any = None  # the template as a function: a TemplateRunner, or transformers' own
         self._guarded: Any = None  # the same, under the template limits
+        self._reference: Any = None  # transformers' apply_chat_template, under the template limits
         self._encoded: OrderedDict[str, list[int]] = OrderedDict()
 
     def __reduce__(self):
@@ -110,8 +111,8 @@ class Renderer:
                 self.template_identity,
                 self._parser,
                 self.render_date,
-                self._verify,
                 self.limits,
+                self.path,
             ),
         )
 
@@ -142,6 +143,7 @@ class Renderer:
             parser=spec.tool_format,
             render_date=spec.render_date,
             limits=spec.limits,
+            path=spec.path,
         )
 
     @property
@@ -155,6 +157,7 @@ class Renderer:
             self._parser,
             self.render_date,
             self.limits,
+            self.path,
         )
 
     # -- RendererLike -------------------------------------------------------------------------
@@ -180,7 +183,15 @@ class Renderer:
     ) -> list[int]:
         """`render` without the copy: the cached list itself, which callers must not modify."""
         kwargs = {**self.template_kwargs, **template_kwargs}
-        return self.engine.ids(messages, tools or None, add_generation_prompt, kwargs)
+        tools = tools or None
+        if self.path == "reference":
+            return self._reference_ids(messages, tools, add_generation_prompt, kwargs)
+        ids = self.engine.ids(messages, tools, add_generation_prompt, kwargs)
+        if self.path == "verify":
+            return self._checked(
+                "ids", ids, lambda: self._reference_ids(messages, tools, add_generation_prompt, kwargs)
+            )
+        return ids
 
     def render_text(
         self,
@@ -190,7 +201,15 @@ class Renderer:
         **template_kwargs: Any,
     ) -> str:
         kwargs = {**self.template_kwargs, **template_kwargs}
-        return self.engine.text(messages, tools or None, add_generation_prompt, kwargs)
+        tools = tools or None
+        if self.path == "reference":
+            return self._reference_text(messages, tools, add_generation_prompt, kwargs)
+        text = self.engine.text(messages, tools, add_generation_prompt, kwargs)
+        if self.path == "verify":
+            return self._checked(
+                "text", text, lambda: self._reference_text(messages, tools, add_generation_prompt, kwargs)
+            )
+        return text
 
     def reset_caches(self) -> None:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""
@@ -202,6 +221,8 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (a copy: the strategies encode the same closers and tails again and
         again, so encodings are memoised in a small per-renderer LRU)."""
+        if self.path == "reference":
+            return self.tokenizer.encode_reference(text)
         ids = self._encoded.get(text)
         if ids is None:
             ids = self.tokenizer.encode(text)
@@ -210,10 +231,17 @@ class Renderer:
                 self._encoded.pop(next(iter(self._encoded)))
         else:
             self._encoded.move_to_end(text)
+        if self.path == "verify":
+            ids = self._checked("encode", ids, lambda: self.tokenizer.encode_reference(text))
         return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+        if self.path == "reference":
+            return self.tokenizer.decode_reference(ids)
+        text = self.tokenizer.decode(ids)
+        if self.path == "verify":
+            return self._checked("decode", text, lambda: self.tokenizer.decode_reference(ids))
+        return text
 
     def parse_response(
         self, output_ids: Sequence[int], tools: Sequence[dict] | None = None, **template_kwargs: Any
@@ -244,7 +272,11 @@ class Renderer:
         text and no cache is used. Raises what the template raises (e.g. the TypeError of a
         template that concatenates dict arguments), as `apply_chat_template` would."""
         kwargs = {**self.template_kwargs, **template_kwargs}
-        return self._template_fn()(list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
+        call = (list(messages), list(tools) if tools else None, add_generation_prompt, kwargs)
+        text = self._template_fn()(*call)
+        if self.path == "verify":
+            return self._checked("text", text, lambda: self._reference_fn()(*call))
+        return text
 
     def render_delta(
         self, prev: Sequence[dict], new: Sequence[dict], tools: Sequence[dict] | None = None, **template_kwargs: Any
@@ -310,43 +342,103 @@ class Renderer:
         return self._check_path("native")
 
     def _check_path(self, kind: str, *parts: Any) -> Path:
-        """Where a verdict about this template is kept: per template, variables and library versions."""
-        import jinja2
+        """Where a verdict about this template is kept: keyed by the template, its variables, the
+        render layer's source and the library versions (`io.cache`)."""
+        inputs = (self._rendered_template, self.tokenizer.special_tokens_map, *parts)
+        key = CacheKey("render-checks", kind, inputs, code_digest("render"), ("transformers", "jinja2"))
+        return key.path(".json")
 
-        digest = verdict_digest(
-            kind,
-            self._rendered_template,
-            self.tokenizer.special_tokens_map,
-            *parts,
-            library_version("transformers"),
-            jinja2.__version__,
-        )
-        return cache_dir() / "render-checks" / f"{kind}-{digest}.json"
+    def _guard(self, render: Any) -> Any:
+        """`render` under the template limits (`render.limits`)."""
+        return limited(render, limits=self.limits, template=self.template_identity or "(inline)")
 
     def _template_fn(self) -> Any:
-        """The template as a function, run under the template limits (`render.limits`)."""
+        """The template as a function, run under the template limits: the fast runner, or on the
+        reference path transformers' `apply_chat_template` itself."""
+        if self.path == "reference":
+            return self._reference_fn()
         if self._guarded is None:
-            guard = functools.partial(limited, limits=self.limits, template=self.template_identity or "(inline)")
             self._jinja = _jinja_renderer(
-                self.tokenizer, self._rendered_template, self._runner_verdict_path(), self.limits.output, guard
+                self.tokenizer, self._rendered_template, self._runner_verdict_path(), self.limits.output, self._guard
             )
-            self._guarded = guard(self._jinja)
+            self._guarded = self._guard(self._jinja)
         return self._guarded
+
+    def _reference_fn(self) -> Any:
+        if self._reference is None:
+            self._reference = self._guard(transformers_template(self.tokenizer, self._rendered_template))
+        return self._reference
 
     def _apply_template(
         self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool, kwargs: dict
     ) -> str:
+        return self._run(self._template_fn(), messages, tools, add_generation_prompt, kwargs)
+
+    def _reference_text(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict
+    ) -> str:
+        self.engine.stats["reference_renders"] += 1
+        return self._run(self._reference_fn(), messages, tools, generation, kwargs)
+
+    def _reference_ids(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict
+    ) -> list[int]:
+        """`apply_chat_template(tokenize=True)`'s ids: transformers' render, encoded by its tokenizer."""
+        return self.tokenizer.encode_reference(self._reference_text(messages, tools, generation, kwargs))
+
+    def _checked(self, what: str, fast: Any, reference: Callable[[], Any]) -> Any:
+        """`--verify`: the fast result compared with the reference one; a difference is counted
+        under `verify:<what>_differs` and the reference result is used."""
+        expected = reference()
+        self.engine.stats["verify:checked"] += 1
+        if fast == expected:
+            return fast
+        self.engine.stats[f"verify:{what}_differs"] += 1
+        return expected
+
+    def _run(self, template: Any, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs):
         from jinja2 import TemplateError
 
         try:
-            return self._template_fn()(
+            return template(
                 families.template_messages(messages, self._text_arguments),
                 list(tools) if tools else None,
-                add_generation_prompt,
+                generation,
                 kwargs,
             )
         except TemplateError as exc:
             raise TemplateFailed(self.template_identity or "(inline)", str(exc)) from exc
+
+
+def verify_summary(stats: dict[str, int]) -> dict[str, Any]:
+    """`--verify`'s counters (`Renderer._checked`): fast results compared with
+    transformers' own, and per kind of result (ids, text, encode, decode) how many differed."""
+    differing = {
+        key.split(":", 1)[1].removesuffix("_differs"): int(value)
+        for key, value in sorted(stats.items())
+        if key.startswith("verify:") and key.endswith("_differs")
+    }
+    return {
+        "checked": int(stats.get("verify:checked", 0)),
+        "differences": sum(differing.values()),
+        "by_kind": differing,
+    }
+
+
+def transformers_template(tokenizer: Tokenizer, chat_template: str) -> Callable[..., str]:
+    """The template as transformers renders it: `apply_chat_template(tokenize=False)`."""
+
+    def render(messages, tools, generation, kwargs):
+        return tokenizer.hf.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=chat_template,
+            add_generation_prompt=generation,
+            tokenize=False,
+            **kwargs,
+        )
+
+    return render
 
 
 def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | None, size_limit: int, guard: Any):
@@ -362,16 +454,7 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
     worker).
     """
     specials = tokenizer.special_tokens_map
-
-    def reference(messages, tools, generation, kwargs):
-        return tokenizer.hf.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=chat_template,
-            add_generation_prompt=generation,
-            tokenize=False,
-            **kwargs,
-        )
+    reference = transformers_template(tokenizer, chat_template)
 
     @functools.cache
     def transformers_render():
@@ -406,15 +489,3 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
     return (
         build_runner(chat_template, specials, transformers_render, verdict, size_limit, guard) or transformers_render()
     )
-
-
-@functools.cache
-def library_version(name: str) -> str:
-    """An installed distribution's version, read without importing it (importing transformers
-    takes a second, and a replay that finds its render verdicts on disk never needs it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"

@@ -4,7 +4,9 @@ A renderer's output depends on its tokenizer, its template text, the default tem
 the tool-call format it parses, the date a date-stamping template (gpt-oss) prints, and the
 limits its template runs under. Two recordings that differ in any of these need two renderers,
 so `RenderSpec` is what the renderer pool keys on (`pipeline.RendererPool`), and its `identity()`
-is what run.json records for each renderer.
+is what run.json records for each renderer. `path` says how a renderer computes its output
+(`RENDER_PATHS`): the fast path, transformers' own functions end to end, or both with every
+result compared.
 
     spec = RenderSpec.resolve("qwen3", chat_template=None, dump_meta=meta)   # names → texts
     renderer = spec.build()
@@ -23,12 +25,22 @@ from trace_tools.errors import (
     TemplateLimitExceeded,
     TemplateUnusable,
     TraceToolsError,
+    UnknownName,
     UnusableInput,
 )
 from trace_tools.render.limits import TemplateLimits
 
 if TYPE_CHECKING:
     from trace_tools.render.renderer import Renderer
+
+# How a renderer computes its renders and ids:
+#   fast       our shortcuts (incremental windowed renders, our own Jinja environment and BPE
+#              encoder), each one checked where it is decided (probe verdicts, boundaries);
+#   reference  transformers' `apply_chat_template` on the whole conversation and transformers'
+#              tokenizer (the `tokenizers` backend) for every render, encode and decode;
+#   verify     the fast path, every result compared with the reference one: a difference is
+#              counted (`verify:*` render counters) and the reference result is used.
+RENDER_PATHS = ("fast", "reference", "verify")
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,11 @@ class RenderSpec:
     tool_format: str | None = None
     render_date: str | None = None
     limits: TemplateLimits = field(default_factory=TemplateLimits.from_env)
+    path: str = "fast"
+
+    def __post_init__(self) -> None:
+        if self.path not in RENDER_PATHS:
+            raise UnknownName("render path", self.path, RENDER_PATHS)
 
     @classmethod
     def resolve(
@@ -52,6 +69,7 @@ class RenderSpec:
         dump_meta: DumpMeta | None = None,
         template_kwargs: dict | None = None,
         tool_format: str | None = None,
+        path: str = "fast",
     ) -> "RenderSpec":
         """Resolve names the way the CLI does: options first, then the dump's own metadata
         (`trace_tools.tokenizer`, `.chat_template`, `.render_date`). Nothing is loaded; unknown
@@ -71,7 +89,7 @@ class RenderSpec:
         render_date = dump_meta.extra.get("render_date") if dump_meta else None
         _check_date(render_date)
         kwargs = json.dumps(template_kwargs or {}, sort_keys=True, default=repr)
-        return cls(name, text, identity, kwargs, tool_format, render_date)
+        return cls(name, text, identity, kwargs, tool_format, render_date, path=path)
 
     def build(self) -> "Renderer":
         from trace_tools.render.renderer import Renderer
@@ -80,10 +98,12 @@ class RenderSpec:
 
     def identity(self) -> dict[str, Any]:
         """What run.json records of a renderer: every input except the template text (its source
-        and digest stand for it), the effective tool-call format and the library versions."""
-        from trace_tools.render.renderer import detect_tool_format, library_version
+        and digest stand for it), the effective tool-call format and the library versions; the render
+        path only when it is not the default one, so a default run's run.json is what it was."""
+        from trace_tools.io.cache import library_version
+        from trace_tools.render.renderer import detect_tool_format
 
-        return {
+        identity = {
             "tokenizer": self.tokenizer,
             "template": self.template_identity,
             "template_kwargs": json.loads(self.template_kwargs),
@@ -93,6 +113,7 @@ class RenderSpec:
             "transformers": library_version("transformers"),
             "tokenizers": library_version("tokenizers"),
         }
+        return identity if self.path == "fast" else {**identity, "path": self.path}
 
 
 _PROBE = [{"role": "user", "content": "Hello"}]

@@ -7,7 +7,7 @@ a time), rebuilds the tool schemas, and its Jinja sandbox works out again, for e
 the template reads, whether reading it is safe. Here:
 
 * a message's template form is built once and memoised by object identity until `reset()`
-  (messages are never mutated once built; see `incremental`);
+  (canonical messages are frozen, `render.canonical.freeze`, so a form never goes stale);
 * the sandbox's verdict is memoised per (type, attribute name), the only things it depends
   on, and a key read as an attribute of a plain dict (`message.content`) is looked up
   directly, as the sandbox ends up doing after its attribute lookup fails.
@@ -45,6 +45,7 @@ from jinja2.utils import Namespace
 
 from trace_tools.memo import IdentityMemo
 from trace_tools.render import limits
+from trace_tools.render.canonical import FrozenDict, FrozenList
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # Public str methods the sandbox lets through unwrapped (it wraps only the two format methods), less
@@ -256,11 +257,11 @@ class _SafeNamespace(Namespace):
 def _plain_json(value: Any) -> Any:
     """A copy of exact JSON types (str-keyed dicts, lists, scalars); anything else is `_NotPlain`."""
     kind = type(value)
-    if kind is dict:
+    if kind is dict or kind is FrozenDict:
         if not all(type(key) is str for key in value):
             raise _NotPlain
         return {key: _plain_json(item) for key, item in value.items()}
-    if kind is list:
+    if kind is list or kind is FrozenList:
         return [_plain_json(item) for item in value]
     if value is None or kind is str or kind is int or kind is float or kind is bool:
         return value
@@ -283,7 +284,7 @@ class NativeSteps:
 
     @staticmethod
     def message(message: Any) -> dict:
-        if type(message) is not dict:
+        if type(message) is not dict and type(message) is not FrozenDict:
             raise _NotPlain
         form = {key: _plain_json(value) for key, value in message.items() if value is not None}
         reasoning = next((form[key] for key in _REASONING_KEYS if form.get(key) is not None), None)

@@ -87,6 +87,7 @@ def run(
     overwrite: bool = False,
     mirror: Any = None,
     finish: Callable[[EngineResult], T],
+    owns_process: bool = False,
 ) -> T:
     """Replay `dump` under `options` into a run directory (tables only; see the module docstring),
     then `finish(result)` (the summary and reports) while this process still holds the run's lock.
@@ -94,7 +95,8 @@ def run(
     Everything that would make every session fail the same way is checked before the first one
     (`preflight`): a usage error (exit 2) then, never a quarantine of everything. `mirror` (an
     `io.storage.StagedRun`, for a run directory in object storage) hears when the shards were
-    reset and when each one is written."""
+    reset and when each one is written. `owns_process`: the caller owns this process (the command
+    line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
     from trace_tools.pipeline import Pipeline
 
     workers = workers or default_workers()
@@ -112,11 +114,12 @@ def run(
         prompt_source=options.prompt_source,
         tool_format=options.tool_format,
         id_arrays=workers > 1,
+        render_path=options.render_path,
     )
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
-    current = shards.fingerprint(asdict(options), stream.files)
+    current = shards.fingerprint(options.recorded(), stream.files)
     check_dump(dump_path, stream, options)
     pipeline.renderers.check_templates()
     check_run_dir(run_dir, current, overwrite)
@@ -139,7 +142,8 @@ def run(
             list(stream.warnings),
             redone_shards=verdict.redone,
         )
-        _replay(stream, result, verdict.reusable, current["stamp"], workers, executor, address, progress, mirror)
+        where = (workers, executor, address, owns_process)
+        _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror)
         return finish(result)
 
 
@@ -148,21 +152,21 @@ def _replay(
     result: EngineResult,
     reusable: list[shards.Marker],
     stamp: str,
-    workers: int,
-    executor: str,
-    address: str | None,
+    where: tuple[int, str, str | None, bool],
     progress: Callable[[int, int], None] | None,
     mirror: Any,
 ) -> None:
-    """Replay the sessions no reusable shard holds into new shards, then merge every shard."""
+    """Replay the sessions no reusable shard holds into new shards, then merge every shard.
+    `where`: (workers, executor, Ray address, whether the caller owns this process)."""
     options, run_dir = result.options, result.run_dir
+    workers, executor, address, owns_process = where
     tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress)
     tracker.written = mirror.shard_written if mirror is not None else None
     if executor == "ray":
         slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
-        results = _local_results(stream, options, workers, tracker)
+        results = _local_results(stream, options, workers, tracker, owns_process)
     try:
         for position, rows in results:
             tracker.add(position, rows)
@@ -183,7 +187,9 @@ def _replay(
         tracker.samples.commit()
 
 
-def _local_results(stream: Any, options: ReplayOptions, workers: int, tracker: "_Shards") -> Iterator[tuple[int, Any]]:
+def _local_results(
+    stream: Any, options: ReplayOptions, workers: int, tracker: "_Shards", owns_process: bool
+) -> Iterator[tuple[int, Any]]:
     """(position, rows) of every session not resumed, in stream order: this process reads the
     sessions (pass 2) and `run_sessions` replays them; a session quarantined while loading goes
     straight to the shards."""
@@ -200,7 +206,7 @@ def _local_results(stream: Any, options: ReplayOptions, workers: int, tracker: "
             else:
                 tracker.add(position, rundir.SessionRows.quarantined(item))
 
-    for rows in run_sessions(to_replay(), options, workers):
+    for rows in run_sessions(to_replay(), options, workers, owns_process):
         yield in_flight.popleft(), rows
 
 

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
-from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
+from trace_tools.io.load import DumpContext, SessionSlot, materialize_ids, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
@@ -64,12 +64,15 @@ def check_executor(executor: str, workers: int) -> None:
         raise TraceToolsError(f"--workers must be at least 1 (got {workers})")
 
 
-def run_sessions(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
+def run_sessions(
+    sessions: Iterable[Session], options: ReplayOptions, workers: int, owns_process: bool = False
+) -> Iterator[SessionRows]:
     """Replay `sessions` on this machine (`workers` processes; 1 = this one) and yield their rows
-    in the same order."""
+    in the same order. Worker processes pause their garbage collector during each session; this
+    process does only when the caller owns it (`owns_process`: the command line)."""
     check_executor("local", workers)
     if workers == 1:
-        return map(SessionReplayer(options), sessions)
+        return map(SessionReplayer(options, pause_gc=owns_process), sessions)
     return _pool(sessions, options, workers)
 
 
@@ -80,12 +83,14 @@ _WORKER: SessionReplayer | None = None
 def _init_worker(options: ReplayOptions) -> None:
     global _WORKER
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER = SessionReplayer(options)
+    _WORKER = SessionReplayer(options, pause_gc=True)
 
 
 def _replay_in_worker(session: Session) -> SessionRows:
+    """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle), turned
+    into the data model's `list[int]` once, here, then replayed."""
     assert _WORKER is not None, "worker not initialised"
-    return _WORKER(session)
+    return _WORKER(materialize_ids(session))
 
 
 def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
@@ -428,7 +433,7 @@ def _replay_slots(
 
     replayer = _RAY_REPLAYERS.get(options.key())
     if replayer is None:
-        replayer = _RAY_REPLAYERS[options.key()] = SessionReplayer(options)
+        replayer = _RAY_REPLAYERS[options.key()] = SessionReplayer(options, pause_gc=True)
     node, results, start = ray.get_runtime_context().get_node_id(), [], 0
     for slot in slots:
         started = time.process_time()

@@ -12,13 +12,13 @@ import gc
 import hashlib
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TemplateLimitExceeded, TraceToolsError
-from trace_tools.io.load import materialize_ids, session_warnings
+from trace_tools.io.load import session_warnings
 from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
@@ -40,20 +40,35 @@ class ReplayOptions:
     params: dict[str, Any] = field(default_factory=dict)
     write_samples: bool = True
     tool_format: str | None = None
+    render_path: str = "fast"  # how renders are computed, not what they are (`render.spec.RENDER_PATHS`)
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+    def recorded(self) -> dict[str, Any]:
+        """The options as run.json and the run's fingerprint record them: the render path only
+        when it is not the default, so a default run records what it did before the switch existed."""
+        recorded = asdict(self)
+        if self.render_path == "fast":
+            del recorded["render_path"]
+        return recorded
+
 
 class SessionReplayer:
-    """Replays sessions under fixed options; each process builds one (and its renderers) once."""
+    """Replays sessions under fixed options; each process builds one (and its renderers) once.
 
-    def __init__(self, options: ReplayOptions):
-        self.options = options
-        self.renderers = RendererPool(options.tokenizer, options.chat_template, tool_format=options.tool_format)
+    `pause_gc`: switch the cyclic garbage collector off while each session replays
+    (`_collector_paused`). It is process-wide, so only a process the replay owns does it: a worker
+    process, or the command line's; a notebook or a service calling the API keeps its collector."""
+
+    def __init__(self, options: ReplayOptions, pause_gc: bool = False):
+        self.options, self.pause_gc = options, pause_gc
+        self.renderers = RendererPool(
+            options.tokenizer, options.chat_template, tool_format=options.tool_format, render_path=options.render_path
+        )
 
     def __call__(self, session: Session) -> SessionRows:
-        with _collector_paused():
+        with _collector_paused() if self.pause_gc else nullcontext():
             try:
                 return self._replay(session)
             except TemplateLimitHit as hit:  # the template, not this session: the run stops (exit 2)
@@ -61,7 +76,7 @@ class SessionReplayer:
 
     def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()
-        materialize_ids(session)
+        _check_id_lists(session)
         rows.data_warnings = {kind: count for kind, (count, _example) in session_warnings(session).items()}
         try:
             prepared = self.prepare(session)
@@ -142,6 +157,19 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _check_id_lists(session: Session) -> None:
+    """Token ids are `list[int]` wherever a session is replayed (the data model's type); the int32
+    arrays a stream hands out for worker processes are turned into lists once, where they arrive
+    (`executors`, `io.load.materialize_ids`)."""
+    for turn in session.turns:
+        for ids in (turn.prompt_ids, turn.output_ids):
+            if ids is not None and type(ids) is not list:
+                raise TypeError(
+                    f"session {session.session_id!r} carries token ids as {type(ids).__name__}, not list[int]; "
+                    "a stream opened with id_arrays=True is materialized by the executor (io.load.materialize_ids)"
+                )
 
 
 def _quarantine(session_id: str, detail: str) -> dict[str, Any]:

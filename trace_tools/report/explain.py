@@ -29,6 +29,7 @@ class Explanation:
     window: TokenWindow | None
     strategy: str | None = None
     strategy_turn: dict[str, Any] = field(default_factory=dict)
+    verify: dict[str, Any] | None = None  # with render_path="verify": `render.renderer.verify_summary`
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -40,6 +41,7 @@ class Explanation:
             "window": asdict(self.window) if self.window else None,
             "strategy": self.strategy,
             "strategy_turn": self.strategy_turn,
+            **({"verify": self.verify} if self.verify is not None else {}),
         }
 
 
@@ -59,9 +61,12 @@ def explain(
     canonicalization: str = "slime",
     context: int = 8,
     tool_format: str | None = None,
+    render_path: str = "fast",
 ) -> Explanation:
     """Findings for every echoed turn of a session, focused on `turn` (default: the first drifted
-    one), plus (with `strategy`) what that strategy made of the focused turn."""
+    one), plus (with `strategy`) what that strategy made of the focused turn. `render_path`:
+    fast | reference | verify (`render.spec.RENDER_PATHS`); with verify, `Explanation.verify`
+    counts the renders checked and those that differed."""
     from trace_tools.pipeline import Pipeline
 
     pipeline = Pipeline(
@@ -72,6 +77,7 @@ def explain(
         prompt_source=prompt_source,
         tool_format=tool_format,
         columns=EXPLAIN_COLUMNS,
+        render_path=render_path,
     )
     prepared = pipeline.session(session_id)
     result = explain_prepared(prepared, turn=turn, context=context)
@@ -82,6 +88,10 @@ def explain(
         ctx = ReplayContext(prepared.renderer, canonicalization, prompt_source)
         result.strategy = strategy
         result.strategy_turn = strategy_turn_view(prepared, ctx, strategy, result.focus.turn_index)
+    if render_path == "verify" and prepared.renderer is not None:
+        from trace_tools.render.renderer import verify_summary
+
+        result.verify = verify_summary(prepared.renderer.cache_info())
     return result
 
 

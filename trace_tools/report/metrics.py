@@ -225,6 +225,8 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
     `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
     the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
     template re-renders earlier turns, `appended_role` for a new user or system message)."""
+    from trace_tools.render.renderer import verify_summary
+
     reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
     return {
         "incremental_renders": int(stats.get("incremental", 0)),
@@ -234,4 +236,7 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
         "tokens_encoded": int(stats.get("tokens_encoded", 0)),
         "tokens_reused": int(stats.get("tokens_reused", 0)),
         "templates_not_incremental": int(stats.get("template_not_incremental", 0)),
+        # only on the other render paths, so a default run's summary is what it was
+        **({"reference_renders": int(stats["reference_renders"])} if stats.get("reference_renders") else {}),
+        **({"verify": verify_summary(stats)} if stats.get("verify:checked") else {}),
     }

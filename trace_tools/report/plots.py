@@ -48,12 +48,14 @@ class PlotHelper:
 
     A process that has matplotlib loaded already (a notebook, a second replay) draws the plots
     itself: there is no import left to hide, and a fresh helper would have to import it again.
+    So does one that asks for no helper (`helper=False`: the API, unless its caller owns the
+    process, as the command line does).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, helper: bool = True) -> None:
         self._plot_dir: Path | None = None
         self._process: subprocess.Popen | None = None
-        if "matplotlib.figure" in sys.modules:
+        if not helper or "matplotlib.figure" in sys.modules:
             return
         try:
             self._process = subprocess.Popen(

@@ -13,7 +13,6 @@ Model specs:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -202,11 +201,10 @@ def build_tiny_qwen3() -> Any:
 
 def tiny_qwen3_dir() -> Path:
     """Where the cached tiny-qwen3 lives; the name hashes the recipe, so a changed recipe rebuilds."""
-    from trace_tools.render.tokenizer import cache_dir
+    from trace_tools.io.cache import CacheKey
 
     recipe = json.dumps({"config": TINY_QWEN3_CONFIG, "seed": TINY_QWEN3_SEED, "v": TINY_QWEN3_RECIPE}, sort_keys=True)
-    digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"{TINY_QWEN3}-{digest}"
+    return CacheKey("models", TINY_QWEN3, (recipe,), libraries=("torch", "transformers")).path()
 
 
 def ensure_tiny_qwen3() -> Path:

@@ -1,0 +1,166 @@
+"""The on-disk cache: where built artefacts live, how each is keyed, and what is there.
+
+Everything trace-tools keeps between processes lives under one folder, `cache_dir()`:
+`$TRACE_TOOLS_CACHE` when set, else `$XDG_CACHE_HOME/trace-tools`, else `~/.cache/trace-tools`.
+Each kind of artefact has its own subfolder (`KINDS`), and each artefact's file name ends with
+the digest of a `CacheKey`: everything the artefact is computed from, named explicitly.
+
+    key = CacheKey("tokenizers", "qwen3", inputs=(ranks_sha, recipe), code=code_digest("render/tokenizer_files.py"),
+                   libraries=("tokenizers", "transformers"))
+    key.path("/tokenizer.json")   # ~/.cache/trace-tools/tokenizers/qwen3-<digest>/tokenizer.json
+
+A change to any input, to the digested source, or to a named library's version gives another
+digest, so a stale artefact is never read (it stays on disk until `clear`). The run
+fingerprint of a run directory (`io.shards.fingerprint`) digests the code that computes results
+with the same `code_digest`. `info()` and `clear()` back `trace-tools cache info|clear`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from trace_tools.errors import UnknownName
+
+# Subfolder -> what it holds (shown by `trace-tools cache info`).
+KINDS = {
+    "render-checks": "per-template verdicts: which render shortcuts reproduce transformers",
+    "tokenizers": "tokenizer.json files converted from BPE ranks, and the ranks as marshal data",
+    "models": "the tiny randomly initialised model rescore tests and benchmarks use",
+    "bench": "benchmark dumps (benchmarks/)",
+}
+ENV_VAR = "TRACE_TOOLS_CACHE"
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def cache_dir() -> Path:
+    """Where built artefacts live: `$TRACE_TOOLS_CACHE`, else `$XDG_CACHE_HOME/trace-tools` or
+    `~/.cache/trace-tools`."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trace-tools"
+
+
+@functools.cache
+def code_digest(*parts: str) -> str:
+    """sha256 (16 hex digits) of the source of `parts`: modules or packages of trace_tools, named
+    relative to it (`"render"`, `"io/load.py"`), each package with every module below it."""
+    digest = hashlib.sha256()
+    for part in parts:
+        root = _PACKAGE / part
+        paths = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for path in paths:
+            digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def library_version(name: str) -> str:
+    """An installed distribution's version, read without importing it (importing transformers
+    takes a second, and a replay that finds its render verdicts on disk never needs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if name == "python":
+        return platform.python_version()
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What one cached artefact is computed from.
+
+    `kind`: its subfolder (one of `KINDS`); `name`: a readable prefix of its file name;
+    `inputs`: the values it is computed from (their `repr`s are digested, so pass strings,
+    numbers and tuples of them); `code`: a `code_digest` of the source that computes it;
+    `libraries`: distributions (or `"python"`) whose versions change what it holds.
+    """
+
+    kind: str
+    name: str
+    inputs: tuple[Any, ...] = ()
+    code: str = ""
+    libraries: tuple[str, ...] = ()
+
+    def digest(self) -> str:
+        versions = {library: library_version(library) for library in self.libraries}
+        parts = [[repr(value) for value in self.inputs], self.code, versions]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+    def path(self, suffix: str = "") -> Path:
+        """`cache_dir()/kind/name-digest` plus `suffix` (`".json"`, or `"/tokenizer.json"` for a
+        folder per artefact)."""
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown cache kind {self.kind!r}; add it to io.cache.KINDS")
+        return cache_dir() / self.kind / f"{self.name}-{self.digest()}{suffix}"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    kind: str
+    description: str
+    entries: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    location: Path
+    from_env: bool  # True when `$TRACE_TOOLS_CACHE` chose the location
+    kinds: tuple[KindInfo, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(kind.bytes for kind in self.kinds)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "location": str(self.location),
+            "env_var": ENV_VAR,
+            "from_env": self.from_env,
+            "bytes": self.bytes,
+            "kinds": {
+                k.kind: {"entries": k.entries, "bytes": k.bytes, "description": k.description} for k in self.kinds
+            },
+        }
+
+
+def info() -> CacheInfo:
+    """The cache's location and, per kind, how many artefacts it holds and their size on disk."""
+    root = cache_dir()
+    kinds = tuple(KindInfo(kind, text, *_entries_and_bytes(root / kind)) for kind, text in KINDS.items())
+    return CacheInfo(root, bool(os.environ.get(ENV_VAR)), kinds)
+
+
+def clear(kinds: Iterable[str] | None = None) -> CacheInfo:
+    """Delete the artefacts of `kinds` (default: every kind); returns what was there before.
+    Only the kinds' own subfolders are removed, never the cache folder itself or anything else in
+    it (`$TRACE_TOOLS_CACHE` may point at a folder that holds other things)."""
+    chosen = list(kinds or KINDS)
+    for kind in chosen:
+        if kind not in KINDS:
+            raise UnknownName("cache kind", kind, list(KINDS))
+    before = info()
+    for kind in chosen:
+        shutil.rmtree(before.location / kind, ignore_errors=True)
+    return CacheInfo(before.location, before.from_env, tuple(k for k in before.kinds if k.kind in chosen))
+
+
+def _entries_and_bytes(folder: Path) -> tuple[int, int]:
+    """Artefacts directly in `folder` (a file or a folder each; temporary files left out) and the
+    bytes of every file below it."""
+    if not folder.is_dir():
+        return 0, 0
+    entries = sum(1 for child in folder.iterdir() if not child.name.startswith("."))
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    return entries, size

@@ -1,0 +1,156 @@
+"""A dump's files and metadata: the Parquet files of a path or URI, their schemas, their
+`trace_tools.*` metadata merged into one `DumpMeta`, and record batches read from them (`io.load`
+reads sessions through these)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_tools.data import DumpMeta
+from trace_tools.errors import UnusableInput
+from trace_tools.io import storage
+from trace_tools.io.rows import (
+    short,
+)
+from trace_tools.io.schema import (
+    META_FIELDS,
+    META_PREFIX,
+    SUPPORTED_SCHEMA_VERSIONS,
+)
+from trace_tools.io.storage import Location
+
+
+def find_files(path: Location) -> list[Location]:
+    """The Parquet files of a dump (a local path or a URI, `io.storage`): the file itself, or every
+    `*.parquet` under a directory, sorted.
+
+    Local directories that trace-tools writes (a replay run, a rescore output) are outputs, never
+    input: one inside a dump directory is passed over, and pointing at one is an error that says so."""
+    from trace_tools.io.rundir import directory_kind, not_a_dump
+
+    root = storage.location(path)
+    if storage.is_file(root):
+        kind = directory_kind(root.parent) if isinstance(root, Path) else None
+        if kind is not None and isinstance(root, Path):
+            raise UnusableInput(not_a_dump(root, root.parent, kind))
+        return [root]
+    if not storage.exists(root):
+        raise UnusableInput(f"no such file or directory: {path}; pass a Parquet file or a directory of them")
+    if not storage.is_dir(root):
+        raise UnusableInput(f"{path} is neither a file nor a directory; pass a Parquet file or a directory of them")
+    if isinstance(root, Path):
+        kind = directory_kind(root)
+        if kind is not None:
+            raise UnusableInput(not_a_dump(root, root, kind))
+        files: list[Location] = sorted(_parquet_files(root))
+    else:
+        files = storage.list_files(root, ".parquet")
+    if not files:
+        raise UnusableInput(f"no .parquet files under {path}; pass a Parquet file or a directory of them")
+    return files
+
+
+def _parquet_files(root: Path) -> Iterator[Path]:
+    """`*.parquet` files under a local `root`, passing over the directories trace-tools writes."""
+    import os
+
+    from trace_tools.io.rundir import directory_kind
+
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = [name for name in subfolders if directory_kind(Path(folder) / name) is None]
+        yield from (path for name in names if name.endswith(".parquet") and (path := Path(folder) / name).is_file())
+
+
+def unreadable_file(path: Location, error: Exception) -> UnusableInput:
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
+
+
+def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
+    """A file's Arrow schema and the row count of each row group, from its footer only."""
+    try:
+        with storage.open_input(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            groups = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
+            return parquet.schema_arrow, groups
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise unreadable_file(path, error) from None
+
+
+def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput."""
+    try:
+        with storage.open_input(path) as handle:
+            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise unreadable_file(path, error) from None
+
+
+def trace_tools_keys(schema: pa.Schema) -> dict[str, str]:
+    """The file's `trace_tools.*` key-value metadata, prefix stripped."""
+    found = {}
+    for key, value in (schema.metadata or {}).items():
+        key = key.decode("utf-8", "replace")
+        if key.startswith(META_PREFIX):
+            found[key[len(META_PREFIX) :]] = value.decode("utf-8", "replace")
+    return found
+
+
+def merge_keys(per_file: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]]:
+    """Merge files' metadata for dump-level reporting (the first file that sets a key wins); one
+    note per disputed key. Sessions keep their own file's metadata (see `SessionStream`)."""
+    merged: dict[str, str] = {}
+    source: dict[str, str] = {}
+    warnings: dict[str, str] = {}
+    for label, keys in per_file:
+        for key, value in keys.items():
+            if key not in merged:
+                merged[key], source[key] = value, label
+            elif merged[key] != value and key not in warnings:
+                warnings[key] = (
+                    f"files disagree on {META_PREFIX}{key}: {source[key]} has {short(merged[key])}, "
+                    f"{label} has {short(value)}; each session keeps its own file's value "
+                    f"(dump-level summaries show {source[key]}'s)"
+                )
+    return merged, list(warnings.values())
+
+
+def merged_dump_meta(keys: dict[str, str], overrides: dict[str, str | None]) -> DumpMeta:
+    """A DumpMeta from merged `trace_tools.*` keys, with non-None keyword overrides applied."""
+    known = {name: keys.get(name) for name in META_FIELDS}
+    extra = {key: value for key, value in keys.items() if key not in META_FIELDS}
+    meta = DumpMeta(**known, extra=extra)
+    # Any: mypy checks `**` values against every field, `extra` included; these keys are str options.
+    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(meta, **chosen)
+
+
+def check_schema_version(label: str, keys: dict[str, str]) -> None:
+    """A file that declares a schema version this trace-tools does not read is refused, not guessed at."""
+    version = keys.get("schema_version")
+    if version is not None and version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise UnusableInput(
+            f"{label} declares trace_tools.schema_version {version!r}; this trace-tools reads schema version "
+            f"{', '.join(SUPPORTED_SCHEMA_VERSIONS)}: convert the dump, or read it with the trace-tools that wrote it"
+        )
+
+
+def read_dump_meta(path: Location) -> DumpMeta:
+    """The dump's `trace_tools.*` metadata from the file footers alone (first file wins on conflicts)."""
+    files = find_files(path)
+    keys, _ = merge_keys([(str(f), trace_tools_keys(read_file_schema(f)[0])) for f in files])
+    return merged_dump_meta(keys, {})
+
+
+def vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
+    """The out-of-vocab bound: the explicit size, else the tokenizer's full size, else None (unknown)."""
+    if vocab_size is not None:
+        return int(vocab_size)
+    from trace_tools.io.vocab import vocab_size_for
+
+    return vocab_size_for(tokenizer)

@@ -1,0 +1,199 @@
+"""Record batches made ready for rows (`io.load`): the token-id columns checked in range at once and
+turned into lists of the process's shared ints (or int32 arrays to ship to worker processes,
+turned into lists there by `materialize_ids`), oversized cells nulled before anything decodes
+them, timestamps read as UTC."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from trace_tools.data import Session
+from trace_tools.ids import shared_ints
+from trace_tools.io.rows import (
+    records,
+)
+from trace_tools.io.schema import (
+    INT32_MAX,
+)
+
+_UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str]:
+    """Token-id columns of a batch whose every value is non-null and in range, checked at once."""
+    import pyarrow.compute as pc
+
+    bound = vocab_size if vocab_size is not None else INT32_MAX + 1
+    ok = []
+    for name in ("output_ids", "prompt_ids"):
+        index = batch.schema.get_field_index(name)
+        if index < 0 or not (
+            pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)
+        ):
+            continue
+        values = batch.column(index).flatten()
+        if values.null_count or not pa.types.is_integer(values.type):
+            continue
+        low_high = pc.min_max(values)
+        low, high = low_high["min"].as_py(), low_high["max"].as_py()
+        if low is None or (low >= 0 and high < bound):
+            ok.append(name)
+    return frozenset(ok)
+
+
+def batch_records(batch: pa.RecordBatch, checked: frozenset[str], as_arrays: bool) -> list[dict[str, Any]]:
+    """The batch's rows as dicts (`rows.records`). The token-id columns in `checked` (in range)
+    become lists of shared int objects (a 50k-token prompt is then 400 kB of pointers, not 1.8 MB
+    of ints), or with `as_arrays` int32 arrays, which cross to worker processes as plain bytes
+    (`materialize_ids` turns them into lists there)."""
+    plain = batch.drop_columns(list(checked)) if checked else batch
+    rows = records(plain)
+    for name in checked:
+        values = _id_arrays(batch.column(name)) if as_arrays else _interned_lists(batch.column(name))
+        for row, ids in zip(rows, values):
+            row[name] = ids
+    return rows
+
+
+def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
+    """(flat values, row starts, row ends, validity) of a list<int> column."""
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    offsets = column.offsets.to_numpy()
+    base = int(offsets[0])
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return flat, (offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist(), valid
+
+
+def _interned_lists(column: pa.Array) -> list[list[int] | None]:
+    """A list<int> column's rows, each a list of the process-wide shared int objects."""
+    flat, starts, ends, valid = _rows_of(column)
+    # Row by row: one list per row, without a whole-column list to slice copies from.
+    return _shared_lists([flat[a:b] if ok else None for a, b, ok in zip(starts, ends, valid)])
+
+
+def _shared_lists(rows: list[Any]) -> list[list[int] | None]:
+    """Integer arrays as lists of the shared int objects (`_int_objects`).
+
+    A row that starts with the row before it (a session's prompt repeats its history) copies that
+    row's list and converts only the rest: a list copy touches each element once, a conversion
+    three times, and the history is nearly all of a long prompt."""
+    import numpy as np
+
+    lists: list[list[int] | None] = []
+    previous: Any = None
+    previous_list: list[int] = []
+    for row in rows:
+        if row is None or isinstance(row, list):  # nothing to convert
+            lists.append(row)
+            previous = None
+            continue
+        objects = _int_objects(int(row.max()) + 1 if len(row) else 0)
+        n = len(previous) if previous is not None else 0
+        if 0 < n <= len(row) and np.array_equal(row[:n], previous):
+            ids = previous_list.copy()
+            ids += objects[row[n:]].tolist()
+        else:
+            ids = objects[row].tolist()
+        lists.append(ids)
+        previous, previous_list = row, ids
+    return lists
+
+
+def _id_arrays(column: pa.Array) -> list[Any]:
+    """A list<int> column's rows as int32 arrays (copies, so the batch is not kept alive)."""
+    import numpy as np
+
+    flat, starts, ends, valid = _rows_of(column)
+    flat = flat.astype(np.int32, copy=False)
+    return [flat[a:b].copy() if ok else None for a, b, ok in zip(starts, ends, valid)]
+
+
+def materialize_ids(session: Session) -> Session:
+    """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
+    shared ints, in place: the data model's `list[int]`, what strategies work on. Called once per
+    session, by the executor that received it (`replay.executors`)."""
+    for name in ("output_ids", "prompt_ids"):
+        for turn, ids in zip(session.turns, _shared_lists([getattr(turn, name) for turn in session.turns])):
+            setattr(turn, name, ids)
+    return session
+
+
+_INT_OBJECTS: list[Any] = []
+
+
+def _int_objects(size: int) -> Any:
+    """An object array whose i-th entry is the int i: `ids.shared_ints`'s objects, so recorded and
+    tokenized ids compare by pointer."""
+    import numpy as np
+
+    if not _INT_OBJECTS or len(_INT_OBJECTS[0]) < size:
+        table = shared_ints(size)
+        objects = np.empty(len(table), dtype=object)
+        objects[:] = table
+        _INT_OBJECTS[:] = [objects]
+    return _INT_OBJECTS[0]
+
+
+def without_oversized(batch: pa.RecordBatch, limit: int) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """The batch with every cell over `limit` bytes nulled before anything decodes it, and for each
+    such row (by position) what was too large; `_row_turn` quarantines its session."""
+    oversized: dict[int, str] = {}
+    columns = list(batch.columns)
+    for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
+        cells = oversized_rows(column, limit)
+        for position, size in cells.items():
+            oversized.setdefault(
+                position, f"{name} holds {size:,} bytes, over the cell limit of {limit:,} ($TRACE_TOOLS_MAX_CELL_BYTES)"
+            )
+        if cells:
+            columns[index] = null_rows(column, cells)
+    return (pa.RecordBatch.from_arrays(columns, schema=batch.schema), oversized) if oversized else (batch, oversized)
+
+
+def oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
+    """Row position → size in bytes of the cells of `column` larger than `limit`, measured on
+    Arrow's buffers (nothing decoded)."""
+    import pyarrow.compute as pc
+
+    found: dict[int, int] = {}
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        return found  # values shared through a dictionary are counted where they are stored
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or (pa.types.is_large_binary(kind))
+    ):
+        sizes = pc.binary_length(column)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        width = kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8
+        sizes = pc.multiply(pc.list_value_length(column), max(width, 1))
+    else:
+        return found
+    largest = pc.max(sizes).as_py()
+    if largest is None or largest <= limit:
+        return found
+    for position in pc.indices_nonzero(pc.greater(sizes, limit)).to_pylist():
+        found[position] = sizes[position].as_py()
+    return found
+
+
+def null_rows(column: pa.Array, rows: dict[int, int]) -> pa.Array:
+    """`column` with the cells at `rows` made null (the oversized ones, never decoded)."""
+    if not rows:
+        return column
+    import pyarrow.compute as pc
+
+    mask = pa.array([position in rows for position in range(len(column))])
+    return pc.if_else(mask, pa.scalar(None, column.type), column)
+
+
+def utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
+    columns = [
+        column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column for column in batch.columns
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
