@@ -10,6 +10,17 @@ import pytest
 os.environ.setdefault("TRACE_TOOLS_WORKERS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_handler_restored():
+    """A CLI command run in-process that handles Ctrl-C ignores further ones while it exits (as a
+    real process would, right before exiting); put Python's handler back, or every process the
+    suite starts afterwards would inherit an ignored SIGINT."""
+    import signal
+
+    yield
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory):
     """One replay of the bundled sample_traces/ through every strategy (shared by report/gate/compare tests)."""
