@@ -69,7 +69,8 @@ def import_cmd(
         console.print(_table(report))
         for warning in report.warnings:
             console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-        console.print(f"wrote {report.out} and {report.quarantine_file}", highlight=False)
+        listed = f" and {report.quarantine_file}" if report.quarantine_file else " (nothing to quarantine)"
+        console.print(f"wrote {report.out}{listed}", highlight=False)
     if strict and not report.clean:
         raise typer.Exit(1)
 
