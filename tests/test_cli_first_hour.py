@@ -263,3 +263,20 @@ def test_reconstruct_takes_template_names_like_replay(simulated_dump):
     result = _invoke("reconstruct", simulated_dump, "--chat-template", "qwen3", "--json")
     assert result.exit_code == 0, result.output
     assert '"exact"' in result.output
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
+def test_help_is_whole_at_80_columns(name):
+    """Rich cuts a word longer than the help column with `…`: no option help may have one."""
+    text = _invoke(name, "--help", COLUMNS="80").output
+    assert max(len(line) for line in text.splitlines()) == 80
+    assert "…" not in text
+
+
+@pytest.mark.parametrize("name", ["replay", "import", "validate", "audit-template", "reconstruct", "rescore"])
+def test_every_tokenizer_option_lists_every_builtin_tokenizer(name):
+    from trace_tools.render.tokenizer import known_names
+
+    text = " ".join(_invoke(name, "--help", COLUMNS="300").output.replace("│", " ").split())
+    help_text = text.split("--tokenizer", 1)[1]
+    assert all(tokenizer in help_text for tokenizer in known_names()), help_text[:300]

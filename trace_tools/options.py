@@ -84,8 +84,8 @@ class Param:
         return str(value)
 
     def values(self) -> str:
-        """`choice|choice; default X` (or `int; default X`): what the option takes, for help texts."""
-        kind = "|".join(self.choices) if self.choices else self.type.__name__
+        """`choice | choice; default X` (or `int; default X`): what the option takes, for help texts."""
+        kind = " | ".join(self.choices) if self.choices else self.type.__name__  # spaced: help text wraps there
         default = "none" if self.default is None else str(self.default).lower() if self.type is bool else self.default
         return f"{kind}; default {default}"
 

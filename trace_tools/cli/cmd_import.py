@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 
 def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="miles | openai | gateway-traces.")],
@@ -16,7 +18,7 @@ def import_cmd(
         Optional[str],
         typer.Option(
             "--tokenizer",
-            help="qwen3, qwen3.5 or a tokenizer directory: written into the dump, ids checked against it.",
+            help=TOKENIZER_HELP + ": written into the dump, ids checked against it.",
         ),
     ] = None,
     chat_template: Annotated[
@@ -43,8 +45,9 @@ def import_cmd(
 ) -> None:
     """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
 
-    Malformed records are listed with a reason in DUMP's import quarantine (<dump>.quarantine.jsonl)
-    and quarantine their session; non-200 requests are kept there as rejected requests.
+    Malformed records are listed with a reason in the import quarantine next to the dump
+    (DUMP.quarantine.jsonl, written only when there is something to list) and quarantine their
+    session; non-200 requests are kept there as rejected requests.
 
     Example: trace-tools import miles tests/fixtures/import/miles_sessions.json --tokenizer qwen3 --out imported.parquet
     """

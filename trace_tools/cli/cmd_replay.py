@@ -31,7 +31,10 @@ def replay_cmd(
     strategy: StrategyOpt = None,
     out: Annotated[
         Optional[str],
-        typer.Option(help="Run directory, a path or a URI (default: ./trace-tools-runs/<dump>-<UTC time>/)."),
+        typer.Option(
+            help="Run directory, a path or a URI (default: a new directory in ./trace-tools-runs/ named "
+            "after the dump and the UTC time)."
+        ),
     ] = None,
     prompt_source: Annotated[
         str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")

@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 SHOWN_ENTRIES = 20
 
 
@@ -26,7 +28,7 @@ def validate_cmd(
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when anything is quarantined.")] = False,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option("--tokenizer", help="Tokenizer name or path for the out-of-vocab check (overrides the dump's)."),
+        typer.Option("--tokenizer", help=TOKENIZER_HELP + ", for the out-of-vocab check (overrides the dump's)."),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
