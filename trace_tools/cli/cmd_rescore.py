@@ -161,8 +161,12 @@ def _one_line(text: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    from trace_tools.report.layout import ABSENT
+
+    return ABSENT if value is None else f"{value:.3g}"
 
 
 def _fraction(value: Any) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    from trace_tools.report.layout import ABSENT
+
+    return ABSENT if value is None else f"{value:.1%}"

@@ -67,7 +67,7 @@ def _findings_table(result) -> Table:
     for col in ("turn", "echo in", "token drift at", "cause"):
         table.add_column(col)
     for f in result.findings:
-        at = f"{f.divergence} / {f.served_len}" if f.token_drift else "–"
+        at = f"{f.divergence} / {f.served_len}" if f.token_drift else "none"
         table.add_row(str(f.turn_index), str(f.echo_turn), at, f.cause or "none")
     return table
 

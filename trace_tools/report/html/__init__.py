@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_tools.report.escape import BIDI, visible_bidi
+from trace_tools.report.layout import ABSENT, signed_pct
 
 REPORT_NAME = "report.html"
 
@@ -147,14 +148,14 @@ def _environment():
 
 
 def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
+    return ABSENT if value is None else f"{100 * value:.1f}%"
 
 
 def _signed_pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:+.1f}%"
+    return ABSENT if value is None else signed_pct(value)
 
 
 def _num(value: float | None) -> str:
     if value is None:
-        return "–"
+        return ABSENT
     return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"

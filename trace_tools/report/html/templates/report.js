@@ -32,7 +32,7 @@
     for (const child of children) if (child !== null && child !== undefined) node.append(child);
     return node;
   }
-  const num = (n) => (n === null || n === undefined ? "–" : NUM.format(n));
+  const num = (n) => (n === null || n === undefined ? "n/a" : NUM.format(n));
   const turnColour = (i) => `hsl(${(205 + i * 137.508) % 360}, 62%, 46%)`; // golden-angle hues, turn 0 blue
   const sessionHref = (sid, turn) => "#/session/" + encodeURIComponent(sid) + (turn === undefined ? "" : "/drift/" + turn);
   const causeName = (code) => INDEX.causes[code];
