@@ -280,3 +280,20 @@ def test_every_tokenizer_option_lists_every_builtin_tokenizer(name):
     text = " ".join(_invoke(name, "--help", COLUMNS="300").output.replace("│", " ").split())
     help_text = text.split("--tokenizer", 1)[1]
     assert all(tokenizer in help_text for tokenizer in known_names()), help_text[:300]
+
+
+def test_a_piped_replay_shows_progress_lines_and_ends_with_commands_that_work(simulated_dump, tmp_path):
+    import shlex
+
+    out = tmp_path / "run"
+    result = _invoke("replay", simulated_dump, "-s", "tree", "--out", out, COLUMNS="80")  # not a terminal
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "replaying: reading the input" in lines
+    assert any(line.startswith("replaying: ") and " sessions (" in line and line.split()[1].split("/")[0]
+               == line.split()[1].split("/")[1] for line in lines)  # the last line: every session done
+    assert f"  open {out / 'report.html'} in a browser" in lines
+    explain = next(shlex.split(line) for line in lines if line.startswith("    trace-tools explain "))
+    shown = _invoke(*explain[1:])  # the suggested command, as printed
+    assert shown.exit_code == 0 and "drift" in shown.output, shown.output
+    assert f"    trace-tools gate {out} --rules rules.toml" in lines

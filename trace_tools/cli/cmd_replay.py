@@ -83,9 +83,9 @@ def replay_cmd(
     from trace_tools.api import replay
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
-    from trace_tools.io import storage
     from trace_tools.options import parse_assignments
     from trace_tools.replay.engine import default_dump, default_run_dir
+    from trace_tools.report.tables import next_steps
 
     params = {**(flags or {}), **parse_assignments(param)}
     out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
@@ -129,7 +129,8 @@ def replay_cmd(
         for reason in result.redone_shards:
             note(f"replayed again: {reason}")
         note(f"run directory: {result.run_dir}")
-        note(f"report.html: {storage.join(result.run_dir, 'report.html')}")
+        for line in next_steps(result.run_dir):
+            note(line)
     if strict and result.quarantined:
         raise typer.Exit(1)
 

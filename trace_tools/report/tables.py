@@ -176,6 +176,58 @@ def _per_tool(summary: dict[str, Any], width: int, cell) -> list[Any]:
     return fit(key, values, width)
 
 
+def next_steps(run_dir: Path | str) -> list[str]:
+    """The commands worth running after a replay, each under a line saying why: open the report,
+    explain the session that drifted most (from the run's drift table), gate the run in CI."""
+    from trace_tools.io.rundir import load_run_info, read_table
+
+    run = storage.location(run_dir)
+    lines = ["next:", f"  open {storage.join(run, 'report.html')} in a browser"]
+    dump = load_run_info(run).get("inputs", {}).get("dump")
+    columns = ["session_id", "turn_index", "cause", "token_drift"]
+    worst = _most_drifted(read_table(run, "drift", columns=columns)) if dump else None
+    if worst is not None:
+        session, turn, cause = worst
+        lines += [
+            f"  why the session that drifted most drifted at turn {turn} ({cause}):",
+            f"    trace-tools explain {_shown(dump)} --session {_shown(session)} --turn {turn}",
+        ]
+    lines += [
+        "  fail CI when a metric regresses (rules format: trace-tools gate -h):",
+        f"    trace-tools gate {_shown(run)} --rules rules.toml",
+    ]
+    return lines
+
+
+def _shown(location: Path | str) -> str:
+    """A path as short as it can be typed from here (relative below the working directory), quoted
+    for the shell where needed."""
+    import os
+    import shlex
+
+    text = str(location)
+    if not storage.is_uri(text) and os.path.isabs(text):
+        relative = os.path.relpath(text)
+        text = relative if not relative.startswith("..") else text
+    return shlex.quote(text)
+
+
+def _most_drifted(drift: Any) -> tuple[str, int, str] | None:
+    """The session with the most turns whose ids drifted (first by id on a tie), its first such turn
+    and the cause; turns whose drift no token shows (a tool-call id) only where no other drifted."""
+    if not len(drift) or "cause" not in drift:
+        return None
+    drifted = drift[drift["cause"].notna()]
+    if "token_drift" in drifted and drifted["token_drift"].any():
+        drifted = drifted[drifted["token_drift"].astype(bool)]
+    if not len(drifted):
+        return None
+    counts = drifted.groupby("session_id").size()
+    session = sorted(counts.index, key=lambda sid: (-counts[sid], sid))[0]
+    first = drifted[drifted["session_id"] == session].sort_values("turn_index").iloc[0]
+    return str(session), int(first["turn_index"]), str(first["cause"])
+
+
 def _section(title: str, tables: list[Any]) -> list[Any]:
     """A blank line, the bold title (wrapping at the console, not the table), the tables."""
     return [Text(""), Text(title, style="bold"), *tables]
