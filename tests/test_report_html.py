@@ -311,3 +311,22 @@ def test_session_page_of_an_older_run_explains_what_is_missing(browser, old_run)
     text = browser.evaluate("document.getElementById('session-body').innerText")
     assert "No drift.parquet" in text and "no samples.parquet" in text
     assert browser.evaluate("document.querySelectorAll('table.timeline td').length") > 0
+
+
+def test_explain_text_json_and_html_show_the_same_differing_part(browser, run):
+    """The command prefix the harness dropped is what differs: every output of explain shows it."""
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trace_tools.replay.engine import default_dump
+
+    session, turn = "sim-qwen3-s7-0001", 2
+    args = ["explain", str(default_dump() / "qwen3.parquet"), "--session", session, "--turn", str(turn)]
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    [line] = data["focus"]["message_diff"]
+    assert line.startswith("tool_calls[0].function.arguments.command: 'cd /repo/") and " → 'python -m" in line
+    text = CliRunner().invoke(app, args, env={"COLUMNS": "300"}).output
+    assert line in text
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, f"#/session/{session}/drift/{turn}", "!!document.querySelector('.drift-card.focus')")
+    assert line in browser.evaluate(f"document.getElementById('drift-{turn}').querySelector('.mdiff').innerText")

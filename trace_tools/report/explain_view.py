@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 SHARED_CHARS = 40  # how much of the shared context before the divergence to show
+DIFF_LINES = 20  # message differences listed in full; --json has them all
 
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
@@ -43,8 +44,10 @@ def explanation_renderables(result) -> list:
     if focus.message_diff:
         diff = Table(title="Message-level difference (stored response → echo)", title_justify="left")
         diff.add_column("path: stored → echo")
-        for line in focus.message_diff[:20]:
+        for line in focus.message_diff[:DIFF_LINES]:
             diff.add_row(line)
+        if len(focus.message_diff) > DIFF_LINES:
+            diff.add_row(f"… and {len(focus.message_diff) - DIFF_LINES} more (--json lists every one)")
         out.append(diff)
     if result.strategy_turn:
         v = result.strategy_turn
