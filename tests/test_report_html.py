@@ -330,3 +330,61 @@ def test_explain_text_json_and_html_show_the_same_differing_part(browser, run):
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
     _show(browser, f"#/session/{session}/drift/{turn}", "!!document.querySelector('.drift-card.focus')")
     assert line in browser.evaluate(f"document.getElementById('drift-{turn}').querySelector('.mdiff').innerText")
+
+
+# ---- at 1,400 and 800 px: nothing that matters needs sideways scrolling ----
+
+@pytest.fixture(scope="module", params=[1400, 800])
+def sized_browser(chromium_binary, request):
+    with Chromium(chromium_binary, width=request.param, height=900) as chromium:
+        yield chromium
+
+
+FITS = "(id => { const t = document.getElementById(id); return t.scrollWidth <= t.parentElement.clientWidth; })"
+
+
+def test_counters_and_divergence_are_visible_without_scrolling_sideways(sized_browser, run, tmp_path):
+    browser = sized_browser
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    assert browser.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert browser.evaluate(f"{FITS}('counter-table')") and browser.evaluate(f"{FITS}('strategy-table')")
+    rows = browser.evaluate("[...document.querySelectorAll('#counter-table tbody tr')].map(r => r.innerText)")
+    assert any(r.split()[0] == "nonlinear" and "n/a" in r.split() for r in rows)
+    shot = browser.screenshot(tmp_path / f"overview-{browser.width}.png")
+    from PIL import Image
+
+    image = Image.open(shot)
+    assert image.size == (browser.width, browser.height) and len(image.convert("RGB").getcolors(1 << 20) or []) > 50
+    for session, turn in (("sim-qwen3-s7-0001", 2), ("sim-qwen3-s7-0001", 3)):
+        _show(browser, f"#/session/{session}/drift/{turn}", f"!!document.querySelector('#drift-{turn}.focus')")
+        box = browser.evaluate(f"""(() => {{
+            const a = document.querySelector('#drift-{turn} .align'), r = a.getBoundingClientRect();
+            const first = (sel) => a.querySelector(sel).getBoundingClientRect();
+            return [r.left, r.right, first('.divergence').left, first('.tok.diff.rendered').right, a.scrollLeft];
+        }})()""")
+        left, right, divergence, first_diff, scrolled = box
+        assert scrolled == 0 and left < divergence and first_diff <= right, (browser.width, turn, box)
+        assert divergence - left > 100  # the tokens right before the divergence show too
+    browser.screenshot(tmp_path / f"drift-{browser.width}.png")
+    assert browser.console_errors() == []
+
+
+@pytest.mark.parametrize("before, hash_", [("#/session/sim-qwen3-s7-0001", "#sessions"), ("#sessions", "#drift"),
+                                           ("#drift", "#sessions"), ("#/session/sim-qwen3-s7-0001", "#drift")])
+def test_tab_links_land_on_their_heading(sized_browser, run, before, hash_):
+    browser = sized_browser
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, before, "true")
+    browser.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # from deep down the page before
+    _show(browser, hash_, f"!document.querySelector('{hash_}').hidden")
+    browser.evaluate("new Promise(r => setTimeout(r, 300))")  # the browser's own jump to the anchor comes late
+    header = browser.evaluate("document.querySelector('header.top').getBoundingClientRect().bottom")
+    top = browser.evaluate(f"document.querySelector('{hash_} h2').getBoundingClientRect().top")
+    assert header <= top < browser.height / 2, (hash_, header, top)
+
+
+def test_dropped_and_untrained_turns_have_their_own_colours(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    colour = "(v => getComputedStyle(document.documentElement).getPropertyValue(v).trim())"
+    dropped, untrained = (browser.evaluate(f"{colour}('--{fate}')") for fate in ("dropped", "untrained"))
+    assert dropped and untrained and dropped != untrained

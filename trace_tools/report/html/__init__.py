@@ -57,7 +57,6 @@ def render_html(
     strategies = list(summary["strategies"])
     data = build_sessions(run_dir, strategies, quarantine)
     tools = overview.tool_columns(summary)
-    counter_names, counter_rows = overview.counter_rows(summary)
     if plots_drawn is not None:
         plots_drawn()
     context = {
@@ -67,8 +66,7 @@ def render_html(
         "strategy_rows": overview.strategy_rows(summary, counterfactual_names(summary)),
         "tools": tools,
         "tool_rows": overview.tool_rows(summary, tools),
-        "counter_names": counter_names,
-        "counter_rows": counter_rows,
+        "counters": overview.counter_table(summary),
         "cause_rows": overview.cause_rows(summary, CAUSE_TEXT),
         "quarantine": overview.quarantine_view(summary, quarantine),
         "plots": overview.inline_plots(run_dir / "plots"),

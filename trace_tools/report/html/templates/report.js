@@ -14,7 +14,8 @@
 
   const FATES = {trained: "trained", partly: "partly trained",
     context: "context only (its tokens are in a sample, without loss)",
-    dropped: "dropped (its generated tokens are in no sample)", untrained: "untrained", empty: "empty generation"};
+    dropped: "dropped (its generated tokens are in no sample)",
+    untrained: "untrained (no samples.parquet to tell context from dropped)", empty: "empty generation"};
   const PROMPT_BADGE = {forked: "fork", realigned: "realign", restored: "restore", healed: "heal", reset: "reset",
     rendered: "render", new_chain: "chain", new_root: "root", rolled_back: "rollback", rejected: "reject",
     failed: "fail", anchored: "anchor"};
@@ -243,7 +244,7 @@
   }
   function fateLegend() {
     return el("div", {class: "legend"}, ...Object.entries(FATES).map(([k, label]) =>
-      el("span", {style: `--c: var(--${k === "untrained" ? "dropped" : k})`, text: label})),
+      el("span", {style: `--c: var(--${k})`, text: label})),
       el("em", {class: "muted", text: "badges: what became of the tokens (merge, zeroed, rollback…) and how the prompt was built (fork, realign, heal…)"}));
   }
   function timeline(d) {
