@@ -157,7 +157,7 @@ def test_turn_fates_tell_context_only_from_dropped(details):
 def test_quarantine_summary_lists_reasons_and_sessions(quarantined_run):
     page = (quarantined_run / "report.html").read_text()
     section = page[page.index('id="quarantine"'):page.index('id="counterfactual"')]
-    assert "2 session(s) quarantined" in section
+    assert "2 sessions quarantined" in section
     for sid, reason in (("sim-qwen3-s7-0001", "bad_json"), ("sim-qwen3-s7-0002", "logprobs_length")):
         assert re.search(rf"<code>{sid}</code></td><td[^>]*>\d+</td><td[^>]*>{reason}</td>", section), (sid, reason)
     index = json.loads(re.search(r'id="report-index">(.*?)</script>', page, re.DOTALL).group(1))
@@ -388,3 +388,11 @@ def test_dropped_and_untrained_turns_have_their_own_colours(browser, run):
     colour = "(v => getComputedStyle(document.documentElement).getPropertyValue(v).trim())"
     dropped, untrained = (browser.evaluate(f"{colour}('--{fate}')") for fate in ("dropped", "untrained"))
     assert dropped and untrained and dropped != untrained
+
+
+def test_footnotes_explain_only_the_columns_shown(quarantined_run, page):
+    """A run without `tree` has no savings column, so nothing explains one; the full run has both."""
+    alone = (quarantined_run / "report.html").read_text()
+    assert "savings vs tree" not in alone.lower() and "⚑ =" not in alone and "Forks max = " in alone
+    assert "3 sessions · " in alone and "2 sessions quarantined" in alone
+    assert "savings vs tree" in page and "Savings vs tree = " in page

@@ -127,10 +127,12 @@ def _entries_table(entries):
 
 
 def _verdict(report) -> str:
+    from trace_tools.report.layout import count
+
     if report.clean:
         return "[green]clean[/green]: every session passed validation"
     return (
-        f"[red]{report.quarantined} of {report.sessions} sessions quarantined[/red]"
+        f"[red]{report.quarantined} of {count(report.sessions, 'session')} quarantined[/red]"
         + (f", {report.unattributed} entries without a session" if report.unattributed else "")
         + " (--strict makes this exit 1)"
     )

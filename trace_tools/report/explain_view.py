@@ -6,6 +6,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from trace_tools.report.layout import count
+
 SHARED_CHARS = 40  # how much of the shared context before the divergence to show
 DIFF_LINES = 20  # message differences listed in full; --json has them all
 
@@ -55,7 +57,7 @@ def explanation_renderables(result) -> list:
             Text(
                 f"{result.strategy}: turn {focus.turn_index} event={v['event']} "
                 f"trained {v['trained_tokens']}/{v['generated_tokens']} tokens; "
-                f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {v['samples']} sample(s)"
+                f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {count(v['samples'], 'sample')}"
             )
         )
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_tools.report.escape import BIDI, visible_bidi
-from trace_tools.report.layout import ABSENT, signed_pct
+from trace_tools.report.layout import ABSENT, count, signed_pct
 
 REPORT_NAME = "report.html"
 
@@ -141,7 +141,7 @@ def _environment():
         undefined=jinja2.StrictUndefined,
         finalize=_visible,
     )
-    env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
+    env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct, count=count)
     return env
 
 
