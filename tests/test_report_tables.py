@@ -52,7 +52,7 @@ split into, minus one. forwarded = tokens of all emitted samples (what the
 trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded
 / forwarded of tree; * = saves tokens by training fewer.
 
-Counters: what each strategy did to the drifted requests
+Counters: merges, nonlinear requests, resets, unresolved closers
 counter           tree  restore  linear  lin+rst  ckpt
 ──────────────────────────────────────────────────────
 rewrite_merges      46       44      46       44   n/a
@@ -118,7 +118,7 @@ coverage = trained / generated tokens. max forks = the most samples one session 
 tokens of all emitted samples (what the trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded
 / forwarded of tree; * = saves tokens by training fewer.
 
-Counters: what each strategy did to the drifted requests
+Counters: merges, nonlinear requests, resets, unresolved closers
 counter           tree  restore  linear  lin+rst  ckpt
 ──────────────────────────────────────────────────────
 rewrite_merges      46       44      46       44   n/a

@@ -44,7 +44,9 @@ def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None
     ) + [Text(headline_note(summary))]
     counters = counter_tables(summary, width)
     if counters:
-        out += _section("Counters: what each strategy did to the drifted requests", counters) + [Text(COUNTERS_NOTE)]
+        out += _section("Counters: merges, nonlinear requests, resets, unresolved closers", counters) + [
+            Text(COUNTERS_NOTE)
+        ]
     out += _section(
         "Coverage by tool: trained / generated tokens of the turns whose first call is that tool",
         tool_tables(summary, width),
