@@ -45,9 +45,9 @@ def import_cmd(
 ) -> None:
     """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
 
-    Malformed records are listed with a reason in the import quarantine next to the dump
-    (DUMP.quarantine.jsonl, written only when there is something to list) and quarantine their
-    session; non-200 requests are kept there as rejected requests.
+    A malformed record quarantines its session; it is listed with a reason in DUMP.quarantine.jsonl.
+
+    A non-200 request is listed there too, as a rejected request; a clean import writes no such file.
 
     Example: trace-tools import miles tests/fixtures/import/miles_sessions.json --tokenizer qwen3 --out imported.parquet
     """
