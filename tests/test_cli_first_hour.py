@@ -297,3 +297,14 @@ def test_a_piped_replay_shows_progress_lines_and_ends_with_commands_that_work(si
     shown = _invoke(*explain[1:])  # the suggested command, as printed
     assert shown.exit_code == 0 and "drift" in shown.output, shown.output
     assert f"    trace-tools gate {out} --rules rules.toml" in lines
+
+
+@pytest.mark.parametrize("name, module, func", COMMANDS)
+def test_help_paragraphs_wrap_as_paragraphs(name, module, func):
+    """Typer keeps the line breaks of every paragraph after the first: each must be one line, or
+    `-h` at 80 columns shows ragged, half-empty lines."""
+    import importlib
+    import inspect
+
+    doc = inspect.cleandoc(getattr(importlib.import_module(f"trace_tools.cli.{module}"), func).__doc__ or "")
+    assert all("\n" not in paragraph for paragraph in doc.split("\n\n")[1:]), name
