@@ -230,15 +230,36 @@ def test_a_run_missing_a_table_is_named(command, small_run, tmp_path):
     _one_line_error(_cli(command, broken, *extra.get(command, [])), 2, "has no sessions.parquet", "replay again")
 
 
+def _spawned_workers(pid: int) -> list[int]:
+    """The multiprocessing workers among a process's children (not its plot helper or resource
+    tracker)."""
+    workers = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                command = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in command:
+                workers.append(int(child))
+    return workers
+
+
 def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path):
     """SIGINT to the whole process group (what a terminal's Ctrl-C sends) while spawned workers are
-    still importing: the parent stops them and says how to resume; no worker prints a traceback."""
-    for delay in (1.0, 2.5):
+    still importing: the parent stops them and says how to resume; no worker prints a traceback.
+    The signal goes out as soon as the workers exist, and once more a moment later, so it lands
+    while they start however fast the machine is."""
+    for delay in (0.0, 0.5):
         process = subprocess.Popen(
             [sys.executable, "-m", "trace_tools.cli.main", "replay", str(simulated_dump), "--workers", "2", "-s",
              "tree", "--out", str(tmp_path / f"run{delay}")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
+        deadline = time.monotonic() + 60
+        while len(_spawned_workers(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.poll() is None, "the replay ended before its workers started"
         time.sleep(delay)
         os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=120)
@@ -246,6 +267,25 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path):
         assert process.returncode in (130, -signal.SIGINT), output
         assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
         assert "to resume" in output, output
+        assert _group_gone(process.pid), "a worker outlived the interrupted replay"
+
+
+def _group_gone(group: int, wait_s: float = 10.0) -> bool:
+    """No process of the process group is left (zombies aside) within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        alive = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":
+                alive.append(stat.parent.name)
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_an_unreachable_ray_address_is_one_line(simulated_dump, tmp_path):

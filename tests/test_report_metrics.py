@@ -86,6 +86,8 @@ def test_run_level_numbers(summary):
     assert {k: v for k, v in summary.items() if k not in ("strategies", "token_savings", "drift_causes")} == {
         "sessions_total": 3,
         "turns_total": 7,
+        "sessions_replayed": 2,  # s1 and s2; s3 is quarantined
+        "turns_replayed": 5,
         "quarantined": 2,  # s3 and the file
         "quarantined_by_reason": {"bad_json": 1, "missing_column": 1},
         "quarantine_examples": {"bad_json": "s3 turn 0: line 1 is not JSON",

@@ -28,7 +28,7 @@ import pickle
 import sys
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import Any, Iterable, Iterator
 
@@ -94,7 +94,7 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
-    context = _QuietSpawnWithoutMain() if _main_not_reimportable() else _QuietSpawn()
+    context = _QuietSpawn(hide_main=_main_not_reimportable())
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,))
     try:
         pending: deque = deque()
@@ -105,13 +105,13 @@ def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> 
         while pending:
             yield pending.popleft().result()
     except BrokenProcessPool:
-        _stop(pool)
+        _stop(pool, context)
         raise TraceToolsError(
             "a worker process died (out of memory, or killed); rerun with --workers 1, or fewer workers; "
             "finished shards are kept and the rerun resumes"
         ) from None
     except BaseException:  # Ctrl-C, or the caller stopped reading: the workers go at once
-        _stop(pool)
+        _stop(pool, context)
         raise
     pool.shutdown()
 
@@ -167,49 +167,72 @@ def _main_hidden() -> Iterator[None]:
 
 @contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Block SIGINT while a worker process is started: it inherits the blocked mask, so a Ctrl-C
-    reaches this process alone (which stops the workers) instead of interrupting each worker's
-    start-up with a traceback; here it is delivered as soon as the block ends."""
+    """Hold Ctrl-C back while a worker process is started, then deliver it: the worker inherits a
+    blocked SIGINT, so a Ctrl-C reaches this process alone (which stops the workers) instead of
+    interrupting each worker's start-up with a traceback, and this process is not interrupted
+    half-way through sending a worker its arguments. Blocking the signal is not enough for the
+    latter: another thread of this process takes it, and Python raises KeyboardInterrupt in the
+    main thread all the same; so a handler records it meanwhile."""
     import signal
+    import threading
+    from multiprocessing import resource_tracker
 
+    # Spawning starts multiprocessing's resource tracker on first use, and that start unblocks
+    # SIGINT on its way out, which the worker would inherit. Start it first.
+    resource_tracker.ensure_running()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets Ctrl-C
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
 
 
 class _QuietProcess(multiprocessing.context.SpawnProcess):
-    """A spawned worker that never sees Ctrl-C (`_interrupts_held`)."""
+    """A spawned worker that never sees Ctrl-C (`_interrupts_held`), started without importing the
+    program's main module where that would re-run it (`_main_not_reimportable`)."""
+
+    hide_main = False
+    held_popen: Any = None
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
-        with _interrupts_held():
-            return multiprocessing.context.SpawnProcess._Popen(process_obj)
-
-
-class _QuietProcessWithoutMain(multiprocessing.context.SpawnProcess):
-    """The same, started without importing the program's main module (`_main_not_reimportable`)."""
-
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
-        with _interrupts_held(), _main_hidden():
-            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+        with _interrupts_held(), _main_hidden() if process_obj.hide_main else nullcontext():
+            # Kept before the block ends: a Ctrl-C held back strikes right then, before
+            # multiprocessing records the child, and `_stop` must still find it.
+            process_obj.held_popen = multiprocessing.context.SpawnProcess._Popen(process_obj)
+            return process_obj.held_popen
 
 
 class _QuietSpawn(multiprocessing.context.SpawnContext):
-    Process = _QuietProcess
+    """Spawns `_QuietProcess`es and remembers every one it started."""
+
+    def __init__(self, hide_main: bool) -> None:
+        super().__init__()
+        self.hide_main = hide_main
+        self.started: list[_QuietProcess] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> _QuietProcess:  # type: ignore[override]  # noqa: N802
+        process = _QuietProcess(*args, **kwargs)
+        process.hide_main = self.hide_main
+        self.started.append(process)
+        return process
 
 
-class _QuietSpawnWithoutMain(multiprocessing.context.SpawnContext):
-    Process = _QuietProcessWithoutMain
-
-
-def _stop(pool: Any) -> None:
-    """Cancel what is queued and end the workers without waiting for their sessions."""
+def _stop(pool: Any, context: _QuietSpawn) -> None:
+    """Cancel what is queued and end the workers without waiting for their sessions, including
+    one whose start a Ctrl-C cut short (the pool never learnt of it)."""
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in list((getattr(pool, "_processes", None) or {}).values()):  # no public way before 3.14
-        process.terminate()
+    for process in context.started:
+        if process.held_popen is not None and process.held_popen.poll() is None:
+            process.held_popen.terminate()
 
 
 # -- Ray -------------------------------------------------------------------------------------------
