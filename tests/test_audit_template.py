@@ -130,3 +130,15 @@ def test_every_trl_template_is_audited_and_docs_show_the_verdicts():
     assert [a.template.split()[0].removeprefix("trl:").removesuffix(".jinja") for a in audits] == shipped
     assert all(any(c.total for c in a.checks) for a in audits)  # every template rendered something
     assert markdown_table(audits) in DOCS.read_text()
+
+
+def test_the_short_check_codes_are_explained_where_they_are_shown():
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trace_tools.report.audit_view import SHORT
+
+    text = " ".join(CliRunner().invoke(app, ["audit-template", "--chat-template", "qwen3"]).output.split())
+    relies = text.split("relies on: ", 1)[1]
+    for name in ("generation_prompt", "prefix_stability", "closer_text", "tokenizer_merges"):
+        assert f"{SHORT[name]} = {name}" in relies

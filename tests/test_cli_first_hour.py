@@ -53,7 +53,9 @@ def without_trl(monkeypatch):
     (["--param", "fork_treshold=3"], "unknown strategy parameter 'fork_treshold' (did you mean 'fork_threshold'?)"),
     (["--param", "rollback=maybe"], "invalid rollback 'maybe' (a boolean); choose one of: true"),
     (["--param", "rollback"], "--param takes KEY=VALUE"),
-    (["-s", "tre"], "unknown strategy 'tre'; choose one of: chains, checkpoint-tree"),
+    (["-s", "tre"], "unknown strategy 'tre' (did you mean 'tree'?); choose one of: chains, checkpoint-tree"),
+    (["--tokenizer", "qwen3.6"], "unknown tokenizer 'qwen3.6' (did you mean 'qwen3.5' or 'qwen3'?)"),
+    (["--matcher", "strickt"], "invalid matcher 'strickt' (did you mean 'strict'?); choose one of: strict"),
 ])
 def test_a_mistyped_option_stops_the_run_before_any_work(simulated_dump, tmp_path, option, needle):
     out = tmp_path / "run"
@@ -261,3 +263,48 @@ def test_reconstruct_takes_template_names_like_replay(simulated_dump):
     result = _invoke("reconstruct", simulated_dump, "--chat-template", "qwen3", "--json")
     assert result.exit_code == 0, result.output
     assert '"exact"' in result.output
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
+def test_help_is_whole_at_80_columns(name):
+    """Rich cuts a word longer than the help column with `…`: no option help may have one."""
+    text = _invoke(name, "--help", COLUMNS="80").output
+    assert max(len(line) for line in text.splitlines()) == 80
+    assert "…" not in text
+
+
+@pytest.mark.parametrize("name", ["replay", "import", "validate", "audit-template", "reconstruct", "rescore"])
+def test_every_tokenizer_option_lists_every_builtin_tokenizer(name):
+    from trace_tools.render.tokenizer import known_names
+
+    text = " ".join(_invoke(name, "--help", COLUMNS="300").output.replace("│", " ").split())
+    help_text = text.split("--tokenizer", 1)[1]
+    assert all(tokenizer in help_text for tokenizer in known_names()), help_text[:300]
+
+
+def test_a_piped_replay_shows_progress_lines_and_ends_with_commands_that_work(simulated_dump, tmp_path):
+    import shlex
+
+    out = tmp_path / "run"
+    result = _invoke("replay", simulated_dump, "-s", "tree", "--out", out, COLUMNS="80")  # not a terminal
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "replaying: reading the input" in lines
+    assert any(line.startswith("replaying: ") and " sessions (" in line and line.split()[1].split("/")[0]
+               == line.split()[1].split("/")[1] for line in lines)  # the last line: every session done
+    assert f"  open {out / 'report.html'} in a browser" in lines
+    explain = next(shlex.split(line) for line in lines if line.startswith("    trace-tools explain "))
+    shown = _invoke(*explain[1:])  # the suggested command, as printed
+    assert shown.exit_code == 0 and "drift" in shown.output, shown.output
+    assert f"    trace-tools gate {out} --rules rules.toml" in lines
+
+
+@pytest.mark.parametrize("name, module, func", COMMANDS)
+def test_help_paragraphs_wrap_as_paragraphs(name, module, func):
+    """Typer keeps the line breaks of every paragraph after the first: each must be one line, or
+    `-h` at 80 columns shows ragged, half-empty lines."""
+    import importlib
+    import inspect
+
+    doc = inspect.cleandoc(getattr(importlib.import_module(f"trace_tools.cli.{module}"), func).__doc__ or "")
+    assert all("\n" not in paragraph for paragraph in doc.split("\n\n")[1:]), name

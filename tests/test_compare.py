@@ -42,6 +42,11 @@ def test_two_runs_pair_their_common_strategies(two_runs):
     slime, agentcore = two_runs
     result = compare(slime.run_dir, agentcore.run_dir)
     assert set(result.metrics["pair"]) == {"tree", "run"}  # linear is only in the first run
+    assert (result.only_a, result.only_b) == (["linear"], [])  # ... and the comparison says so
+    shown = runner.invoke(app, ["compare", str(slime.run_dir), str(agentcore.run_dir)], env={"COLUMNS": "80"})
+    assert "not compared, only in A: linear" in shown.output
+    data = json.loads(runner.invoke(app, ["compare", str(agentcore.run_dir), str(slime.run_dir), "--json"]).output)
+    assert (data["only_in_a"], data["only_in_b"]) == ([], ["linear"])
     merges = result.metrics.set_index("metric").loc["counters.rewrite_merges"]
     assert merges["b"] == 0 and merges["a"] == slime.summary["strategies"]["tree"]["counters"]["rewrite_merges"]
     same = compare(slime.run_dir, slime.run_dir)

@@ -93,3 +93,13 @@ def test_the_message_difference_shows_the_part_that_differs():
     assert served.startswith("…") and served.endswith("…")  # both sides cut around the difference
     assert differing_parts("abc", "abcdef") == ("'abc'", "'abcdef'")
     assert differing_parts("cd /w && make", "make")[0].startswith("'cd /w && ")
+
+
+def test_the_message_difference_shows_what_differs_between_lists_and_shapes():
+    long = "x" * 200
+    calls = [{"id": "a", "function": {"name": "Read"}}, {"id": "b", "function": {"name": "Grep"}}]
+    assert message_diff({"tool_calls": calls}, {"tool_calls": calls[:1]}) == [
+        'tool_calls[1]: {"id": "b", "function": {"name": "Grep"}} → <missing>']
+    parts = {"content": [{"type": "text", "text": long + "served" + long}]}
+    [line] = message_diff(parts, {"content": long + "echoed" + long})  # content parts against a string
+    assert line.startswith("content (text): …") and "served" in line and "echoed" in line

@@ -86,16 +86,24 @@ max_regression = 0.05
 
 
 @pytest.mark.parametrize("text, needle", [
-    ('[[rule]]\nmetric = "coverage"\nop = "=>"\nvalue = 1\n', "rules.toml:1"),
+    ('[[rule]]\nmetric = "coverage"\nop = "=>"\nvalue = 1\n', "rules.toml:3: op must be"),
     ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\n\n[[rule]]\nop = ">="\nvalue = 1\n', "rules.toml:6"),
+    # TOML allows spaces inside the header and a comment after it; the line is the key's, not the header's
+    ('# gates\n\n[[rule]] # all\nmetric = "coverage"\nop = ">="\nvalue = 0\n\n  [[ rule ]]\nmetric = "coverage"\n\n'
+     'op = ">="\nvalue = "x"\n', "rules.toml:12: value must be a number"),
     ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = "high"\n', "value must be a number"),
     ('[[rule\nmetric = 1\n', "line 1"),
     ('title = "no rules"\n', "no [[rule]] tables"),
     ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\nthreshold = 3\n', "unknown key"),
-    ('[[rule]]\nmetric = "coverge"\nop = ">="\nvalue = 0.5\n', "unknown metric 'coverge'; did you mean 'coverage'?"),
-    ('[[rule]]\nmetric = "coverage_by_tool.Edit.share"\nop = ">="\nvalue = 0.5\n', "rules.toml:1: unknown metric"),
+    ('[[rule]]\nmetric = "coverge"\nop = ">="\nvalue = 0.5\n', "unknown metric 'coverge' (did you mean 'coverage'?)"),
+    ('[[rule]]\nmetric = "coverage_by_tool.Edit.share"\nop = ">="\nvalue = 0.5\n', "rules.toml:2: unknown metric"),
     ('[[rule]]\nmetric = "coverage"\nstrategy = "chekpoint-tree"\nop = ">="\nvalue = 0.5\n',
-     "strategy 'chekpoint-tree' is not in this run; did you mean 'checkpoint-tree'?"),
+     "rules.toml:3: strategy 'chekpoint-tree' is not in this run (did you mean 'checkpoint-tree'?)"),
+    # a misspelt tool is a broken rules file (exit 2, closest names), not a regression (exit 1)
+    ('[[rule]]\nmetric = "coverage_by_tool.Edt"\nstrategy = "tree"\nop = ">="\nvalue = 0.5\n',
+     "rules.toml:2: no turn of this run calls tool 'Edt' (did you mean 'Edit'?)"),
+    ('[[rule]]\nmetric = "tool_turns.bash.dropped_turns"\nop = "<="\nvalue = 3\n',
+     "tool 'bash' (did you mean 'Bash'?)"),
 ])
 def test_malformed_rules_exit_2_naming_the_line(sample_run, tmp_path, text, needle):
     result = _gate(sample_run.run_dir, "--rules", _rules(tmp_path, text))

@@ -210,3 +210,19 @@ def test_strict_exits_1_when_a_record_is_quarantined(tmp_path):
     assert CliRunner().invoke(app, args).exit_code == 0
     result = CliRunner().invoke(app, [*args, "--strict", "--overwrite"])
     assert result.exit_code == 1 and "empty_messages" in result.output
+
+
+def test_a_clean_import_writes_no_empty_quarantine_file(tmp_path):
+    records = _lines("gateway_traces.jsonl")
+    source = tmp_path / "source.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records[1:]) + "not json\n")
+    out = tmp_path / "d.parquet"
+    args = ["import", "gateway-traces", str(source), "--out", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert [e["reason"] for e in _quarantine(out)] == ["bad_json"]
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, [*args, "--overwrite"])
+    assert result.exit_code == 0 and "nothing to quarantine" in result.output
+    assert not quarantine_path(out).exists()  # the earlier import's list no longer describes the dump
+    census = json.loads(pq.ParquetFile(out).schema_arrow.metadata[b"trace_tools.import"])
+    assert census["quarantine_file"] is None and census["quarantined_records"] == 0

@@ -27,3 +27,12 @@ def test_analysis_notebook_runs_and_shows_its_plots(simulated_dump, monkeypatch,
     assert len(images) >= 2  # coverage by tool and drift causes
     text = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert "Edit" in text and "cause" in text
+    # the fork drill-down shows the samples tree split the session into, each with its turns
+    plain = [str(o["data"]["text/plain"]) for o in outputs if "text/plain" in o.get("data", {})]
+    forks = next(t for t in plain if t.splitlines()[0].split() == ["turns"])
+    assert [line.split()[:2] for line in forks.splitlines() if line.startswith("tree")][0] == ["tree", "0"]
+    assert any(line.split()[0] == "1" for line in forks.splitlines()[1:] if line.split())  # a second sample: a fork
+    # the run it replayed lived in a temporary directory that is gone once the kernel stopped
+    streams = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    run_dir = Path(streams.split("run directory: ", 1)[1].split()[0])
+    assert run_dir.name == "run" and not run_dir.parent.exists()

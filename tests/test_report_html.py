@@ -157,7 +157,7 @@ def test_turn_fates_tell_context_only_from_dropped(details):
 def test_quarantine_summary_lists_reasons_and_sessions(quarantined_run):
     page = (quarantined_run / "report.html").read_text()
     section = page[page.index('id="quarantine"'):page.index('id="counterfactual"')]
-    assert "2 session(s) quarantined" in section
+    assert "2 sessions quarantined" in section
     for sid, reason in (("sim-qwen3-s7-0001", "bad_json"), ("sim-qwen3-s7-0002", "logprobs_length")):
         assert re.search(rf"<code>{sid}</code></td><td[^>]*>\d+</td><td[^>]*>{reason}</td>", section), (sid, reason)
     index = json.loads(re.search(r'id="report-index">(.*?)</script>', page, re.DOTALL).group(1))
@@ -311,3 +311,88 @@ def test_session_page_of_an_older_run_explains_what_is_missing(browser, old_run)
     text = browser.evaluate("document.getElementById('session-body').innerText")
     assert "No drift.parquet" in text and "no samples.parquet" in text
     assert browser.evaluate("document.querySelectorAll('table.timeline td').length") > 0
+
+
+def test_explain_text_json_and_html_show_the_same_differing_part(browser, run):
+    """The command prefix the harness dropped is what differs: every output of explain shows it."""
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trace_tools.replay.engine import default_dump
+
+    session, turn = "sim-qwen3-s7-0001", 2
+    args = ["explain", str(default_dump() / "qwen3.parquet"), "--session", session, "--turn", str(turn)]
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    [line] = data["focus"]["message_diff"]
+    assert line.startswith("tool_calls[0].function.arguments.command: 'cd /repo/") and " → 'python -m" in line
+    text = CliRunner().invoke(app, args, env={"COLUMNS": "300"}).output
+    assert line in text
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, f"#/session/{session}/drift/{turn}", "!!document.querySelector('.drift-card.focus')")
+    assert line in browser.evaluate(f"document.getElementById('drift-{turn}').querySelector('.mdiff').innerText")
+
+
+# ---- at 1,400 and 800 px: nothing that matters needs sideways scrolling ----
+
+@pytest.fixture(scope="module", params=[1400, 800])
+def sized_browser(chromium_binary, request):
+    with Chromium(chromium_binary, width=request.param, height=900) as chromium:
+        yield chromium
+
+
+FITS = "(id => { const t = document.getElementById(id); return t.scrollWidth <= t.parentElement.clientWidth; })"
+
+
+def test_counters_and_divergence_are_visible_without_scrolling_sideways(sized_browser, run, tmp_path):
+    browser = sized_browser
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    assert browser.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert browser.evaluate(f"{FITS}('counter-table')") and browser.evaluate(f"{FITS}('strategy-table')")
+    rows = browser.evaluate("[...document.querySelectorAll('#counter-table tbody tr')].map(r => r.innerText)")
+    assert any(r.split()[0] == "nonlinear" and "n/a" in r.split() for r in rows)
+    shot = browser.screenshot(tmp_path / f"overview-{browser.width}.png")
+    from PIL import Image
+
+    image = Image.open(shot)
+    assert image.size == (browser.width, browser.height) and len(image.convert("RGB").getcolors(1 << 20) or []) > 50
+    for session, turn in (("sim-qwen3-s7-0001", 2), ("sim-qwen3-s7-0001", 3)):
+        _show(browser, f"#/session/{session}/drift/{turn}", f"!!document.querySelector('#drift-{turn}.focus')")
+        box = browser.evaluate(f"""(() => {{
+            const a = document.querySelector('#drift-{turn} .align'), r = a.getBoundingClientRect();
+            const first = (sel) => a.querySelector(sel).getBoundingClientRect();
+            return [r.left, r.right, first('.divergence').left, first('.tok.diff.rendered').right, a.scrollLeft];
+        }})()""")
+        left, right, divergence, first_diff, scrolled = box
+        assert scrolled == 0 and left < divergence and first_diff <= right, (browser.width, turn, box)
+        assert divergence - left > 100  # the tokens right before the divergence show too
+    browser.screenshot(tmp_path / f"drift-{browser.width}.png")
+    assert browser.console_errors() == []
+
+
+@pytest.mark.parametrize("before, hash_", [("#/session/sim-qwen3-s7-0001", "#sessions"), ("#sessions", "#drift"),
+                                           ("#drift", "#sessions"), ("#/session/sim-qwen3-s7-0001", "#drift")])
+def test_tab_links_land_on_their_heading(sized_browser, run, before, hash_):
+    browser = sized_browser
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    _show(browser, before, "true")
+    browser.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # from deep down the page before
+    _show(browser, hash_, f"!document.querySelector('{hash_}').hidden")
+    browser.evaluate("new Promise(r => setTimeout(r, 300))")  # the browser's own jump to the anchor comes late
+    header = browser.evaluate("document.querySelector('header.top').getBoundingClientRect().bottom")
+    top = browser.evaluate(f"document.querySelector('{hash_} h2').getBoundingClientRect().top")
+    assert header <= top < browser.height / 2, (hash_, header, top)
+
+
+def test_dropped_and_untrained_turns_have_their_own_colours(browser, run):
+    browser.open((run / "report.html").as_uri(), ready="window.reportReady")
+    colour = "(v => getComputedStyle(document.documentElement).getPropertyValue(v).trim())"
+    dropped, untrained = (browser.evaluate(f"{colour}('--{fate}')") for fate in ("dropped", "untrained"))
+    assert dropped and untrained and dropped != untrained
+
+
+def test_footnotes_explain_only_the_columns_shown(quarantined_run, page):
+    """A run without `tree` has no savings column, so nothing explains one; the full run has both."""
+    alone = (quarantined_run / "report.html").read_text()
+    assert "savings vs tree" not in alone.lower() and "⚑ =" not in alone and "Forks max = " in alone
+    assert "3 sessions · " in alone and "2 sessions quarantined" in alone
+    assert "savings vs tree" in page and "Savings vs tree = " in page

@@ -11,8 +11,8 @@ from trace_tools.report.rerender import read_run
 def test_writing_plots_keeps_the_callers_matplotlib_backend(sample_run, tmp_path):
     """A notebook's inline backend must survive a replay that writes plots (it used to become Agg)."""
     code = ("import pathlib, matplotlib; matplotlib.use('svg'); "
-            "from trace_tools.report.plots import write_plots; from trace_tools.report.rerender import read_run; "
-            f"written = write_plots(pathlib.Path({str(tmp_path)!r}), read_run({str(sample_run.run_dir)!r})); "
+            "from trace_tools.report.plots import write_plots, plot_tables; "
+            f"written = write_plots(pathlib.Path({str(tmp_path)!r}), plot_tables({str(sample_run.run_dir)!r})); "
             "print(matplotlib.get_backend(), len(written))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["svg", "3"]
@@ -44,11 +44,23 @@ def test_samples_axis_shows_every_count(sample_run):
     assert ticks == [str(n) for n in range(int(tables["sessions"]["samples"].min()), most + 1)]
 
 
-def test_drift_plot_has_a_panel_per_strategy(sample_run):
-    figure = drift_figure(read_run(sample_run.run_dir))
-    titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
-    assert [t.split(":")[0] for t in titles] == list(sample_run.summary["strategies"])
-    assert all(t.endswith(("drifted turns", "no drift")) for t in titles)
+def test_drift_plot_agrees_with_the_drift_cause_table(sample_run):
+    """Drawn from the drift findings the cause table counts: each cause's count in the legend is its
+    drifted turns there, and the title names the turns whose ids did not drift."""
+    from trace_tools.report.plots import plot_tables
+
+    figure = drift_figure(plot_tables(sample_run.run_dir))
+    ax = figure.axes[0]
+    assert not _legend_overlaps_axes(figure)
+    legend = dict(t.get_text().rsplit(" ", 1) for t in ax.get_legend().get_texts())
+    table = {cause: v["turns"] for cause, v in sample_run.summary["drift_causes"]["tree"].items()}
+    placed = {cause: int(n.strip("()")) for cause, n in legend.items()}
+    quiet = {cause: n for cause, n in table.items() if cause not in placed}
+    assert placed == {cause: table[cause] for cause in placed} and set(quiet) == {"tool_call_id"}
+    total = sum(table.values())
+    assert ax.get_title() == (f"Where drift starts: {total - sum(quiet.values())} of {total} drifted turns; "
+                              f"{sum(quiet.values())} more differ in the messages only")
+    assert sum(patch.get_height() for patch in ax.patches) == sum(placed.values())
 
 
 def _fresh_helper():
@@ -72,10 +84,10 @@ def _copy_without_plots(run_dir, tmp_path):
 
 
 def test_the_plot_helper_draws_what_this_process_draws(sample_run, tmp_path):
-    from trace_tools.report.plots import write_plots
+    from trace_tools.report.plots import plot_tables, write_plots
 
     run = _copy_without_plots(sample_run.run_dir, tmp_path)
-    tables = read_run(run)
+    tables = plot_tables(run)
     with _fresh_helper() as helper:
         assert helper._process is not None  # a real helper process, not the fallback
         helper.start(run)
@@ -87,12 +99,14 @@ def test_the_plot_helper_draws_what_this_process_draws(sample_run, tmp_path):
 
 
 def test_plots_are_drawn_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch):
+    from trace_tools.report.plots import plot_tables
+
     for executable in (str(tmp_path / "no-such-python"), "/bin/false"):
         run = _copy_without_plots(sample_run.run_dir, tmp_path / executable.rsplit("/", 1)[1])
         monkeypatch.setattr(sys, "executable", executable)
         with _fresh_helper() as helper:
             helper.start(run)
-            drawn = helper.result(read_run(run))
+            drawn = helper.result(plot_tables(run))
         assert sorted(p.rsplit("/", 1)[1] for p in drawn) == ["coverage_by_tool.png", "drift_start.png",
                                                               "samples_per_session.png"]
         assert all((run / "plots" / name).is_file() for name in ("coverage_by_tool.png", "drift_start.png"))

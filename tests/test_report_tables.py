@@ -39,7 +39,7 @@ What each strategy would train (32 sessions, 330 turns)
                      per    max                                         saved vs
 strategy  samples  sess.  forks  coverage  trained  forwarded  context      tree
 ────────────────────────────────────────────────────────────────────────────────
-tree           56   1.75      2     73.1%   26,186    176,087  149,901         -
+tree           56   1.75      2     73.1%   26,186    176,087  149,901       n/a
 restore        54   1.69      2     73.8%   26,460    170,471  144,011     +3.2%
 linear         58   1.81      2     85.5%   30,637    181,167  150,530     -2.9%
 lin+rst        56   1.75      2     86.2%   30,911    175,551  144,640     +0.3%
@@ -47,9 +47,23 @@ chains        126   3.94     13     93.8%   33,606    362,472  328,866   -105.8%
 sess-v1        32   1.00      0     24.6%    8,808    103,222   94,414   +41.4%*
 sess-v2       183   5.72     14     74.0%   26,539    528,815  502,276   -200.3%
 ckpt           44   1.38      1     98.6%   35,333    147,067  111,734    +16.5%
-coverage = trained / generated tokens. forwarded = tokens of all emitted samples
-(what the trainer pays for); context = forwarded - trained. saved vs tree = 1 -
-forwarded / forwarded of tree; * = saves tokens by training fewer.
+coverage = trained / generated tokens. max forks = the most samples one session
+split into, minus one. forwarded = tokens of all emitted samples (what the
+trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded
+/ forwarded of tree; * = saves tokens by training fewer.
+
+Counters: merges, nonlinear requests, resets, unresolved closers
+counter           tree  restore  linear  lin+rst  ckpt
+──────────────────────────────────────────────────────
+rewrite_merges      46       44      46       44   n/a
+nonlinear          n/a      n/a      74       70   n/a
+resets             n/a      n/a      74       70     0
+close_unresolved   n/a      n/a       0        0     0
+rewrite_merges: rewritten assistant echoes absorbed into the tree (that turn no
+longer trains); nonlinear: requests that are not an append-only extension the
+template renders as a prefix; resets: times the healer re-anchored on such a
+request; close_unresolved: turns whose closer after the last assistant could not
+be resolved. n/a = the strategy has no such step.
 
 Coverage by tool: trained / generated tokens of the turns whose first call is
 that tool
@@ -92,7 +106,7 @@ What each strategy would train (32 sessions, 330 turns)
                      per    max                                         saved vs
 strategy  samples  sess.  forks  coverage  trained  forwarded  context      tree
 ────────────────────────────────────────────────────────────────────────────────
-tree           56   1.75      2     73.1%   26,186    176,087  149,901         -
+tree           56   1.75      2     73.1%   26,186    176,087  149,901       n/a
 restore        54   1.69      2     73.8%   26,460    170,471  144,011     +3.2%
 linear         58   1.81      2     85.5%   30,637    181,167  150,530     -2.9%
 lin+rst        56   1.75      2     86.2%   30,911    175,551  144,640     +0.3%
@@ -100,8 +114,21 @@ chains        126   3.94     13     93.8%   33,606    362,472  328,866   -105.8%
 sess-v1        32   1.00      0     24.6%    8,808    103,222   94,414   +41.4%*
 sess-v2       183   5.72     14     74.0%   26,539    528,815  502,276   -200.3%
 ckpt           44   1.38      1     98.6%   35,333    147,067  111,734    +16.5%
-coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the trainer pays for); context =
-forwarded - trained. saved vs tree = 1 - forwarded / forwarded of tree; * = saves tokens by training fewer.
+coverage = trained / generated tokens. max forks = the most samples one session split into, minus one. forwarded =
+tokens of all emitted samples (what the trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded
+/ forwarded of tree; * = saves tokens by training fewer.
+
+Counters: merges, nonlinear requests, resets, unresolved closers
+counter           tree  restore  linear  lin+rst  ckpt
+──────────────────────────────────────────────────────
+rewrite_merges      46       44      46       44   n/a
+nonlinear          n/a      n/a      74       70   n/a
+resets             n/a      n/a      74       70     0
+close_unresolved   n/a      n/a       0        0     0
+rewrite_merges: rewritten assistant echoes absorbed into the tree (that turn no longer trains); nonlinear: requests that
+are not an append-only extension the template renders as a prefix; resets: times the healer re-anchored on such a
+request; close_unresolved: turns whose closer after the last assistant could not be resolved. n/a = the strategy has no
+such step.
 
 Coverage by tool: trained / generated tokens of the turns whose first call is that tool
 tool       turns  tree  restore  linear  lin+rst  chains  sess-v1  sess-v2  ckpt
@@ -316,3 +343,43 @@ def test_gate_rows_keep_rules_apart():
     text = render(gate_view(results, 80), 80)
     assert "FAIL  lin+rst.coverage_by_tool.Edit" in text and "PASS  lin+rst.coverage_by_tool.Write" in text
     assert "labels: lin+rst = linear+restore" in text
+
+
+def _one_strategy(name: str, sessions: int = 1) -> dict:
+    """SUMMARY cut to one strategy (no tree baseline, no savings) and `sessions` sessions."""
+    summary = json.loads(json.dumps(SUMMARY))
+    summary["strategies"] = {name: summary["strategies"][name]}
+    summary["token_savings"], summary["sessions_total"], summary["sessions_replayed"] = {}, sessions, sessions
+    return summary
+
+
+def test_wording_singular_no_negative_zero_and_footnotes_only_for_what_shows():
+    from trace_tools.report.layout import count, signed_pct
+
+    assert (count(1, "session"), count(2, "session"), count(1234, "turn")) == ("1 session", "2 sessions", "1,234 turns")
+    assert [signed_pct(x) for x in (-0.0004, 0.0, 0.0004, -0.029, 0.032)] == ["0.0%", "0.0%", "0.0%", "-2.9%", "+3.2%"]
+    text = render(summary_view(_one_strategy("linear"), 80), 80)
+    assert "(1 session, " in text and "1 sessions" not in text
+    assert "saved vs" not in text and "* =" not in text  # no tree in the run: no savings column, no footnote for it
+    assert "max forks = " in text  # the column is shown, so it is explained
+    counters = text.split("Counters:")[1].split("Coverage by tool")[0]
+    assert "nonlinear" in counters and "resets" in counters and "close_unresolved" in counters
+    assert "rewrite_merges 46" in " ".join(counters.split())  # linear is built on the tree: it merges rewrites too
+    assert " - " not in text.replace(" - trained", "").replace("1 - ", "")  # absent is n/a, never a bare minus
+
+
+def test_counters_table_shows_na_where_a_strategy_has_no_such_step_and_is_left_out_when_none_apply():
+    text = render(summary_view(SUMMARY, 120), 120)
+    row = next(line for line in text.splitlines() if line.startswith("nonlinear "))
+    assert row.split() == ["nonlinear", "n/a", "n/a", "74", "70", "n/a"]  # tree, restore, linear, lin+rst, ckpt
+    assert "Counters:" not in render(summary_view(_one_strategy("chains"), 80), 80)
+
+
+def test_report_md_names_every_counter_it_does_not_tabulate():
+    from trace_tools.report.render import markdown_report
+
+    text = markdown_report(SUMMARY)
+    section = text.split("## Counters")[1].split("\n## ")[0]
+    assert all(f"| {c} |" in section or f"`{c}`" in section for c in SUMMARY["strategies"]["tree"]["counters"])
+    assert "Zero in every strategy: " in section
+    assert "| nonlinear | n/a | n/a | 74 | 70 | n/a | n/a | n/a | n/a |" in section

@@ -109,3 +109,12 @@ def test_a_registered_strategy_brings_its_own_declaration():
         assert Variant.params == TREE.params
     finally:
         REGISTRY.pop("test-variant")
+
+
+def test_declared_counters_cover_every_counter_a_strategy_counts_on_the_sample(sample_run):
+    """Reports print n/a for a counter a strategy does not declare: none it actually counts may be missing."""
+    for name, block in sample_run.summary["strategies"].items():
+        counted = {c for c, n in block["counters"].items() if n}
+        assert counted <= set(declarations.BY_NAME[name].counters), name
+    assert "nonlinear" in declarations.BY_NAME["linear"].counters
+    assert "rewrite_merges" not in declarations.BY_NAME["checkpoint-tree"].counters

@@ -138,11 +138,13 @@ def _finish(engine: Any, plots: Any) -> RunResult:
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
     from trace_tools.report.metrics import reconstruction_summary, summarize
+    from trace_tools.report.plots import DRIFT_COLUMNS
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
     plots.start(run_dir)
     tables = {name: rundir.read_table(run_dir, name) for name in ("turns", "sessions", "quarantine", "fidelity")}
+    tables["drift"] = rundir.read_table(run_dir, "drift", columns=DRIFT_COLUMNS)  # the plots' drift findings
     reconstruction = reconstruction_summary(engine.render_stats)
     summary = summarize(tables, engine, engine.options.strategies)
     summary["reconstruction"] = reconstruction

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class TraceToolsError(Exception):
     """Base class: a user-facing problem with a clean message, never shown with a traceback."""
@@ -17,12 +20,19 @@ class UsageError(TraceToolsError):
     """An option, argument or output path that cannot be used; found before any work is done."""
 
 
+def did_you_mean(value: object, allowed: Iterable[str]) -> str:
+    """` (did you mean 'tree'?)`: the closest of `allowed` to a misspelt `value` (up to three), or ''."""
+    close = difflib.get_close_matches(str(value), list(allowed), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 class UnknownName(UsageError):
     """A name (strategy, tokenizer, template, behaviour, model) that is not registered."""
 
     def __init__(self, kind: str, name: str, available: list[str] | tuple[str, ...]):
         self.kind, self.name, self.available = kind, name, list(available)
-        super().__init__(f"unknown {kind} {name!r}; choose one of: {', '.join(self.available)}")
+        hint = did_you_mean(name, self.available)
+        super().__init__(f"unknown {kind} {name!r}{hint}; choose one of: {', '.join(self.available)}")
 
 
 class InvalidOption(UsageError, ValueError):

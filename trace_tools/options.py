@@ -8,12 +8,11 @@ an `InvalidOption` (a usage error, exit 2) that lists what is accepted.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trace_tools.errors import InvalidOption, UsageError
+from trace_tools.errors import InvalidOption, UsageError, did_you_mean
 
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -51,12 +50,7 @@ def parse_choice(value: Any, choices: Iterable[str], name: str) -> str:
     allowed = list(choices)
     if isinstance(value, str) and value in allowed:
         return value
-    raise InvalidOption(f"invalid {name} {value!r}{_did_you_mean(value, allowed)}; choose one of: {', '.join(allowed)}")
-
-
-def _did_you_mean(value: Any, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(str(value), allowed, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    raise InvalidOption(f"invalid {name} {value!r}{did_you_mean(value, allowed)}; choose one of: {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -90,8 +84,8 @@ class Param:
         return str(value)
 
     def values(self) -> str:
-        """`choice|choice; default X` (or `int; default X`): what the option takes, for help texts."""
-        kind = "|".join(self.choices) if self.choices else self.type.__name__
+        """`choice | choice; default X` (or `int; default X`): what the option takes, for help texts."""
+        kind = " | ".join(self.choices) if self.choices else self.type.__name__  # spaced: help text wraps there
         default = "none" if self.default is None else str(self.default).lower() if self.type is bool else self.default
         return f"{kind}; default {default}"
 
@@ -112,4 +106,4 @@ def check_known(given: Mapping[str, Any], declared: Mapping[str, Param], what: s
     for key in given:
         if key not in declared:
             names = sorted(declared)
-            raise UsageError(f"unknown {what} {key!r}{_did_you_mean(key, names)}; choose one of: {', '.join(names)}")
+            raise UsageError(f"unknown {what} {key!r}{did_you_mean(key, names)}; choose one of: {', '.join(names)}")

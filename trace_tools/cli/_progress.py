@@ -1,24 +1,37 @@
-"""A rich progress bar (on stderr) as a context manager yielding an `advance(done, total)` callback.
+"""Progress on stderr as a context manager yielding an `advance(done, total)` callback.
 
-Until the first call the bar says it is reading the input (no `0/?`); then it says `action` and
-counts `unit`s.
+At a terminal: a rich progress bar that says it is reading the input until the first call (no
+`0/?`), then `action` and a count of `unit`s. In a pipe or a CI log, where a bar would be invisible:
+plain lines (`replaying: 40/165 sessions (12s)`), the first and last always and one every
+LINE_SECONDS between, so a long run is never silent.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+LINE_SECONDS = 5.0  # at most one progress line per this many seconds in a pipe
 
 
 @contextmanager
 def progress_bar(action: str, unit: str, disable: bool = False) -> Iterator[Callable[[int, int], None]]:
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from trace_tools.cli._output import err_console
+
+    if disable:
+        yield lambda done, total: None
+    elif err_console.is_terminal:
+        with _bar(action, unit) as advance:
+            yield advance
+    else:
+        yield _lines(action, unit)
+
+
+@contextmanager
+def _bar(action: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from trace_tools.cli._output import err_console
 
@@ -29,11 +42,31 @@ def progress_bar(action: str, unit: str, disable: bool = False) -> Iterator[Call
         TextColumn("{task.fields[count]}"),
         TimeElapsedColumn(),
     )
-    quiet = disable or not err_console.is_terminal  # a pipe or CI log gets no bar, not a stray blank line
-    with Progress(*columns, console=err_console, disable=quiet, transient=True) as progress:
+    with Progress(*columns, console=err_console, transient=True) as progress:
         task = progress.add_task("reading the input", total=None, count="")
 
         def advance(done: int, total: int) -> None:
             progress.update(task, description=action, completed=done, total=total, count=f"{done}/{total} {unit}")
 
         yield advance
+
+
+def _lines(action: str, unit: str) -> Callable[[int, int], None]:
+    """A callback printing `action: done/total units (elapsed)` lines, throttled to LINE_SECONDS."""
+    start = time.monotonic()
+    last: float | None = None
+    _line(f"{action}: reading the input")
+
+    def advance(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if last is None or done >= total or now - last >= LINE_SECONDS:
+            last = now
+            _line(f"{action}: {done}/{total} {unit} ({now - start:.0f}s)")
+
+    return advance
+
+
+def _line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

@@ -54,6 +54,8 @@ def compare_cmd(
                 "metrics": result.metrics.to_dict("records"),
                 "tools": result.tools.to_dict("records"),
                 "sessions": result.sessions.to_dict("records"),
+                "only_in_a": result.only_a,
+                "only_in_b": result.only_b,
             }
         )
         return

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 
 def audit_template_cmd(
     chat_template: Annotated[
@@ -20,8 +22,7 @@ def audit_template_cmd(
         Optional[str],
         typer.Option(
             "--tokenizer",
-            help="qwen3, qwen3.5 or a tokenizer directory; default: the template's own, else qwen3 "
-            "as a stand-in (said in the output).",
+            help=TOKENIZER_HELP + "; default: the template's own, else qwen3 as a stand-in (said in the output).",
         ),
     ] = None,
     strategy: Annotated[

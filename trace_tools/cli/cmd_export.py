@@ -42,8 +42,10 @@ def export_cmd(
             }
         )
         return
+    from trace_tools.report.layout import count
+
     console.print(
-        f"wrote {report.samples} samples of {report.strategy} ({report.tokens:,} tokens, "
+        f"wrote {count(report.samples, 'sample')} of {report.strategy} ({count(report.tokens, 'token')}, "
         f"{report.trained_tokens:,} with loss) to {report.out}",
         highlight=False,
     )

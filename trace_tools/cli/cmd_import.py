@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 
 def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="miles | openai | gateway-traces.")],
@@ -16,7 +18,7 @@ def import_cmd(
         Optional[str],
         typer.Option(
             "--tokenizer",
-            help="qwen3, qwen3.5 or a tokenizer directory: written into the dump, ids checked against it.",
+            help=TOKENIZER_HELP + ": written into the dump, ids checked against it.",
         ),
     ] = None,
     chat_template: Annotated[
@@ -43,8 +45,9 @@ def import_cmd(
 ) -> None:
     """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
 
-    Malformed records are listed with a reason in DUMP's import quarantine (<dump>.quarantine.jsonl)
-    and quarantine their session; non-200 requests are kept there as rejected requests.
+    A malformed record quarantines its session; it is listed with a reason in DUMP.quarantine.jsonl.
+
+    A non-200 request is listed there too, as a rejected request; a clean import writes no such file.
 
     Example: trace-tools import miles tests/fixtures/import/miles_sessions.json --tokenizer qwen3 --out imported.parquet
     """
@@ -69,7 +72,8 @@ def import_cmd(
         console.print(_table(report))
         for warning in report.warnings:
             console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-        console.print(f"wrote {report.out} and {report.quarantine_file}", highlight=False)
+        listed = f" and {report.quarantine_file}" if report.quarantine_file else " (nothing to quarantine)"
+        console.print(f"wrote {report.out}{listed}", highlight=False)
     if strict and not report.clean:
         raise typer.Exit(1)
 

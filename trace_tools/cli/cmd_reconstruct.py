@@ -88,4 +88,6 @@ def _print_table(result, out: Path | None) -> None:
 
 
 def _rate(rate) -> str:
-    return "-" if rate is None or rate != rate else f"{rate:.1%}"
+    from trace_tools.report.layout import ABSENT
+
+    return ABSENT if rate is None or rate != rate else f"{rate:.1%}"

@@ -32,7 +32,10 @@ def replay_cmd(
     strategy: StrategyOpt = None,
     out: Annotated[
         Optional[str],
-        typer.Option(help="Run directory, a path or a URI (default: ./trace-tools-runs/<dump>-<UTC time>/)."),
+        typer.Option(
+            help="Run directory, a path or a URI (default: a new directory in ./trace-tools-runs/ named "
+            "after the dump and the UTC time)."
+        ),
     ] = None,
     prompt_source: Annotated[
         str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")
@@ -83,9 +86,9 @@ def replay_cmd(
     from trace_tools.api import replay
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
-    from trace_tools.io import storage
     from trace_tools.options import parse_assignments
     from trace_tools.replay.engine import default_dump, default_run_dir
+    from trace_tools.report.tables import next_steps
 
     params = {**(flags or {}), **parse_assignments(param)}
     path = render_path(reference, verify)
@@ -132,7 +135,8 @@ def replay_cmd(
         for reason in result.redone_shards:
             note(f"replayed again: {reason}")
         note(f"run directory: {result.run_dir}")
-        note(f"report.html: {storage.join(result.run_dir, 'report.html')}")
+        for line in next_steps(result.run_dir):
+            note(line)
     verify_outcome(result.reconstruction.get("verify"))
     if strict and result.quarantined:
         raise typer.Exit(1)

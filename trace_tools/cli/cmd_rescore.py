@@ -7,6 +7,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 FLAGGED_SHOWN = 10
 SYNTHETIC_NOTE = (
     "note: this dump's logprobs are synthetic (seeded by `trace-tools simulate`, not sampled by a "
@@ -29,7 +31,10 @@ def rescore_cmd(
         int, typer.Option("--max-batch-tokens", help="Padded tokens per forward batch; longer sequences run alone.")
     ] = 16384,
     out: Annotated[
-        Path, typer.Option("--out", help="Output directory: tokens/turns/sessions.parquet, summary.json, plots/.")
+        Path,
+        typer.Option(
+            "--out", help="Output directory: tokens.parquet, turns.parquet, sessions.parquet, summary.json, plots/."
+        ),
     ],
     threshold: Annotated[
         float,
@@ -43,8 +48,8 @@ def rescore_cmd(
         Optional[str],
         typer.Option(
             "--tokenizer",
-            help="qwen3 | qwen3.5 | tokenizer dir, for re-rendered prompts and decoded context "
-            "(default: the dump's, else the model's).",
+            help=TOKENIZER_HELP
+            + ", for re-rendered prompts and decoded context (default: the dump's, else the model's).",
         ),
     ] = None,
     chat_template: Annotated[
@@ -156,8 +161,12 @@ def _one_line(text: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    from trace_tools.report.layout import ABSENT
+
+    return ABSENT if value is None else f"{value:.3g}"
 
 
 def _fraction(value: Any) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    from trace_tools.report.layout import ABSENT
+
+    return ABSENT if value is None else f"{value:.1%}"

@@ -93,7 +93,10 @@ def simulate_cmd(
         print_json({"out": str(out), "recipes": rows})
         return
     console.print(_table(rows, template, recording))
-    note(f"wrote {table.num_rows} turns of {sum(r['sessions'] for r in rows)} sessions to {out}")
+    from trace_tools.report.layout import count
+
+    written = count(sum(r["sessions"] for r in rows), "session")
+    note(f"wrote {count(table.num_rows, 'turn')} of {written} to {out}")
 
 
 def _table(rows: list[dict], template: str, recording: str):

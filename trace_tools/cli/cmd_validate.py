@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import TOKENIZER_HELP
+
 SHOWN_ENTRIES = 20
 
 
@@ -26,7 +28,7 @@ def validate_cmd(
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when anything is quarantined.")] = False,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option("--tokenizer", help="Tokenizer name or path for the out-of-vocab check (overrides the dump's)."),
+        typer.Option("--tokenizer", help=TOKENIZER_HELP + ", for the out-of-vocab check (overrides the dump's)."),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -125,10 +127,12 @@ def _entries_table(entries):
 
 
 def _verdict(report) -> str:
+    from trace_tools.report.layout import count
+
     if report.clean:
         return "[green]clean[/green]: every session passed validation"
     return (
-        f"[red]{report.quarantined} of {report.sessions} sessions quarantined[/red]"
+        f"[red]{report.quarantined} of {count(report.sessions, 'session')} quarantined[/red]"
         + (f", {report.unattributed} entries without a session" if report.unattributed else "")
         + " (--strict makes this exit 1)"
     )

@@ -19,6 +19,7 @@ written, one JSON object a line, to the *import quarantine* next to the dump
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +51,7 @@ class ImportReport:
 
     format: str
     out: str
-    quarantine_file: str
+    quarantine_file: str | None  # None when no record needed one (no empty file is written)
     files: int
     records: int = 0
     turns: int = 0
@@ -148,8 +149,12 @@ def import_traces(
             f"none of the {report.records} records names a session ({looked}); pass --session-key NAME, "
             "the request header (e.g. x-session-id) or field (e.g. request.metadata.session_id) that holds it"
         )
+    if not report.quarantined_records and not report.rejected_requests:
+        report.quarantine_file = None
     meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
     _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
+    if report.quarantine_file is None:  # an earlier import's list (--overwrite) no longer describes the dump
+        quarantine_path(out).unlink(missing_ok=True)
     return report
 
 
@@ -232,7 +237,7 @@ def _census_meta(report: ImportReport, files: list[Path]) -> dict[str, Any]:
         "quarantined_sessions": report.quarantined_sessions,
         "quarantined_by_reason": report.by_reason,
         "vocab_checked": report.vocab_size is not None,
-        "quarantine_file": Path(report.quarantine_file).name,
+        "quarantine_file": Path(report.quarantine_file).name if report.quarantine_file else None,
     }
 
 
@@ -247,10 +252,8 @@ def _write(
 ) -> None:
     """Pass 2: rows of sound sessions into the dump, everything else into the import quarantine."""
     done = 0
-    with (
-        dump_writer(out, meta, row_group_rows=row_group_rows) as dump,
-        atomic_open(report.quarantine_file, "w") as quarantine,
-    ):
+    listing = atomic_open(report.quarantine_file, "w") if report.quarantine_file else contextlib.nullcontext(None)
+    with dump_writer(out, meta, row_group_rows=row_group_rows) as dump, listing as quarantine:
         for outcome in outcomes:
             count = None if outcome.session_id is None else sessions.get(outcome.session_id)
             position = None
@@ -259,6 +262,8 @@ def _write(
             if outcome.turn is not None and count is not None and position is not None and count.sound:
                 outcome.turn.turn_index = position
                 dump.write(outcome.turn)
+            elif quarantine is None:  # pass 1 counted no such record
+                raise UnusableInput("the sources changed while importing; import again from a stable copy")
             else:
                 quarantine.write(json.dumps(_entry(outcome, position, count), ensure_ascii=False) + "\n")
             done += 1

@@ -405,18 +405,24 @@ def message_diff(a: Any, b: Any, path: str = "") -> list[str]:
         if not out and list(a) != list(b):
             out.append(f"{path or '<message>'}: key order {list(a)} → {list(b)}")
         return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in message_diff(x, y, f"{path}[{i}]")]
+    if isinstance(a, list) and isinstance(b, list):
+        out = [d for i, (x, y) in enumerate(zip(a, b)) for d in message_diff(x, y, f"{path}[{i}]")]
+        out += [f"{path}[{i}]: {_short(x)} → <missing>" for i, x in enumerate(a[len(b) :], start=len(b))]
+        return out + [f"{path}[{i}]: <missing> → {_short(y)}" for i, y in enumerate(b[len(a) :], start=len(a))]
     if isinstance(a, str) and isinstance(b, str) and a != b:
         return [f"{path}: {' → '.join(differing_parts(a, b))}"]
-    if a != b:
-        return [f"{path}: {_short(a)} → {_short(b)}"]
+    if a != b:  # different shapes: content parts against a string, a number against text
+        left, right = _joined_text(a), _joined_text(b)
+        if isinstance(left, str) and isinstance(right, str) and left != right:
+            return [f"{path} (text): {' → '.join(differing_parts(left, right))}"]
+        return [f"{path}: {' → '.join(differing_parts(_text(a), _text(b), quote=False))}"]
     return []
 
 
-def differing_parts(a: str, b: str, context: int = 16, limit: int = 48) -> tuple[str, str]:
-    """Both strings cut to the part that differs (plus a little context), as quoted reprs with `…`
-    where text was left out, so the difference shows even deep inside long values."""
+def differing_parts(a: str, b: str, context: int = 16, limit: int = 48, quote: bool = True) -> tuple[str, str]:
+    """Both strings cut to the part that differs (plus a little context), as quoted reprs (or, with
+    `quote=False`, as they are: JSON text) with `…` where text was left out, so the difference
+    shows even deep inside long values."""
     prefix = 0
     while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
         prefix += 1
@@ -427,7 +433,8 @@ def differing_parts(a: str, b: str, context: int = 16, limit: int = 48) -> tuple
 
     def cut(text: str) -> str:
         end = min(len(text), max(len(text) - suffix, prefix) + context, prefix + limit)
-        return ("…" if start else "") + repr(text[start:end]) + ("…" if end < len(text) else "")
+        shown = repr(text[start:end]) if quote else text[start:end]
+        return ("…" if start else "") + shown + ("…" if end < len(text) else "")
 
     return cut(a), cut(b)
 
@@ -447,6 +454,18 @@ def _only_wire_ids(diff: list[str]) -> bool:
         return head.endswith(".id") or head.endswith(".index") or head.endswith(".type") or head == "tool_call_id"
 
     return bool(diff) and all(wire(d) for d in diff)
+
+
+def _joined_text(value: Any) -> Any:
+    """A list of text content parts as the one string a template renders from them; else the value."""
+    if isinstance(value, list) and value and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        return "".join(str(p.get("text", "")) for p in value)
+    return value
+
+
+def _text(value: Any) -> str:
+    """A value as the JSON text a reader compares (a string stays itself, quoted)."""
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _short(value: Any, limit: int = 60) -> str:

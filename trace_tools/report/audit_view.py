@@ -29,7 +29,7 @@ SHORT = {
     "whitespace": "ws",
 }
 VERDICT = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "n/a": "[dim]n/a[/]"}
-MARK = {"pass": "[green]ok[/]", "fail": "[red]X[/]", "n/a": "[dim]-[/]"}
+MARK = {"pass": "[green]ok[/]", "fail": "[red]X[/]", "n/a": "[dim]n/a[/]"}
 
 
 def audit_templates(
@@ -55,7 +55,13 @@ def _one(audit: Audit) -> list[Any]:
     table.add_column("detail", overflow="fold")
     for check in audit.checks:
         table.add_row(check.name, VERDICT[check.status], f"{check.passed}/{check.total}", check.detail)
-    return [*lines, table, _strategy_table(audit)]
+    used = [name for name in SHORT if any(name in checks for checks in audit.relies_on.values())]
+    return [*lines, table, _strategy_table(audit), Text("relies on: " + _codes(used))]
+
+
+def _codes(checks: Any) -> str:
+    """`gen = generation_prompt, pfx = prefix_stability, ...`: the short codes the tables use."""
+    return ", ".join(f"{SHORT[name]} = {name}" for name in checks)
 
 
 def _strategy_table(audit: Audit) -> Table:
@@ -80,8 +86,8 @@ def _many(audits: Sequence[Audit]) -> list[Any]:
         table.add_row(label + ("*" if audit.tokenizer_note else ""), *(MARK[by_name[name]] for name in CHECKS))
     return [
         table,
-        Text("ok = holds, X = fails, - = n/a; * = audited with a stand-in tokenizer (token check n/a)"),
-        Text("  ".join(f"{short}={name}" for name, short in SHORT.items())),
+        Text("ok = holds, X = fails, n/a = does not apply; * = audited with a stand-in tokenizer (token check n/a)"),
+        Text(_codes(SHORT)),
     ]
 
 

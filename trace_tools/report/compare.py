@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,16 @@ OUTCOME_COLUMNS = ["samples", "trained_tokens", "forwarded_tokens"]
 @dataclass
 class Comparison:
     """`metrics`: every numeric summary leaf side by side; `tools`: coverage by tool side by side;
-    `sessions`: sessions whose outcome (samples, trained or forwarded tokens) changed."""
+    `sessions`: sessions whose outcome (samples, trained or forwarded tokens) changed;
+    `only_a`, `only_b`: strategies replayed in one run only, so not compared."""
 
     label_a: str
     label_b: str
     metrics: pd.DataFrame
     tools: pd.DataFrame
     sessions: pd.DataFrame
+    only_a: list[str] = field(default_factory=list)
+    only_b: list[str] = field(default_factory=list)
 
 
 def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list[str] | None = None) -> Comparison:
@@ -32,6 +35,8 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
     from trace_tools.report.rerender import read_run
 
     summary_a, sessions_a = load_summary(Path(run_a)), read_run(run_a)["sessions"]
+    only_a: list[str] = []
+    only_b: list[str] = []
     if run_b is None:
         if not strategies or len(strategies) != 2:
             raise UsageError("compare one run by naming two strategies: --strategy A --strategy B")
@@ -47,12 +52,17 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
         if not names:
             raise TraceToolsError("the two runs share no strategy; replay both with a common --strategy")
         pairs, labels = [(s, s) for s in names], (str(run_a), str(run_b))
+        if not strategies:
+            only_a = [s for s in summary_a["strategies"] if s not in summary_b["strategies"]]
+            only_b = [s for s in summary_b["strategies"] if s not in summary_a["strategies"]]
     return Comparison(
         labels[0],
         labels[1],
         _metric_deltas(summary_a, summary_b, pairs),
         _tool_sides(summary_a, summary_b, pairs),
         _changed_sessions(sessions_a, sessions_b, pairs),
+        only_a,
+        only_b,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 from rich.text import Text
 
-from trace_tools.report.layout import Column, fit, label, legend, middle
+from trace_tools.report.layout import ABSENT, Column, fit, label, legend, middle
 from trace_tools.strategies.declarations import in_column_order
 
 KEY_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens", "context_tokens")
@@ -18,6 +18,9 @@ BEHAVIOUR_LINE = 26  # behaviour recipes longer than this break after a `+`
 def comparison_view(result: Any, width: int) -> list[Any]:
     """Per compared pair: metric deltas, coverage by tool side by side, and the sessions that changed."""
     out: list[Any] = [Text(f"A = {result.label_a}, B = {result.label_b}", style="bold")]
+    for side, names in (("A", result.only_a), ("B", result.only_b)):
+        if names:
+            out.append(Text(f"not compared, only in {side}: {', '.join(names)}", style="yellow"))
     for pair in result.metrics["pair"].drop_duplicates():
         metrics = _metrics(result.metrics, pair, width)
         if metrics:
@@ -95,9 +98,9 @@ def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
 
 def _behaviour_cell(row: Any) -> str:
     if row is None:
-        return "-"
-    trained = "n/a" if pd.isna(row.trained_share) else f"{100 * row.trained_share:.0f}"
-    forwarded = "n/a" if pd.isna(row.forwarded_vs_ideal) else f"{row.forwarded_vs_ideal:.2f}"
+        return ABSENT
+    trained = ABSENT if pd.isna(row.trained_share) else f"{100 * row.trained_share:.0f}"
+    forwarded = ABSENT if pd.isna(row.forwarded_vs_ideal) else f"{row.forwarded_vs_ideal:.2f}"
     return f"{trained} / {forwarded}"
 
 
@@ -131,7 +134,7 @@ def gate_view(results: list[Any], width: int) -> list[Any]:
 
 def _num(x: Any, signed: bool = False) -> str:
     if x is None or (isinstance(x, float) and pd.isna(x)):
-        return "-"
+        return ABSENT
     if float(x).is_integer():
         return f"{int(x):+,d}" if signed else f"{int(x):,d}"
     return f"{x:+.4g}" if signed else f"{x:.4g}"
@@ -139,5 +142,5 @@ def _num(x: Any, signed: bool = False) -> str:
 
 def _cov(coverage: Any, dropped: Any) -> str:
     if coverage is None or pd.isna(coverage):
-        return "-"
-    return f"{100 * coverage:.1f}% ({'-' if dropped is None or pd.isna(dropped) else int(dropped)})"
+        return ABSENT
+    return f"{100 * coverage:.1f}% ({ABSENT if dropped is None or pd.isna(dropped) else int(dropped)})"

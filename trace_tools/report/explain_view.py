@@ -6,7 +6,10 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from trace_tools.report.layout import count
+
 SHARED_CHARS = 40  # how much of the shared context before the divergence to show
+DIFF_LINES = 20  # message differences listed in full; --json has them all
 
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
@@ -43,8 +46,10 @@ def explanation_renderables(result) -> list:
     if focus.message_diff:
         diff = Table(title="Message-level difference (stored response → echo)", title_justify="left")
         diff.add_column("path: stored → echo")
-        for line in focus.message_diff[:20]:
+        for line in focus.message_diff[:DIFF_LINES]:
             diff.add_row(line)
+        if len(focus.message_diff) > DIFF_LINES:
+            diff.add_row(f"… and {len(focus.message_diff) - DIFF_LINES} more (--json lists every one)")
         out.append(diff)
     if result.strategy_turn:
         v = result.strategy_turn
@@ -52,7 +57,7 @@ def explanation_renderables(result) -> list:
             Text(
                 f"{result.strategy}: turn {focus.turn_index} event={v['event']} "
                 f"trained {v['trained_tokens']}/{v['generated_tokens']} tokens; "
-                f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {v['samples']} sample(s)"
+                f"turn {focus.echo_turn} prompt={_prompt_event(result)}; {count(v['samples'], 'sample')}"
             )
         )
     return out
@@ -67,7 +72,7 @@ def _findings_table(result) -> Table:
     for col in ("turn", "echo in", "token drift at", "cause"):
         table.add_column(col)
     for f in result.findings:
-        at = f"{f.divergence} / {f.served_len}" if f.token_drift else "–"
+        at = f"{f.divergence} / {f.served_len}" if f.token_drift else "none"
         table.add_row(str(f.turn_index), str(f.echo_turn), at, f.cause or "none")
     return table
 

@@ -17,15 +17,15 @@ Rules file (TOML), one `[[rule]]` table per rule:
 
 from __future__ import annotations
 
-import difflib
 import operator
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from trace_tools.data import COUNTERS
-from trace_tools.errors import MalformedRules
+from trace_tools.errors import MalformedRules, did_you_mean
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 TOP_LEVEL = (
@@ -85,6 +85,9 @@ class Rule:
     max_regression: float | None = None
     better: str = "higher"
     name: str | None = None
+    path: str = "rules"  # the file and the lines its errors name
+    strategy_line: int = 0
+    metric_line: int = 0
 
     @property
     def is_regression(self) -> bool:
@@ -128,47 +131,72 @@ def parse_rules(path: str | Path) -> list[Rule]:
     tables = data.get("rule")
     if not isinstance(tables, list) or not tables or not all(isinstance(table, dict) for table in tables):
         raise MalformedRules(f"{path}: no [[rule]] tables found; see `trace-tools gate --help` for the format")
-    lines = _rule_lines(text)
-    return [_rule(path, t, lines[i] if i < len(lines) else 0) for i, t in enumerate(tables)]
+    blocks = _rule_blocks(text)
+    return [_rule(path, t, blocks[i] if i < len(blocks) else {}) for i, t in enumerate(tables)]
 
 
-def _rule_lines(text: str) -> list[int]:
-    return [n for n, line in enumerate(text.splitlines(), start=1) if line.strip().startswith("[[rule]]")]
+RULE_HEADER = re.compile(r"\s*\[\[\s*(?:rule|\"rule\"|'rule')\s*\]\]")
+TABLE_HEADER = re.compile(r"\s*\[")
+KEY_LINE = re.compile(r"\s*[\"']?([A-Za-z0-9_-]+)[\"']?\s*=")
 
 
-def _rule(path: Path, table: dict[str, Any], line: int) -> Rule:
-    where = f"{path}:{line}"
+def _rule_blocks(text: str) -> list[dict[str, int]]:
+    """Per `[[rule]]` table, in order: the line of its header (key "") and of each of its keys,
+    so an error names the line to edit (TOML allows `[[ rule ]]` and a comment after it)."""
+    blocks: list[dict[str, int]] = []
+    current: dict[str, int] | None = None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if RULE_HEADER.match(line):
+            current = {"": n}
+            blocks.append(current)
+        elif TABLE_HEADER.match(line):
+            current = None  # another table: its keys are not the rule's
+        elif current is not None and (key := KEY_LINE.match(line)):
+            current.setdefault(key.group(1), n)
+    return blocks
+
+
+def _rule(path: Path, table: dict[str, Any], lines: dict[str, int]) -> Rule:
+    header = lines.get("", 0)
+
+    def where(key: str = "") -> str:
+        return f"{path}:{lines.get(key, header)}"
+
     unknown = set(table) - RULE_KEYS
     if unknown:
-        raise MalformedRules(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(RULE_KEYS)}")
+        first = min(unknown, key=lambda key: lines.get(key, header))
+        raise MalformedRules(f"{where(first)}: unknown key(s) {sorted(unknown)}; allowed: {sorted(RULE_KEYS)}")
     if not isinstance(table.get("metric"), str) or not table["metric"]:
-        raise MalformedRules(f'{where}: rule needs a `metric` string such as "coverage_by_tool.Edit"')
+        raise MalformedRules(f'{where("metric")}: rule needs a `metric` string such as "coverage_by_tool.Edit"')
     rule = Rule(
         metric=table["metric"],
-        line=line,
+        line=header,
         strategy=table.get("strategy"),
         op=table.get("op"),
         value=table.get("value"),
         max_regression=table.get("max_regression"),
         better=table.get("better", "higher"),
         name=table.get("name"),
+        path=str(path),
+        strategy_line=lines.get("strategy", header),
+        metric_line=lines.get("metric", header),
     )
-    _check_metric(rule.metric, where)
+    _check_metric(rule.metric, where("metric"))
     if rule.is_regression and (rule.value is not None or rule.op is not None):
         raise MalformedRules(
-            f"{where}: a rule has either `op` and `value` (a threshold) or `max_regression` (against --baseline), "
+            f"{where()}: a rule has either `op` and `value` (a threshold) or `max_regression` (against --baseline), "
             "not both; split it into two rules"
         )
     if rule.is_regression:
         if not _is_number(rule.max_regression) or rule.max_regression < 0:
-            raise MalformedRules(f"{where}: max_regression must be a non-negative number")
+            raise MalformedRules(f"{where('max_regression')}: max_regression must be a non-negative number")
         if rule.better not in ("higher", "lower"):
-            raise MalformedRules(f'{where}: better must be "higher" or "lower"')
+            raise MalformedRules(f'{where("better")}: better must be "higher" or "lower"')
         return rule
     if rule.op not in OPS:
-        raise MalformedRules(f"{where}: op must be one of {', '.join(OPS)} (got {rule.op!r})")
+        raise MalformedRules(f"{where('op')}: op must be one of {', '.join(OPS)} (got {rule.op!r})")
     if not _is_number(rule.value):
-        raise MalformedRules(f"{where}: value must be a number (got {rule.value!r})")
+        raise MalformedRules(f"{where('value')}: value must be a number (got {rule.value!r})")
     return rule
 
 
@@ -177,11 +205,10 @@ def _check_metric(metric: str, where: str) -> None:
     if any(_matches(metric, pattern) for pattern in (*STRATEGY_METRICS, *TOP_METRICS)):
         return
     known = [*STRATEGY_METRICS, *TOP_METRICS]
-    close = difflib.get_close_matches(metric, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    hint = did_you_mean(metric, known)
     shown = [pattern for pattern in known if not pattern.startswith("counters.")] + ["counters.<counter>"]
     raise MalformedRules(
-        f"{where}: unknown metric {metric!r}; {hint}metrics: {', '.join(shown)} (* = a tool, event or reason name)"
+        f"{where}: unknown metric {metric!r}{hint}; metrics: {', '.join(shown)} (* = a tool, event or reason name)"
     )
 
 
@@ -194,10 +221,36 @@ def _check_strategy(rule: Rule, summary: dict[str, Any]) -> None:
     """A rule's strategy must have been replayed in the run (a misspelling is a malformed file)."""
     have = list(summary.get("strategies", {}))
     if rule.strategy is not None and rule.strategy not in have:
-        close = difflib.get_close_matches(str(rule.strategy), have, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint = did_you_mean(rule.strategy, have)
         raise MalformedRules(
-            f"rule at line {rule.line}: strategy {rule.strategy!r} is not in this run; {hint}it has: {', '.join(have)}"
+            f"{rule.path}:{rule.strategy_line}: strategy {rule.strategy!r} is not in this run{hint}; "
+            f"it has: {', '.join(have)}"
+        )
+
+
+TOOL_METRICS = ("coverage_by_tool", "tool_turns")
+
+
+def _check_tool(rule: Rule, *summaries: dict[str, Any] | None) -> None:
+    """A tool a rule names must have turns in the run or its baseline: a misspelt tool is a
+    malformed file (exit 2 with the closest names), not a failed rule that reads as a regression."""
+    head, _, rest = rule.metric.partition(".")
+    if head not in TOOL_METRICS:
+        return
+    tool = rest.split(".")[0]
+    tools = sorted(
+        {
+            name
+            for summary in summaries
+            if summary
+            for block in summary.get("strategies", {}).values()
+            for name in block.get("tool_turns", {})
+        }
+    )
+    if tool not in tools:
+        raise MalformedRules(
+            f"{rule.path}:{rule.metric_line}: no turn of this run calls tool {tool!r}{did_you_mean(tool, tools)}; "
+            f"its tools: {', '.join(tools) or 'none'} (names are case-sensitive)"
         )
 
 
@@ -205,8 +258,11 @@ def evaluate(rules: list[Rule], summary: dict[str, Any], baseline: dict[str, Any
     results = []
     for rule in rules:
         _check_strategy(rule, summary)
+        _check_tool(rule, summary, baseline)
         if rule.is_regression and baseline is None:
-            raise MalformedRules(f"rule at line {rule.line} ({rule.metric}) uses max_regression; pass --baseline RUN")
+            raise MalformedRules(
+                f"{rule.path}:{rule.line}: rule {rule.metric} uses max_regression; pass --baseline RUN"
+            )
         for strategy in _scopes(rule, summary):
             results.append(_check(rule, strategy, summary, baseline))
     return results

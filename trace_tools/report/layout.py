@@ -22,6 +22,7 @@ from rich.text import Text
 from trace_tools.strategies.declarations import label
 
 GAP = 2  # columns are separated by two spaces
+ABSENT = "n/a"  # a cell with no value (never "-", which reads as a minus sign)
 WRAP_WIDTH = 12  # what a wrapping text column asks for; it takes whatever width is left over
 
 
@@ -29,6 +30,17 @@ def legend(strategies: Iterable[str]) -> str:
     """`restore = echo-restore, …` for the labels shown that differ from their strategy's name."""
     pairs = [f"{label(name)} = {name}" for name in strategies if label(name) != name]
     return ("labels: " + ", ".join(pairs)) if pairs else ""
+
+
+def count(n: int, noun: str) -> str:
+    """`1 session`, `2 sessions`, `1,234 turns`."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def signed_pct(fraction: float, digits: int = 1) -> str:
+    """`+3.2%`, `-2.9%`, and `0.0%` for anything that rounds to zero (never `-0.0%` or `+0.0%`)."""
+    text = f"{100 * fraction:+.{digits}f}%"
+    return text[1:] if float(text[:-1]) == 0 else text
 
 
 def middle(text: str, limit: int = 24) -> str:

@@ -35,7 +35,16 @@ def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
     return written
 
 
-PLOT_TABLES = ("turns", "sessions")  # what the figures read
+PLOT_TABLES = ("turns", "sessions")  # what the figures read, besides DRIFT_COLUMNS of drift.parquet
+DRIFT_COLUMNS = ["cause", "token_drift", "divergence", "served_len"]
+
+
+def plot_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The tables the plots read from a run directory (the drift findings without their id lists)."""
+    from trace_tools.io.rundir import read_table
+
+    tables = {name: read_table(run_dir, name) for name in PLOT_TABLES}
+    return tables | {"drift": read_table(run_dir, "drift", columns=DRIFT_COLUMNS)}
 
 
 class PlotHelper:
@@ -115,8 +124,6 @@ def _serve() -> None:
 
     from matplotlib.figure import Figure
 
-    from trace_tools.io.rundir import read_table
-
     warm_up = Figure()  # fonts and the Agg renderer load on a first drawing: do it ahead too
     warm_up.text(0.5, 0.5, "warm-up")
     warm_up.savefig(BytesIO())
@@ -124,11 +131,12 @@ def _serve() -> None:
     run_dir = sys.stdin.readline().strip()
     if not run_dir:  # the replay ended without reaching its plots
         return
-    tables = {name: read_table(run_dir, name) for name in PLOT_TABLES}
-    print(json.dumps(write_plots(Path(run_dir) / "plots", tables)))
+    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir))))
 
 
 def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
+    from matplotlib.ticker import PercentFormatter
+
     turns = tables["turns"]
     if not len(turns):
         return None
@@ -136,11 +144,15 @@ def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
     generated = grouped["generated_tokens"]
     coverage = (grouped["trained_tokens"] / generated.where(generated > 0)).unstack()
     coverage = coverage[in_column_order(coverage.columns)]
-    figure, ax = _figure(max(7.0, 1.1 * len(coverage) + 2.5), 4.5)
+    figure, ax = _figure(min(14.0, max(7.0, 0.9 * len(coverage) + 2.5)), 4.5)
     coverage.plot.bar(ax=ax, width=0.85, color=_colours(coverage.columns), legend=False)
-    ax.set_ylabel("token coverage (trained / generated)")
+    ax.set_ylabel("token coverage (trained / generated)", fontsize=10)
     ax.set_ylim(0, 1.05)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_xlabel("")
+    ax.tick_params(axis="x", labelsize=10, labelrotation=0 if len(coverage) <= 10 else 30)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
     ax.set_title("Loss-mask coverage by tool")
     _legend_outside(ax)
     return figure
@@ -169,32 +181,33 @@ def samples_figure(tables: dict[str, pd.DataFrame]) -> Any:
 
 
 def drift_figure(tables: dict[str, pd.DataFrame]) -> Any:
-    """Where in the prompt drift starts: one small panel per strategy, so no histogram hides another."""
-    from matplotlib.figure import Figure
-
-    turns = tables["turns"]
-    if not len(turns) or "drift_position" not in turns:
+    """Where in the served ids drift starts, from the same findings as the drift-cause table
+    (drift.parquet): one histogram stacked by cause, each cause's count in the legend, and the
+    drifted turns whose ids did not drift (the messages differ only) named in the title."""
+    drift = tables.get("drift")
+    if drift is None or not len(drift) or "cause" not in drift:
         return None
-    drifted = turns.dropna(subset=["drift_position", "prompt_tokens"])
-    drifted = drifted[drifted["prompt_tokens"] > 0]
-    if not len(drifted):
+    drifted = drift[drift["cause"].notna()]
+    placed = drifted[drifted["token_drift"].astype(bool) & (drifted["served_len"] > 0)]
+    if not len(placed):
         return None
-    strategies = in_column_order(turns["strategy"].unique())
-    rows = (len(strategies) + 1) // 2
-    figure = Figure(figsize=(9.0, 1.5 * rows + 1.0))
-    axes = figure.subplots(rows, 2, sharex=True, squeeze=False).ravel()
-    for ax, strategy, colour in zip(axes, strategies, _colours(strategies)):
-        group = drifted[drifted["strategy"] == strategy]
-        ax.hist(group["drift_position"] / group["prompt_tokens"], bins=20, range=(0, 1), color=colour)
-        if not len(group):
-            ax.set_yticks([])
-        ax.set_title(f"{strategy}: {len(group)} drifted turns" if len(group) else f"{strategy}: no drift", fontsize=9)
-        ax.tick_params(labelsize=8)
-    for ax in axes[len(strategies) :]:
-        ax.set_visible(False)
-    figure.supxlabel("first divergence / prompt length", fontsize=9)
-    figure.supylabel("drifted turns", fontsize=9)
-    figure.suptitle("Where in the context drift starts")
+    causes = sorted(placed["cause"].unique(), key=lambda c: (-int((placed["cause"] == c).sum()), c))
+    positions = [(placed["divergence"] / placed["served_len"])[placed["cause"] == c] for c in causes]
+    figure, ax = _figure(9.0, 4.0)
+    ax.hist(
+        positions,
+        bins=20,
+        range=(0, 1),
+        stacked=True,
+        color=_cause_colours(len(causes)),
+        label=[f"{c} ({len(p)})" for c, p in zip(causes, positions)],
+    )
+    ax.set_xlabel("first divergence / ids served for the echoed turn (0 = conversation start, 1 = its end)")
+    ax.set_ylabel("drifted turns")
+    quiet = len(drifted) - len(placed)
+    note = f"; {quiet} more differ in the messages only" if quiet else ""
+    ax.set_title(f"Where drift starts: {len(placed)} of {len(drifted)} drifted turns{note}", fontsize=11)
+    _legend_outside(ax)
     return figure
 
 
@@ -207,7 +220,14 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
 
 def _legend_outside(ax: Any) -> None:
     """The legend right of the axes, where it can cover no bar."""
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def _cause_colours(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    palette = colormaps["Dark2"]
+    return [palette(k % palette.N) for k in range(n)]
 
 
 def _colours(names: Any) -> list[Any]:

@@ -9,8 +9,9 @@ import pandas as pd
 
 from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import markdown_cell
+from trace_tools.report.layout import ABSENT, signed_pct
 from trace_tools.report.metrics import upstream_lines
-from trace_tools.strategies.declarations import BY_NAME
+from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (
     "Strategies marked *counterfactual* act before generation (they change the ids the engine would "
@@ -103,7 +104,7 @@ def _tool_table(summary: dict[str, Any]) -> list[str]:
         for s in summary["strategies"].values():
             tt = s["tool_turns"].get(tool)
             turns = max(turns, tt["turns"] if tt else 0)
-            cells.append(f"{s['coverage_by_tool'][tool]:.1%} ({tt['dropped_turns']})" if tt else "–")
+            cells.append(f"{s['coverage_by_tool'][tool]:.1%} ({tt['dropped_turns']})" if tt else ABSENT)
         rows.append(f"| {markdown_cell(tool)} | {turns} | " + " | ".join(cells) + " |")
     return rows
 
@@ -116,20 +117,28 @@ def _savings_table(summary: dict[str, Any]) -> list[str]:
     for name, v in savings.items():
         flag = "saves tokens by training fewer" if v["saves_by_training_less"] else ""
         deltas = f"{v['samples_delta']:+d} | {v['forwarded_delta']:+d} | {v['trained_delta']:+d}"
-        rows.append(f"| {markdown_cell(name)} | {deltas} | {v['savings']:.1%} | {flag} |")
+        rows.append(f"| {markdown_cell(name)} | {deltas} | {signed_pct(v['savings'])} | {flag} |")
     return rows
 
 
 def _counter_table(summary: dict[str, Any]) -> list[str]:
-    first: dict[str, Any] = next(iter(summary["strategies"].values()), {})
-    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in summary["strategies"].values())]
-    if not names:
-        return ["(all counters zero)"]
-    names_row = " | ".join(map(markdown_cell, summary["strategies"]))
-    rows = [f"| counter | {names_row} |", "|---|" + "---:|" * len(summary["strategies"])]
-    rows += [
-        f"| {c} | " + " | ".join(str(s["counters"][c]) for s in summary["strategies"].values()) + " |" for c in names
-    ]
+    """Every counter the run holds: a row per counter some strategy counted, `n/a` where a strategy
+    has no such step, and one line naming the counters that are zero everywhere (never dropped)."""
+    strategies = summary["strategies"]
+    every = list(dict.fromkeys(c for s in strategies.values() for c in s.get("counters", {})))
+    shown = [c for c in every if any(s["counters"].get(c) for s in strategies.values())]
+    zero = [c for c in every if c not in shown]
+    rows = []
+    if shown:
+        rows += [f"| counter | {' | '.join(map(markdown_cell, strategies))} |", "|---|" + "---:|" * len(strategies)]
+        for c in shown:
+            values = {name: s["counters"].get(c, 0) for name, s in strategies.items()}
+            cells = [str(v) if counter_applies(name, c, v) else ABSENT for name, v in values.items()]
+            rows.append(f"| {c} | " + " | ".join(cells) + " |")
+        rows.append("")
+    if zero:
+        rows.append(f"Zero in every strategy: {', '.join(f'`{c}`' for c in zero)}.")
+    rows.append(f"{ABSENT}: the strategy has no such step.")
     return rows
 
 

@@ -20,11 +20,12 @@ def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:
     """Rewrite report.md and the plots (and report.html when `html`) from the run's files; a run in
     object storage is copied here (its shards left out) and what was rewritten is uploaded."""
     from trace_tools.io import storage
+    from trace_tools.report.plots import plot_tables
     from trace_tools.report.render import write_report
 
     with storage.local_run(storage.location(run), write_back=True) as path:
         summary = load_summary(path)
-        write_report(path, summary, read_run(path))
+        write_report(path, summary, read_run(path) | plot_tables(path))
         if html:
             from trace_tools.report.html import write_html_report
 

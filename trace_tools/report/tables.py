@@ -14,13 +14,24 @@ from typing import Any
 from rich.text import Text
 
 from trace_tools.io import storage
-from trace_tools.report.layout import Column, fit, label, legend
+from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
+from trace_tools.strategies.declarations import counter_applies
 
 HEADLINE_NOTE = (
-    "coverage = trained / generated tokens. forwarded = tokens of all emitted samples (what the "
-    "trainer pays for); context = forwarded - trained. saved vs tree = 1 - forwarded / forwarded of "
-    "tree; * = saves tokens by training fewer."
+    "coverage = trained / generated tokens. max forks = the most samples one session split into, "
+    "minus one. forwarded = tokens of all emitted samples (what the trainer pays for); context = "
+    "forwarded - trained."
+)
+SAVINGS_NOTE = "saved vs tree = 1 - forwarded / forwarded of tree"
+TRAINING_LESS_NOTE = "* = saves tokens by training fewer"
+# The counters the terminal shows (report.md and report.html show every counter).
+TERMINAL_COUNTERS = ("rewrite_merges", "nonlinear", "resets", "close_unresolved")
+COUNTERS_NOTE = (
+    "rewrite_merges: rewritten assistant echoes absorbed into the tree (that turn no longer trains); "
+    "nonlinear: requests that are not an append-only extension the template renders as a prefix; "
+    "resets: times the healer re-anchored on such a request; close_unresolved: turns whose closer "
+    f"after the last assistant could not be resolved. {ABSENT} = the strategy has no such step."
 )
 
 
@@ -30,7 +41,12 @@ def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None
     out += _section(
         f"What each strategy would train ({_replayed(summary)})",
         headline_tables(summary, width),
-    ) + [Text(HEADLINE_NOTE)]
+    ) + [Text(headline_note(summary))]
+    counters = counter_tables(summary, width)
+    if counters:
+        out += _section("Counters: merges, nonlinear requests, resets, unresolved closers", counters) + [
+            Text(COUNTERS_NOTE)
+        ]
     out += _section(
         "Coverage by tool: trained / generated tokens of the turns whose first call is that tool",
         tool_tables(summary, width),
@@ -45,8 +61,8 @@ def _replayed(summary: dict[str, Any]) -> str:
     total, turns = summary.get("sessions_total", 0), summary.get("turns_total", 0)
     replayed = summary.get("sessions_replayed", total)  # runs made before it was counted
     if replayed == total:
-        return f"{total} sessions, {turns} turns"
-    return f"{replayed} of {total} sessions replayed, {summary.get('turns_replayed', turns)} turns"
+        return f"{count(total, 'session')}, {count(turns, 'turn')}"
+    return f"{replayed} of {count(total, 'session')} replayed, {count(summary.get('turns_replayed', turns), 'turn')}"
 
 
 def quarantine_view(summary: dict[str, Any], run_dir: Path | str | None = None) -> list[Text]:
@@ -56,7 +72,8 @@ def quarantine_view(summary: dict[str, Any], run_dir: Path | str | None = None) 
     examples = summary.get("quarantine_examples") or {}
     lines = [
         Text(
-            f"{summary['quarantined']} of {summary.get('sessions_total', '?')} sessions quarantined (not replayed):",
+            f"{summary['quarantined']} of {count(summary.get('sessions_total', 0), 'session')} quarantined "
+            "(not replayed):",
             style="yellow",
         )
     ]
@@ -98,7 +115,7 @@ def headline_tables(summary: dict[str, Any], width: int) -> list[Any]:
     rows = [strategies[name] for name in names]
     values = [
         Column("samples", [_int(s["samples"]) for s in rows]),
-        Column("per\nsess.", [f"{s['samples'] / s['sessions']:.2f}" if s["sessions"] else "-" for s in rows]),
+        Column("per\nsess.", [f"{s['samples'] / s['sessions']:.2f}" if s["sessions"] else ABSENT for s in rows]),
         Column("max\nforks", [_int(s["forks"]["max"]) for s in rows]),
         Column("coverage", [_pct(s["coverage"], 1) for s in rows]),
         Column("trained", [_int(s["trained_tokens"]) for s in rows]),
@@ -108,6 +125,33 @@ def headline_tables(summary: dict[str, Any], width: int) -> list[Any]:
     if savings:
         values.append(Column("saved vs\ntree", [_saving(savings.get(name)) for name in names]))
     return fit([Column("strategy", [label(n) for n in names], justify="left")], values, width)
+
+
+def headline_note(summary: dict[str, Any]) -> str:
+    """The headline table's footnote, explaining only the columns and marks it shows."""
+    savings = summary.get("token_savings") or {}
+    notes = [HEADLINE_NOTE]
+    if savings:
+        marked = any(entry["saves_by_training_less"] for entry in savings.values())
+        notes.append(f"{SAVINGS_NOTE}{'; ' + TRAINING_LESS_NOTE if marked else ''}.")
+    return " ".join(notes)
+
+
+def counter_tables(summary: dict[str, Any], width: int) -> list[Any]:
+    """TERMINAL_COUNTERS per strategy that fills at least one of them; n/a where one does not apply."""
+    strategies = {
+        name: s for name, s in summary["strategies"].items() if any(counter_applies(name, c) for c in TERMINAL_COUNTERS)
+    }
+    if not strategies:
+        return []
+    values = [
+        Column(
+            label(name),
+            [_int(v) if counter_applies(name, c, v := s["counters"].get(c, 0)) else ABSENT for c in TERMINAL_COUNTERS],
+        )
+        for name, s in strategies.items()
+    ]
+    return fit([Column("counter", list(TERMINAL_COUNTERS), justify="left")], values, width)
 
 
 def tool_tables(summary: dict[str, Any], width: int) -> list[Any]:
@@ -127,11 +171,63 @@ def _per_tool(summary: dict[str, Any], width: int, cell) -> list[Any]:
     key = [Column("tool", tools, justify="left"), Column("turns", [_int(n) for n in turns])]
     values = [
         Column(
-            label(name), [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else "-" for tool in tools]
+            label(name), [cell(s, tool, s["tool_turns"][tool]) if tool in s["tool_turns"] else ABSENT for tool in tools]
         )
         for name, s in strategies.items()
     ]
     return fit(key, values, width)
+
+
+def next_steps(run_dir: Path | str) -> list[str]:
+    """The commands worth running after a replay, each under a line saying why: open the report,
+    explain the session that drifted most (from the run's drift table), gate the run in CI."""
+    from trace_tools.io.rundir import load_run_info, read_table
+
+    run = storage.location(run_dir)
+    lines = ["next:", f"  open {storage.join(run, 'report.html')} in a browser"]
+    dump = load_run_info(run).get("inputs", {}).get("dump")
+    columns = ["session_id", "turn_index", "cause", "token_drift"]
+    worst = _most_drifted(read_table(run, "drift", columns=columns)) if dump else None
+    if worst is not None:
+        session, turn, cause = worst
+        lines += [
+            f"  why the session that drifted most drifted at turn {turn} ({cause}):",
+            f"    trace-tools explain {_shown(dump)} --session {_shown(session)} --turn {turn}",
+        ]
+    lines += [
+        "  fail CI when a metric regresses (rules format: trace-tools gate -h):",
+        f"    trace-tools gate {_shown(run)} --rules rules.toml",
+    ]
+    return lines
+
+
+def _shown(location: Path | str) -> str:
+    """A path as short as it can be typed from here (relative below the working directory), quoted
+    for the shell where needed."""
+    import os
+    import shlex
+
+    text = str(location)
+    if not storage.is_uri(text) and os.path.isabs(text):
+        relative = os.path.relpath(text)
+        text = relative if not relative.startswith("..") else text
+    return shlex.quote(text)
+
+
+def _most_drifted(drift: Any) -> tuple[str, int, str] | None:
+    """The session with the most turns whose ids drifted (first by id on a tie), its first such turn
+    and the cause; turns whose drift no token shows (a tool-call id) only where no other drifted."""
+    if not len(drift) or "cause" not in drift:
+        return None
+    drifted = drift[drift["cause"].notna()]
+    if "token_drift" in drifted and drifted["token_drift"].any():
+        drifted = drifted[drifted["token_drift"].astype(bool)]
+    if not len(drifted):
+        return None
+    counts = drifted.groupby("session_id").size()
+    session = sorted(counts.index, key=lambda sid: (-counts[sid], sid))[0]
+    first = drifted[drifted["session_id"] == session].sort_values("turn_index").iloc[0]
+    return str(session), int(first["turn_index"]), str(first["cause"])
 
 
 def _section(title: str, tables: list[Any]) -> list[Any]:
@@ -141,12 +237,12 @@ def _section(title: str, tables: list[Any]) -> list[Any]:
 
 def _saving(entry: dict[str, Any] | None) -> str:
     if entry is None:
-        return "-"
-    return f"{100 * entry['savings']:+.1f}%" + ("*" if entry["saves_by_training_less"] else "")
+        return ABSENT
+    return signed_pct(entry["savings"]) + ("*" if entry["saves_by_training_less"] else "")
 
 
 def _pct(x: float | None, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+    return ABSENT if x is None else f"{100 * x:.{digits}f}%"
 
 
 def _int(n: int) -> str:

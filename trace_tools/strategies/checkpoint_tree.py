@@ -51,17 +51,8 @@ def harness_echoes(value: str) -> tuple[HarnessEcho, ...]:
     return (HarnessEcho(load_profile(value)),)
 
 
-# Counters this strategy fills (zeros included), besides the ones DESIGN §5 names.
-OWN_COUNTERS = (
-    "tree_branches",
-    "restored_echoes",
-    "unrecognized_echoes",
-    "trimmed_leaves",
-    "resets",
-    "close_unresolved",
-    "healed_turns",
-    "healed_prefix_tokens",
-)
+# Counters this strategy fills (zeros included): its declaration's.
+OWN_COUNTERS = CHECKPOINT_TREE.counters
 EXTRA_COUNTERS = (
     "new_roots",
     "boundary_fallbacks",

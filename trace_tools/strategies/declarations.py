@@ -30,6 +30,22 @@ INCREMENTAL = ("generation_prompt", "tokenizer_merges")
 # The checkpoint tree glues verified closer text onto exact checkpoints and re-renders the rest.
 CLOSER = ("closer_text", "closer_tool")
 
+# -- counters (data.COUNTERS) each family of strategies fills; the others do not apply to it ------------
+
+TREE_COUNTERS = ("drift_clean", "drift_realign", "drift_fork", "tree_branches", "rewrite_merges", "server_errors")
+RESTORE_COUNTERS = ("restored_echoes", "unrecognized_echoes")
+HEALER_COUNTERS = (
+    "healed_turns",
+    "healed_prefix_tokens",
+    "nonlinear",
+    "nonlinear_history",
+    "nonlinear_template",
+    "close_unresolved",
+    "resets",
+)
+SERVER_COUNTERS = ("rejected_requests", "server_errors")  # HTTP 400 / 500 of a session server
+ROLLBACK_COUNTERS = ("rollbacks", "rollback_dropped_tokens")
+
 # -- parameter vocabularies (the algorithms check against the same tuples) ---------------------------
 
 DEFAULT_FORK_THRESHOLD = 1024
@@ -163,6 +179,7 @@ class Declaration:
     `counterfactual`: replay feeds ids the engine never saw (DESIGN §3); the report says so.
     `renders_prompts`: False when it works from recorded prompt ids without a tokenizer.
     `upstream_system`: the system whose renders it reproduces ("slime", "miles", ...), or None.
+    `counters`: the run counters (`data.COUNTERS`) its replay fills; reports show the others as n/a.
     """
 
     name: str
@@ -173,6 +190,7 @@ class Declaration:
     counterfactual: bool = False
     renders_prompts: bool = True
     upstream_system: str | None = None
+    counters: tuple[str, ...] = ()
 
 
 TREE = Declaration(
@@ -183,6 +201,7 @@ TREE = Declaration(
     SERVED_IDS,
     renders_prompts=False,  # with recorded prompt ids and responses it needs no tokenizer
     upstream_system="slime",
+    counters=TREE_COUNTERS,
 )
 ECHO_RESTORE = Declaration(
     "echo-restore",
@@ -192,6 +211,7 @@ ECHO_RESTORE = Declaration(
     SERVED_IDS,
     counterfactual=True,
     upstream_system="slime",
+    counters=(*TREE_COUNTERS, *RESTORE_COUNTERS),
 )
 LINEAR = Declaration(
     "linear",
@@ -201,6 +221,7 @@ LINEAR = Declaration(
     HEALING,
     counterfactual=True,
     upstream_system="agentcore",
+    counters=(*TREE_COUNTERS, *HEALER_COUNTERS),
 )
 LINEAR_RESTORE = Declaration(
     "linear+restore",
@@ -210,6 +231,7 @@ LINEAR_RESTORE = Declaration(
     HEALING,
     counterfactual=True,
     upstream_system="agentcore",
+    counters=(*TREE_COUNTERS, *RESTORE_COUNTERS, *HEALER_COUNTERS),
 )
 CHAINS = Declaration(
     "chains",
@@ -219,6 +241,7 @@ CHAINS = Declaration(
     INCREMENTAL,
     counterfactual=True,  # the chains codec renders prompts itself
     upstream_system="uni-agent",
+    counters=("chains_created", *ROLLBACK_COUNTERS, *SERVER_COUNTERS),
 )
 SESSION_V1 = Declaration(
     "session-v1",
@@ -228,6 +251,7 @@ SESSION_V1 = Declaration(
     INCREMENTAL,
     counterfactual=True,  # the TITO prompt (checkpoint + suffix render) is not what the gateway fed
     upstream_system="miles",
+    counters=(*ROLLBACK_COUNTERS, *SERVER_COUNTERS),
 )
 SESSION_V2 = Declaration(
     "session-v2",
@@ -237,6 +261,7 @@ SESSION_V2 = Declaration(
     INCREMENTAL,
     counterfactual=True,
     upstream_system="miles",
+    counters=("tree_branches", "trimmed_leaves", *SERVER_COUNTERS),
 )
 CHECKPOINT_TREE = Declaration(
     "checkpoint-tree",
@@ -245,6 +270,15 @@ CHECKPOINT_TREE = Declaration(
     CHECKPOINT_PARAMS,
     CLOSER,
     counterfactual=True,  # prompts are assembled from checkpoints, not the recorded prompt ids
+    counters=(
+        "tree_branches",
+        *RESTORE_COUNTERS,
+        "trimmed_leaves",
+        "resets",
+        "close_unresolved",
+        "healed_turns",
+        "healed_prefix_tokens",
+    ),
 )
 
 # The DESIGN §3 column order of every table.
@@ -272,6 +306,12 @@ def in_column_order(names: Iterable[str]) -> list[str]:
     """`names` in the DESIGN §3 column order; names without a declaration last, alphabetically."""
     position = {name: n for n, name in enumerate(NAMES)}
     return sorted(names, key=lambda name: (position.get(name, len(position)), name))
+
+
+def counter_applies(name: str, counter: str, value: int = 0) -> bool:
+    """Whether a strategy fills a counter (one without a declaration, or a count it did make: yes)."""
+    declaration = BY_NAME.get(name)
+    return declaration is None or counter in declaration.counters or bool(value)
 
 
 def owners(param: str) -> list[str]:

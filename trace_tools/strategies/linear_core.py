@@ -45,19 +45,11 @@ from typing import Any, Sequence
 from trace_tools.errors import ReplayError, UnknownName
 from trace_tools.ids import suffix_prefix_overlap
 from trace_tools.render.base import RendererLike
-from trace_tools.strategies.declarations import ON_NONLINEAR
+from trace_tools.strategies.declarations import HEALER_COUNTERS, ON_NONLINEAR
 
 log = logging.getLogger(__name__)
 
-COUNTER_KEYS = (
-    "healed_turns",
-    "healed_prefix_tokens",
-    "nonlinear",
-    "nonlinear_history",
-    "nonlinear_template",
-    "close_unresolved",
-    "resets",
-)
+COUNTER_KEYS = HEALER_COUNTERS  # declared with the strategies that heal (`declarations`)
 # Two probe bodies whose last characters differ, so the common suffix of their renders is
 # exactly the template glue after an assistant message, never a piece of the body.
 PROBE_A = "trace-tools closer probe, first body ends in A"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_tools.report.escape import BIDI, visible_bidi
+from trace_tools.report.layout import ABSENT, count, signed_pct
 
 REPORT_NAME = "report.html"
 
@@ -56,7 +57,6 @@ def render_html(
     strategies = list(summary["strategies"])
     data = build_sessions(run_dir, strategies, quarantine)
     tools = overview.tool_columns(summary)
-    counter_names, counter_rows = overview.counter_rows(summary)
     if plots_drawn is not None:
         plots_drawn()
     context = {
@@ -66,8 +66,7 @@ def render_html(
         "strategy_rows": overview.strategy_rows(summary, counterfactual_names(summary)),
         "tools": tools,
         "tool_rows": overview.tool_rows(summary, tools),
-        "counter_names": counter_names,
-        "counter_rows": counter_rows,
+        "counters": overview.counter_table(summary),
         "cause_rows": overview.cause_rows(summary, CAUSE_TEXT),
         "quarantine": overview.quarantine_view(summary, quarantine),
         "plots": overview.inline_plots(run_dir / "plots"),
@@ -142,19 +141,19 @@ def _environment():
         undefined=jinja2.StrictUndefined,
         finalize=_visible,
     )
-    env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct)
+    env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct, count=count)
     return env
 
 
 def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
+    return ABSENT if value is None else f"{100 * value:.1f}%"
 
 
 def _signed_pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:+.1f}%"
+    return ABSENT if value is None else signed_pct(value)
 
 
 def _num(value: float | None) -> str:
     if value is None:
-        return "–"
+        return ABSENT
     return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"

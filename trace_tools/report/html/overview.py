@@ -67,12 +67,27 @@ def tool_rows(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict
     return rows
 
 
-def counter_rows(summary: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Counters that are non-zero for some strategy: (names, one row per strategy)."""
+def counter_table(summary: dict[str, Any]) -> dict[str, Any]:
+    """Counters as rows and strategies (short labels) as columns, so the table stays narrow: the
+    counters some strategy counted, None where a strategy has no such step, and the all-zero ones."""
+    from trace_tools.report.layout import legend
+    from trace_tools.strategies.declarations import counter_applies, label
+
     blocks = summary["strategies"]
-    first: dict[str, Any] = next(iter(blocks.values()), {})
-    names = [c for c in first.get("counters", {}) if any(s["counters"].get(c) for s in blocks.values())]
-    return names, [{"name": n, "counts": [s["counters"].get(c, 0) for c in names]} for n, s in blocks.items()]
+    every = list(dict.fromkeys(c for s in blocks.values() for c in s.get("counters", {})))
+    shown = [c for c in every if any(s["counters"].get(c) for s in blocks.values())]
+    rows = [
+        {
+            "name": c,
+            "cells": [
+                v if counter_applies(name, c, v := s["counters"].get(c, 0)) else None for name, s in blocks.items()
+            ],
+        }
+        for c in shown
+    ]
+    columns = [{"name": name, "label": label(name)} for name in blocks]
+    zero = [c for c in every if c not in shown]
+    return {"columns": columns, "rows": rows, "zero": zero, "legend": legend(blocks)}
 
 
 def cause_rows(summary: dict[str, Any], cause_text: dict[str, str]) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@
 
   const FATES = {trained: "trained", partly: "partly trained",
     context: "context only (its tokens are in a sample, without loss)",
-    dropped: "dropped (its generated tokens are in no sample)", untrained: "untrained", empty: "empty generation"};
+    dropped: "dropped (its generated tokens are in no sample)",
+    untrained: "untrained (no samples.parquet to tell context from dropped)", empty: "empty generation"};
   const PROMPT_BADGE = {forked: "fork", realigned: "realign", restored: "restore", healed: "heal", reset: "reset",
     rendered: "render", new_chain: "chain", new_root: "root", rolled_back: "rollback", rejected: "reject",
     failed: "fail", anchored: "anchor"};
@@ -32,7 +33,8 @@
     for (const child of children) if (child !== null && child !== undefined) node.append(child);
     return node;
   }
-  const num = (n) => (n === null || n === undefined ? "–" : NUM.format(n));
+  const num = (n) => (n === null || n === undefined ? "n/a" : NUM.format(n));
+  const count = (n, noun) => `${num(n)} ${noun}${n === 1 ? "" : "s"}`;
   const turnColour = (i) => `hsl(${(205 + i * 137.508) % 360}, 62%, 46%)`; // golden-angle hues, turn 0 blue
   const sessionHref = (sid, turn) => "#/session/" + encodeURIComponent(sid) + (turn === undefined ? "" : "/drift/" + turn);
   const causeName = (code) => INDEX.causes[code];
@@ -177,7 +179,7 @@
         el("td", {}, el("span", {class: "cause-chip", text: causeName(d[3])})),
         el("td", {text: d[4] === null ? "no token drift" : `${num(d[4])} / ${num(d[5])}`}));
     }));
-    document.getElementById("drift-count").textContent = `${num(drift.rows.length)} drifted turn(s)`;
+    document.getElementById("drift-count").textContent = count(drift.rows.length, "drifted turn");
     pager("drift-pager", drift, drawDrift);
   }
 
@@ -243,7 +245,7 @@
   }
   function fateLegend() {
     return el("div", {class: "legend"}, ...Object.entries(FATES).map(([k, label]) =>
-      el("span", {style: `--c: var(--${k === "untrained" ? "dropped" : k})`, text: label})),
+      el("span", {style: `--c: var(--${k})`, text: label})),
       el("em", {class: "muted", text: "badges: what became of the tokens (merge, zeroed, rollback…) and how the prompt was built (fork, realign, heal…)"}));
   }
   function timeline(d) {
@@ -283,7 +285,7 @@
     const forwarded = (s.samples || []).reduce((n, x) => n + x.n, 0);
     const trained = (s.samples || []).reduce((n, x) => n + x.trained, 0);
     block.append(el("h3", {}, el("code", {text: name}),
-      ` · ${num((s.samples || []).length)} sample(s) · ${num(forwarded)} tokens forwarded · ${num(trained)} trained`));
+      ` · ${count((s.samples || []).length, "sample")} · ${num(forwarded)} tokens forwarded · ${num(trained)} trained`));
     for (const x of s.samples || []) {
       const bar = el("div", {class: "bar", style: `width: ${(100 * x.n / longest).toFixed(2)}%`});
       for (const [turn, isTrained, count] of x.segs) {
