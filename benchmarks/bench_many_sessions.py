@@ -39,8 +39,20 @@ def measure(dump: Path, out: Path) -> tuple[float, int]:
     """(seconds, peak RSS in bytes of the whole process tree) of one replay."""
     import psutil
 
-    command = [sys.executable, "-m", "trace_tools.cli.main", "replay", str(dump), "-s", "tree", "--workers", "1",
-               "--out", str(out), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "trace_tools.cli.main",
+        "replay",
+        str(dump),
+        "-s",
+        "tree",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    ]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     root, peak = psutil.Process(process.pid), 0

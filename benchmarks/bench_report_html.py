@@ -196,7 +196,10 @@ def _quarantine() -> pd.DataFrame:
 
 def _drift_row(rng, sid: str, turn: int, cause: str | None) -> dict:
     drifted = cause is not None
-    words = lambda k: [WORDS[i] for i in rng.integers(0, len(WORDS), k)]
+
+    def words(k):
+        return [WORDS[i] for i in rng.integers(0, len(WORDS), k)]
+
     served, rendered = (int(rng.integers(4, 40)), 40) if drifted else (0, 0)
     return {
         "session_id": sid,

@@ -217,13 +217,15 @@ def sequence_scenario(model: ScoringModel, length: int, args: argparse.Namespace
     sequences = [rng.integers(0, model.vocab_size, size=length).tolist() for _ in range(args.sequences)]
     requests = [ScoreRequest(s, np.arange(1, length)) for s in sequences]
     flops = model_flops(model.model, [length] * len(sequences))
-    ours = lambda: score_requests(
-        model,
-        requests,
-        max_batch_tokens=args.max_batch_tokens,  # noqa: E731
-        chunk_positions=args.chunk_positions,
-    )
-    naive = lambda: [naive_logprobs(model, s) for s in sequences]  # noqa: E731
+
+    def ours():
+        return score_requests(
+            model, requests, max_batch_tokens=args.max_batch_tokens, chunk_positions=args.chunk_positions
+        )
+
+    def naive():
+        return [naive_logprobs(model, s) for s in sequences]
+
     return _compare("sequence", model, length, length * len(sequences), flops, ours, naive, args)
 
 
@@ -248,14 +250,16 @@ def session_scenario(model: ScoringModel, length: int, args: argparse.Namespace)
     plans = plan.plan_sequences(inputs)
     requests = [ScoreRequest(p.ids, p.positions()) for p in plans]
     turn_lengths = [len(t.sequence) for t in inputs]
-    ours = lambda: plan.read_spans(
-        plans,
-        score_requests(  # noqa: E731
+
+    def ours():
+        scores = score_requests(
             model, requests, max_batch_tokens=args.max_batch_tokens, chunk_positions=args.chunk_positions
-        ),
-        len(inputs),
-    )
-    naive = lambda: [naive_logprobs(model, t.sequence)[-len(t.output_ids) :] for t in inputs]  # noqa: E731
+        )
+        return plan.read_spans(plans, scores, len(inputs))
+
+    def naive():
+        return [naive_logprobs(model, t.sequence)[-len(t.output_ids) :] for t in inputs]
+
     scored = sum(len(t.output_ids) for t in inputs)
     return _compare("session", model, length, scored, None, ours, naive, args, naive_length=max(turn_lengths))
 

@@ -6,6 +6,7 @@ SEP. An assistant body is its content followed by one `<|call|>` JSON `<|/call|>
 Special markers are single tokens 1..5 (`<|e|>` = 2 is the EOS); every other character is one
 token, 1000 + its code point. So `tok(text)` spells expected ids in readable text.
 """
+
 from __future__ import annotations
 
 import json
@@ -95,8 +96,11 @@ class ToyRenderer:
         body = content or ""
         for call in message.get("tool_calls") or []:
             function = call["function"]
-            body += "<|call|>" + json.dumps({"name": function["name"], "arguments": function["arguments"]},
-                                            sort_keys=True) + "<|/call|>"
+            body += (
+                "<|call|>"
+                + json.dumps({"name": function["name"], "arguments": function["arguments"]}, sort_keys=True)
+                + "<|/call|>"
+            )
         return body
 
 

@@ -16,6 +16,7 @@ which encodes as the single id 3 (the merge that makes boundaries matter). Serve
 the tests are 50000 and above: no render ever produces them, so a prompt that contains them
 reused the served ids, and one that does not re-rendered history.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,14 @@ class ToyTemplate:
 
     vocab_size = 200000
 
-    def __init__(self, *, rewrite_history: bool = False, tool_closer: str | None = None,
-                 leading_newline: bool = False, refuse_tool_calls: bool = False):
+    def __init__(
+        self,
+        *,
+        rewrite_history: bool = False,
+        tool_closer: str | None = None,
+        leading_newline: bool = False,
+        refuse_tool_calls: bool = False,
+    ):
         self.rewrite_history = rewrite_history
         self.refuse_tool_calls = refuse_tool_calls
         self.tool_closer = tool_closer
@@ -115,18 +122,43 @@ def reply(content: str = "", *calls: tuple[str, dict], reasoning: str | None = N
         message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [
-            {"id": f"call_{name.lower()}_{n}", "index": n, "type": "function",
-             "function": {"name": name, "arguments": json.dumps(args)}}
-            for n, (name, args) in enumerate(calls)]
+            {
+                "id": f"call_{name.lower()}_{n}",
+                "index": n,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for n, (name, args) in enumerate(calls)
+        ]
     return message
 
 
 TOOLS = [
-    {"type": "function", "function": {"name": "Patch", "parameters": {"type": "object", "properties": {
-        "path": {"type": "string"}, "find": {"type": "string"}, "put": {"type": "string"},
-        "everywhere": {"type": "boolean", "default": False}}}}},
-    {"type": "function", "function": {"name": "Shell", "parameters": {"type": "object", "properties": {
-        "cmd": {"type": "string"}, "wait_s": {"type": "integer", "default": 30}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "Patch",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "find": {"type": "string"},
+                    "put": {"type": "string"},
+                    "everywhere": {"type": "boolean", "default": False},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "Shell",
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string"}, "wait_s": {"type": "integer", "default": 30}},
+            },
+        },
+    },
 ]
 SUB_TOOLS = [TOOLS[1]]
 
@@ -143,8 +175,17 @@ class Harness:
         self.turns: list[Turn] = []
         self._next_id = SERVED
 
-    def call(self, messages: list[dict], response: dict, *, tools=TOOLS, length: int = 4,
-             finish: str = "stop", prompt_ids=None, kwargs=None) -> int:
+    def call(
+        self,
+        messages: list[dict],
+        response: dict,
+        *,
+        tools=TOOLS,
+        length: int = 4,
+        finish: str = "stop",
+        prompt_ids=None,
+        kwargs=None,
+    ) -> int:
         """Record one generation on `messages`; returns its turn index."""
         output = list(range(self._next_id, self._next_id + length))
         self._next_id += length
@@ -152,9 +193,20 @@ class Harness:
             output.append(CLOSE_ID)
         index = len(self.turns)
         logprobs = [-0.01 * (index + 1) - 0.001 * k for k in range(len(output))]
-        self.turns.append(Turn(self.session_id, index, copy.deepcopy(messages), output, tools=tools,
-                               output_logprobs=logprobs, prompt_ids=prompt_ids, response=copy.deepcopy(response),
-                               finish_reason=finish, chat_template_kwargs=kwargs))
+        self.turns.append(
+            Turn(
+                self.session_id,
+                index,
+                copy.deepcopy(messages),
+                output,
+                tools=tools,
+                output_logprobs=logprobs,
+                prompt_ids=prompt_ids,
+                response=copy.deepcopy(response),
+                finish_reason=finish,
+                chat_template_kwargs=kwargs,
+            )
+        )
         return index
 
     def replay(self, history: list[dict], response: dict) -> None:

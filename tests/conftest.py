@@ -1,4 +1,5 @@
 """Shared fixtures: real runs over real dumps (the bundled sample and small simulated ones)."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ with the real Qwen3 tokenizer and template, so the fixtures replay with exact pr
 Regenerate the committed fixtures with `python tests/import_fixtures.py tests/fixtures/import`
 (a test checks they still equal what this module writes).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,42 +20,82 @@ from trace_tools.data import Session, Turn
 
 FIXTURES = Path(__file__).parent / "fixtures" / "import"
 SESSION_HEADER = "X-Session-Id"
-BASH = [{"type": "function", "function": {
-    "name": "Bash", "description": "Run a shell command in the repository and return its output.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string", "description": "The command."}},
-                   "required": ["command"]}}}]
+BASH = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command in the repository and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command."}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
 # -- recorder formats --------------------------------------------------------------------------------
+
 
 def _epoch(moment) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
 def _completion(turn: Turn) -> dict[str, Any]:
-    return {"id": turn.request_id, "object": "chat.completion", "model": "policy",
-            "choices": [{"index": 0, "message": turn.response, "finish_reason": turn.finish_reason,
-                         "meta_info": {"output_token_logprobs": [[lp, t] for lp, t in zip(turn.output_logprobs, turn.output_ids)],
-                                       "completion_tokens": len(turn.output_ids), "prompt_tokens": len(turn.prompt_ids or []),
-                                       "weight_version": "step-3"}}]}
+    return {
+        "id": turn.request_id,
+        "object": "chat.completion",
+        "model": "policy",
+        "choices": [
+            {
+                "index": 0,
+                "message": turn.response,
+                "finish_reason": turn.finish_reason,
+                "meta_info": {
+                    "output_token_logprobs": [[lp, t] for lp, t in zip(turn.output_logprobs, turn.output_ids)],
+                    "completion_tokens": len(turn.output_ids),
+                    "prompt_tokens": len(turn.prompt_ids or []),
+                    "weight_version": "step-3",
+                },
+            }
+        ],
+    }
 
 
 def miles_record(turn: Turn) -> dict[str, Any]:
     """A miles `SessionRecord` for a turn (the request as miles mutated it: input_ids added)."""
-    request = {"model": "policy", "messages": turn.messages, "input_ids": turn.prompt_ids, "logprobs": True,
-               "return_meta_info": True, "no_stop_trim": False}
+    request = {
+        "model": "policy",
+        "messages": turn.messages,
+        "input_ids": turn.prompt_ids,
+        "logprobs": True,
+        "return_meta_info": True,
+        "no_stop_trim": False,
+    }
     if turn.tools:
         request["tools"] = turn.tools
     if turn.chat_template_kwargs:
         request["chat_template_kwargs"] = turn.chat_template_kwargs
-    return {"timestamp": _epoch(turn.finished_at), "request_timestamp": _epoch(turn.started_at), "method": "POST",
-            "path": "/v1/chat/completions", "request": request, "response": _completion(turn), "status_code": 200}
+    return {
+        "timestamp": _epoch(turn.finished_at),
+        "request_timestamp": _epoch(turn.started_at),
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "request": request,
+        "response": _completion(turn),
+        "status_code": 200,
+    }
 
 
 def miles_document(session: Session) -> dict[str, Any]:
     """What miles' `GET /sessions/{id}` returns for a session."""
-    return {"session_id": session.session_id, "records": [miles_record(t) for t in session.turns],
-            "metadata": {"max_trim_tokens": 0}}
+    return {
+        "session_id": session.session_id,
+        "records": [miles_record(t) for t in session.turns],
+        "metadata": {"max_trim_tokens": 0},
+    }
 
 
 def rejected_record(turn: Turn) -> dict[str, Any]:
@@ -66,30 +107,62 @@ def rejected_record(turn: Turn) -> dict[str, Any]:
 def sglang_exchange(turn: Turn) -> dict[str, Any]:
     """An OpenAI chat-completion exchange answered by SGLang with return_meta_info, session in a header."""
     request = {"model": "policy", "messages": turn.messages, "tools": turn.tools, "input_ids": turn.prompt_ids}
-    return {"headers": {SESSION_HEADER: turn.session_id}, "request": request, "response": _completion(turn),
-            "status_code": 200, "started_at": _epoch(turn.started_at), "finished_at": _epoch(turn.finished_at)}
+    return {
+        "headers": {SESSION_HEADER: turn.session_id},
+        "request": request,
+        "response": _completion(turn),
+        "status_code": 200,
+        "started_at": _epoch(turn.started_at),
+        "finished_at": _epoch(turn.finished_at),
+    }
 
 
 def vllm_exchange(turn: Turn) -> dict[str, Any]:
     """An exchange answered by vLLM with return_token_ids and logprobs; the session in the body's `user`."""
-    choice = {"index": 0, "message": turn.response, "finish_reason": turn.finish_reason,
-              "token_ids": turn.output_ids,
-              "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp}
-                                       for t, lp in zip(turn.output_ids, turn.output_logprobs)]}}
-    response = {"id": turn.request_id, "object": "chat.completion", "prompt_token_ids": turn.prompt_ids,
-                "choices": [choice], "usage": {"prompt_tokens": len(turn.prompt_ids or []),
-                                               "completion_tokens": len(turn.output_ids)}}
-    request = {"model": "policy", "messages": turn.messages, "tools": turn.tools, "user": turn.session_id,
-               "return_token_ids": True, "logprobs": True}
+    choice = {
+        "index": 0,
+        "message": turn.response,
+        "finish_reason": turn.finish_reason,
+        "token_ids": turn.output_ids,
+        "logprobs": {
+            "content": [
+                {"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(turn.output_ids, turn.output_logprobs)
+            ]
+        },
+    }
+    response = {
+        "id": turn.request_id,
+        "object": "chat.completion",
+        "prompt_token_ids": turn.prompt_ids,
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(turn.prompt_ids or []), "completion_tokens": len(turn.output_ids)},
+    }
+    request = {
+        "model": "policy",
+        "messages": turn.messages,
+        "tools": turn.tools,
+        "user": turn.session_id,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
     return {"request": request, "response": response, "started_at": turn.started_at.isoformat()}
 
 
 def gateway_trace(turn: Turn) -> dict[str, Any]:
     """An agentcore/slime gateway's per-call trace: the TurnRecord plus the request it rendered."""
-    return {"session_id": turn.session_id, "prompt_ids": turn.prompt_ids, "output_ids": turn.output_ids,
-            "finish_reason": turn.finish_reason, "output_log_probs": turn.output_logprobs, "ill_formed": False,
-            "messages": turn.messages, "tools": turn.tools, "response_message": turn.response,
-            "timestamp": _epoch(turn.finished_at), "task_index": 7}
+    return {
+        "session_id": turn.session_id,
+        "prompt_ids": turn.prompt_ids,
+        "output_ids": turn.output_ids,
+        "finish_reason": turn.finish_reason,
+        "output_log_probs": turn.output_logprobs,
+        "ill_formed": False,
+        "messages": turn.messages,
+        "tools": turn.tools,
+        "response_message": turn.response,
+        "timestamp": _epoch(turn.finished_at),
+        "task_index": 7,
+    }
 
 
 def interleaved(sessions: list[Session]) -> list[Turn]:
@@ -100,24 +173,40 @@ def interleaved(sessions: list[Session]) -> list[Turn]:
 
 # -- the hand-written conversations ----------------------------------------------------------------
 
+
 def _steps() -> dict[str, list[tuple[list[dict], dict]]]:
     """Per session: (messages appended before the call, the assistant reply) for each call."""
     system = {"role": "system", "content": "You are a careful coding agent. Use Bash to inspect the repository."}
     call = {"id": "call_7", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -q"}'}}
     return {
         "fix-flaky-test": [
-            ([system, {"role": "user", "content": "test_retry fails now and then. Find out why."}],
-             {"role": "assistant", "content": "", "reasoning_content": "Running the suite shows the failure.",
-              "tool_calls": [call]}),
-            ([{"role": "tool", "tool_call_id": "call_7", "content": "1 failed: test_retry (timeout 0.01s)"}],
-             {"role": "assistant", "content": "The retry test uses a 10 ms timeout; raising it to 1 s removes "
-                                              "the race.", "reasoning_content": "The timeout is too tight."}),
+            (
+                [system, {"role": "user", "content": "test_retry fails now and then. Find out why."}],
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "reasoning_content": "Running the suite shows the failure.",
+                    "tool_calls": [call],
+                },
+            ),
+            (
+                [{"role": "tool", "tool_call_id": "call_7", "content": "1 failed: test_retry (timeout 0.01s)"}],
+                {
+                    "role": "assistant",
+                    "content": "The retry test uses a 10 ms timeout; raising it to 1 s removes the race.",
+                    "reasoning_content": "The timeout is too tight.",
+                },
+            ),
         ],
         "explain-config": [
-            ([system, {"role": "user", "content": "What does the `strict` flag in config.toml do?"}],
-             {"role": "assistant", "content": "It makes unknown keys an error instead of a warning."}),
-            ([{"role": "user", "content": "And its default?"}],
-             {"role": "assistant", "content": "It defaults to false."}),
+            (
+                [system, {"role": "user", "content": "What does the `strict` flag in config.toml do?"}],
+                {"role": "assistant", "content": "It makes unknown keys an error instead of a warning."},
+            ),
+            (
+                [{"role": "user", "content": "And its default?"}],
+                {"role": "assistant", "content": "It defaults to false."},
+            ),
         ],
     }
 
@@ -132,14 +221,24 @@ def conversations(renderer) -> list[Session]:
             history = history + added
             prompt = renderer.render_text(history, BASH, True)
             served = renderer.render_text(history + [reply], BASH, False)
-            output = renderer.encode(served[len(prompt):].rstrip("\n"))
+            output = renderer.encode(served[len(prompt) :].rstrip("\n"))
             moment = start + timedelta(minutes=10 * number + index)
-            turns.append(Turn(
-                session_id=sid, turn_index=index, messages=list(history), tools=BASH, output_ids=output,
-                output_logprobs=[-round(0.001 * (i % 13), 3) for i in range(len(output))],
-                prompt_ids=renderer.encode(prompt), response=reply,
-                finish_reason="tool_calls" if reply.get("tool_calls") else "stop",
-                request_id=f"chatcmpl-{sid}-{index}", started_at=moment, finished_at=moment + timedelta(seconds=2)))
+            turns.append(
+                Turn(
+                    session_id=sid,
+                    turn_index=index,
+                    messages=list(history),
+                    tools=BASH,
+                    output_ids=output,
+                    output_logprobs=[-round(0.001 * (i % 13), 3) for i in range(len(output))],
+                    prompt_ids=renderer.encode(prompt),
+                    response=reply,
+                    finish_reason="tool_calls" if reply.get("tool_calls") else "stop",
+                    request_id=f"chatcmpl-{sid}-{index}",
+                    started_at=moment,
+                    finished_at=moment + timedelta(seconds=2),
+                )
+            )
             history = history + [reply]
         sessions.append(Session(sid, turns))
     return sessions

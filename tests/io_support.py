@@ -4,6 +4,7 @@ The baseline has three sessions (alpha, beta, gamma) of three turns each, every 
 filled, token ids below `VOCAB`, logprobs exactly representable in float32 (so a round trip
 through Parquet compares equal). Variants change one cell or one column of its Arrow table.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -30,13 +31,21 @@ def _turn(session_id: str, index: int, salt: int) -> Turn:
         messages.append({"role": "tool", "content": "exit 0", "tool_call_id": f"c{earlier}"})
     output_ids = [salt + index, 17 * (index + 1), 3, 499]
     return Turn(
-        session_id=session_id, turn_index=index, messages=messages, output_ids=output_ids, tools=_TOOLS,
-        output_logprobs=[-0.5, -0.25, -1.0 * (index + 1), -0.125], prompt_ids=[11, 12, 13 + salt, 14 + index],
-        response={"role": "assistant", "content": f"step {index} — ok"}, finish_reason="stop",
-        request_id=f"{session_id}-{index}", started_at=_START + timedelta(minutes=salt + index),
+        session_id=session_id,
+        turn_index=index,
+        messages=messages,
+        output_ids=output_ids,
+        tools=_TOOLS,
+        output_logprobs=[-0.5, -0.25, -1.0 * (index + 1), -0.125],
+        prompt_ids=[11, 12, 13 + salt, 14 + index],
+        response={"role": "assistant", "content": f"step {index} — ok"},
+        finish_reason="stop",
+        request_id=f"{session_id}-{index}",
+        started_at=_START + timedelta(minutes=salt + index),
         finished_at=_START + timedelta(minutes=salt + index, seconds=7),
         chat_template_kwargs={"enable_thinking": index % 2 == 0},
-        reward=1.0 if index == 2 else None, metadata={"note": "ünïcode", "salt": salt},
+        reward=1.0 if index == 2 else None,
+        metadata={"note": "ünïcode", "salt": salt},
     )
 
 

@@ -1,4 +1,5 @@
 """Shared helpers for the run-directory tests."""
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ Switches that reproduce template behaviours the session server meets:
 * `require_user=True` raises a jinja TemplateError when no user message is present (like TRL's
   Qwen3.5 think template).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,10 +51,16 @@ class ToyRenderer:
         names = {v: k for k, v in SPECIALS.items()}
         return "".join(names.get(i) or chr(i - CHAR_BASE) for i in ids)
 
-    def render_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                    add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
-        self.calls.append({"messages": list(messages), "tools": tools, "gp": add_generation_prompt,
-                           "kwargs": template_kwargs})
+    def render_text(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        self.calls.append(
+            {"messages": list(messages), "tools": tools, "gp": add_generation_prompt, "kwargs": template_kwargs}
+        )
         if self.require_user and not any(m.get("role") == "user" for m in messages):
             from jinja2 import TemplateError
 
@@ -82,8 +89,13 @@ class ToyRenderer:
             text += f"<call>{function['name']} {args if isinstance(args, str) else compact(args)}</call>"
         return text
 
-    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-               add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def render(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
         return self.encode(self.render_text(messages, tools, add_generation_prompt, **template_kwargs))
 
     def parse_response(self, output_ids: Sequence[int], tools: Sequence[dict] | None = None) -> ParsedResponse:
@@ -144,14 +156,33 @@ def output_for(response: dict, renderer: ToyRenderer = TOY, stop: bool = True) -
     return renderer.encode(renderer.body(parsed)) + ([IM_END] if stop else [])
 
 
-def make_turn(index: int, messages: list[dict], response: dict, *, tools: list | None = None,
-              finish: str | None = "stop", prompt_ids: list[int] | None = None, output: list[int] | None = None,
-              kwargs: dict | None = None, reward: float | None = None) -> Turn:
+def make_turn(
+    index: int,
+    messages: list[dict],
+    response: dict,
+    *,
+    tools: list | None = None,
+    finish: str | None = "stop",
+    prompt_ids: list[int] | None = None,
+    output: list[int] | None = None,
+    kwargs: dict | None = None,
+    reward: float | None = None,
+) -> Turn:
     ids = output if output is not None else output_for(response, stop=finish != "length")
     logprobs = [-(index + 1) - k / 1000 for k in range(len(ids))]  # distinct per turn and position
-    return Turn(session_id="s", turn_index=index, messages=messages, output_ids=ids, tools=tools,
-                output_logprobs=logprobs, prompt_ids=prompt_ids, response=response, finish_reason=finish,
-                chat_template_kwargs=kwargs, reward=reward)
+    return Turn(
+        session_id="s",
+        turn_index=index,
+        messages=messages,
+        output_ids=ids,
+        tools=tools,
+        output_logprobs=logprobs,
+        prompt_ids=prompt_ids,
+        response=response,
+        finish_reason=finish,
+        chat_template_kwargs=kwargs,
+        reward=reward,
+    )
 
 
 def session_of(*turns: Turn) -> Session:

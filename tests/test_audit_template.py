@@ -1,4 +1,5 @@
 """`trace-tools audit-template`: template facts the strategies rely on, checked on real templates."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def test_qwen3_last_assistant_gets_an_empty_think_block(qwen3):
     renderer = Renderer.from_spec("qwen3", "qwen3")
     reply = {"role": "assistant", "content": "4"}
     last = renderer.render_text([{"role": "user", "content": "2+2?"}, reply], None, False)
-    followed = renderer.render_text([{"role": "user", "content": "2+2?"}, reply, {"role": "tool", "content": "ok"}],
-                                    None, False)
+    followed = renderer.render_text(
+        [{"role": "user", "content": "2+2?"}, reply, {"role": "tool", "content": "ok"}], None, False
+    )
     assert "<think>\n\n</think>" in last and "<think>" not in followed
     check = qwen3.check("last_assistant")
     assert check.status == "fail" and "a last text assistant renders differently" in check.detail

@@ -5,6 +5,7 @@ Each test names its matrix case as `test_cNN_...`. Scenarios, strings and token 
 counters — are the upstream ones. Cases the trace schema cannot express are listed, with the
 reason, in docs/upstream_chains.md.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,11 +28,21 @@ def new_session(rollback: bool = False, renderer: ToyRenderer | None = None, **c
     return ChainSession(ChainCodec(renderer or ToyRenderer()), enable_last_assistant_rollback=rollback, **capacity)
 
 
-def reply(session: ChainSession, messages: list[dict], text: str, *, turn: int = 0, tools=None, calls=None,
-          logprobs=None, request_logprobs=None):
+def reply(
+    session: ChainSession,
+    messages: list[dict],
+    text: str,
+    *,
+    turn: int = 0,
+    tools=None,
+    calls=None,
+    logprobs=None,
+    request_logprobs=None,
+):
     """Replay one request whose recorded answer is `text` (then EOS), stored as that assistant."""
-    return session.step(messages, tools, gen(text), logprobs, assistant(text, calls), turn_index=turn,
-                        request_logprobs=request_logprobs)
+    return session.step(
+        messages, tools, gen(text), logprobs, assistant(text, calls), turn_index=turn, request_logprobs=request_logprobs
+    )
 
 
 def full(messages: list[dict], tools=None) -> list[int]:
@@ -48,6 +59,7 @@ def chain(session: ChainSession, chain_id: int) -> Chain:
 
 
 # -- construction (cases 1-3) -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_c01_rejects_non_positive_response_length(bad):
@@ -71,6 +83,7 @@ def test_c03_rollback_is_on_by_default():
 
 
 # -- splits and continuations (cases 4-6) ---------------------------------------------------------
+
 
 def test_c04_linear_conversation_stays_single_chain():
     session = new_session()
@@ -118,6 +131,7 @@ def test_c06_context_compaction_starts_new_chain():
 
 
 # -- last-assistant rollback (cases 7-14, 16, 17, 19, 20) -------------------------------------------
+
 
 def test_c07_first_assistant_rewrite_splits_without_rollback():
     session = new_session(rollback=True)
@@ -194,11 +208,11 @@ def test_c12_edit_before_the_latest_boundary_splits():
 def test_c13_ambiguous_deepest_rollback_splits_over_shallower_exact():
     session = new_session(rollback=True)
     asked = [user("p"), assistant("a"), user("q")]
-    reply(session, [user("p")], "a")            # chain 1
-    reply(session, asked, "b1")                 # chain 1 continues, boundary 3
-    reply(session, [user("p")], "a")            # chain 2 (a sibling of the first prompt)
-    reply(session, asked, "b2")                 # chain 2 continues, boundary 3
-    reply(session, [user("p")], "a")            # chain 3: exact prefix [p, a] of the next request
+    reply(session, [user("p")], "a")  # chain 1
+    reply(session, asked, "b1")  # chain 1 continues, boundary 3
+    reply(session, [user("p")], "a")  # chain 2 (a sibling of the first prompt)
+    reply(session, asked, "b2")  # chain 2 continues, boundary 3
+    reply(session, [user("p")], "a")  # chain 3: exact prefix [p, a] of the next request
     request = [*asked, user("rewrite")]
     outcome = reply(session, request, "c")
     assert (outcome.chain_id, outcome.new_chain, outcome.rollback) == (4, True, False)
@@ -209,12 +223,12 @@ def test_c13_ambiguous_deepest_rollback_splits_over_shallower_exact():
 def test_c14_unique_deepest_rollback_ignores_shallower_candidate():
     session = new_session(rollback=True)
     asked = [user("p"), assistant("a"), user("q")]
-    reply(session, [user("p")], "a", turn=0)                                   # chain 1
-    reply(session, asked, "b", turn=1)                                         # chain 1, boundary 3
-    reply(session, [user("p")], "a", turn=2)                                   # chain 2
-    reply(session, asked, "other", turn=3)                                     # chain 2 (newest), boundary 3
+    reply(session, [user("p")], "a", turn=0)  # chain 1
+    reply(session, asked, "b", turn=1)  # chain 1, boundary 3
+    reply(session, [user("p")], "a", turn=2)  # chain 2
+    reply(session, asked, "other", turn=3)  # chain 2 (newest), boundary 3
     deeper = [*asked, assistant("b"), user("r")]
-    assert reply(session, deeper, "c", turn=4).chain_id == 1                   # chain 1, boundary 5
+    assert reply(session, deeper, "c", turn=4).chain_id == 1  # chain 1, boundary 5
     untouched = chain(session, 2).buffer.copy()
     outcome = reply(session, [*deeper, user("rewrite")], "d", turn=5)
     assert (outcome.chain_id, outcome.rollback, outcome.rolled_back_turns) == (1, True, (4,))
@@ -223,22 +237,22 @@ def test_c14_unique_deepest_rollback_ignores_shallower_candidate():
 
 def test_c16_deeper_rollback_beats_shorter_exact_sibling():
     session = new_session(rollback=True)
-    reply(session, [user("p")], "a")                                            # chain 1
-    reply(session, [user("p")], "a")                                            # chain 2
+    reply(session, [user("p")], "a")  # chain 1
+    reply(session, [user("p")], "a")  # chain 2
     asked = [user("p"), assistant("a"), user("q")]
-    assert reply(session, asked, "b").chain_id == 2                             # newest exact sibling
+    assert reply(session, asked, "b").chain_id == 2  # newest exact sibling
     outcome = reply(session, [*asked, user("rewrite")], "c")
-    assert (outcome.chain_id, outcome.rollback) == (2, True)                    # service 3 beats exact 2
+    assert (outcome.chain_id, outcome.rollback) == (2, True)  # service 3 beats exact 2
     assert len(chain(session, 1).message_history) == 2
 
 
 def test_c17_tie_prefers_exact_chain_without_drop():
     session = new_session(rollback=True)
     opening = [system("s"), user("p")]
-    reply(session, opening, "a")                                                # chain 1: history 3
-    reply(session, opening, "a")                                                # chain 2: history 3
+    reply(session, opening, "a")  # chain 1: history 3
+    reply(session, opening, "a")  # chain 2: history 3
     resend = [*opening, assistant("a")]
-    assert reply(session, resend, "more").chain_id == 2                         # glued, boundary 3
+    assert reply(session, resend, "more").chain_id == 2  # glued, boundary 3
     outcome = reply(session, [*resend, user("q")], "b")
     # chain 2 could roll back to boundary 3; chain 1 extends exactly with the same value 3
     assert (outcome.chain_id, outcome.rollback, session.rollback_count) == (1, False, 0)
@@ -269,6 +283,7 @@ def test_c20_rollback_disabled_splits_rewritten_assistant():
 
 
 # -- siblings, tools, tip hash (cases 21, 22, 26, 27) ----------------------------------------------
+
 
 def test_c21_repeated_prompt_creates_siblings_and_continues_latest():
     session = new_session()
@@ -393,6 +408,7 @@ def test_c37_oversized_fresh_prompt_returns_length_without_a_chain():
 
 # -- hashing (cases 46-50) ------------------------------------------------------------------------
 
+
 def test_c46_changed_first_message_splits_and_tips_match_history():
     session = new_session()
     reply(session, [system("v1"), user("q")], "x")
@@ -406,8 +422,11 @@ def test_c47_json_arguments_hash_by_value_and_raw_strings_by_text():
     def with_args(arguments):
         return message_hash(assistant("", [call("c", "run", arguments)]))
 
-    assert with_args('{"path": "a", "line": 3}') == with_args('{"line":3,"path":"a"}') \
+    assert (
+        with_args('{"path": "a", "line": 3}')
+        == with_args('{"line":3,"path":"a"}')
         == with_args({"line": 3, "path": "a"})
+    )
     assert with_args("{not json") != with_args("{not json ")
     assert with_args("{not json") != with_args('{"not": "json"}')
 
@@ -415,8 +434,9 @@ def test_c47_json_arguments_hash_by_value_and_raw_strings_by_text():
 def test_c48_renamed_and_swapped_tool_call_ids_hash_equal():
     def exchange(ids, result_ids):
         calls = [call(ids[0], "run", {"n": 1}), call(ids[1], "run", {"n": 2})]
-        return prefix_hashes([user("p"), assistant("", calls),
-                              tool_result(result_ids[0], "one"), tool_result(result_ids[1], "two")])
+        return prefix_hashes(
+            [user("p"), assistant("", calls), tool_result(result_ids[0], "one"), tool_result(result_ids[1], "two")]
+        )
 
     assert exchange(("c1", "c2"), ("c1", "c2")) == exchange(("zz", "yy"), ("zz", "yy"))
     assert exchange(("c1", "c2"), ("c1", "c2")) == exchange(("c2", "c1"), ("c2", "c1"))
@@ -443,6 +463,7 @@ def test_c50_rewritten_committed_tool_call_ids_still_reuse_chain():
 
 
 # -- logprobs (cases 51, 52; 53 as a bonus) -----------------------------------------------------------
+
 
 def test_c51_requested_logprobs_stay_aligned_with_context_zero():
     session = new_session()
@@ -483,6 +504,7 @@ def test_c54_failed_continuation_logprobs_leave_the_chain_for_a_retry():
 
 
 # -- behaviours from §3.2, §3.5, §4.2 beyond the numbered cases ---------------------------------------
+
 
 def test_exact_resend_glues_the_generation_without_a_generation_prompt():
     session = new_session()
@@ -541,6 +563,7 @@ def test_finalize_twice_is_refused():
 
 # -- codec (§3.5) ---------------------------------------------------------------------------------
 
+
 def test_codec_probes_generation_prompt_and_separator():
     codec = ChainCodec(ToyRenderer(separator="\n\n"))
     assert codec.generation_prompt == tok(GP)
@@ -567,8 +590,9 @@ def test_codec_full_render_falls_back_behind_an_empty_user():
 def test_codec_incremental_allows_a_leading_assistant_only():
     codec = ChainCodec(ToyRenderer())
     assert codec.encode_incremental([]) == []
-    assert codec.encode_incremental([assistant("edited"), user("q")]) == \
-        inc("<|s|>assistant\nedited<|e|>\n<|s|>user\nq<|e|>\n")
+    assert codec.encode_incremental([assistant("edited"), user("q")]) == inc(
+        "<|s|>assistant\nedited<|e|>\n<|s|>user\nq<|e|>\n"
+    )
     with pytest.raises(ServerError, match="may only appear first"):
         codec.encode_incremental([user("q"), assistant("x")])
 

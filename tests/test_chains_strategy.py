@@ -3,6 +3,7 @@
 Toy sessions use tests/chains_toy.py; the last tests replay sessions through the real Qwen3
 tokenizer and template (trace_tools.render.renderer.Renderer.from_spec("qwen3")).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,12 +19,28 @@ from trace_tools.strategies.chains import ChainsStrategy
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 
 
-def turn(index: int, messages: list[dict], text: str, *, calls=None, tools=TOOLS, logprobs=True,
-         with_response=True, reward=None) -> Turn:
+def turn(
+    index: int,
+    messages: list[dict],
+    text: str,
+    *,
+    calls=None,
+    tools=TOOLS,
+    logprobs=True,
+    with_response=True,
+    reward=None,
+) -> Turn:
     ids = gen(text)
-    return Turn("s", index, messages, ids, tools=tools,
-                output_logprobs=[-0.25 - index] * len(ids) if logprobs else None,
-                response=assistant(text, calls) if with_response else None, reward=reward)
+    return Turn(
+        "s",
+        index,
+        messages,
+        ids,
+        tools=tools,
+        output_logprobs=[-0.25 - index] * len(ids) if logprobs else None,
+        response=assistant(text, calls) if with_response else None,
+        reward=reward,
+    )
 
 
 def replay(turns: list[Turn], renderer=None, **params):
@@ -72,8 +89,11 @@ def test_linear_session_gives_one_sample_training_every_generated_token():
 
 def test_subagent_session_gives_two_samples_main_last():
     main = [system("main"), user("fix it")]
-    turns = [turn(0, main, "delegating"), turn(1, [system("helper"), user("search")], "found"),
-             turn(2, [*main, assistant("delegating"), user("helper says: found")], "fixed")]
+    turns = [
+        turn(0, main, "delegating"),
+        turn(1, [system("helper"), user("search")], "found"),
+        turn(2, [*main, assistant("delegating"), user("helper says: found")], "fixed"),
+    ]
     result = replay(turns)
     helper, primary = result.samples
     assert [s.metadata["chain_id"] for s in result.samples] == [2, 1]
@@ -123,11 +143,13 @@ def test_capacity_parameters_close_the_chain():
 
 def test_rejected_and_failed_requests_are_counted_and_the_session_goes_on():
     good = [user("start")]
-    turns = [turn(0, good, "one"),
-             turn(1, [{"content": "a message without a role"}], "x"),
-             # two assistants the session never produced: uni-agent's incremental encoder refuses
-             turn(2, [*good, assistant("one"), user("a"), assistant("ghost"), user("b")], "y"),
-             turn(3, [*good, assistant("one"), user("go on")], "two")]
+    turns = [
+        turn(0, good, "one"),
+        turn(1, [{"content": "a message without a role"}], "x"),
+        # two assistants the session never produced: uni-agent's incremental encoder refuses
+        turn(2, [*good, assistant("one"), user("a"), assistant("ghost"), user("b")], "y"),
+        turn(3, [*good, assistant("one"), user("go on")], "two"),
+    ]
     result = replay(turns)
     assert result.turn_events == {1: "rejected", 2: "failed"}
     assert (result.counters["rejected_requests"], result.counters["server_errors"]) == (1, 1)
@@ -143,8 +165,10 @@ def test_a_recorded_response_with_a_null_role_is_the_assistant():
 
 
 def test_missing_response_is_parsed_from_the_output_ids():
-    turns = [turn(0, [user("p")], "answer", with_response=False),
-             turn(1, [user("p"), assistant("answer"), user("q")], "more", with_response=False)]
+    turns = [
+        turn(0, [user("p")], "answer", with_response=False),
+        turn(1, [user("p"), assistant("answer"), user("q")], "more", with_response=False),
+    ]
     result = replay(turns)
     assert len(result.samples) == 1 and set(trained_by_turn(result)) == {0, 1}
 
@@ -163,6 +187,7 @@ def test_a_session_without_logprobs_trains_with_zero_logprobs():
 
 # -- the real Qwen3 renderer ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def qwen3():
     from trace_tools.render.renderer import Renderer
@@ -174,19 +199,35 @@ def served(renderer, text: str, index: int, messages: list[dict], tools=None) ->
     """A recorded turn: `text` as the model wrote it (stop token included), response parsed from it."""
     ids = renderer.encode(text + "<|im_end|>")
     response = renderer.parse_response(ids, tools).message
-    return Turn("q", index, messages, ids, tools=tools, output_logprobs=[-0.01 * (index + 1)] * len(ids),
-                response=response)
+    return Turn(
+        "q", index, messages, ids, tools=tools, output_logprobs=[-0.01 * (index + 1)] * len(ids), response=response
+    )
 
 
 def test_qwen3_byte_exact_linear_session_is_one_fully_trained_trajectory(qwen3):
-    bash = [{"type": "function", "function": {"name": "Bash", "description": "run a command",
-                                              "parameters": {"type": "object",
-                                                             "properties": {"command": {"type": "string"}}}}}]
+    bash = [
+        {
+            "type": "function",
+            "function": {
+                "name": "Bash",
+                "description": "run a command",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
     opening = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "How many files?"}]
-    first = served(qwen3, '<think>\nList them.\n</think>\n\n<tool_call>\n{"name": "Bash", "arguments": '
-                          '{"command": "ls | wc -l"}}\n</tool_call>', 0, opening, bash)
-    echo = {**first.response, "tool_calls": [{"id": "call_0", "type": "function", **c}
-                                             for c in first.response["tool_calls"]]}
+    first = served(
+        qwen3,
+        '<think>\nList them.\n</think>\n\n<tool_call>\n{"name": "Bash", "arguments": '
+        '{"command": "ls | wc -l"}}\n</tool_call>',
+        0,
+        opening,
+        bash,
+    )
+    echo = {
+        **first.response,
+        "tool_calls": [{"id": "call_0", "type": "function", **c} for c in first.response["tool_calls"]],
+    }
     history = [*opening, echo, {"role": "tool", "tool_call_id": "call_0", "content": "12"}]
     second = served(qwen3, "<think>\nDone.\n</think>\n\nThere are 12 files.", 1, history, bash)
     result = replay([first, second], qwen3)
@@ -194,7 +235,7 @@ def test_qwen3_byte_exact_linear_session_is_one_fully_trained_trajectory(qwen3):
     assert trained_by_turn(result) == {0: first.output_ids, 1: second.output_ids}
     assert sum(sample.loss_mask) == len(first.output_ids) + len(second.output_ids)
     # the chain's first prompt is the full render of the opening request
-    assert sample.token_ids[:len(sample.token_ids) - sample.response_length] == qwen3.render(opening, bash)
+    assert sample.token_ids[: len(sample.token_ids) - sample.response_length] == qwen3.render(opening, bash)
 
 
 def test_qwen3_subagent_session_is_two_trajectories(qwen3):

@@ -1,5 +1,6 @@
 """Echo equivalence of the checkpoint tree: every cosmetic replay rewrite is looked past, no
 genuine change is."""
+
 from __future__ import annotations
 
 import copy
@@ -16,11 +17,24 @@ DEFAULTS = tool_defaults(TOOLS)
 
 def held_patch() -> dict:
     """What the tree stored for a generated Patch call (canonical form, model's key order)."""
-    return {"role": "assistant", "content": "Swapping the comparison.",
-            "reasoning_content": "The boil check uses >= where it needs >.",
-            "tool_calls": [{"type": "function", "function": {"name": "Patch", "arguments": {
-                "path": "fw/boil.c", "find": "if (t >= 100)   \n  return 1;",
-                "put": "if (t > 100) {\n  return 1;\n}"}}}]}
+    return {
+        "role": "assistant",
+        "content": "Swapping the comparison.",
+        "reasoning_content": "The boil check uses >= where it needs >.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Patch",
+                    "arguments": {
+                        "path": "fw/boil.c",
+                        "find": "if (t >= 100)   \n  return 1;",
+                        "put": "if (t > 100) {\n  return 1;\n}",
+                    },
+                },
+            }
+        ],
+    }
 
 
 def rewritten(**changes) -> dict:
@@ -46,21 +60,31 @@ def test_identical_messages_are_equal_not_echoes():
     assert message_match(held_patch(), held_patch(), DEFAULTS) == EQUAL
 
 
-@pytest.mark.parametrize("incoming", [
-    pytest.param(with_arguments({**ARGS, "everywhere": False}), id="schema-default-filled"),
-    pytest.param(with_arguments({**ARGS, "find": "if (t >= 100)\n  return 1;"}), id="per-line-rstrip"),
-    pytest.param(rewritten(reasoning_content=None), id="reasoning-dropped"),
-    pytest.param(rewritten(reasoning_content=""), id="reasoning-empty"),
-    pytest.param({**rewritten(reasoning_content=None), "reasoning": held_patch()["reasoning_content"]},
-                 id="reasoning-rekeyed"),
-    pytest.param({**rewritten(reasoning_content=None), "thinking": held_patch()["reasoning_content"]},
-                 id="reasoning-as-thinking"),
-    pytest.param(rewritten(reasoning_content=None,
-                           content="<think>\nThe boil check uses >= where it needs >.\n</think>\n\n"
-                                   "Swapping the comparison."),
-                 id="reasoning-inlined"),
-    pytest.param(rewritten(content="Swapping the comparison.   \n"), id="content-trailing-space"),
-])
+@pytest.mark.parametrize(
+    "incoming",
+    [
+        pytest.param(with_arguments({**ARGS, "everywhere": False}), id="schema-default-filled"),
+        pytest.param(with_arguments({**ARGS, "find": "if (t >= 100)\n  return 1;"}), id="per-line-rstrip"),
+        pytest.param(rewritten(reasoning_content=None), id="reasoning-dropped"),
+        pytest.param(rewritten(reasoning_content=""), id="reasoning-empty"),
+        pytest.param(
+            {**rewritten(reasoning_content=None), "reasoning": held_patch()["reasoning_content"]},
+            id="reasoning-rekeyed",
+        ),
+        pytest.param(
+            {**rewritten(reasoning_content=None), "thinking": held_patch()["reasoning_content"]},
+            id="reasoning-as-thinking",
+        ),
+        pytest.param(
+            rewritten(
+                reasoning_content=None,
+                content="<think>\nThe boil check uses >= where it needs >.\n</think>\n\nSwapping the comparison.",
+            ),
+            id="reasoning-inlined",
+        ),
+        pytest.param(rewritten(content="Swapping the comparison.   \n"), id="content-trailing-space"),
+    ],
+)
 def test_cosmetic_rewrites_are_recognised(incoming):
     assert message_match(held_patch(), incoming, DEFAULTS) == ECHO
 
@@ -73,8 +97,9 @@ def test_reordered_argument_keys_are_plain_dict_equality():
 def test_wire_form_with_ids_index_and_string_arguments_is_recognised():
     wire = held_patch()
     compact = json.dumps({**ARGS, "everywhere": False}, sort_keys=True, separators=(",", ":"))
-    wire["tool_calls"] = [{"id": "call_Zq81", "index": 3, "type": "function",
-                           "function": {"name": "Patch", "arguments": compact}}]
+    wire["tool_calls"] = [
+        {"id": "call_Zq81", "index": 3, "type": "function", "function": {"name": "Patch", "arguments": compact}}
+    ]
     assert message_match(held_patch(), wire, DEFAULTS) == ECHO
 
 
@@ -84,18 +109,21 @@ def test_rstrip_reaches_nested_strings():
     assert message_match(held, incoming, DEFAULTS) == ECHO
 
 
-@pytest.mark.parametrize("incoming", [
-    pytest.param(rewritten(content="Swapping the comparison, and the timer."), id="different-content"),
-    pytest.param(with_arguments({**ARGS, "put": "if (t > 99) {\n  return 1;\n}"}), id="different-argument"),
-    pytest.param(with_arguments({**ARGS, "everywhere": True}), id="non-default-filled"),
-    pytest.param(with_arguments({**ARGS, "everywhere": 0}), id="bool-identity"),
-    pytest.param(with_arguments({**ARGS, "find": "  if (t >= 100)\n  return 1;"}), id="leading-whitespace"),
-    pytest.param(with_arguments({**ARGS, "path": "fw/heater.c"}), id="different-file"),
-    pytest.param(with_arguments(ARGS, name="Write"), id="different-tool"),
-    pytest.param(rewritten(reasoning_content="A different line of thought."), id="different-reasoning"),
-    pytest.param(rewritten(tool_calls=None), id="call-dropped"),
-    pytest.param(rewritten(name="helper"), id="extra-key"),
-])
+@pytest.mark.parametrize(
+    "incoming",
+    [
+        pytest.param(rewritten(content="Swapping the comparison, and the timer."), id="different-content"),
+        pytest.param(with_arguments({**ARGS, "put": "if (t > 99) {\n  return 1;\n}"}), id="different-argument"),
+        pytest.param(with_arguments({**ARGS, "everywhere": True}), id="non-default-filled"),
+        pytest.param(with_arguments({**ARGS, "everywhere": 0}), id="bool-identity"),
+        pytest.param(with_arguments({**ARGS, "find": "  if (t >= 100)\n  return 1;"}), id="leading-whitespace"),
+        pytest.param(with_arguments({**ARGS, "path": "fw/heater.c"}), id="different-file"),
+        pytest.param(with_arguments(ARGS, name="Write"), id="different-tool"),
+        pytest.param(rewritten(reasoning_content="A different line of thought."), id="different-reasoning"),
+        pytest.param(rewritten(tool_calls=None), id="call-dropped"),
+        pytest.param(rewritten(name="helper"), id="extra-key"),
+    ],
+)
 def test_genuine_changes_are_not_echoes(incoming):
     assert message_match(held_patch(), incoming, DEFAULTS) is None
 

@@ -1,6 +1,7 @@
 """checkpoint-tree on echoes of measured harnesses: gateway-issued tool-call ids say which reply an
 echo belongs to, harness profiles name the rewrites that keep it the same call, and a reasoning a
 gateway returned as text comes back as text. Both directions: what must attach, and what must not."""
+
 from __future__ import annotations
 
 import copy

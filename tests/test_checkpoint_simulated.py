@@ -1,6 +1,7 @@
 """checkpoint-tree with every model family's real renderer on simulated dumps, against the
 simulator's ground truth (`genuine`, `ideal_samples`, `ideal_forwarded_tokens`, `branch`,
 `template_rewrite` in each row's metadata)."""
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -18,8 +19,17 @@ FAMILIES = ("qwen3", "qwen3.5", "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")
 # earlier analysis (a truncated reply parses as one); DeepSeek V3 and Llama 3.1 render every
 # message the same whatever follows.
 MIN_ANCHORED = {"qwen3": 2, "qwen3.5": 2, "glm4.5": 2, "gpt-oss": 1, "deepseek-v3": 0, "llama3.1": 0}
-LINEAR_ONLY = {"byte-exact", "claude-code", "json-reserialize", "reasoning-dropped", "reasoning-rekeyed",
-               "streaming", "retry", "truncation", "noncanonical-tokenization"}
+LINEAR_ONLY = {
+    "byte-exact",
+    "claude-code",
+    "json-reserialize",
+    "reasoning-dropped",
+    "reasoning-rekeyed",
+    "streaming",
+    "retry",
+    "truncation",
+    "noncanonical-tokenization",
+}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -51,7 +61,7 @@ def behaviours(session) -> str:
 def trained_by_turn(result) -> Counter:
     counts = Counter()
     for sample in result.samples:
-        region = sample.source_turn[len(sample.source_turn) - sample.response_length:]
+        region = sample.source_turn[len(sample.source_turn) - sample.response_length :]
         counts.update(source for source, mask in zip(region, sample.loss_mask) if mask)
     return counts
 
@@ -94,11 +104,11 @@ def test_design_invariants_hold(replayed):
                 turn = turns[index]
                 assert sample.token_ids[lo:hi] == turn.output_ids
                 assert lo >= start
-                masks = set(sample.loss_mask[lo - start:hi - start])
+                masks = set(sample.loss_mask[lo - start : hi - start])
                 assert masks in ({0}, {1})
                 if masks == {1}:
                     trained[index] += hi - lo
-                    assert sample.logprobs[lo - start:hi - start] == pytest.approx(turn.output_logprobs, abs=1e-6)
+                    assert sample.logprobs[lo - start : hi - start] == pytest.approx(turn.output_logprobs, abs=1e-6)
             outside = [m for i, m in enumerate(sample.loss_mask) if sample.source_turn[start + i] < 0]
             assert not any(outside), "only generated tokens are trained"
         for index, count in trained.items():
@@ -138,7 +148,7 @@ def test_subagents_and_history_edits_are_real_branches(replayed):
         branch_of = {t.turn_index: t.metadata["branch"] for t in session.turns}
         trained_branches = []
         for sample in result.samples:
-            region = sample.source_turn[len(sample.source_turn) - sample.response_length:]
+            region = sample.source_turn[len(sample.source_turn) - sample.response_length :]
             trained_branches.append({branch_of[s] for s, m in zip(region, sample.loss_mask) if m})
         # each sample trains one conversation, and the two train different ones
         assert all(len(b) == 1 for b in trained_branches) and trained_branches[0] != trained_branches[1]
@@ -198,7 +208,7 @@ def test_turns_the_simulated_linear_gateway_healed_get_its_exact_prompt_ids(temp
             if turn.metadata["linear_event"] == "reset":
                 break  # past a re-anchor the gateway's checkpoint is a fresh render, not ours
             node = replayer.step(turn_input(turn, ctx))
-            assert node.token_ids[:node.output_span[0]] == turn.prompt_ids
+            assert node.token_ids[: node.output_span[0]] == turn.prompt_ids
             healed += turn.metadata["linear_event"] == "healed"
     assert healed >= 6
 

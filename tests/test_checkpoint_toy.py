@@ -3,6 +3,7 @@
 Served ids are >= SERVED and no render produces them, so every expected sequence below is written
 out by hand: the root's full render, then per turn the served ids, the glue and the tail text.
 """
+
 from __future__ import annotations
 
 import copy
@@ -10,8 +11,20 @@ import json
 
 import pytest
 
-from checkpoint_fakes import (CLOSE, CLOSE_ID, OPEN, SERVED, SUB_TOOLS, TOOLS, Harness, ToyTemplate, reply,
-                                   system, tool, user)
+from checkpoint_fakes import (
+    CLOSE,
+    CLOSE_ID,
+    OPEN,
+    SERVED,
+    SUB_TOOLS,
+    TOOLS,
+    Harness,
+    ToyTemplate,
+    reply,
+    system,
+    tool,
+    user,
+)
 from trace_tools.errors import InvalidOption, ReplayError
 from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.strategies.base import ReplayContext
@@ -43,21 +56,30 @@ def claude_like(message: dict) -> dict:
     calls = []
     for n, call in enumerate(message.get("tool_calls") or []):
         args = json.loads(call["function"]["arguments"])
-        args = {k: "\n".join(line.rstrip() for line in v.split("\n")) if isinstance(v, str) else v
-                for k, v in args.items()}
+        args = {
+            k: "\n".join(line.rstrip() for line in v.split("\n")) if isinstance(v, str) else v for k, v in args.items()
+        }
         if call["function"]["name"] == "Patch":
             args.setdefault("everywhere", False)
         compact = json.dumps(args, separators=(",", ":"))
-        calls.append({"id": f"toolu_{n}{len(args)}", "type": "function",
-                      "function": {"name": call["function"]["name"], "arguments": compact}})
+        calls.append(
+            {
+                "id": f"toolu_{n}{len(args)}",
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": compact},
+            }
+        )
     if calls:
         echo["tool_calls"] = calls
     return echo
 
 
 R0 = reply("", ("Shell", {"cmd": "grep -n boil fw/*.c"}), reasoning="Find the boil check first.")
-R1 = reply("Tightening the check.", ("Patch", {"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();",
-                                               "put": "if (t > 100)\n  stop();"}), reasoning="It uses >=.")
+R1 = reply(
+    "Tightening the check.",
+    ("Patch", {"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();", "put": "if (t > 100)\n  stop();"}),
+    reasoning="It uses >=.",
+)
 R2 = reply("Done: the kettle now stops above 100 degrees.")
 TASK = "The kettle never stops boiling."
 
@@ -79,12 +101,20 @@ def test_linear_session_with_cosmetic_echoes_is_one_sample_on_served_ids():
     assert len(result.samples) == 1
     sample = result.samples[0]
     root_prompt = TOY.render([system(), user(TASK)], TOOLS, True)
-    expected = (root_prompt + served(h, 0) + GLUE + tail(("tool", "fw/boil.c:12: if (t >= 100)"))
-                + served(h, 1) + GLUE + tail(("tool", "patched 1 hunk")) + served(h, 2))
+    expected = (
+        root_prompt
+        + served(h, 0)
+        + GLUE
+        + tail(("tool", "fw/boil.c:12: if (t >= 100)"))
+        + served(h, 1)
+        + GLUE
+        + tail(("tool", "patched 1 hunk"))
+        + served(h, 2)
+    )
     assert sample.token_ids == expected
     assert sample.response_length == len(expected) - len(root_prompt)
     generated = [t for turn in h.turns for t in turn.output_ids]
-    trained = [tok for tok, m in zip(sample.token_ids[len(root_prompt):], sample.loss_mask) if m]
+    trained = [tok for tok, m in zip(sample.token_ids[len(root_prompt) :], sample.loss_mask) if m]
     assert trained == generated
     recorded = [lp for turn in h.turns for lp in turn.output_logprobs]
     assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m] == recorded
@@ -144,7 +174,7 @@ def test_keep_policy_trains_each_sibling_once():
     result = replay(h, retries="keep")
     assert len(result.samples) == 2 and result.counters["trimmed_leaves"] == 0
     first, second = result.samples
-    assert first.token_ids[:len(second.token_ids) - 5] == second.token_ids[:len(second.token_ids) - 5]
+    assert first.token_ids[: len(second.token_ids) - 5] == second.token_ids[: len(second.token_ids) - 5]
     # turn 0 is owned by the first leaf; the second sees it as context with its provenance
     region = len(second.token_ids) - second.response_length
     turn0 = [i for i, s in enumerate(second.source_turn) if s == 0]
@@ -166,8 +196,9 @@ def test_a_resent_request_whose_first_answer_was_continued_is_a_real_branch():
     result = replay(h)
     assert len(result.samples) == 2 and result.counters["trimmed_leaves"] == 0
     assert result.counters["tree_branches"] == 1
-    assert sorted(sum(s.loss_mask) for s in result.samples) == sorted([
-        len(h.turns[0].output_ids) + len(h.turns[1].output_ids), len(h.turns[2].output_ids)])
+    assert sorted(sum(s.loss_mask) for s in result.samples) == sorted(
+        [len(h.turns[0].output_ids) + len(h.turns[1].output_ids), len(h.turns[2].output_ids)]
+    )
 
 
 def test_interleaved_subagents_become_their_own_roots():
@@ -191,8 +222,11 @@ def test_interleaved_subagents_become_their_own_roots():
     paths = sorted(s.metadata["path_turns"] for s in result.samples)
     assert paths == [[0, 5], [1, 3], [2, 4]]
     for sample in result.samples:
-        trained = {s for s, m in zip(sample.source_turn[len(sample.source_turn) - sample.response_length:],
-                                     sample.loss_mask) if m}
+        trained = {
+            s
+            for s, m in zip(sample.source_turn[len(sample.source_turn) - sample.response_length :], sample.loss_mask)
+            if m
+        }
         assert trained == set(sample.metadata["path_turns"])
 
 
@@ -207,8 +241,9 @@ def test_compaction_summary_trains_on_the_old_root_and_continues_on_a_new_one():
     assert len(result.samples) == 2
     assert [s.metadata["path_turns"] for s in result.samples] == [[0, 1, 2, 3], [4]]
     assert result.prompt_events[3] == "clean" and result.prompt_events[4] == "new_root"
-    assert all(sum(s.loss_mask) == sum(len(h.turns[t].output_ids) for t in s.metadata["path_turns"])
-               for s in result.samples)
+    assert all(
+        sum(s.loss_mask) == sum(len(h.turns[t].output_ids) for t in s.metadata["path_turns"]) for s in result.samples
+    )
 
 
 def test_history_edit_branches_at_the_deepest_shared_turn_and_renders_stored_spellings():
@@ -222,11 +257,16 @@ def test_history_edit_branches_at_the_deepest_shared_turn_and_renders_stored_spe
     # the branch reuses turn 0's checkpoint, then renders the rest from the stored messages:
     # turn 1's reply in the model's own spelling (reasoning and trailing spaces kept, no filled-in default)
     stored_r1 = "[r]It uses >=.[/r]Tightening the check. >Patch" + json.dumps(
-        {"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();", "put": "if (t > 100)\n  stop();"})
+        {"path": "fw/boil.c", "find": "if (t >= 100)  \n  stop();", "put": "if (t > 100)\n  stop();"}
+    )
     root_prompt = TOY.render([system(), user(TASK)], TOOLS, True)
-    expected = (root_prompt + served(h, 0) + GLUE
-                + tail(("tool", "[old tool result cleared]"), ("assistant", stored_r1), ("tool", "patched 1 hunk"))
-                + served(h, 3))
+    expected = (
+        root_prompt
+        + served(h, 0)
+        + GLUE
+        + tail(("tool", "[old tool result cleared]"), ("assistant", stored_r1), ("tool", "patched 1 hunk"))
+        + served(h, 3)
+    )
     assert branch.token_ids == expected
     assert branch.metadata["path_turns"] == [0, 3]
     assert sum(branch.loss_mask) == len(h.turns[3].output_ids)  # turn 0 trains in the main sample only
@@ -249,8 +289,13 @@ def test_truncated_turn_is_extended_with_the_full_closer():
     sample = result.samples[0]
     assert served(h, 0)[-1] != CLOSE_ID
     root_prompt = TOY.render([system(), user(TASK)], TOOLS, True)
-    assert sample.token_ids == (root_prompt + served(h, 0) + TOY.encode(CLOSE + "\n")
-                                + tail(("user", "Your reply was cut off; continue.")) + served(h, 1))
+    assert sample.token_ids == (
+        root_prompt
+        + served(h, 0)
+        + TOY.encode(CLOSE + "\n")
+        + tail(("user", "Your reply was cut off; continue."))
+        + served(h, 1)
+    )
     assert sum(sample.loss_mask) == 6 + len(h.turns[1].output_ids)
 
 
@@ -262,17 +307,27 @@ def test_history_rewriting_template_is_extended_through_the_anchor_render():
     history.append(user("Also check the timer."))  # a new query: the template drops turn 0's reasoning now
     h.call(history, R2)
     template = ToyTemplate(rewrite_history=True)
-    stored = [system(), user(TASK), {"role": "assistant", "content": "", "reasoning_content": R0["reasoning_content"],
-                                     "tool_calls": [{"type": "function", "function": {
-                                         "name": "Shell", "arguments": {"cmd": "grep -n boil fw/*.c"}}}]}]
+    stored = [
+        system(),
+        user(TASK),
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": R0["reasoning_content"],
+            "tool_calls": [
+                {"type": "function", "function": {"name": "Shell", "arguments": {"cmd": "grep -n boil fw/*.c"}}}
+            ],
+        },
+    ]
     before = template.render_text(stored, TOOLS, False)
     assert not template.render_text([*stored, user("Also check the timer.")], TOOLS, True).startswith(before)
     result = replay(h, template)
     assert len(result.samples) == 1 and result.counters["boundary_fallbacks"] == 1
     assert result.prompt_events[1] == "anchored"
     root_prompt = template.render([system(), user(TASK)], TOOLS, True)
-    assert result.samples[0].token_ids == (root_prompt + served(h, 0) + GLUE + tail(("user", "Also check the timer."))
-                                           + served(h, 1))
+    assert result.samples[0].token_ids == (
+        root_prompt + served(h, 0) + GLUE + tail(("user", "Also check the timer.")) + served(h, 1)
+    )
 
 
 def test_type_dependent_closer_is_not_guessed():
@@ -312,8 +367,13 @@ def test_a_genuinely_edited_reply_is_unrecognised_and_branches():
     h = Harness()
     history = [system(), user(TASK)]
     h.call(history, R0)
-    history.append({"role": "assistant", "content": "I will look around.",
-                    "tool_calls": [{"type": "function", "function": {"name": "Shell", "arguments": '{"cmd": "ls"}'}}]})
+    history.append(
+        {
+            "role": "assistant",
+            "content": "I will look around.",
+            "tool_calls": [{"type": "function", "function": {"name": "Shell", "arguments": '{"cmd": "ls"}'}}],
+        }
+    )
     history.append(tool("fw docs"))
     h.call(history, R2)
     result = replay(h)

@@ -1,4 +1,5 @@
 """CLI-wide contracts: fast torch-free help, every command documented, user errors without tracebacks."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,10 +16,12 @@ COMMANDS_DOC = (Path(__file__).parents[1] / "docs" / "commands.md").read_text()
 
 
 def test_help_imports_no_heavy_modules():
-    code = ("import sys; from trace_tools.cli.main import app; from typer.testing import CliRunner; "
-            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
-            "heavy = [m for m in ('torch', 'transformers', 'ray', 'pandas', 'matplotlib') if m in sys.modules]; "
-            "print(','.join(heavy))")
+    code = (
+        "import sys; from trace_tools.cli.main import app; from typer.testing import CliRunner; "
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
+        "heavy = [m for m in ('torch', 'transformers', 'ray', 'pandas', 'matplotlib') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -30,12 +33,15 @@ def test_every_command_has_help_and_a_docs_entry(name):
     assert f"`trace-tools {name}" in COMMANDS_DOC, f"docs/commands.md does not list `trace-tools {name}`"
 
 
-@pytest.mark.parametrize("argv", [
-    ["replay", "/no/such/dump.parquet"],
-    ["validate", "/no/such/dump.parquet"],
-    ["reconstruct", "/no/such/dump.parquet"],
-    ["report", "/no/such/run"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "/no/such/dump.parquet"],
+        ["validate", "/no/such/dump.parquet"],
+        ["reconstruct", "/no/such/dump.parquet"],
+        ["report", "/no/such/run"],
+    ],
+)
 def test_missing_input_is_exit_2_with_one_line_error(argv, tmp_path):
     result = runner.invoke(app, argv)
     assert result.exit_code == 2, result.output

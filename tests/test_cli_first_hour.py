@@ -1,4 +1,5 @@
 """Issue 12, the first hour of a new user: every option checked, every failure loud, every message useful."""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from trace_tools.api import replay
 from trace_tools.cli.main import COMMANDS, app
 from trace_tools.errors import InvalidOption, UsageError
 from trace_tools.options import parse_bool
 from trace_tools.replay import engine
-from trace_tools.api import replay
 from trace_tools.strategies.base import ReplayContext, declared_params, get_strategy
 
 runner = CliRunner()
@@ -40,23 +41,26 @@ def without_trl(monkeypatch):
 
 
 # -- 1. options are typed and checked before any work ------------------------------------------------------
-@pytest.mark.parametrize("option, needle", [
-    (["--tokenizer", "bogus"], "unknown tokenizer 'bogus'; choose one of: qwen3, qwen3.5"),
-    (["--chat-template", "bogus.jinja"], "chat template 'bogus.jinja' is neither a known name"),
-    (["--matcher", "bogus"], "invalid matcher 'bogus'; choose one of: strict, loose_tool_call"),
-    (["--on-nonlinear", "bogus"], "invalid on_nonlinear 'bogus'; choose one of: reset, error, passthrough"),
-    (["--realign-gate", "bogus"], "invalid realign_gate 'bogus'; choose one of: output, drift"),
-    (["--realign-from", "middle"], "invalid realign_from 'middle'; choose one of: response, divergence"),
-    (["--retries", "drop"], "invalid retries 'drop'; choose one of: supersede, keep"),
-    (["--canonicalization", "bogus"], "invalid --canonicalization 'bogus'; choose one of: slime, none"),
-    (["--prompt-source", "both"], "invalid --prompt-source 'both'; choose one of: auto, recorded, rendered"),
-    (["--param", "fork_treshold=3"], "unknown strategy parameter 'fork_treshold' (did you mean 'fork_threshold'?)"),
-    (["--param", "rollback=maybe"], "invalid rollback 'maybe' (a boolean); choose one of: true"),
-    (["--param", "rollback"], "--param takes KEY=VALUE"),
-    (["-s", "tre"], "unknown strategy 'tre' (did you mean 'tree'?); choose one of: chains, checkpoint-tree"),
-    (["--tokenizer", "qwen3.6"], "unknown tokenizer 'qwen3.6' (did you mean 'qwen3.5' or 'qwen3'?)"),
-    (["--matcher", "strickt"], "invalid matcher 'strickt' (did you mean 'strict'?); choose one of: strict"),
-])
+@pytest.mark.parametrize(
+    "option, needle",
+    [
+        (["--tokenizer", "bogus"], "unknown tokenizer 'bogus'; choose one of: qwen3, qwen3.5"),
+        (["--chat-template", "bogus.jinja"], "chat template 'bogus.jinja' is neither a known name"),
+        (["--matcher", "bogus"], "invalid matcher 'bogus'; choose one of: strict, loose_tool_call"),
+        (["--on-nonlinear", "bogus"], "invalid on_nonlinear 'bogus'; choose one of: reset, error, passthrough"),
+        (["--realign-gate", "bogus"], "invalid realign_gate 'bogus'; choose one of: output, drift"),
+        (["--realign-from", "middle"], "invalid realign_from 'middle'; choose one of: response, divergence"),
+        (["--retries", "drop"], "invalid retries 'drop'; choose one of: supersede, keep"),
+        (["--canonicalization", "bogus"], "invalid --canonicalization 'bogus'; choose one of: slime, none"),
+        (["--prompt-source", "both"], "invalid --prompt-source 'both'; choose one of: auto, recorded, rendered"),
+        (["--param", "fork_treshold=3"], "unknown strategy parameter 'fork_treshold' (did you mean 'fork_threshold'?)"),
+        (["--param", "rollback=maybe"], "invalid rollback 'maybe' (a boolean); choose one of: true"),
+        (["--param", "rollback"], "--param takes KEY=VALUE"),
+        (["-s", "tre"], "unknown strategy 'tre' (did you mean 'tree'?); choose one of: chains, checkpoint-tree"),
+        (["--tokenizer", "qwen3.6"], "unknown tokenizer 'qwen3.6' (did you mean 'qwen3.5' or 'qwen3'?)"),
+        (["--matcher", "strickt"], "invalid matcher 'strickt' (did you mean 'strict'?); choose one of: strict"),
+    ],
+)
 def test_a_mistyped_option_stops_the_run_before_any_work(simulated_dump, tmp_path, option, needle):
     out = tmp_path / "run"
     result = _invoke("replay", simulated_dump, "--out", out, *option)
@@ -73,8 +77,13 @@ def test_one_parser_reads_booleans_everywhere():
     with pytest.raises(InvalidOption, match="choose one of"):
         parse_bool("maybe", "x")
     # bool("false") is True: each of these read "false" as on before the declarations
-    for name, key in (("checkpoint-tree", "echo_rules"), ("tree", "safe_edges"), ("chains", "rollback"),
-                      ("echo-restore", "restore_prompt"), ("linear", "delta")):
+    for name, key in (
+        ("checkpoint-tree", "echo_rules"),
+        ("tree", "safe_edges"),
+        ("chains", "rollback"),
+        ("echo-restore", "restore_prompt"),
+        ("linear", "delta"),
+    ):
         assert get_strategy(name)(ReplayContext(None, params={key: "false"})).setting(key) is False
 
 
@@ -121,8 +130,19 @@ def test_simulate_works_without_trl_and_takes_a_chat_template(tmp_path, without_
     assert result.exit_code == 0, result.output
     template = tmp_path / "qwen3.jinja"
     template.write_text(sample_template("qwen3"))
-    result = _invoke("simulate", "--sessions", "1", "--seed", "3", "--max-turns", "3", "--chat-template", template,
-                     "--out", tmp_path / "b.parquet")
+    result = _invoke(
+        "simulate",
+        "--sessions",
+        "1",
+        "--seed",
+        "3",
+        "--max-turns",
+        "3",
+        "--chat-template",
+        template,
+        "--out",
+        tmp_path / "b.parquet",
+    )
     assert result.exit_code == 0, result.output
     a, b = (pq.read_table(tmp_path / name) for name in ("a.parquet", "b.parquet"))
     assert a.equals(b) and a.schema.metadata == b.schema.metadata
@@ -151,7 +171,7 @@ def test_explain_shows_the_filled_in_default_at_any_width(width):
     for renderable in explanation_renderables(result):
         console.print(renderable)
     text = console.file.getvalue()
-    tokens = text[text.index("Tokens around"):text.index("Message-level")]
+    tokens = text[text.index("Tokens around") : text.index("Message-level")]
     assert "replace_all" in tokens.replace(" ", "").replace("\n", "") and "…" not in tokens
 
 
@@ -193,14 +213,21 @@ def test_a_dump_with_no_rows_is_an_error_that_says_so(simulated_dump, tmp_path):
 # -- 8. progress and noise ---------------------------------------------------------------------------------------------
 def test_progress_counts_sessions_one_by_one(simulated_dump, tmp_path):
     calls: list[tuple[int, int]] = []
-    replay(simulated_dump, out=tmp_path / "run", strategies=["tree"], write_samples=False,
-           progress=lambda done, total: calls.append((done, total)))
+    replay(
+        simulated_dump,
+        out=tmp_path / "run",
+        strategies=["tree"],
+        write_samples=False,
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert [done for done, _ in calls][:12] == list(range(1, 13)) and {total for _, total in calls} == {12}
 
 
 def test_loading_a_tokenizer_without_torch_prints_no_transformers_advice():
-    code = ("import sys; sys.modules['torch'] = None; "
-            "from trace_tools.render.tokenizer import load_tokenizer; load_tokenizer('qwen3').hf")
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "from trace_tools.render.tokenizer import load_tokenizer; load_tokenizer('qwen3').hf"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "PyTorch was not found" not in done.stderr + done.stdout
 
@@ -290,8 +317,12 @@ def test_a_piped_replay_shows_progress_lines_and_ends_with_commands_that_work(si
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert "replaying: reading the input" in lines
-    assert any(line.startswith("replaying: ") and " sessions (" in line and line.split()[1].split("/")[0]
-               == line.split()[1].split("/")[1] for line in lines)  # the last line: every session done
+    assert any(
+        line.startswith("replaying: ")
+        and " sessions (" in line
+        and line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
+        for line in lines
+    )  # the last line: every session done
     assert f"  open {out / 'report.html'} in a browser" in lines
     explain = next(shlex.split(line) for line in lines if line.startswith("    trace-tools explain "))
     shown = _invoke(*explain[1:])  # the suggested command, as printed

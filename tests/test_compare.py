@@ -1,4 +1,5 @@
 """`compare`: two strategies of one run, two runs, strategies by simulated behaviour; and its errors."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import UsageError
-from trace_tools.api import replay
 from trace_tools.report.compare import compare, compare_by_behaviour
 
 runner = CliRunner()
@@ -33,8 +34,11 @@ def test_two_strategies_of_one_run(sample_run):
     assert row["delta"] == pytest.approx(ckpt["coverage"] - tree["coverage"])
     sessions = pd.read_parquet(sample_run.run_dir / "sessions.parquet").set_index(["strategy", "session_id"])
     outcome = ["samples", "trained_tokens", "forwarded_tokens"]
-    changed = {sid for sid in sessions.loc["tree"].index
-               if (sessions.loc[("tree", sid), outcome] != sessions.loc[("checkpoint-tree", sid), outcome]).any()}
+    changed = {
+        sid
+        for sid in sessions.loc["tree"].index
+        if (sessions.loc[("tree", sid), outcome] != sessions.loc[("checkpoint-tree", sid), outcome]).any()
+    }
     assert set(result.sessions["session_id"]) == changed and changed
 
 
@@ -72,8 +76,9 @@ def test_cli_missing_strategy_exits_2_without_traceback(two_runs):
 
 
 def test_cli_compare_fits_80_columns_and_shows_whole_ids(sample_run):
-    result = runner.invoke(app, ["compare", str(sample_run.run_dir), "-s", "tree", "-s", "session-v2"],
-                           env={"COLUMNS": "80"})
+    result = runner.invoke(
+        app, ["compare", str(sample_run.run_dir), "-s", "tree", "-s", "session-v2"], env={"COLUMNS": "80"}
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80

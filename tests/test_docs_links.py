@@ -1,4 +1,5 @@
 """README and docs/ link only to files of this repository that exist, and to headings they have."""
+
 from __future__ import annotations
 
 import re

@@ -1,6 +1,7 @@
 """Drift causes that name what happened: the template's own rewrites are `template_rewrite`, each
 rewrite a harness profile can name has its cause, a cosmetic rewrite is never `genuine_edit`, and the
 message difference shows the part that differs."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ def test_deepseek_v3_history_rewrites_are_the_templates_not_the_echoes(deepseek)
     """DeepSeek V3 re-renders a reply without the generation prompt's <think> (and the tool-outputs
     closer): a byte-exact echo drifts the same way, so the echo's own rewrite is never the cause."""
     drifted = [(behaviours, f) for behaviours, f in deepseek if f.token_drift]
-    assert {behaviours for behaviours, _ in drifted} == {"byte-exact", "json-reserialize", "claude-code",
-                                                          "reasoning-dropped"}
+    assert {behaviours for behaviours, _ in drifted} == {
+        "byte-exact",
+        "json-reserialize",
+        "claude-code",
+        "reasoning-dropped",
+    }
     assert all(f.cause == "template_rewrite" for _, f in drifted), [(b, f.causes) for b, f in drifted]
     # the echo's rewrites are still listed, after the template's
     listed = {cause for behaviours, f in drifted if behaviours != "byte-exact" for cause in f.causes[1:]}
@@ -55,12 +60,21 @@ def test_on_qwen3_the_echo_leads_where_it_makes_the_first_difference(qwen3):
 
 def test_a_removed_cd_prefix_is_named_and_a_removed_other_prefix_is_an_edit():
     tools = None
-    stored = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "cd /w && make"}}}]}
+    stored = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "cd /w && make"}}}
+        ],
+    }
 
     def echoed(command):
-        return {**stored, "tool_calls": [{**stored["tool_calls"][0],
-                                          "function": {"name": "Bash", "arguments": {"command": command}}}]}
+        return {
+            **stored,
+            "tool_calls": [
+                {**stored["tool_calls"][0], "function": {"name": "Bash", "arguments": {"command": command}}}
+            ],
+        }
 
     causes, diff = classify(stored, echoed("make"), tools, False, 0, [], [], 0, None, cwd="/w")
     assert causes == ["command_prefix"] and "'cd /w && make'" in diff[0]
@@ -77,8 +91,13 @@ def test_reasoning_sent_back_as_text_is_a_reasoning_cause_not_an_edit():
 
 
 def test_javascript_trim_end_whitespace_is_whitespace():
-    stored = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "Write", "arguments": {"content": "x = 1\ufeff\ny = 2\u3000"}}}]}
+    stored = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "Write", "arguments": {"content": "x = 1\ufeff\ny = 2\u3000"}}}
+        ],
+    }
     echo = json.loads(json.dumps(stored))
     echo["tool_calls"][0]["function"]["arguments"]["content"] = "x = 1\ny = 2"
     assert classify(stored, echo, None, False, 0, [], [], 0, None)[0] == ["whitespace"]
@@ -99,7 +118,8 @@ def test_the_message_difference_shows_what_differs_between_lists_and_shapes():
     long = "x" * 200
     calls = [{"id": "a", "function": {"name": "Read"}}, {"id": "b", "function": {"name": "Grep"}}]
     assert message_diff({"tool_calls": calls}, {"tool_calls": calls[:1]}) == [
-        'tool_calls[1]: {"id": "b", "function": {"name": "Grep"}} → <missing>']
+        'tool_calls[1]: {"id": "b", "function": {"name": "Grep"}} → <missing>'
+    ]
     parts = {"content": [{"type": "text", "text": long + "served" + long}]}
     [line] = message_diff(parts, {"content": long + "echoed" + long})  # content parts against a string
     assert line.startswith("content (text): …") and "served" in line and "echoed" in line

@@ -1,4 +1,5 @@
 """Output never depends on the worker count or the executor, and a killed run resumes (DESIGN §8)."""
+
 from __future__ import annotations
 
 import os

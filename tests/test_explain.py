@@ -1,4 +1,5 @@
 """`explain` names the drift cause each simulated harness behaviour produces (DESIGN taxonomy)."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,13 @@ def dumps(tmp_path_factory):
     paths = {}
     for template in ("qwen3", "qwen3.5"):
         path = tmp_path_factory.mktemp("explain") / f"{template}.parquet"
-        simulate(sessions=len(EXPECTED) + 4, seed=5, template=template,
-                 behaviours=list(EXPECTED) + ["byte-exact"], out=str(path))
+        simulate(
+            sessions=len(EXPECTED) + 4,
+            seed=5,
+            template=template,
+            behaviours=list(EXPECTED) + ["byte-exact"],
+            out=str(path),
+        )
         paths[template] = path
     return paths
 

@@ -1,4 +1,5 @@
 """`trace-tools export`: a strategy's samples leave the run exactly, in the trainers' layout."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,11 @@ def test_export_reloads_equal_to_the_run_samples(tmp_path, sample_run, run_sampl
         assert row["rollout_log_probs"] == [lp if m else 0.0 for lp, m in zip(sample["logprobs"], sample["loss_mask"])]
         assert row["turn_of_token"] == list(sample["source_turn"])
         assert (row["session_id"], row["sample_index"], row["response_length"], row["reward"]) == (
-            sample["session_id"], sample["sample_index"], sample["response_length"], sample["reward"])
+            sample["session_id"],
+            sample["sample_index"],
+            sample["response_length"],
+            sample["reward"],
+        )
         assert row["metadata"] == {**json.loads(sample["metadata"]), "trace_tools": row["metadata"]["trace_tools"]}
     trained = sum(sum(row["loss_mask"]) for row in rows)
     assert trained == report.trained_tokens == sample_run.summary["strategies"][strategy]["trained_tokens"]
@@ -41,8 +46,18 @@ def test_a_trainer_reads_it_with_pandas(tmp_path, sample_run):
     """What the README shows: prompt region, response region, masked logprobs."""
     out = export_samples(sample_run.run_dir, "tree", "parquet", tmp_path / "tree.parquet").out
     frame = pd.read_parquet(out)
-    assert list(frame.columns) == ["tokens", "loss_mask", "rollout_log_probs", "response_length", "reward",
-                                   "session_id", "strategy", "sample_index", "turn_of_token", "metadata"]
+    assert list(frame.columns) == [
+        "tokens",
+        "loss_mask",
+        "rollout_log_probs",
+        "response_length",
+        "reward",
+        "session_id",
+        "strategy",
+        "sample_index",
+        "turn_of_token",
+        "metadata",
+    ]
     for row in frame.itertuples():
         prompt_length = len(row.tokens) - row.response_length
         assert len(row.loss_mask) == len(row.rollout_log_probs) == row.response_length

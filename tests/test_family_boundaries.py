@@ -1,5 +1,6 @@
 """Per-family boundary rules: the closer each template writes, how the served stop token meets it,
 and what the linear healer, miles' TITO families and uni-agent's codec make of each family."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,21 +9,29 @@ from trace_tools.render.boundary import Closers, join
 from trace_tools.render.renderer import Renderer
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
-TOKENIZERS = {"qwen3": "qwen3", "glm4.5": "qwen3+glm4.5-specials", "deepseek-v3": "deepseek-v3",
-              "gpt-oss": "gpt-oss", "llama3.1": "llama3.1"}
+TOKENIZERS = {
+    "qwen3": "qwen3",
+    "glm4.5": "qwen3+glm4.5-specials",
+    "deepseek-v3": "deepseek-v3",
+    "gpt-oss": "gpt-oss",
+    "llama3.1": "llama3.1",
+}
 
 
 def _renderer(family: str) -> Renderer:
     return Renderer.from_spec(TOKENIZERS[family], family)
 
 
-@pytest.mark.parametrize("family, writes, ends, after", [
-    ("qwen3", True, {"<|im_end|>"}, "\n"),
-    ("glm4.5", False, set(), ""),
-    ("deepseek-v3", True, {"<｜end▁of▁sentence｜>"}, ""),
-    ("llama3.1", True, {"<|eot_id|>"}, ""),
-    ("gpt-oss", True, {"<|end|>", "<|call|>", "<|return|>"}, ""),
-])
+@pytest.mark.parametrize(
+    "family, writes, ends, after",
+    [
+        ("qwen3", True, {"<|im_end|>"}, "\n"),
+        ("glm4.5", False, set(), ""),
+        ("deepseek-v3", True, {"<｜end▁of▁sentence｜>"}, ""),
+        ("llama3.1", True, {"<|eot_id|>"}, ""),
+        ("gpt-oss", True, {"<|end|>", "<|call|>", "<|return|>"}, ""),
+    ],
+)
 def test_probed_closers(family, writes, ends, after):
     closers = Closers.probe(_renderer(family), None, {})
     assert closers.writes_closer is writes and ends <= set(closers.end_tokens) and closers.glue_after == after
@@ -40,7 +49,7 @@ def test_gpt_oss_closer_depends_on_what_ends_the_reply():
     assert closers.ending(renderer.render_text([user, call], None, False)) == "<|call|>"
     assert closers.ending(renderer.render_text([user, answer], None, False)) == "<|return|>"
     continued = renderer.render_text([user, answer, user], None, False)
-    assert closers.ending(continued[:continued.rindex("<|start|>user")]) == "<|end|>"
+    assert closers.ending(continued[: continued.rindex("<|start|>user")]) == "<|end|>"
 
 
 def test_gpt_oss_rewrite_after_a_call_is_anchored_on_a_call():
@@ -49,11 +58,18 @@ def test_gpt_oss_rewrite_after_a_call_is_anchored_on_a_call():
     from trace_tools.render.boundary import split_extension
 
     renderer = _renderer("gpt-oss")
-    call = {"role": "assistant", "content": "", "reasoning_content": "Look at it first.", "tool_calls": [
-        {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "/r/a.py"}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look at it first.",
+        "tool_calls": [{"type": "function", "function": {"name": "Read", "arguments": {"file_path": "/r/a.py"}}}],
+    }
     path = [{"role": "user", "content": "fix it"}, call]
-    appended = [{"role": "tool", "content": "1: x = 1"}, {"role": "assistant", "content": "I was cut"},
-                {"role": "user", "content": "go on"}]
+    appended = [
+        {"role": "tool", "content": "1: x = 1"},
+        {"role": "assistant", "content": "I was cut"},
+        {"role": "user", "content": "go on"},
+    ]
     closer, tail, rewritten = split_extension(renderer, path, appended, None, {}, Closers.probe(renderer, None, {}))
     assert rewritten and closer == "<|call|>"
     assert tail.startswith("<|start|>functions.Read to=assistant") and tail.endswith("<|start|>assistant")
@@ -83,8 +99,8 @@ def _session(family: str, recipe: str):
 def test_glm_linear_healing_does_not_repeat_the_stop_token():
     """Upstream trims the overlap against the closer only; GLM has none, so the stop token would be
     fed twice. Trimming against closer + tail heals GLM to exactly the full renders."""
-    from trace_tools.strategies.linear_core import LinearHealer, heal_session
     from trace_tools.strategies.base import prepare
+    from trace_tools.strategies.linear_core import LinearHealer, heal_session
 
     session, renderer = _session("glm4.5", "byte-exact")
     ctx = ReplayContext(renderer)
@@ -118,7 +134,7 @@ def test_glm_maps_to_miles_glm47_which_drops_the_trailing_stop_token():
     # The appended messages render the stop token again, at the same place: fed once, trained once.
     result = get_strategy("session-v1")(ReplayContext(renderer)).replay(session)
     (sample,) = result.samples
-    assert [obs, obs] not in [sample.token_ids[i:i + 2] for i in range(len(sample.token_ids) - 1)]
+    assert [obs, obs] not in [sample.token_ids[i : i + 2] for i in range(len(sample.token_ids) - 1)]
     assert sum(sample.loss_mask) == sum(len(t.output_ids) for t in session.turns)
     assert family_for(_renderer("deepseek-v3")).name == "default"
 

@@ -11,6 +11,7 @@ problem from issue 12 and DESIGN §6; every class occurs). For each variant, in-
 A few variants also go through the CLI (`validate --strict`, `replay --strict`) for exit codes,
 two of them in a subprocess through the real entry point, to show no traceback reaches the user.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,11 +28,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from io_support import read_like_workers
+from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import TraceToolsError
 from trace_tools.io import iter_sessions, validate
-from trace_tools.api import replay
-from io_support import read_like_workers
 
 pytestmark = pytest.mark.slow
 
@@ -101,12 +102,19 @@ ROW_CLASSES = [
     Corruption("messages null", "empty_messages", lambda t, r: _set(t, "messages", r, None)),
     Corruption("output_ids null", "missing_column", lambda t, r: _set(t, "output_ids", r, None)),
     Corruption("null token id", "wrong_type", lambda t, r: _first(t, "output_ids", r, None)),
-    Corruption("logprobs too short", "logprobs_length",
-               lambda t, r: _set(t, "output_logprobs", r, t["output_logprobs"][r].as_py()[1:])),
+    Corruption(
+        "logprobs too short",
+        "logprobs_length",
+        lambda t, r: _set(t, "output_logprobs", r, t["output_logprobs"][r].as_py()[1:]),
+    ),
     Corruption("id beyond the vocabulary", "out_of_vocab", lambda t, r: _first(t, "output_ids", r, QWEN3_VOCAB)),
     Corruption("negative token id", "out_of_vocab", lambda t, r: _first(t, "prompt_ids", r, -1)),
-    Corruption("duplicate turn_index", "duplicate_turn",
-               lambda t, r: _set(t, "turn_index", r, t["turn_index"][r - 1].as_py()), rows="later"),
+    Corruption(
+        "duplicate turn_index",
+        "duplicate_turn",
+        lambda t, r: _set(t, "turn_index", r, t["turn_index"][r - 1].as_py()),
+        rows="later",
+    ),
     Corruption("negative turn_index", "negative_turn", lambda t, r: _set(t, "turn_index", r, -1)),
     Corruption("invalid UTF-8 in messages", "bad_text", lambda t, r: _invalid_utf8(t, "messages", r)),
     Corruption("invalid UTF-8 in the response", "bad_text", lambda t, r: _invalid_utf8(t, "response", r)),
@@ -124,14 +132,25 @@ ROW_CLASSES = [
     Corruption("empty session_id", "bad_message", lambda t, r: _set(t, "session_id", r, ""), effect="orphan"),
     Corruption("invalid UTF-8 session_id", "bad_text", lambda t, r: _invalid_utf8(t, "session_id", r), effect="orphan"),
     Corruption("turn_index gap", None, lambda t, r: _drop_rows(t, [r]), effect="warning", rows="middle"),
-    Corruption("empty generation", None, lambda t, r: _set(_set(t, "output_ids", r, []), "output_logprobs", r, []),
-               effect="warning"),
+    Corruption(
+        "empty generation",
+        None,
+        lambda t, r: _set(_set(t, "output_ids", r, []), "output_logprobs", r, []),
+        effect="warning",
+    ),
 ]
 FILE_CLASSES = [
     Corruption("required column missing", None, lambda t, r: t.drop_columns(["output_ids"]), effect="unusable"),
-    Corruption("column of the wrong type", None, lambda t, r: t.set_column(
-        t.schema.get_field_index("output_ids"), "output_ids", pa.array([str(v) for v in t["output_ids"].to_pylist()])),
-        effect="unusable"),
+    Corruption(
+        "column of the wrong type",
+        None,
+        lambda t, r: t.set_column(
+            t.schema.get_field_index("output_ids"),
+            "output_ids",
+            pa.array([str(v) for v in t["output_ids"].to_pylist()]),
+        ),
+        effect="unusable",
+    ),
     Corruption("no rows", None, lambda t, r: t.slice(0, 0), effect="unusable"),
 ]
 
@@ -225,8 +244,19 @@ def test_every_class_is_exercised(fuzz):
     assert len(variants) >= 40
     assert {v.corruption.name for v in variants} == {c.name for c in ROW_CLASSES + FILE_CLASSES}
     reasons = {v.corruption.reason for v in variants} - {None}
-    assert reasons >= {"missing_column", "wrong_type", "bad_json", "logprobs_length", "out_of_vocab",
-                       "duplicate_turn", "negative_turn", "empty_messages", "bad_text", "bad_message", "bad_logprob"}
+    assert reasons >= {
+        "missing_column",
+        "wrong_type",
+        "bad_json",
+        "logprobs_length",
+        "out_of_vocab",
+        "duplicate_turn",
+        "negative_turn",
+        "empty_messages",
+        "bad_text",
+        "bad_message",
+        "bad_logprob",
+    }
 
 
 @pytest.mark.parametrize("number", range(VARIANTS))
@@ -235,8 +265,10 @@ def test_validate_and_replay_quarantine_exactly_the_corrupted_sessions(fuzz, num
     variant = variants[number]
     corruption = variant.corruption
     if corruption.effect == "unusable":
-        for call in (lambda: validate(variant.path),
-                     lambda: replay(variant.path, out=directory / f"run-{number}", strategies=STRATEGIES)):
+        for call in (
+            lambda: validate(variant.path),
+            lambda: replay(variant.path, out=directory / f"run-{number}", strategies=STRATEGIES),
+        ):
             with pytest.raises(TraceToolsError) as raised:
                 call()
             assert raised.value.exit_code == 2 and str(raised.value)
@@ -287,8 +319,14 @@ def _only(frame: pd.DataFrame, sessions: set[str]) -> pd.DataFrame:
     return rows.where(rows.notna(), None)
 
 
-CLI_VARIANTS = {"messages not JSON": 1, "invalid UTF-8 in messages": 1, "turn_index gap": 0,
-                "empty session_id": 1, "required column missing": 2, "no rows": 2}
+CLI_VARIANTS = {
+    "messages not JSON": 1,
+    "invalid UTF-8 in messages": 1,
+    "turn_index gap": 0,
+    "empty session_id": 1,
+    "required column missing": 2,
+    "no rows": 2,
+}
 
 
 @pytest.mark.parametrize("name", list(CLI_VARIANTS))
@@ -297,10 +335,23 @@ def test_cli_exit_codes_follow_design_section_10(fuzz, name):
     variant = next(v for v in variants if v.corruption.name == name)
     strict = CLI_VARIANTS[name]
     runner = CliRunner()
-    checks = [(["validate", str(variant.path)], 0 if strict == 1 else strict),
-              (["validate", str(variant.path), "--strict"], strict),
-              (["replay", str(variant.path), "-s", "tree", "--out", str(directory / f"cli-{variant.number}"),
-                "--strict", "--no-samples"], strict)]
+    checks = [
+        (["validate", str(variant.path)], 0 if strict == 1 else strict),
+        (["validate", str(variant.path), "--strict"], strict),
+        (
+            [
+                "replay",
+                str(variant.path),
+                "-s",
+                "tree",
+                "--out",
+                str(directory / f"cli-{variant.number}"),
+                "--strict",
+                "--no-samples",
+            ],
+            strict,
+        ),
+    ]
     for argv, code in checks:
         result = runner.invoke(app, argv)
         assert result.exit_code == code, (argv, result.output)
@@ -311,8 +362,11 @@ def test_cli_exit_codes_follow_design_section_10(fuzz, name):
 def test_the_real_entry_point_shows_no_traceback(fuzz, name):
     _, _, variants, _ = fuzz
     variant = next(v for v in variants if v.corruption.name == name)
-    done = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", "validate", str(variant.path), "--strict"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trace_tools.cli.main", "validate", str(variant.path), "--strict"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == (1 if variant.corruption.effect == "quarantine" else 2)
     assert "Traceback" not in done.stdout + done.stderr
     assert (variant.corruption.reason or "missing") in done.stdout + done.stderr

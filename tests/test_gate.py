@@ -1,4 +1,5 @@
 """`trace-tools gate`: pass, fail, baseline regression and malformed rules, with exact exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ def _gate(*args):
 
 def test_all_rules_pass_exit_0(sample_run, tmp_path):
     coverage = sample_run.summary["strategies"]["tree"]["coverage"]
-    rules = _rules(tmp_path, f"""
+    rules = _rules(
+        tmp_path,
+        f"""
 [[rule]]
 metric = "quarantined"
 op = "=="
@@ -35,20 +38,24 @@ metric = "coverage"
 strategy = "tree"
 op = ">="
 value = {coverage - 1e-9}
-""")
+""",
+    )
     result = _gate(sample_run.run_dir, "--rules", rules)
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "FAIL" not in result.output
 
 
 def test_failing_rule_exit_1_and_junit(sample_run, tmp_path):
-    rules = _rules(tmp_path, """
+    rules = _rules(
+        tmp_path,
+        """
 [[rule]]
 metric = "coverage_by_tool.Edit"
 strategy = "tree"
 op = ">="
 value = 1.01
-""")
+""",
+    )
     junit = tmp_path / "gate.xml"
     result = _gate(sample_run.run_dir, "--rules", rules, "--junit", junit)
     assert result.exit_code == 1, result.output
@@ -71,12 +78,15 @@ def test_baseline_regression_detected(sample_run, tmp_path):
     current = summary["strategies"]["tree"]["coverage"]
     summary["strategies"]["tree"]["coverage"] = current + 0.10  # the baseline trained 10 points more
     (baseline / "summary.json").write_text(json.dumps(summary))
-    rules = _rules(tmp_path, """
+    rules = _rules(
+        tmp_path,
+        """
 [[rule]]
 metric = "coverage"
 strategy = "tree"
 max_regression = 0.05
-""")
+""",
+    )
     failed = _gate(sample_run.run_dir, "--rules", rules, "--baseline", baseline, "--json")
     assert failed.exit_code == 1 and json.loads(failed.output)[0]["message"].endswith("worse by 0.1")
     loose = _rules(tmp_path, '[[rule]]\nmetric = "coverage"\nstrategy = "tree"\nmax_regression = 0.2\n')
@@ -85,26 +95,41 @@ max_regression = 0.05
     assert improved.exit_code == 0 and json.loads(improved.output)[0]["message"].endswith("better by 0.1")
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('[[rule]]\nmetric = "coverage"\nop = "=>"\nvalue = 1\n', "rules.toml:3: op must be"),
-    ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\n\n[[rule]]\nop = ">="\nvalue = 1\n', "rules.toml:6"),
-    # TOML allows spaces inside the header and a comment after it; the line is the key's, not the header's
-    ('# gates\n\n[[rule]] # all\nmetric = "coverage"\nop = ">="\nvalue = 0\n\n  [[ rule ]]\nmetric = "coverage"\n\n'
-     'op = ">="\nvalue = "x"\n', "rules.toml:12: value must be a number"),
-    ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = "high"\n', "value must be a number"),
-    ('[[rule\nmetric = 1\n', "line 1"),
-    ('title = "no rules"\n', "no [[rule]] tables"),
-    ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\nthreshold = 3\n', "unknown key"),
-    ('[[rule]]\nmetric = "coverge"\nop = ">="\nvalue = 0.5\n', "unknown metric 'coverge' (did you mean 'coverage'?)"),
-    ('[[rule]]\nmetric = "coverage_by_tool.Edit.share"\nop = ">="\nvalue = 0.5\n', "rules.toml:2: unknown metric"),
-    ('[[rule]]\nmetric = "coverage"\nstrategy = "chekpoint-tree"\nop = ">="\nvalue = 0.5\n',
-     "rules.toml:3: strategy 'chekpoint-tree' is not in this run (did you mean 'checkpoint-tree'?)"),
-    # a misspelt tool is a broken rules file (exit 2, closest names), not a regression (exit 1)
-    ('[[rule]]\nmetric = "coverage_by_tool.Edt"\nstrategy = "tree"\nop = ">="\nvalue = 0.5\n',
-     "rules.toml:2: no turn of this run calls tool 'Edt' (did you mean 'Edit'?)"),
-    ('[[rule]]\nmetric = "tool_turns.bash.dropped_turns"\nop = "<="\nvalue = 3\n',
-     "tool 'bash' (did you mean 'Bash'?)"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('[[rule]]\nmetric = "coverage"\nop = "=>"\nvalue = 1\n', "rules.toml:3: op must be"),
+        ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\n\n[[rule]]\nop = ">="\nvalue = 1\n', "rules.toml:6"),
+        # TOML allows spaces inside the header and a comment after it; the line is the key's, not the header's
+        (
+            '# gates\n\n[[rule]] # all\nmetric = "coverage"\nop = ">="\nvalue = 0\n\n  [[ rule ]]\nmetric = "coverage"\n\n'
+            'op = ">="\nvalue = "x"\n',
+            "rules.toml:12: value must be a number",
+        ),
+        ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = "high"\n', "value must be a number"),
+        ("[[rule\nmetric = 1\n", "line 1"),
+        ('title = "no rules"\n', "no [[rule]] tables"),
+        ('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 1\nthreshold = 3\n', "unknown key"),
+        (
+            '[[rule]]\nmetric = "coverge"\nop = ">="\nvalue = 0.5\n',
+            "unknown metric 'coverge' (did you mean 'coverage'?)",
+        ),
+        ('[[rule]]\nmetric = "coverage_by_tool.Edit.share"\nop = ">="\nvalue = 0.5\n', "rules.toml:2: unknown metric"),
+        (
+            '[[rule]]\nmetric = "coverage"\nstrategy = "chekpoint-tree"\nop = ">="\nvalue = 0.5\n',
+            "rules.toml:3: strategy 'chekpoint-tree' is not in this run (did you mean 'checkpoint-tree'?)",
+        ),
+        # a misspelt tool is a broken rules file (exit 2, closest names), not a regression (exit 1)
+        (
+            '[[rule]]\nmetric = "coverage_by_tool.Edt"\nstrategy = "tree"\nop = ">="\nvalue = 0.5\n',
+            "rules.toml:2: no turn of this run calls tool 'Edt' (did you mean 'Edit'?)",
+        ),
+        (
+            '[[rule]]\nmetric = "tool_turns.bash.dropped_turns"\nop = "<="\nvalue = 3\n',
+            "tool 'bash' (did you mean 'Bash'?)",
+        ),
+    ],
+)
 def test_malformed_rules_exit_2_naming_the_line(sample_run, tmp_path, text, needle):
     result = _gate(sample_run.run_dir, "--rules", _rules(tmp_path, text))
     assert result.exit_code == 2

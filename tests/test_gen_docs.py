@@ -3,6 +3,7 @@
 The tables' contents come from real replays, which CI checks by running the script itself
 (`.ci/run`); here the builders are replaced by fixed text so the page machinery is tested alone.
 """
+
 from __future__ import annotations
 
 import importlib.util

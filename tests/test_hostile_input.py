@@ -2,6 +2,7 @@
 read as input, oversized or deeply nested cells quarantine their session, printed text cannot
 drive the reader's terminal or viewer, and every failure is one line with the right exit code
 (never a traceback)."""
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,9 @@ def test_export_never_writes_over_its_inputs_a_run_file_or_an_existing_file(simu
     _one_line_error(result, 2, "is one of this command's inputs")
     _one_line_error(_cli("export", small_run, "-s", "tree", "--out", simulated_dump, "--overwrite"), 2, "inputs")
     assert simulated_dump.read_bytes() == dump_before
-    _one_line_error(_cli("export", small_run, "-s", "tree", "--out", small_run / "summary.json"), 2,
-                    "is inside the run directory")
+    _one_line_error(
+        _cli("export", small_run, "-s", "tree", "--out", small_run / "summary.json"), 2, "is inside the run directory"
+    )
     existing = tmp_path / "samples.parquet"
     existing.write_text("mine")
     _one_line_error(_cli("export", small_run, "-s", "tree", "--out", existing), 2, "exists; pass --overwrite")
@@ -98,8 +100,12 @@ def test_a_run_inside_the_dump_directory_is_not_read_as_input(simulated_dump, tm
     assert again.resumed_shards >= 1 and again.summary == first.summary
     result = _cli("validate", dumps, "--json")
     assert result.exit_code == 0 and json.loads(result.output)["quarantined"] == 0
-    _one_line_error(_cli("validate", dumps / "run"), 2, "is a directory written by `trace-tools replay`, not a dump",
-                    f"pass the dump it read ({dumps})")
+    _one_line_error(
+        _cli("validate", dumps / "run"),
+        2,
+        "is a directory written by `trace-tools replay`, not a dump",
+        f"pass the dump it read ({dumps})",
+    )
     _one_line_error(_cli("replay", dumps / "run" / "turns.parquet", "-s", "tree"), 2, "is a table in")
 
 
@@ -114,18 +120,25 @@ def rescore_output(tmp_path_factory):
     return folder / "out"
 
 
-@pytest.mark.parametrize("command", ["report", "compare", "gate", "export", "validate", "replay", "explain",
-                                     "reconstruct"])
+@pytest.mark.parametrize(
+    "command", ["report", "compare", "gate", "export", "validate", "replay", "explain", "reconstruct"]
+)
 def test_every_command_pointed_at_a_rescore_directory_says_what_it_is(command, rescore_output, tmp_path):
-    extra = {"compare": [rescore_output], "gate": ["--rules", RULES],
-             "export": ["-s", "tree"], "replay": ["--out", tmp_path / "r"], "explain": ["--session", "x"]}
+    extra = {
+        "compare": [rescore_output],
+        "gate": ["--rules", RULES],
+        "export": ["-s", "tree"],
+        "replay": ["--out", tmp_path / "r"],
+        "explain": ["--session", "x"],
+    }
     result = _cli(command, rescore_output, *extra.get(command, []))
     _one_line_error(result, 2, f"{rescore_output}", "`trace-tools rescore`")
 
 
 # -- 8. cell limits -------------------------------------------------------------------------------------
-def test_deep_json_and_oversized_cells_quarantine_their_session_and_the_rest_replay(simulated_dump, tmp_path,
-                                                                                   monkeypatch):
+def test_deep_json_and_oversized_cells_quarantine_their_session_and_the_rest_replay(
+    simulated_dump, tmp_path, monkeypatch
+):
     def spoil(values):
         values[3] = "[" * 10_000 + "]" * 10_000  # aborted the whole run with RecursionError
         values[40] = json.dumps({"blob": "x" * (3 * 2**20)})  # over a 1 MiB limit, compresses to kilobytes
@@ -153,8 +166,12 @@ def test_a_deeply_nested_record_is_a_bad_json_import_record(tmp_path):
 
 
 def test_explain_does_not_decode_the_metadata_it_does_not_need(simulated_dump, tmp_path, monkeypatch):
-    dump = _rewrite(simulated_dump, tmp_path / "d.parquet", "metadata",
-                    lambda values: [json.dumps({"blob": "x" * (2 * 2**20)})] * len(values))
+    dump = _rewrite(
+        simulated_dump,
+        tmp_path / "d.parquet",
+        "metadata",
+        lambda values: [json.dumps({"blob": "x" * (2 * 2**20)})] * len(values),
+    )
     monkeypatch.setenv("TRACE_TOOLS_MAX_CELL_BYTES", str(2**20))
     session = pq.read_table(dump, columns=["session_id"]).column("session_id")[0].as_py()
     assert _cli("explain", dump, "--session", session).exit_code == 0  # replay would quarantine every session
@@ -167,12 +184,18 @@ EVIL_TOOL = "<img src=x onerror=alert(1)>"
 
 def test_ids_and_names_from_a_dump_cannot_drive_the_terminal_or_a_viewer(simulated_dump, tmp_path):
     first = pq.read_table(simulated_dump, columns=["session_id"]).column("session_id")[0].as_py()
-    dump = _rewrite(simulated_dump, tmp_path / "d.parquet", "session_id",
-                    lambda values: [EVIL_ID if value == first else value for value in values])
+    dump = _rewrite(
+        simulated_dump,
+        tmp_path / "d.parquet",
+        "session_id",
+        lambda values: [EVIL_ID if value == first else value for value in values],
+    )
 
     def rename_tools(values):
-        return [value.replace('"name": "Bash"', json.dumps({"name": EVIL_TOOL})[1:-1]) if value else value
-                for value in values]
+        return [
+            value.replace('"name": "Bash"', json.dumps({"name": EVIL_TOOL})[1:-1]) if value else value
+            for value in values
+        ]
 
     dump = _rewrite(dump, tmp_path / "e.parquet", "response", rename_tools)
     result = _cli("replay", dump, "-s", "tree", "--out", tmp_path / "run")
@@ -199,8 +222,9 @@ def test_a_full_disk_names_the_file_and_leaves_no_temporary_files(simulated_dump
         main()
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ,
-                          "COLUMNS": "300"})
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"}
+    )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "cannot write " in done.stderr and "File too large" in done.stderr
@@ -216,8 +240,12 @@ def test_rules_files_that_are_not_utf8_or_nest_too_deep_are_malformed(small_run,
     _one_line_error(_cli("gate", small_run, "--rules", deep), 2, "nested too deeply for a rules file")
     both = tmp_path / "both.toml"
     both.write_text('[[rule]]\nmetric = "coverage"\nop = ">="\nvalue = 0.5\nmax_regression = 0.1\n')
-    _one_line_error(_cli("gate", small_run, "--rules", both, "--baseline", small_run), 2,
-                    "either `op` and `value`", "or `max_regression`")
+    _one_line_error(
+        _cli("gate", small_run, "--rules", both, "--baseline", small_run),
+        2,
+        "either `op` and `value`",
+        "or `max_regression`",
+    )
 
 
 @pytest.mark.parametrize("command", ["report", "compare", "gate", "export"])
@@ -252,9 +280,23 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path):
     while they start however fast the machine is."""
     for delay in (0.0, 0.5):
         process = subprocess.Popen(
-            [sys.executable, "-m", "trace_tools.cli.main", "replay", str(simulated_dump), "--workers", "2", "-s",
-             "tree", "--out", str(tmp_path / f"run{delay}")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "trace_tools.cli.main",
+                "replay",
+                str(simulated_dump),
+                "--workers",
+                "2",
+                "-s",
+                "tree",
+                "--out",
+                str(tmp_path / f"run{delay}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 60
         while len(_spawned_workers(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
@@ -291,8 +333,18 @@ def _group_gone(group: int, wait_s: float = 10.0) -> bool:
 def test_an_unreachable_ray_address_is_one_line(simulated_dump, tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     started = time.monotonic()
-    result = _cli("replay", simulated_dump, "-s", "tree", "--executor", "ray", "--address", "127.0.0.1:1",
-                  "--out", tmp_path / "run")
+    result = _cli(
+        "replay",
+        simulated_dump,
+        "-s",
+        "tree",
+        "--executor",
+        "ray",
+        "--address",
+        "127.0.0.1:1",
+        "--out",
+        tmp_path / "run",
+    )
     _one_line_error(result, 2, "cannot reach the Ray cluster at --address 127.0.0.1:1")
     assert time.monotonic() - started < 60
 
@@ -312,8 +364,12 @@ def test_import_where_no_record_names_a_session_exits_2_naming_the_option(tmp_pa
     lines = [json.loads(line) for line in (FIXTURES / "gateway_traces.jsonl").read_text().splitlines()]
     without_ids = [{k: v for k, v in line.items() if k != "session_id"} for line in lines]
     source.write_text("".join(json.dumps(line) + "\n" for line in without_ids))
-    _one_line_error(_cli("import", "gateway-traces", source, "--out", tmp_path / "d.parquet"), 2,
-                    f"none of the {len(lines)} records names a session", "pass --session-key NAME")
+    _one_line_error(
+        _cli("import", "gateway-traces", source, "--out", tmp_path / "d.parquet"),
+        2,
+        f"none of the {len(lines)} records names a session",
+        "pass --session-key NAME",
+    )
     assert not (tmp_path / "d.parquet").exists()
 
 
@@ -330,5 +386,9 @@ def test_a_wrong_type_column_names_the_type_to_write(simulated_dump, tmp_path):
     index = table.schema.get_field_index("output_ids")
     table = table.set_column(index, "output_ids", pa.array([str(v) for v in table.column(index).to_pylist()]))
     pq.write_table(table.replace_schema_metadata(pq.read_schema(simulated_dump).metadata), dump)
-    _one_line_error(_cli("validate", dump), 2, "column output_ids is string; expected a list of integers",
-                    "write it as a list of integers (list<int32>)")
+    _one_line_error(
+        _cli("validate", dump),
+        2,
+        "column output_ids is string; expected a list of integers",
+        "write it as a list of integers (list<int32>)",
+    )

@@ -1,5 +1,6 @@
 """Token-sequence helpers: exact against the obvious quadratic definitions, on random sequences
 over small alphabets (many repeats, so every search path is taken)."""
+
 from __future__ import annotations
 
 import random
@@ -8,7 +9,7 @@ from trace_tools.ids import common_prefix_len, suffix_prefix_overlap
 
 
 def _overlap_by_definition(a: list[int], b: list[int]) -> int:
-    return next((k for k in range(min(len(a), len(b)), 0, -1) if a[len(a) - k:] == b[:k]), 0)
+    return next((k for k in range(min(len(a), len(b)), 0, -1) if a[len(a) - k :] == b[:k]), 0)
 
 
 def _prefix_by_definition(a, b) -> int:
@@ -22,7 +23,7 @@ def _pairs(seed: int, count: int):
         a = [rng.randrange(alphabet) for _ in range(rng.randint(0, 40))]
         b = [rng.randrange(alphabet) for _ in range(rng.randint(0, 40))]
         if a and rng.random() < 0.5:
-            b = a[len(a) - rng.randint(0, len(a)):] + b
+            b = a[len(a) - rng.randint(0, len(a)) :] + b
         yield a, b
 
 

@@ -1,4 +1,5 @@
 """`trace-tools import`: each format's fixtures become a clean, replayable dump; bad records are accounted for."""
+
 from __future__ import annotations
 
 import copy
@@ -7,14 +8,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from import_fixtures import FIXTURES, conversations, miles_document, write_fixtures
 from typer.testing import CliRunner
 
+from import_fixtures import FIXTURES, conversations, miles_document, write_fixtures
+from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.importers import import_traces, quarantine_path
 from trace_tools.io.load import load
 from trace_tools.io.validate import validate
-from trace_tools.api import replay
 
 # (format, fixture, session key): every committed fixture and the option its format needs.
 CASES = [
@@ -40,8 +41,9 @@ def originals(renderer):
 
 def _import(tmp_path: Path, fmt: str, sources, key=None, **options):
     out = tmp_path / "dump.parquet"
-    return import_traces(fmt, [str(s) for s in sources], out, tokenizer="qwen3", chat_template="qwen3",
-                         session_key=key, **options), out
+    return import_traces(
+        fmt, [str(s) for s in sources], out, tokenizer="qwen3", chat_template="qwen3", session_key=key, **options
+    ), out
 
 
 def _quarantine(out: Path) -> list[dict]:
@@ -72,7 +74,8 @@ def test_fixture_imports_validates_clean_and_replays_with_exact_fidelity(tmp_pat
     summary = replay(out, out=tmp_path / "run", strategies=["tree"]).summary
     assert summary["prompt_fidelity"] == {"turns_compared": 4, "exact": 4, "rate": 1.0}
     assert summary["strategies"]["tree"]["generated_tokens"] == sum(
-        len(t.output_ids) for s in originals.values() for t in s.turns)
+        len(t.output_ids) for s in originals.values() for t in s.turns
+    )
 
 
 def test_rejected_miles_request_is_a_gap_listed_and_counted(tmp_path):
@@ -98,19 +101,49 @@ def _choice(record: dict) -> dict:
 # (name, fixture, session key, mutation of the first record of session fix-flaky-test, reason)
 MALFORMED = [
     ("no_meta_info", "miles_requests.jsonl", None, lambda r: _choice(r).pop("meta_info"), "missing_field"),
-    ("null_content", "miles_requests.jsonl", None, lambda r: _choice(r)["message"].update(content=None),
-     "missing_field"),
-    ("count_mismatch", "miles_requests.jsonl", None,
-     lambda r: _choice(r)["meta_info"].update(completion_tokens=1), "count_mismatch"),
-    ("out_of_vocab", "miles_requests.jsonl", None,
-     lambda r: _choice(r)["meta_info"]["output_token_logprobs"][0].__setitem__(1, 151669), "out_of_vocab"),
-    ("positive_logprob", "sglang_exchanges.jsonl", "x-session-id",
-     lambda r: _choice(r)["meta_info"]["output_token_logprobs"][0].__setitem__(0, 0.5), "bad_logprob"),
-    ("vllm_logprobs_length", "vllm_exchanges.jsonl", "user",
-     lambda r: _choice(r)["logprobs"]["content"].pop(), "logprobs_length"),
+    (
+        "null_content",
+        "miles_requests.jsonl",
+        None,
+        lambda r: _choice(r)["message"].update(content=None),
+        "missing_field",
+    ),
+    (
+        "count_mismatch",
+        "miles_requests.jsonl",
+        None,
+        lambda r: _choice(r)["meta_info"].update(completion_tokens=1),
+        "count_mismatch",
+    ),
+    (
+        "out_of_vocab",
+        "miles_requests.jsonl",
+        None,
+        lambda r: _choice(r)["meta_info"]["output_token_logprobs"][0].__setitem__(1, 151669),
+        "out_of_vocab",
+    ),
+    (
+        "positive_logprob",
+        "sglang_exchanges.jsonl",
+        "x-session-id",
+        lambda r: _choice(r)["meta_info"]["output_token_logprobs"][0].__setitem__(0, 0.5),
+        "bad_logprob",
+    ),
+    (
+        "vllm_logprobs_length",
+        "vllm_exchanges.jsonl",
+        "user",
+        lambda r: _choice(r)["logprobs"]["content"].pop(),
+        "logprobs_length",
+    ),
     ("vllm_no_ids", "vllm_exchanges.jsonl", "user", lambda r: _choice(r).pop("token_ids"), "missing_field"),
-    ("string_ids", "gateway_traces.jsonl", None,
-     lambda r: r.update(output_ids=[str(t) for t in r["output_ids"]]), "wrong_type"),
+    (
+        "string_ids",
+        "gateway_traces.jsonl",
+        None,
+        lambda r: r.update(output_ids=[str(t) for t in r["output_ids"]]),
+        "wrong_type",
+    ),
     ("no_messages", "gateway_traces.jsonl", None, lambda r: r.pop("messages"), "empty_messages"),
     ("bad_prompt_ids", "gateway_traces.jsonl", None, lambda r: r.update(prompt_ids={"ids": []}), "wrong_type"),
 ]
@@ -129,7 +162,9 @@ def test_malformed_record_quarantines_its_session_with_a_reason(tmp_path, name, 
     assert [s.session_id for s in load(out).sessions] == ["explain-config"]
     entries = _quarantine(out)
     assert [(e["session_id"], e["turn_index"], e["reason"]) for e in entries] == [
-        ("fix-flaky-test", 0, reason), ("fix-flaky-test", 1, "session_quarantined")]
+        ("fix-flaky-test", 0, reason),
+        ("fix-flaky-test", 1, "session_quarantined"),
+    ]
     assert "source.jsonl:1" in entries[1]["detail"]
     assert validate(out).clean
 
@@ -139,8 +174,9 @@ def test_unparsable_and_sessionless_lines_are_counted_not_dropped(tmp_path):
     sessionless = copy.deepcopy(records[0])
     del sessionless["session_id"]
     source = tmp_path / "source.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in records) + "{not json\n" + json.dumps(sessionless)
-                      + "\n[1, 2]\n")
+    source.write_text(
+        "".join(json.dumps(r) + "\n" for r in records) + "{not json\n" + json.dumps(sessionless) + "\n[1, 2]\n"
+    )
     report, out = _import(tmp_path, "gateway-traces", [source])
     assert report.by_reason == {"bad_json": 2, "no_session": 1}
     assert (report.records, report.turns, report.sessions) == (7, 4, 2)
@@ -155,8 +191,9 @@ def test_streams_many_files_and_row_groups(tmp_path):
     report, out = _import(tmp_path, "miles", [source], row_group_rows=1)
     assert report.files == 4 and pq.ParquetFile(out).metadata.num_row_groups == 4
     _, whole_out = _import(tmp_path / "whole", "miles", [FIXTURES / "miles_requests.jsonl"])
-    assert [(t.session_id, t.turn_index, t.output_ids) for s in load(out).sessions for t in s.turns] == \
-           [(t.session_id, t.turn_index, t.output_ids) for s in load(whole_out).sessions for t in s.turns]
+    assert [(t.session_id, t.turn_index, t.output_ids) for s in load(out).sessions for t in s.turns] == [
+        (t.session_id, t.turn_index, t.output_ids) for s in load(whole_out).sessions for t in s.turns
+    ]
 
 
 def test_miles_round_trip_gives_the_same_strategy_numbers(tmp_path, simulated_dump):
@@ -176,17 +213,21 @@ def test_miles_round_trip_gives_the_same_strategy_numbers(tmp_path, simulated_du
 def test_template_from_a_dump_file_is_embedded_verbatim(tmp_path):
     sample = Path(__file__).parents[1] / "sample_traces" / "qwen3.parquet"
     out = tmp_path / "dump.parquet"
-    import_traces("gateway-traces", [FIXTURES / "gateway_traces.jsonl"], out, tokenizer="qwen3",
-                  chat_template=str(sample))
+    import_traces(
+        "gateway-traces", [FIXTURES / "gateway_traces.jsonl"], out, tokenizer="qwen3", chat_template=str(sample)
+    )
     assert load(out).meta.chat_template == load(sample).meta.chat_template
 
 
-@pytest.mark.parametrize("args,message", [
-    (["openai", str(FIXTURES / "sglang_exchanges.jsonl")], "--session-key"),
-    (["csv", str(FIXTURES / "gateway_traces.jsonl")], "unknown import format"),
-    (["miles", "no/such/file.jsonl"], "no such file"),
-    (["miles", str(FIXTURES / "miles_sessions.json"), "--chat-template", "no-such.jinja"], "--chat-template"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["openai", str(FIXTURES / "sglang_exchanges.jsonl")], "--session-key"),
+        (["csv", str(FIXTURES / "gateway_traces.jsonl")], "unknown import format"),
+        (["miles", "no/such/file.jsonl"], "no such file"),
+        (["miles", str(FIXTURES / "miles_sessions.json"), "--chat-template", "no-such.jinja"], "--chat-template"),
+    ],
+)
 def test_unusable_input_exits_2_with_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["import", *args, "--out", str(tmp_path / "d.parquet")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -194,8 +235,10 @@ def test_unusable_input_exits_2_with_one_line(tmp_path, args, message):
 
 def test_cli_imports_and_reports(tmp_path):
     out = tmp_path / "d.parquet"
-    result = CliRunner().invoke(app, ["import", "miles", str(FIXTURES / "miles_sessions.json"), "--tokenizer", "qwen3",
-                                      "--out", str(out), "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["import", "miles", str(FIXTURES / "miles_sessions.json"), "--tokenizer", "qwen3", "--out", str(out), "--json"],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert (data["turns"], data["rejected_requests"], data["vocab_checked"]) == (4, 1, True)

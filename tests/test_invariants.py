@@ -1,4 +1,5 @@
 """DESIGN §5 invariants for every registered strategy, on simulated sessions of every model family."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -63,9 +64,9 @@ def _assert_recorded_logprob(sample, position, turn, logprob):
     while run_start > 0 and sample.source_turn[run_start - 1] == turn.turn_index:
         run_start -= 1
     offset = position - run_start
-    span = sample.token_ids[run_start:position + 1]
+    span = sample.token_ids[run_start : position + 1]
     for shift in range(len(turn.output_ids)):
-        if turn.output_ids[shift:shift + len(span)] == span and shift + offset < len(turn.output_ids):
+        if turn.output_ids[shift : shift + len(span)] == span and shift + offset < len(turn.output_ids):
             assert sample.token_ids[position] == turn.output_ids[shift + offset]
             if turn.output_logprobs is not None:
                 assert logprob == pytest.approx(turn.output_logprobs[shift + offset], abs=1e-6)
@@ -79,8 +80,9 @@ def test_invariants_hold_for_every_strategy(loaded, renderer, name):
         _check_session(session, result)
 
 
-@pytest.mark.parametrize("params", [{"fork_threshold": 0}, {"fork_threshold": 1},
-                                    {"realign_gate": "drift", "realign_from": "divergence"}])
+@pytest.mark.parametrize(
+    "params", [{"fork_threshold": 0}, {"fork_threshold": 1}, {"realign_gate": "drift", "realign_from": "divergence"}]
+)
 def test_tree_invariants_under_other_parameters(loaded, renderer, params):
     for session, result in _results(loaded, renderer, "tree", params):
         _check_session(session, result)
@@ -119,7 +121,7 @@ def _append_only(session) -> bool:
     """Every turn's recorded prompt extends the previous turn's prompt + output, token for token."""
     served: list[int] = []
     for turn in session.turns:
-        if list(turn.prompt_ids[:len(served)]) != served:
+        if list(turn.prompt_ids[: len(served)]) != served:
             return False
         served = [*turn.prompt_ids, *turn.output_ids]
     return True

@@ -1,4 +1,5 @@
 """Loading trace schema v1: round trip, every quarantine reason, compatible types, streaming, metadata."""
+
 from __future__ import annotations
 
 import importlib
@@ -41,6 +42,7 @@ def assert_accounted(dump, table: pa.Table) -> None:
 # --------------------------------------------------------------------------------------------
 # Round trip
 
+
 def test_baseline_round_trips_exactly(tmp_path):
     dump = load(write_dump(tmp_path / "d.parquet"), vocab_size=VOCAB)
     assert dump.quarantine == []
@@ -60,6 +62,7 @@ def test_turns_are_sorted_and_input_order_kept(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # Every quarantine reason, one spoiled cell in session beta (rows 3-5)
+
 
 def _json_cell(column, row, text):
     return lambda t: with_cell(t, column, row, text)
@@ -120,7 +123,8 @@ def test_missing_required_column_quarantines_every_session_of_the_file(tmp_path)
     dump = load(write_dump(tmp_path / "d.parquet", table), vocab_size=VOCAB)
     assert dump.sessions == []
     assert [(e.session_id, e.turn_index, e.reason) for e in dump.quarantine] == [
-        (sid, None, "missing_column") for sid in SESSION_IDS]
+        (sid, None, "missing_column") for sid in SESSION_IDS
+    ]
     assert "output_ids" in dump.quarantine[0].detail
     assert_accounted(dump, table)
 
@@ -157,6 +161,7 @@ def test_optional_columns_may_be_absent_or_null(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Types (DESIGN §10): compatible physical types load, incompatible ones are wrong_type
 
+
 def _cast(table: pa.Table, **types: pa.DataType) -> pa.Table:
     for name, new_type in types.items():
         table = with_column(table, name, table.column(name).cast(new_type).combine_chunks())
@@ -165,13 +170,19 @@ def _cast(table: pa.Table, **types: pa.DataType) -> pa.Table:
 
 COMPATIBLE = {
     "int64 everywhere": dict(turn_index=pa.int64(), output_ids=pa.list_(pa.int64()), prompt_ids=pa.list_(pa.int64())),
-    "large types": dict(session_id=pa.large_string(), messages=pa.large_string(), response=pa.large_string(),
-                        output_ids=pa.large_list(pa.int32()), output_logprobs=pa.large_list(pa.float32())),
+    "large types": dict(
+        session_id=pa.large_string(),
+        messages=pa.large_string(),
+        response=pa.large_string(),
+        output_ids=pa.large_list(pa.int32()),
+        output_logprobs=pa.large_list(pa.float32()),
+    ),
     "float64 logprobs": dict(output_logprobs=pa.list_(pa.float64())),
     "timestamp[ns] with zone": dict(started_at=pa.timestamp("ns", tz="UTC"), finished_at=pa.timestamp("ms", tz="UTC")),
     "naive timestamps": dict(started_at=pa.timestamp("ns"), finished_at=pa.timestamp("us")),
-    "dictionary strings": dict(session_id=pa.dictionary(pa.int32(), pa.string()),
-                               finish_reason=pa.dictionary(pa.int8(), pa.string())),
+    "dictionary strings": dict(
+        session_id=pa.dictionary(pa.int32(), pa.string()), finish_reason=pa.dictionary(pa.int8(), pa.string())
+    ),
     "int16 turn index, float32 reward": dict(turn_index=pa.int16(), reward=pa.float32()),
 }
 
@@ -185,8 +196,9 @@ def test_compatible_types_load_like_canonical_ones(tmp_path, case):
 
 
 def test_naive_timestamps_are_read_as_utc(tmp_path):
-    naive = pa.array([s.turns[0].started_at.replace(tzinfo=None) for s in baseline_sessions() for _ in range(3)],
-                     pa.timestamp("ns"))
+    naive = pa.array(
+        [s.turns[0].started_at.replace(tzinfo=None) for s in baseline_sessions() for _ in range(3)], pa.timestamp("ns")
+    )
     table = with_column(baseline_table(), "started_at", naive)
     dump = load(write_dump(tmp_path / "d.parquet", table), vocab_size=VOCAB)
     moment = dump.sessions[2].turns[1].started_at
@@ -226,6 +238,7 @@ def test_incompatible_types_are_wrong_type(tmp_path, case):
 
 # --------------------------------------------------------------------------------------------
 # Sessions spanning row groups and files; streaming
+
 
 def test_sessions_span_row_groups_and_files(tmp_path):
     table = baseline_table().take([0, 3, 6, 1, 4, 7, 2, 5, 8])  # every session in every file
@@ -314,13 +327,21 @@ def test_iter_sessions_yields_quarantine_entries_in_stream(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Metadata and vocabulary
 
+
 def _with_meta(table: pa.Table, **keys: str) -> pa.Table:
     return table.replace_schema_metadata({f"trace_tools.{k}".encode(): v.encode() for k, v in keys.items()})
 
 
 def test_file_metadata_and_keyword_overrides(tmp_path):
-    table = _with_meta(baseline_table(), schema_version="1", tokenizer="my-tok", chat_template="{{ x }}",
-                       history_mode="linear", harness="claude-code", recorder="gw-7")
+    table = _with_meta(
+        baseline_table(),
+        schema_version="1",
+        tokenizer="my-tok",
+        chat_template="{{ x }}",
+        history_mode="linear",
+        harness="claude-code",
+        recorder="gw-7",
+    )
     path = write_dump(tmp_path / "d.parquet", table)
     meta = read_dump_meta(path)
     found = (meta.tokenizer, meta.chat_template, meta.history_mode, meta.harness)
@@ -342,8 +363,11 @@ def test_disagreeing_files_first_wins_and_is_reported(tmp_path):
 
 
 def test_another_schema_version_is_refused_naming_the_supported_ones(tmp_path):
-    with pytest.raises(UnusableInput, match=r"declares trace_tools.schema_version '2'; this trace-tools reads schema "
-                                            r"version 1: convert the dump"):
+    with pytest.raises(
+        UnusableInput,
+        match=r"declares trace_tools.schema_version '2'; this trace-tools reads schema "
+        r"version 1: convert the dump",
+    ):
         load(write_dump(tmp_path / "d.parquet", _with_meta(baseline_table(), schema_version="2")))
 
 
@@ -368,6 +392,7 @@ def test_without_a_tokenizer_the_vocabulary_check_is_skipped(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # Unusable input
+
 
 def test_no_such_path(tmp_path):
     with pytest.raises(UnusableInput, match="no such file or directory: .*missing; pass a Parquet file"):
@@ -401,7 +426,7 @@ def test_corrupt_data_page_found_while_reading(tmp_path):
     data = bytearray(path.read_bytes())
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     start = pq.ParquetFile(path).metadata.row_group(0).column(2).data_page_offset  # messages
-    data[start + 20: min(start + 220, footer_start)] = b"\xff" * len(data[start + 20: min(start + 220, footer_start)])
+    data[start + 20 : min(start + 220, footer_start)] = b"\xff" * len(data[start + 20 : min(start + 220, footer_start)])
     path.write_bytes(bytes(data))
     with pytest.raises(UnusableInput, match="is not a readable Parquet file"):
         load(path)
@@ -413,8 +438,11 @@ def test_a_directory_mixing_recordings_keeps_each_files_metadata(tmp_path):
     small = _with_meta(baseline_table(), tokenizer="qwen3", chat_template="{{ a }}")
     write_dump(tmp_path / "a.parquet", small)
     big = baseline_table()
-    big = big.set_column(big.schema.get_field_index("session_id"), "session_id",
-                         pa.array([f"b-{x}" for x in big.column("session_id").to_pylist()]))
+    big = big.set_column(
+        big.schema.get_field_index("session_id"),
+        "session_id",
+        pa.array([f"b-{x}" for x in big.column("session_id").to_pylist()]),
+    )
     ids = [[200_000] * len(x) for x in big.column("output_ids").to_pylist()]
     big = big.set_column(big.schema.get_field_index("output_ids"), "output_ids", pa.array(ids, pa.list_(pa.int32())))
     write_dump(tmp_path / "b.parquet", _with_meta(big, tokenizer="qwen3.5", chat_template="{{ b }}"))

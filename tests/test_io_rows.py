@@ -4,6 +4,7 @@ Each case spoils one cell of the baseline dump (sessions alpha, beta, gamma) and
 and `validate` agree: the one session is quarantined with the DESIGN §6 reason, the others load
 unchanged, and nothing raises.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,28 @@ def _invalid_utf8(table: pa.Table, column: str, row: int) -> pa.Table:
 CASES = {
     "invalid UTF-8 in messages": (lambda t: _invalid_utf8(t, "messages", 4), "bad_text", "messages is not valid UTF-8"),
     "invalid UTF-8 in finish_reason": (lambda t: _invalid_utf8(t, "finish_reason", 4), "bad_text", "finish_reason"),
-    "lone surrogate in a message": (lambda t: with_cell(t, "messages", 4, _messages(content="fix \ud800 it")),
-                                    "bad_text", "lone surrogate"),
-    "lone surrogate in the response": (lambda t: with_cell(t, "response", 4, '{"content": "\\udc00"}'),
-                                       "bad_text", "lone surrogate"),
+    "lone surrogate in a message": (
+        lambda t: with_cell(t, "messages", 4, _messages(content="fix \ud800 it")),
+        "bad_text",
+        "lone surrogate",
+    ),
+    "lone surrogate in the response": (
+        lambda t: with_cell(t, "response", 4, '{"content": "\\udc00"}'),
+        "bad_text",
+        "lone surrogate",
+    ),
     "message without a role": (lambda t: with_cell(t, "messages", 4, _messages(role=...)), "bad_message", "no role"),
     "role that is not a name": (lambda t: with_cell(t, "messages", 4, _messages(role=7)), "bad_message", "role is 7"),
-    "content of the wrong type": (lambda t: with_cell(t, "messages", 4, _messages(content=12)), "bad_message",
-                                  "content"),
-    "tool call without a name": (lambda t: with_cell(t, "messages", 4, _messages(tool_calls=[{"function": {}}])),
-                                 "bad_message", "no function name"),
+    "content of the wrong type": (
+        lambda t: with_cell(t, "messages", 4, _messages(content=12)),
+        "bad_message",
+        "content",
+    ),
+    "tool call without a name": (
+        lambda t: with_cell(t, "messages", 4, _messages(tool_calls=[{"function": {}}])),
+        "bad_message",
+        "no function name",
+    ),
     "NaN logprob": (lambda t: with_cell(t, "output_logprobs", 4, [-0.5, math.nan, -1.0, -0.1]), "bad_logprob", "nan"),
     "+inf logprob": (lambda t: with_cell(t, "output_logprobs", 4, [-0.5, math.inf, -1.0, -0.1]), "bad_logprob", "inf"),
     "-inf logprob": (lambda t: with_cell(t, "output_logprobs", 4, [-0.5, -math.inf, -1.0, -0.1]), "bad_logprob", "inf"),
@@ -93,8 +106,10 @@ def test_gaps_and_empty_generations_are_counted_warnings(tmp_path):
     report = validate(path, vocab_size=VOCAB)
     assert report.clean and report.valid_sessions == 3
     assert report.data_warnings == {"turn_index_gap": 1, "empty_generation": 1}
-    assert report.warning_examples == {"turn_index_gap": "session alpha: turn 1",
-                                       "empty_generation": "session gamma: turn 1"}
+    assert report.warning_examples == {
+        "turn_index_gap": "session alpha: turn 1",
+        "empty_generation": "session gamma: turn 1",
+    }
     assert load(path, vocab_size=VOCAB).data_warnings == report.data_warnings
 
 
@@ -111,5 +126,6 @@ def test_validate_cli_prints_the_warnings_with_an_example(tmp_path):
     gapped = baseline_table().filter(pa.array([i != 1 for i in range(9)]))  # alpha loses turn 1
     result = CliRunner().invoke(app, ["validate", str(write_dump(tmp_path / "d.parquet", gapped)), "--strict"])
     assert result.exit_code == 0  # legal: a warning, not a quarantine
-    assert "warning: 1 session(s) with a turn_index gap (a dropped request?), e.g. session alpha: turn 1" in \
-        " ".join(result.output.split())
+    assert "warning: 1 session(s) with a turn_index gap (a dropped request?), e.g. session alpha: turn 1" in " ".join(
+        result.output.split()
+    )

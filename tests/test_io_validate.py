@@ -1,4 +1,5 @@
 """`validate` (library) and `trace-tools validate` (CLI): counts, quarantine list, exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from io_support import VOCAB, baseline_table, distinct_session_ids, with_cell, write_dump
 from trace_tools.cli.cmd_validate import validate_cmd
 from trace_tools.errors import UnusableInput
 from trace_tools.io import validate
-from io_support import VOCAB, baseline_table, distinct_session_ids, with_cell, write_dump
 
 app = typer.Typer()
 app.command("validate")(validate_cmd)
@@ -43,6 +44,7 @@ def spoiled(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # Library
+
 
 def test_report_counts(spoiled):
     report = validate(spoiled, vocab_size=VOCAB)
@@ -83,13 +85,20 @@ def test_unwritable_quarantine_out_is_unusable_input(tmp_path):
 
 
 CORRUPTIONS = {
-    "messages": "[", "output_logprobs": [0.0], "turn_index": -5, "output_ids": [VOCAB], "tools": "7",
+    "messages": "[",
+    "output_logprobs": [0.0],
+    "turn_index": -5,
+    "output_ids": [VOCAB],
+    "tools": "7",
 }
 
 
 @settings(max_examples=25, deadline=None)
-@given(spoils=st.lists(st.tuples(st.sampled_from(sorted(CORRUPTIONS)), st.integers(0, 8)), max_size=4),
-       order=st.permutations(range(9)), split=st.integers(0, 9))
+@given(
+    spoils=st.lists(st.tuples(st.sampled_from(sorted(CORRUPTIONS)), st.integers(0, 8)), max_size=4),
+    order=st.permutations(range(9)),
+    split=st.integers(0, 9),
+)
 def test_no_session_is_ever_lost(spoils, order, split):
     table = baseline_table().take(list(order))
     for column, row in spoils:
@@ -110,6 +119,7 @@ def _validate_split(directory, table, split):
 
 # --------------------------------------------------------------------------------------------
 # CLI
+
 
 def test_cli_clean_dump_exits_0(tmp_path):
     result = run_cli(write_dump(tmp_path / "d.parquet"), "--strict")

@@ -1,4 +1,5 @@
 """Atomic writers, the quarantine table and sessions_to_table."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from io_support import META, VOCAB, baseline_sessions
 from trace_tools.data import DumpMeta, QuarantineEntry
 from trace_tools.io import (
-    load, quarantine_table, sessions_to_table, write_json_atomic, write_parquet_atomic, write_text_atomic,
+    load,
+    quarantine_table,
+    sessions_to_table,
+    write_json_atomic,
+    write_parquet_atomic,
+    write_text_atomic,
 )
-from io_support import META, VOCAB, baseline_sessions
 
 
 def _leftovers(directory):
@@ -51,8 +57,14 @@ def test_failed_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
 
 
 def test_json_nan_becomes_null_and_order_is_kept(tmp_path):
-    obj = {"zeta": float("nan"), "alpha": [1.5, float("inf"), -float("inf")], "n": np.int64(3),
-           "f": np.float32("nan"), "arr": np.array([0.25, np.nan]), "name": "Grüße"}
+    obj = {
+        "zeta": float("nan"),
+        "alpha": [1.5, float("inf"), -float("inf")],
+        "n": np.int64(3),
+        "f": np.float32("nan"),
+        "arr": np.array([0.25, np.nan]),
+        "name": "Grüße",
+    }
     path = write_json_atomic(obj, tmp_path / "s.json")
     text = path.read_text(encoding="utf-8")
     parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
@@ -77,10 +89,12 @@ def test_text(tmp_path):
 
 
 def test_quarantine_table_columns():
-    table = quarantine_table([
-        QuarantineEntry("s1", 3, "bad_json", "row 3: messages is not valid JSON"),
-        QuarantineEntry(None, None, "missing_column", "f.parquet: required column session_id is missing"),
-    ])
+    table = quarantine_table(
+        [
+            QuarantineEntry("s1", 3, "bad_json", "row 3: messages is not valid JSON"),
+            QuarantineEntry(None, None, "missing_column", "f.parquet: required column session_id is missing"),
+        ]
+    )
     assert table.schema.names == ["session_id", "turn_index", "reason", "detail"]
     assert table.schema.field("turn_index").type == pa.int32()
     assert table.column("turn_index").to_pylist() == [3, None]
@@ -98,8 +112,9 @@ def test_sessions_to_table_is_schema_v1_and_self_describing(tmp_path):
     assert json.loads(table.column("tools")[0].as_py())[0]["function"]["name"] == "Bash"
     write_parquet_atomic(table, tmp_path / "d.parquet")
     loaded = load(tmp_path / "d.parquet", vocab_size=VOCAB)
-    assert loaded.meta == DumpMeta(schema_version="1", tokenizer="qwen3", chat_template="{{ messages }}",
-                                   harness="toy", extra={"recorder": "r1"})
+    assert loaded.meta == DumpMeta(
+        schema_version="1", tokenizer="qwen3", chat_template="{{ messages }}", harness="toy", extra={"recorder": "r1"}
+    )
     assert [t for s in loaded.sessions for t in s.turns] == [t for s in baseline_sessions() for t in s.turns]
 
 

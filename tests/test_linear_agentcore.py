@@ -4,11 +4,23 @@
 equal a re-render) → commit → record_turn, on a CLEAN/FORK-only manager (`fork_threshold=0`,
 agentcore after PR #149). Both heal paths run every scenario.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from test_linear_fakes import A_CLOSE, A_OPEN, SERVED_BASE, U_CLOSE, U_OPEN, FakeRenderer, assistant, chars, tool_result, user
+from test_linear_fakes import (
+    A_CLOSE,
+    A_OPEN,
+    SERVED_BASE,
+    U_CLOSE,
+    U_OPEN,
+    FakeRenderer,
+    assistant,
+    chars,
+    tool_result,
+    user,
+)
 from trace_tools.strategies.linear_core import LinearHealer
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TurnRecord
 
@@ -21,13 +33,13 @@ class Pipeline:
         self.fed: list[list[int]] = []
 
     def drive(self, messages, output, reply, tools=None):
-        fed = (self.healer.heal("s", messages, tools) if self.healer
-               else self.renderer.render(messages, tools, True))
+        fed = self.healer.heal("s", messages, tools) if self.healer else self.renderer.render(messages, tools, True)
         logprobs = [-(t - SERVED_BASE) / 100 for t in output]
         if self.healer:
             self.healer.commit("s", fed, output, messages, reply, tools)
-        self.manager.record_turn("s", turn=TurnRecord(fed, list(output), "stop", logprobs),
-                                 prompt_messages=messages, response_message=reply)
+        self.manager.record_turn(
+            "s", turn=TurnRecord(fed, list(output), "stop", logprobs), prompt_messages=messages, response_message=reply
+        )
         self.fed.append(fed)
         return fed
 
@@ -78,7 +90,11 @@ def test_healed_does_not_duplicate_the_closer_in_served_output(delta):
 
 def test_healed_three_turns_one_sample(delta):
     pipeline = Pipeline(delta=delta)
-    outputs = [[SERVED_BASE + 1, SERVED_BASE + 2], [SERVED_BASE + 3], [SERVED_BASE + 4, SERVED_BASE + 5, SERVED_BASE + 6]]
+    outputs = [
+        [SERVED_BASE + 1, SERVED_BASE + 2],
+        [SERVED_BASE + 3],
+        [SERVED_BASE + 4, SERVED_BASE + 5, SERVED_BASE + 6],
+    ]
     replies = [REPLY1, assistant("ran it"), assistant("all green")]
     history = TURN1
     pipeline.drive(history, outputs[0], replies[0])
@@ -97,7 +113,7 @@ def test_reordered_tool_call_args_stay_healed(delta):
     out1 = [SERVED_BASE + 1, SERVED_BASE + 2]
     fed1 = pipeline.drive(TURN1, out1, generated)
     fed2 = pipeline.drive(TURN1 + [echo, tool_result("src/a.py")], [SERVED_BASE + 3], assistant("found"))
-    assert fed2[:len(fed1) + 2] == fed1 + out1
+    assert fed2[: len(fed1) + 2] == fed1 + out1
     stats = pipeline.healer.pop_stats("s")
     assert (stats["nonlinear"], stats["healed_turns"]) == (0, 1)
     assert len(pipeline.records()) == 1
@@ -107,7 +123,9 @@ def test_tools_change_is_nonlinear(delta):
     bash = [{"type": "function", "function": {"name": "Bash"}}]
     pipeline = Pipeline(delta=delta)
     pipeline.drive(TURN1, [SERVED_BASE + 1], REPLY1, tools=bash)
-    pipeline.drive(TURN2, [SERVED_BASE + 2], assistant("done"), tools=bash + [{"type": "function", "function": {"name": "Read"}}])
+    pipeline.drive(
+        TURN2, [SERVED_BASE + 2], assistant("done"), tools=bash + [{"type": "function", "function": {"name": "Read"}}]
+    )
     stats = pipeline.healer.pop_stats("s")
     assert (stats["nonlinear"], stats["healed_turns"]) == (1, 0)
 
@@ -116,8 +134,11 @@ def test_tools_change_is_nonlinear(delta):
 def test_nonlinear_reset_reanchors_and_continues(delta, edit):
     pipeline = Pipeline(delta=delta)
     pipeline.drive(TURN1, [SERVED_BASE + 1], REPLY1)
-    edited = ([user("fix the other bug"), REPLY1, user("and the test")] if edit == "user"
-              else TURN1 + [assistant("looking hard"), user("and the test")])
+    edited = (
+        [user("fix the other bug"), REPLY1, user("and the test")]
+        if edit == "user"
+        else TURN1 + [assistant("looking hard"), user("and the test")]
+    )
     fed = pipeline.drive(edited, [SERVED_BASE + 2], assistant("done"))
     assert fed == pipeline.renderer.render(edited)
     assert pipeline.healer.pop_stats("s")["nonlinear"] == 1

@@ -5,6 +5,7 @@ differ the turn is counted and explained (`path_differences`); on simulated sess
 no such turn. The healed-turn floor keeps the comparison from passing vacuously (a template that
 is never prefix-consistent would reset every turn on both paths and "agree").
 """
+
 from __future__ import annotations
 
 from collections import Counter

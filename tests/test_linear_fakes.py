@@ -10,12 +10,16 @@ exactly the assistant-only drift a real template shows.
 render(x)` and the text-space delta path can run on it. `merges` (pairs of characters that encode
 as one id, like BPE merging "\\n\\n") lets a test build the tokenizer-boundary case.
 """
+
 from __future__ import annotations
 
 import json
 
 SPECIALS = {
-    "system": (11, 12), "user": (21, 22), "assistant": (31, 32), "tool": (41, 42),
+    "system": (11, 12),
+    "user": (21, 22),
+    "assistant": (31, 32),
+    "tool": (41, 42),
 }
 TOOLS_OPEN, TOOLS_CLOSE = 51, 52
 A_OPEN, A_CLOSE = SPECIALS["assistant"]
@@ -65,7 +69,7 @@ class FakeRenderer:
         self.encoded_chars += len(text)
         ids, i = [], 0
         while i < len(text):
-            pair = text[i:i + 2]
+            pair = text[i : i + 2]
             if pair in self.merges:
                 ids.append(MERGE_BASE + self.merges.index(pair))
                 i += 2
@@ -100,8 +104,9 @@ def tool_result(text: str) -> dict:
 def assistant(content: str = "", *calls: tuple[str, dict]) -> dict:
     message = {"role": "assistant", "content": content}
     if calls:
-        message["tool_calls"] = [{"type": "function", "function": {"name": name, "arguments": args}}
-                                 for name, args in calls]
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": name, "arguments": args}} for name, args in calls
+        ]
     return message
 
 
@@ -119,7 +124,8 @@ def test_text_and_ids_agree():
     fake = FakeRenderer()
     history = [system("s"), user("q"), assistant("", ("Bash", {"cmd": "ls"})), tool_result("out")]
     assert fake.encode(fake.render_text(history, [{"type": "function"}], True)) == fake.render(
-        history, [{"type": "function"}], True)
+        history, [{"type": "function"}], True
+    )
 
 
 def test_order_sensitive_variant_renders_insertion_order():

@@ -3,16 +3,34 @@
 Every healing test runs on both the text-space delta path and the full path: on the toy
 renderer they must agree exactly.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from test_linear_fakes import (A_CLOSE, A_OPEN, SERVED_BASE, U_CLOSE, U_OPEN, FakeRenderer, assistant,
-                               chars, tool_result, user)
+from test_linear_fakes import (
+    A_CLOSE,
+    A_OPEN,
+    SERVED_BASE,
+    U_CLOSE,
+    U_OPEN,
+    FakeRenderer,
+    assistant,
+    chars,
+    tool_result,
+    user,
+)
 from trace_tools.data import Turn
-from trace_tools.strategies.linear_core import (COUNTER_KEYS, LinearHealer, NonlinearHistory, heal_session,
-                                                linear_delta, path_differences, trim_overlap)
 from trace_tools.pipeline.prepared import PreparedTurn
+from trace_tools.strategies.linear_core import (
+    COUNTER_KEYS,
+    LinearHealer,
+    NonlinearHistory,
+    heal_session,
+    linear_delta,
+    path_differences,
+    trim_overlap,
+)
 
 BASH = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 
@@ -53,7 +71,7 @@ def test_closer_already_served_is_not_repeated(delta):
     served = [SERVED_BASE + 7, A_CLOSE]  # the engine emitted the stop token itself
     history, fed1 = first_turn(healer, output=served)
     fed2 = healer.heal("s", history + [assistant("because"), user("how")])
-    assert fed2[:len(fed1) + 2] == fed1 + served
+    assert fed2[: len(fed1) + 2] == fed1 + served
     assert fed2[len(fed1) + 2] == U_OPEN  # nothing between the served stop token and the next message
     assert fed2.count(A_CLOSE) == 1
 
@@ -67,7 +85,7 @@ def test_three_turns_heal_twice(delta):
         new_fed = healer.heal("s", history)
         if turn:
             previous = fed + [SERVED_BASE + 10 * (turn - 1), SERVED_BASE + 10 * (turn - 1) + 1]
-            assert new_fed[:len(previous)] == previous  # every served id is fed again verbatim
+            assert new_fed[: len(previous)] == previous  # every served id is fed again verbatim
         fed = new_fed
         healer.commit("s", fed, output, history, assistant(replies[turn]))
     stats = healer.pop_stats("s")
@@ -91,9 +109,12 @@ def test_reordered_tool_call_arguments_stay_healed(delta):
     served = [SERVED_BASE + 1, SERVED_BASE + 2, SERVED_BASE + 3]
     healer.commit("s", fed1, served, messages, generated, BASH)
     fed2 = healer.heal("s", messages + [echoed, tool_result("a.txt")], BASH)
-    assert fed2[:len(fed1) + len(served)] == fed1 + served
-    assert healer.pop_stats("s") == {**dict.fromkeys(COUNTER_KEYS, 0), "healed_turns": 1,
-                                     "healed_prefix_tokens": len(fed1) + len(served) + 1}
+    assert fed2[: len(fed1) + len(served)] == fed1 + served
+    assert healer.pop_stats("s") == {
+        **dict.fromkeys(COUNTER_KEYS, 0),
+        "healed_turns": 1,
+        "healed_prefix_tokens": len(fed1) + len(served) + 1,
+    }
 
 
 def test_tools_change_is_nonlinear(delta):
@@ -144,10 +165,14 @@ def test_reset_feeds_the_client_render_and_reanchors(delta, edit):
     assert outcome.ids == renderer.render(messages) and outcome.event == "reset"
     healer.commit("s", outcome.ids, [SERVED_BASE + 5], messages, assistant("fine"))
     again = healer.heal_turn("s", messages + [assistant("fine"), user("next")])
-    assert again.event == "healed" and again.ids[:len(outcome.ids) + 1] == outcome.ids + [SERVED_BASE + 5]
+    assert again.event == "healed" and again.ids[: len(outcome.ids) + 1] == outcome.ids + [SERVED_BASE + 5]
     assert {k: v for k, v in healer.pop_stats("s").items() if v} == {
-        "nonlinear": 1, "nonlinear_history": 1, "resets": 1, "healed_turns": 1,
-        "healed_prefix_tokens": len(outcome.ids) + 2}
+        "nonlinear": 1,
+        "nonlinear_history": 1,
+        "resets": 1,
+        "healed_turns": 1,
+        "healed_prefix_tokens": len(outcome.ids) + 2,
+    }
 
 
 def test_error_mode_raises_runtime_error_naming_append_only():
@@ -205,13 +230,16 @@ def test_shorter_retry_without_the_last_assistant_is_nonlinear():
     assert healer.heal_turn("s", history).event == "reset"
 
 
-@pytest.mark.parametrize("served, close, expected", [
-    ([1, 2, 3], [3, 4], [4]),
-    ([1, 2, 3], [2, 3, 4], [4]),
-    ([1, 2, 3], [5, 6], [5, 6]),
-    ([], [5], [5]),
-    ([7], [], []),
-])
+@pytest.mark.parametrize(
+    "served, close, expected",
+    [
+        ([1, 2, 3], [3, 4], [4]),
+        ([1, 2, 3], [2, 3, 4], [4]),
+        ([1, 2, 3], [5, 6], [5, 6]),
+        ([], [5], [5]),
+        ([7], [], []),
+    ],
+)
 def test_trim_overlap(served, close, expected):
     assert trim_overlap(served, close) == expected
 
@@ -220,8 +248,10 @@ def test_delta_falls_back_silently_when_text_is_not_prefix_consistent():
     class ForgetfulTemplate(FakeRenderer):
         # drops every assistant body but the last one, as Qwen3 drops old reasoning
         def render_text(self, messages, tools=None, add_generation_prompt=True, **kwargs):
-            kept = [m if m["role"] != "assistant" or i == len(messages) - 1 else {"role": "assistant", "content": ""}
-                    for i, m in enumerate(messages)]
+            kept = [
+                m if m["role"] != "assistant" or i == len(messages) - 1 else {"role": "assistant", "content": ""}
+                for i, m in enumerate(messages)
+            ]
             return super().render_text(kept, tools, add_generation_prompt, **kwargs)
 
     healer = LinearHealer(ForgetfulTemplate())
@@ -238,15 +268,24 @@ class TildeTemplate(FakeRenderer):
     def render_text(self, messages, tools=None, add_generation_prompt=True, **kwargs):
         text = super().render_text(messages, tools, add_generation_prompt, **kwargs)
         return text.replace(chr(0xE000 + A_CLOSE), chr(0xE000 + A_CLOSE) + "~").replace(
-            chr(0xE000 + U_OPEN), "~" + chr(0xE000 + U_OPEN))
+            chr(0xE000 + U_OPEN), "~" + chr(0xE000 + U_OPEN)
+        )
 
 
 def test_tokenizer_boundary_makes_the_paths_differ():
     # A full render is then not token-prefix-consistent (the full path resets) while the delta
     # path, which encodes the tail alone, heals. DESIGN §10 wants such turns counted and explained.
-    turns = [PreparedTurn(Turn("s", 0, [], [SERVED_BASE]), [user("a")], None, assistant("b"), [], "rendered"),
-             PreparedTurn(Turn("s", 1, [], [SERVED_BASE + 1]), [user("a"), assistant("b"), user("c")], None,
-                          assistant("d"), [], "rendered")]
+    turns = [
+        PreparedTurn(Turn("s", 0, [], [SERVED_BASE]), [user("a")], None, assistant("b"), [], "rendered"),
+        PreparedTurn(
+            Turn("s", 1, [], [SERVED_BASE + 1]),
+            [user("a"), assistant("b"), user("c")],
+            None,
+            assistant("d"),
+            [],
+            "rendered",
+        ),
+    ]
     renderer = TildeTemplate(merges=("~~",))
     delta = heal_session(LinearHealer(renderer, delta=True), "s", turns)
     full = heal_session(LinearHealer(renderer, delta=False), "s", turns)
@@ -258,13 +297,21 @@ def test_tokenizer_boundary_makes_the_paths_differ():
     (difference,) = path_differences("s", turns, delta, full)
     assert (difference.turn_index, difference.delta_event, difference.full_event) == (1, "healed", "reset")
     assert "tokenizer boundary" in difference.cause
-    assert delta[1].ids[:difference.position] == full[1].ids[:difference.position]
+    assert delta[1].ids[: difference.position] == full[1].ids[: difference.position]
 
 
 def test_paths_agree_on_the_toy_renderer_without_merges():
-    turns = [PreparedTurn(Turn("s", 0, [], [SERVED_BASE]), [user("a")], None, assistant("b"), [], "rendered"),
-             PreparedTurn(Turn("s", 1, [], [SERVED_BASE + 1]), [user("a"), assistant("b"), user("c")], None,
-                          assistant("d"), [], "rendered")]
+    turns = [
+        PreparedTurn(Turn("s", 0, [], [SERVED_BASE]), [user("a")], None, assistant("b"), [], "rendered"),
+        PreparedTurn(
+            Turn("s", 1, [], [SERVED_BASE + 1]),
+            [user("a"), assistant("b"), user("c")],
+            None,
+            assistant("d"),
+            [],
+            "rendered",
+        ),
+    ]
     delta = heal_session(LinearHealer(TildeTemplate(), delta=True), "s", turns)
     full = heal_session(LinearHealer(TildeTemplate(), delta=False), "s", turns)
     assert path_differences("s", turns, delta, full) == [] and delta[1].event == "healed"

@@ -1,11 +1,12 @@
 """`nonlinear` = `nonlinear_history` (the request is not an append) + `nonlinear_template` (the render is not a prefix)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from test_linear_fakes import FakeRenderer, assistant, user
 
+from test_linear_fakes import FakeRenderer, assistant, user
 from trace_tools.strategies.linear_core import LinearHealer
 
 

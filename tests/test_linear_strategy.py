@@ -1,4 +1,5 @@
 """The `linear` and `linear+restore` strategies end to end on recorded sessions."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,18 @@ def session_of(steps, sid="lin") -> Session:
     for index, (messages, response, length) in enumerate(steps):
         output = list(range(next_id, next_id + length))
         next_id += length
-        turns.append(Turn(sid, index, messages, output, tools=TOOLS, response=response,
-                          output_logprobs=[-0.25] * length, chat_template_kwargs={"enable_thinking": False}))
+        turns.append(
+            Turn(
+                sid,
+                index,
+                messages,
+                output,
+                tools=TOOLS,
+                response=response,
+                output_logprobs=[-0.25] * length,
+                chat_template_kwargs={"enable_thinking": False},
+            )
+        )
     return Session(sid, turns)
 
 

@@ -1,4 +1,5 @@
 """IdentityMemo: one computation per object (and key), never a value computed for another object."""
+
 from __future__ import annotations
 
 from trace_tools.memo import IdentityMemo

@@ -1,4 +1,5 @@
 """GLM-4.5, DeepSeek V3, gpt-oss and Llama 3.1: templates, tokenizers and renders per family."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import load_tokenizer, vocab_size_for
 
 NEW = ("glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")
-ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   .,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
-            "éüñçßøåæ汉字编码测试かなカナ한글ÀÉ\u0301\u0308Ωπλ😀🛠→—…\u00a0")
+ALPHABET = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   .,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
+    "éüñçßøåæ汉字编码测试かなカナ한글ÀÉ\u0301\u0308Ωπλ😀🛠→—…\u00a0"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,11 @@ def test_family_is_detected_from_its_trl_template(name):
     family = FAMILIES[name]
     assert detect_family(text) is family and identity.startswith("trl:")
     renderer = Renderer.from_spec(family.tokenizer, name)
-    assert (renderer.family, renderer.tool_format, renderer.stop_tokens) == (name, family.tool_format, family.stop_tokens)
+    assert (renderer.family, renderer.tool_format, renderer.stop_tokens) == (
+        name,
+        family.tool_format,
+        family.stop_tokens,
+    )
     assert renderer.eos_token_id == renderer.tokenizer.token_to_id(family.stop_tokens[0])
 
 
@@ -69,8 +76,13 @@ def test_render_is_apply_chat_template_on_every_simulated_request(name, sessions
             messages = canonicalize_messages(turn.messages)
             hf_messages = _text_arguments(messages) if name == "deepseek-v3" else messages
             expected = renderer.tokenizer.hf.apply_chat_template(
-                hf_messages, tools=turn.tools, chat_template=resolve_template(name)[0], add_generation_prompt=True,
-                tokenize=True, return_dict=False)
+                hf_messages,
+                tools=turn.tools,
+                chat_template=resolve_template(name)[0],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
             assert renderer.render(messages, turn.tools, True) == list(expected)
             checked += 1
     assert checked >= 20
@@ -80,8 +92,13 @@ def test_deepseek_template_rejects_dict_arguments_so_they_travel_as_text():
     text = resolve_template("deepseek-v3")[0]
     assert concatenates_arguments(text) and not concatenates_arguments(resolve_template("trl:deepseekv3_training")[0])
     renderer = Renderer.from_spec("deepseek-v3", "deepseek-v3")
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "/r/ä.py", "limit": 3}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "/r/ä.py", "limit": 3}}}
+        ],
+    }
     messages = [{"role": "user", "content": "u"}, call]
     with pytest.raises(TypeError):
         renderer.tokenizer.hf.apply_chat_template(messages, chat_template=text, tokenize=False)
@@ -98,14 +115,27 @@ def test_pin_clock_replaces_every_date_call():
     assert "Current date: 2025-03-03\n" in text and dated.identity["render_date"] == "2025-03-03"
 
 
-@pytest.mark.parametrize("name, size, tokens", [
-    ("deepseek-v3", 129280, {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜tool▁calls▁begin｜>": 128806}),
-    ("gpt-oss", 201088, {"<|endoftext|>": 199999, "<|return|>": 200002, "<|end|>": 200007, "<|call|>": 200012}),
-    ("llama3.1", 128256, {"<|begin_of_text|>": 128000, "<|eom_id|>": 128008, "<|eot_id|>": 128009,
-                          "<|python_tag|>": 128010}),
-    ("qwen3+glm4.5-specials", 151679, {"<|endoftext|>": 151643, "<|user|>": 151650, "<|observation|>": 151652,
-                                       "<arg_key>": 151670}),
-])
+@pytest.mark.parametrize(
+    "name, size, tokens",
+    [
+        (
+            "deepseek-v3",
+            129280,
+            {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜tool▁calls▁begin｜>": 128806},
+        ),
+        ("gpt-oss", 201088, {"<|endoftext|>": 199999, "<|return|>": 200002, "<|end|>": 200007, "<|call|>": 200012}),
+        (
+            "llama3.1",
+            128256,
+            {"<|begin_of_text|>": 128000, "<|eom_id|>": 128008, "<|eot_id|>": 128009, "<|python_tag|>": 128010},
+        ),
+        (
+            "qwen3+glm4.5-specials",
+            151679,
+            {"<|endoftext|>": 151643, "<|user|>": 151650, "<|observation|>": 151652, "<arg_key>": 151670},
+        ),
+    ],
+)
 def test_built_in_tokenizers_resolve_offline(name, size, tokens):
     tokenizer = load_tokenizer(name)
     assert tokenizer.vocab_size == vocab_size_for(name) == size
@@ -122,8 +152,14 @@ def test_glm_has_no_packaged_tokenizer_and_the_error_names_the_stand_in():
 
 def _texts(seed: int, specials: list[str]) -> list[str]:
     rng = random.Random(seed)
-    texts = ["I'm sure they'LL say it's fine.", "  leading\n\n\n  trailing   \n", "def f(x):\r\n    return x  \r\n",
-             "naïve café (cafe\u0301) Ångström", "1234567890 3.14159e-10 0x1F", json.__doc__ or ""]
+    texts = [
+        "I'm sure they'LL say it's fine.",
+        "  leading\n\n\n  trailing   \n",
+        "def f(x):\r\n    return x  \r\n",
+        "naïve café (cafe\u0301) Ångström",
+        "1234567890 3.14159e-10 0x1F",
+        json.__doc__ or "",
+    ]
     for _ in range(400):
         pieces = [rng.choice(ALPHABET) for _ in range(rng.randint(1, 100))]
         if rng.random() < 0.3:
@@ -132,10 +168,13 @@ def _texts(seed: int, specials: list[str]) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("name, encoding, specials", [
-    ("gpt-oss", "o200k_harmony", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>"]),
-    ("llama3.1", "llama3", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
-])
+@pytest.mark.parametrize(
+    "name, encoding, specials",
+    [
+        ("gpt-oss", "o200k_harmony", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>"]),
+        ("llama3.1", "llama3", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
+    ],
+)
 def test_quicktok_built_tokenizers_encode_like_quicktoks_own_encoder(name, encoding, specials):
     """quicktok's C++ encoder is an independent implementation of the same BPE (tiktoken-exact)."""
     import quicktok
@@ -165,8 +204,18 @@ def _text_arguments(messages):
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
-            message = {**message, "tool_calls": [
-                {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
-                for c in calls]}
+            message = {
+                **message,
+                "tool_calls": [
+                    {
+                        **c,
+                        "function": {
+                            **c["function"],
+                            "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                        },
+                    }
+                    for c in calls
+                ],
+            }
         out.append(message)
     return out

@@ -1,4 +1,5 @@
 """The analysis notebook executes headlessly, replaying a small simulated dump itself."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Dumps and run directories in object storage (`s3://`), against a real S3 server on loopback
 (moto's server mode, `s3_server` in conftest): the dump is read in place, the run directory is
 staged and uploaded shard by shard, and every command that takes a dump or a run takes a URI."""
+
 from __future__ import annotations
 
 import json
@@ -111,6 +112,7 @@ def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeyp
     code = f"from trace_tools.api import replay; replay({uri!r}, out={out!r}, strategies={STRATEGIES!r})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 300
+
     def finished() -> int:
         return sum(name.endswith(".done") for name in storage.list_files(f"{out}/shards")) if storage.exists(out) else 0
 

@@ -1,5 +1,6 @@
 """The session pipeline: incremental reconstruction equals full reconstruction, streaming is
 bounded, and every command reads sessions through it."""
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,24 @@ def test_incremental_reconstruction_equals_full_on_every_turn(every_behaviour):
         for p in prepared.turns:
             kwargs = {**renderer.template_kwargs, **p.template_kwargs}
             text = renderer._apply_template(p.messages, p.tools, True, kwargs)
-            assert p.prompt_ids == renderer.tokenizer.backend.encode(text, add_special_tokens=False).ids, \
-                (prepared.session_id, p.turn.turn_index)
+            assert p.prompt_ids == renderer.tokenizer.backend.encode(text, add_special_tokens=False).ids, (
+                prepared.session_id,
+                p.turn.turn_index,
+            )
             compared += 1
         behaviours.update(prepared.session.turns[0].metadata["behaviours"])
         assert renderer.cache_info().get("incremental", 0) > 0 or len(prepared.turns) < 3
     assert compared > 100
-    assert {"compaction", "history-edit", "retry", "subagent", "truncation", "claude-code",
-            "noncanonical-tokenization", "reasoning-dropped"} <= behaviours
+    assert {
+        "compaction",
+        "history-edit",
+        "retry",
+        "subagent",
+        "truncation",
+        "claude-code",
+        "noncanonical-tokenization",
+        "reasoning-dropped",
+    } <= behaviours
 
 
 def test_every_strategy_render_checked_against_transformers(every_behaviour, tmp_path):
@@ -56,12 +67,18 @@ def test_template_without_incremental_rules_renders_in_full():
     """A template whose generation prompt counts the whole conversation would make window renders
     wrong without any check noticing; the self-check finds that and the template is always
     rendered in full, exactly."""
-    template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-                "{% if add_generation_prompt %}[turn {{ messages|length }}]{% endif %}")
+    template = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[turn {{ messages|length }}]{% endif %}"
+    )
     renderer = Renderer("qwen3", template)
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                {"role": "tool", "content": "c"}, {"role": "assistant", "content": "d"},
-                {"role": "tool", "content": "e"}]
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "tool", "content": "c"},
+        {"role": "assistant", "content": "d"},
+        {"role": "tool", "content": "e"},
+    ]
     for end in range(1, 6):
         full = renderer.encode(renderer._apply_template(messages[:end], None, True, {}))
         assert renderer.render(messages[:end]) == full
@@ -77,8 +94,12 @@ def test_the_template_check_runs_once_per_template_and_is_remembered(tmp_path, m
 
     monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
     template, _ = resolve_template("qwen3")
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                {"role": "tool", "content": "c"}, {"role": "assistant", "content": "d"}]
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "tool", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
     checks = []
     original = IncrementalRenderer.self_check
     monkeypatch.setattr(IncrementalRenderer, "self_check", lambda self: checks.append(1) or original(self))
@@ -126,7 +147,7 @@ def test_sessions_stream_in_bounded_memory(tmp_path, monkeypatch):
     # Three sessions at a time, their rows interleaved, as a gateway with concurrency 3 records them.
     ordered = []
     for start in range(0, len(ids), 3):
-        group = [list(by_session[i]) for i in ids[start:start + 3]]
+        group = [list(by_session[i]) for i in ids[start : start + 3]]
         while any(group):
             for rows_left in group:
                 if rows_left:

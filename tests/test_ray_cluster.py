@@ -5,6 +5,7 @@ with `trace-tools replay --executor ray --address`. Workers on both nodes read t
 
 Both nodes run with `--block`, each in its own process group, so the test stops exactly the
 processes it started (never `ray stop`, which would stop every Ray on the machine)."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,14 @@ def _free_port() -> int:
 
 def _node_ports() -> list[str]:
     """Every port a node opens, chosen free, so two nodes on one machine do not collide."""
-    names = ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc", "runtime-env-agent",
-             "metrics-export")
+    names = (
+        "node-manager",
+        "object-manager",
+        "dashboard-agent-listen",
+        "dashboard-agent-grpc",
+        "runtime-env-agent",
+        "metrics-export",
+    )
     return [arg for name in names for arg in (f"--{name}-port", str(_free_port()))]
 
 
@@ -45,8 +52,13 @@ def _start_node(arguments: list[str], log: Path, env: dict) -> subprocess.Popen:
     ray = Path(sys.executable).with_name("ray")
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats", "--block"]
     with open(log, "wb") as out:
-        return subprocess.Popen([str(ray), "start", *arguments, *common, *_node_ports()], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            [str(ray), "start", *arguments, *common, *_node_ports()],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _wait_for(log: Path, node: subprocess.Popen, text: str, timeout: float = 240) -> None:
@@ -75,8 +87,11 @@ def cluster(tmp_path_factory, s3_server):
     sessions = Path(tempfile.mkdtemp(prefix="tt-ray-"))  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     port = _free_port()
-    head = _start_node(["--head", "--port", str(port), "--include-dashboard", "false",
-                        "--temp-dir", str(sessions)], folder / "head.log", env)
+    head = _start_node(
+        ["--head", "--port", str(port), "--include-dashboard", "false", "--temp-dir", str(sessions)],
+        folder / "head.log",
+        env,
+    )
     nodes = [head]
     try:
         _wait_for(folder / "head.log", head, "Ray runtime started")
@@ -94,10 +109,22 @@ def test_a_two_raylet_cluster_replays_like_one_worker(cluster, s3_server, simula
     address, env = cluster
     bucket = s3_server()
     storage.upload(simulated_dump.parent, bucket, [simulated_dump.name])
-    command = [sys.executable, "-m", "trace_tools.cli.main", "replay", f"{bucket}/{simulated_dump.name}",
-               "--executor", "ray", "--address", address, "--out", str(tmp_path / "cluster")]
-    done = subprocess.run([*command, *(f"--strategy={name}" for name in STRATEGIES)], env=env, capture_output=True,
-                          text=True, timeout=900)
+    command = [
+        sys.executable,
+        "-m",
+        "trace_tools.cli.main",
+        "replay",
+        f"{bucket}/{simulated_dump.name}",
+        "--executor",
+        "ray",
+        "--address",
+        address,
+        "--out",
+        str(tmp_path / "cluster"),
+    ]
+    done = subprocess.run(
+        [*command, *(f"--strategy={name}" for name in STRATEGIES)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "on 2 node(s)" in done.stdout + done.stderr  # both raylets replayed sessions
     replay(simulated_dump, out=tmp_path / "one", strategies=STRATEGIES, workers=1)
@@ -107,8 +134,26 @@ def test_a_two_raylet_cluster_replays_like_one_worker(cluster, s3_server, simula
 def test_a_driver_without_the_token_is_refused_with_the_fix(cluster, simulated_dump, tmp_path):
     address, env = cluster
     env = {**env, "RAY_AUTH_TOKEN": "not-the-token"}
-    done = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", "replay", str(simulated_dump), "-s", "tree",
-                           "--executor", "ray", "--address", address, "--out", str(tmp_path / "refused")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trace_tools.cli.main",
+            "replay",
+            str(simulated_dump),
+            "-s",
+            "tree",
+            "--executor",
+            "ray",
+            "--address",
+            address,
+            "--out",
+            str(tmp_path / "refused"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "RAY_AUTH_TOKEN" in done.stderr and "Traceback" not in done.stderr

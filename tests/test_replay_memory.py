@@ -1,5 +1,6 @@
 """Replay frees what it builds through reference counting, so the cyclic collector can stay paused
 while a session replays (each of its passes walks every live token-id list)."""
+
 from __future__ import annotations
 
 import gc
@@ -96,8 +97,13 @@ def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, 
     register(_CollectorProbe)
     _CollectorProbe.seen = []
     try:
-        replay(simulated_dump, out=tmp_path / "run", strategies=["test-collector-probe"], workers=1,
-               owns_process=owns_process)
+        replay(
+            simulated_dump,
+            out=tmp_path / "run",
+            strategies=["test-collector-probe"],
+            workers=1,
+            owns_process=owns_process,
+        )
     finally:
         REGISTRY.pop("test-collector-probe")
     assert gc.isenabled()

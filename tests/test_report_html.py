@@ -1,6 +1,7 @@
 """report.html on the replayed bundled sample: contents, faithfulness to the run tables, and the
 page itself in headless Chromium (DOM text, a highlighted drift token, a non-blank screenshot,
 internal links and ids)."""
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,11 @@ def quarantined_run(tmp_path_factory) -> Path:
     messages[sessions.index(keep[1]) + 1] = '[{"role": "user"'
     logprobs[sessions.index(keep[2])] = logprobs[sessions.index(keep[2])][:-1]
     table = table.set_column(table.schema.get_field_index("messages"), "messages", pa.array(messages))
-    table = table.set_column(table.schema.get_field_index("output_logprobs"), "output_logprobs",
-                             pa.array(logprobs, table.schema.field("output_logprobs").type))
+    table = table.set_column(
+        table.schema.get_field_index("output_logprobs"),
+        "output_logprobs",
+        pa.array(logprobs, table.schema.field("output_logprobs").type),
+    )
     dump = tmp_path_factory.mktemp("spoiled") / "dump.parquet"
     pq.write_table(table, dump)
     return replay(dump, out=dump.parent / "run", strategies=["tree"]).run_dir
@@ -75,7 +79,9 @@ def quarantined_run(tmp_path_factory) -> Path:
 def old_run(run, tmp_path_factory) -> Path:
     """The sample run as an older trace-tools wrote it: no drift.parquet, no samples.parquet, no report.html."""
     copy = tmp_path_factory.mktemp("old") / "run"
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("shards", "drift.parquet", "samples.parquet", "report.html"))
+    shutil.copytree(
+        run, copy, ignore=shutil.ignore_patterns("shards", "drift.parquet", "samples.parquet", "report.html")
+    )
     return copy
 
 
@@ -101,7 +107,7 @@ def test_html_parses_cleanly_with_unique_ids_and_resolving_anchors(page):
 
 def test_overview_lists_every_strategy_with_its_summary_numbers(run, page):
     summary = json.loads((run / "summary.json").read_text())
-    table = page[page.index('id="strategy-table"'):page.index("</table>", page.index('id="strategy-table"'))]
+    table = page[page.index('id="strategy-table"') : page.index("</table>", page.index('id="strategy-table"'))]
     for name, block in summary["strategies"].items():
         assert f"<code>{name}</code>" in table
         assert f'data-v="{block["coverage"]}"' in table
@@ -121,8 +127,9 @@ def test_drift_table_has_the_contract_schema_and_a_visible_filled_argument(run):
     turns = pd.read_parquet(run / "turns.parquet")
     tree = turns[(turns.strategy == "tree") & turns.drift_cause.notna()]
     drifted = frame[frame.cause.notna()]
-    assert sorted(zip(drifted.session_id, drifted.turn_index, drifted.cause)) == \
-        sorted(zip(tree.session_id, tree.turn_index, tree.drift_cause))
+    assert sorted(zip(drifted.session_id, drifted.turn_index, drifted.cause)) == sorted(
+        zip(tree.session_id, tree.turn_index, tree.drift_cause)
+    )
 
 
 def test_embedded_session_details_match_the_run_tables(run, details):
@@ -156,7 +163,7 @@ def test_turn_fates_tell_context_only_from_dropped(details):
 
 def test_quarantine_summary_lists_reasons_and_sessions(quarantined_run):
     page = (quarantined_run / "report.html").read_text()
-    section = page[page.index('id="quarantine"'):page.index('id="counterfactual"')]
+    section = page[page.index('id="quarantine"') : page.index('id="counterfactual"')]
     assert "2 sessions quarantined" in section
     for sid, reason in (("sim-qwen3-s7-0001", "bad_json"), ("sim-qwen3-s7-0002", "logprobs_length")):
         assert re.search(rf"<code>{sid}</code></td><td[^>]*>\d+</td><td[^>]*>{reason}</td>", section), (sid, reason)
@@ -197,6 +204,7 @@ def test_an_older_run_without_drift_table_says_so(old_run):
 
 # ---- in the browser ----
 
+
 def _show(browser, hash_: str, ready: str) -> None:
     browser.evaluate(f"location.hash = {json.dumps(hash_)}")
     browser.wait_for(ready)
@@ -220,7 +228,9 @@ def test_overview_renders_in_chromium_and_is_not_blank(browser, run, tmp_path):
 def test_sorting_the_strategy_table_by_coverage(browser, run):
     summary = json.loads((run / "summary.json").read_text())
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
-    browser.evaluate("[...document.querySelectorAll('#strategy-table th')].find(th => th.textContent === 'coverage').click()")
+    browser.evaluate(
+        "[...document.querySelectorAll('#strategy-table th')].find(th => th.textContent === 'coverage').click()"
+    )
     first = browser.evaluate("document.querySelector('#strategy-table tbody tr td code').textContent")
     assert first == max(summary["strategies"], key=lambda n: summary["strategies"][n]["coverage"])
 
@@ -228,8 +238,10 @@ def test_sorting_the_strategy_table_by_coverage(browser, run):
 def test_session_search_finds_a_known_session_and_its_behaviour(browser, run):
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
     _show(browser, "#sessions", "!document.getElementById('sessions').hidden")
-    browser.evaluate("const s = document.getElementById('session-search'); s.value = 'claude-code';"
-                     "s.dispatchEvent(new Event('input'))")
+    browser.evaluate(
+        "const s = document.getElementById('session-search'); s.value = 'claude-code';"
+        "s.dispatchEvent(new Event('input'))"
+    )
     rows = browser.evaluate("[...document.querySelectorAll('#session-rows tr')].map(r => r.innerText)")
     turns = pd.read_parquet(run / "turns.parquet")
     labelled = turns[turns.behaviour.str.contains("claude-code")].session_id.unique()
@@ -239,14 +251,21 @@ def test_session_search_finds_a_known_session_and_its_behaviour(browser, run):
 
 def test_session_page_shows_timeline_and_sample_bars(browser, run):
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
-    _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}",
-          f"document.getElementById('session-body').dataset.session === {json.dumps(SCHEMA_DEFAULT_SESSION)}")
-    strategies = browser.evaluate("[...document.querySelectorAll('table.timeline th.strategy')].map(t => t.textContent)")
+    _show(
+        browser,
+        f"#/session/{SCHEMA_DEFAULT_SESSION}",
+        f"document.getElementById('session-body').dataset.session === {json.dumps(SCHEMA_DEFAULT_SESSION)}",
+    )
+    strategies = browser.evaluate(
+        "[...document.querySelectorAll('table.timeline th.strategy')].map(t => t.textContent)"
+    )
     assert strategies == list(json.loads((run / "summary.json").read_text())["strategies"])
     turns = pd.read_parquet(run / "turns.parquet")
     tree = turns[(turns.session_id == SCHEMA_DEFAULT_SESSION) & (turns.strategy == "tree")].sort_values("turn_index")
-    cells = browser.evaluate("[...document.querySelector('table.timeline tbody tr').querySelectorAll('td')]"
-                             ".map(td => td.firstChild.textContent)")
+    cells = browser.evaluate(
+        "[...document.querySelector('table.timeline tbody tr').querySelectorAll('td')]"
+        ".map(td => td.firstChild.textContent)"
+    )
     assert cells == [f"{t}/{g}" for t, g in zip(tree.trained_tokens, tree.generated_tokens)]
     sessions = pd.read_parquet(run / "sessions.parquet")
     for name, samples in sessions[sessions.session_id == SCHEMA_DEFAULT_SESSION][["strategy", "samples"]].values:
@@ -257,8 +276,11 @@ def test_session_page_shows_timeline_and_sample_bars(browser, run):
 
 def test_drift_view_highlights_the_filled_in_argument(browser, run, tmp_path):
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
-    _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}/drift/{SCHEMA_DEFAULT_TURN}",
-          "!!document.querySelector('.drift-card.focus')")
+    _show(
+        browser,
+        f"#/session/{SCHEMA_DEFAULT_SESSION}/drift/{SCHEMA_DEFAULT_TURN}",
+        "!!document.querySelector('.drift-card.focus')",
+    )
     card = f"document.getElementById('drift-{SCHEMA_DEFAULT_TURN}')"
     assert "schema_default" in browser.evaluate(f"{card}.querySelector('h4').innerText")
     inserted = browser.evaluate(f"[...{card}.querySelectorAll('.tok.diff.rendered')].map(t => t.textContent).join('')")
@@ -298,8 +320,11 @@ LINK_CHECK = """(() => {
 
 def test_rendered_pages_have_no_broken_links_or_duplicate_ids(browser, run):
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")
-    for hash_, ready in (("#sessions", "true"), ("#drift", "true"),
-                         (f"#/session/{SCHEMA_DEFAULT_SESSION}", "!!document.getElementById('session-body').dataset.session")):
+    for hash_, ready in (
+        ("#sessions", "true"),
+        ("#drift", "true"),
+        (f"#/session/{SCHEMA_DEFAULT_SESSION}", "!!document.getElementById('session-body').dataset.session"),
+    ):
         _show(browser, hash_, ready)
         assert browser.evaluate(LINK_CHECK) == {"dup": [], "bad": []}, hash_
 
@@ -333,6 +358,7 @@ def test_explain_text_json_and_html_show_the_same_differing_part(browser, run):
 
 
 # ---- at 1,400 and 800 px: nothing that matters needs sideways scrolling ----
+
 
 @pytest.fixture(scope="module", params=[1400, 800])
 def sized_browser(chromium_binary, request):
@@ -369,8 +395,15 @@ def test_counters_and_divergence_are_visible_without_scrolling_sideways(sized_br
     assert browser.console_errors() == []
 
 
-@pytest.mark.parametrize("before, hash_", [("#/session/sim-qwen3-s7-0001", "#sessions"), ("#sessions", "#drift"),
-                                           ("#drift", "#sessions"), ("#/session/sim-qwen3-s7-0001", "#drift")])
+@pytest.mark.parametrize(
+    "before, hash_",
+    [
+        ("#/session/sim-qwen3-s7-0001", "#sessions"),
+        ("#sessions", "#drift"),
+        ("#drift", "#sessions"),
+        ("#/session/sim-qwen3-s7-0001", "#drift"),
+    ],
+)
 def test_tab_links_land_on_their_heading(sized_browser, run, before, hash_):
     browser = sized_browser
     browser.open((run / "report.html").as_uri(), ready="window.reportReady")

@@ -1,6 +1,7 @@
 """report.html for a 10,000-session run stays lazy: a small index, compressed per-session chunks
 decoded only when a session is opened, and a bounded DOM. The load time is measured and printed
 (`-s` shows it; docs/report_html.md records it), not asserted: timings on shared CI are noise."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,8 +40,10 @@ def test_large_report_is_an_index_plus_compressed_chunks(large_page):
     assert len(chunks) > 10 and max(len(c) for _, c in chunks) < 400_000
     assert {e[5] for e in index["sessions"]} == {int(k) for k, _ in chunks}  # every session points at a chunk
     size = large_page.stat().st_size
-    print(f"\n{SESSIONS:,}-session report.html: {size / 1e6:.1f} MB, index {len(json.dumps(index)) / 1e6:.2f} MB, "
-          f"{len(chunks)} chunks")
+    print(
+        f"\n{SESSIONS:,}-session report.html: {size / 1e6:.1f} MB, index {len(json.dumps(index)) / 1e6:.2f} MB, "
+        f"{len(chunks)} chunks"
+    )
     assert len(json.dumps(index)) < size / 4  # the part parsed at load is a small share of the file
 
 

@@ -1,4 +1,5 @@
 """Run plots: drawn without pyplot's global backend, legends beside the bars, every strategy shown."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,14 +11,19 @@ from trace_tools.report.rerender import read_run
 
 def test_writing_plots_keeps_the_callers_matplotlib_backend(sample_run, tmp_path):
     """A notebook's inline backend must survive a replay that writes plots (it used to become Agg)."""
-    code = ("import pathlib, matplotlib; matplotlib.use('svg'); "
-            "from trace_tools.report.plots import write_plots, plot_tables; "
-            f"written = write_plots(pathlib.Path({str(tmp_path)!r}), plot_tables({str(sample_run.run_dir)!r})); "
-            "print(matplotlib.get_backend(), len(written))")
+    code = (
+        "import pathlib, matplotlib; matplotlib.use('svg'); "
+        "from trace_tools.report.plots import write_plots, plot_tables; "
+        f"written = write_plots(pathlib.Path({str(tmp_path)!r}), plot_tables({str(sample_run.run_dir)!r})); "
+        "print(matplotlib.get_backend(), len(written))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["svg", "3"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["coverage_by_tool.png", "drift_start.png",
-                                                           "samples_per_session.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "coverage_by_tool.png",
+        "drift_start.png",
+        "samples_per_session.png",
+    ]
 
 
 def _legend_overlaps_axes(figure) -> bool:
@@ -58,8 +64,10 @@ def test_drift_plot_agrees_with_the_drift_cause_table(sample_run):
     quiet = {cause: n for cause, n in table.items() if cause not in placed}
     assert placed == {cause: table[cause] for cause in placed} and set(quiet) == {"tool_call_id"}
     total = sum(table.values())
-    assert ax.get_title() == (f"Where drift starts: {total - sum(quiet.values())} of {total} drifted turns; "
-                              f"{sum(quiet.values())} more differ in the messages only")
+    assert ax.get_title() == (
+        f"Where drift starts: {total - sum(quiet.values())} of {total} drifted turns; "
+        f"{sum(quiet.values())} more differ in the messages only"
+    )
     assert sum(patch.get_height() for patch in ax.patches) == sum(placed.values())
 
 
@@ -107,8 +115,11 @@ def test_plots_are_drawn_here_when_the_helper_cannot_run(sample_run, tmp_path, m
         with _fresh_helper() as helper:
             helper.start(run)
             drawn = helper.result(plot_tables(run))
-        assert sorted(p.rsplit("/", 1)[1] for p in drawn) == ["coverage_by_tool.png", "drift_start.png",
-                                                              "samples_per_session.png"]
+        assert sorted(p.rsplit("/", 1)[1] for p in drawn) == [
+            "coverage_by_tool.png",
+            "drift_start.png",
+            "samples_per_session.png",
+        ]
         assert all((run / "plots" / name).is_file() for name in ("coverage_by_tool.png", "drift_start.png"))
 
 

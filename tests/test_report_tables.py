@@ -6,6 +6,7 @@ independently of later algorithm changes. Trailing spaces are stripped (rich pad
 else must match character for character: no number cut, the same short strategy labels in every
 table, one legend, the savings column, the footnote explaining forwarded and context.
 """
+
 from __future__ import annotations
 
 import io
@@ -338,8 +339,10 @@ def test_gate_rows_keep_rules_apart():
         rule = SimpleNamespace(name=None, metric=metric)
         return SimpleNamespace(rule=rule, strategy=strategy, actual=0.5, expected=">= 0.95", passed=passed, message="")
 
-    results = [result("linear+restore", "coverage_by_tool.Edit", False),
-               result("linear+restore", "coverage_by_tool.Write", True)]
+    results = [
+        result("linear+restore", "coverage_by_tool.Edit", False),
+        result("linear+restore", "coverage_by_tool.Write", True),
+    ]
     text = render(gate_view(results, 80), 80)
     assert "FAIL  lin+rst.coverage_by_tool.Edit" in text and "PASS  lin+rst.coverage_by_tool.Write" in text
     assert "labels: lin+rst = linear+restore" in text

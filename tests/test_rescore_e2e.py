@@ -1,6 +1,7 @@
 """Rescore end to end on CPU: sample from tiny-qwen3 recording logprobs, write a schema-v1 dump,
 rescore it -- with the same model (Δ within float32 noise), a perturbed model, a wrong template --
 through the library, the run directory and the CLI; and fill_logprobs as the positive control."""
+
 from __future__ import annotations
 
 import copy
@@ -56,18 +57,23 @@ def _user_turn_ids(renderer, text: str) -> list[int]:
 
 def _tito_session(tiny, renderer, meta: DumpMeta) -> Session:
     """Three append-only turns with recorded prompt ids; the last one has no recorded logprobs."""
-    messages = [{"role": "system", "content": "You maintain a small Rust crate."},
-                {"role": "user", "content": "Why does cargo test fail in the parser module?"}]
+    messages = [
+        {"role": "system", "content": "You maintain a small Rust crate."},
+        {"role": "user", "content": "Why does cargo test fail in the parser module?"},
+    ]
     prompt = renderer.render(messages)
     turns = []
     for index, length in enumerate((10, 8, 6)):
         sampled = sample_continuation(tiny, prompt, length, seed=20 + index)
         logprobs = sampled.logprobs if index < 2 else None
-        turns.append(Turn("tito", index, copy.deepcopy(messages), sampled.ids, output_logprobs=logprobs,
-                          prompt_ids=list(prompt)))
+        turns.append(
+            Turn("tito", index, copy.deepcopy(messages), sampled.ids, output_logprobs=logprobs, prompt_ids=list(prompt))
+        )
         if index < 2:
-            messages += [{"role": "assistant", "content": renderer.decode(sampled.ids)},
-                         {"role": "user", "content": TITO_TAILS[index]}]
+            messages += [
+                {"role": "assistant", "content": renderer.decode(sampled.ids)},
+                {"role": "user", "content": TITO_TAILS[index]},
+            ]
             prompt = prompt + sampled.ids + _user_turn_ids(renderer, TITO_TAILS[index])
     return Session("tito", turns, meta)
 
@@ -76,8 +82,9 @@ def _rendered_session(tiny, renderer, meta: DumpMeta) -> Session:
     """One turn whose prompt ids were not recorded: rescore must re-render them."""
     turn = Turn("rendered", 0, [{"role": "user", "content": "Summarise this diff in two sentences."}], [])
     sampled = sample_continuation(tiny, render_turn(renderer, turn), 9, seed=30)
-    return Session("rendered", [dataclasses.replace(turn, output_ids=sampled.ids, output_logprobs=sampled.logprobs)],
-                   meta)
+    return Session(
+        "rendered", [dataclasses.replace(turn, output_ids=sampled.ids, output_logprobs=sampled.logprobs)], meta
+    )
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +186,27 @@ def test_cli_rescore_prints_a_table_and_json(dump_path, perturbed_dir, tmp_path)
     from trace_tools.cli.main import app
 
     runner = CliRunner()
-    table_run = runner.invoke(app, ["rescore", str(dump_path), "--model", str(perturbed_dir), "--device", "cpu",
-                                    "--out", str(tmp_path / "table")])
+    table_run = runner.invoke(
+        app,
+        ["rescore", str(dump_path), "--model", str(perturbed_dir), "--device", "cpu", "--out", str(tmp_path / "table")],
+    )
     assert table_run.exit_code == 0, table_run.output
     assert "flagged turns" in table_run.output and "Flagged turns" in table_run.output
-    json_run = runner.invoke(app, ["rescore", str(dump_path), "--model", "tiny-qwen3", "--device", "cpu",
-                                   "--out", str(tmp_path / "json"), "--json", "--no-tokens"])
+    json_run = runner.invoke(
+        app,
+        [
+            "rescore",
+            str(dump_path),
+            "--model",
+            "tiny-qwen3",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "json"),
+            "--json",
+            "--no-tokens",
+        ],
+    )
     assert json_run.exit_code == 0, json_run.output
     summary = json.loads(json_run.output)
     assert summary["turns"]["comparable"] == 3 and summary["turns"]["flagged"] == 0
@@ -193,15 +215,29 @@ def test_cli_rescore_prints_a_table_and_json(dump_path, perturbed_dir, tmp_path)
 
 
 def test_cli_rescore_names_the_fix_for_a_bad_model(dump_path, tmp_path):
-    run = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", "rescore", str(dump_path), "--model",
-                          "no-such-model", "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trace_tools.cli.main",
+            "rescore",
+            str(dump_path),
+            "--model",
+            "no-such-model",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2
     assert "tiny-qwen3" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_fill_logprobs_on_a_table_makes_a_dump_that_rescores_clean(sessions, tiny, tmp_path):
-    stripped = [dataclasses.replace(s, turns=[dataclasses.replace(t, output_logprobs=None) for t in s.turns])
-                for s in sessions]
+    stripped = [
+        dataclasses.replace(s, turns=[dataclasses.replace(t, output_logprobs=None) for t in s.turns]) for s in sessions
+    ]
     table = sessions_to_table(stripped)
     filled = fill_logprobs(table, tiny)
     # the recording's metadata is kept, and the file now says who computed its logprobs
@@ -241,13 +277,20 @@ def test_quarantined_sessions_and_turns_without_logprobs_are_accounted_for(sessi
     bad_turn = dataclasses.replace(good.turns[0], session_id="broken", output_logprobs=[-1.0])  # length mismatch
     no_logprobs = dataclasses.replace(good.turns[0], session_id="unscored", output_logprobs=None)
     path = tmp_path / "mixed.parquet"
-    write_parquet_atomic(sessions_to_table([Session("broken", [bad_turn], good.meta),
-                                            Session("unscored", [no_logprobs], good.meta)]), path)
+    write_parquet_atomic(
+        sessions_to_table([Session("broken", [bad_turn], good.meta), Session("unscored", [no_logprobs], good.meta)]),
+        path,
+    )
     result = rescore(path, tiny, out=tmp_path / "run")
     summary = result.summary
     assert summary["quarantined"] == 1 and summary["quarantined_by_reason"] == {"logprobs_length": 1}
-    assert summary["turns"] == {**summary["turns"], "total": 1, "comparable": 0, "not_comparable": 1,
-                                "not_comparable_by_reason": {"no_logprobs": 1}}
+    assert summary["turns"] == {
+        **summary["turns"],
+        "total": 1,
+        "comparable": 0,
+        "not_comparable": 1,
+        "not_comparable_by_reason": {"no_logprobs": 1},
+    }
     assert summary["tokens"] == 0 and summary["delta"]["max_abs_delta"] is None
     assert len(pq.read_table(tmp_path / "run" / "tokens.parquet")) == 0
     assert (tmp_path / "run" / "plots" / "rescore_delta_hist.png").exists()
@@ -257,8 +300,9 @@ def test_a_simulated_dump_with_model_logprobs_rescores_clean(tiny, tmp_path):
     from trace_tools.simulate import simulate
 
     path = tmp_path / "simulated.parquet"
-    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(path), max_turns=3,
-             logprobs_model="tiny-qwen3")
+    simulate(
+        sessions=1, seed=4, template="qwen3", recording="none", out=str(path), max_turns=3, logprobs_model="tiny-qwen3"
+    )
     result = rescore(path, tiny)
     turns = result.summary["turns"]
     assert turns["total"] >= 3 and turns["comparable"] == turns["total"] == turns["prompt_rendered"]
@@ -272,10 +316,18 @@ def test_synthetic_logprobs_of_a_simulated_dump_are_named(tmp_path):
 
     seeded, forced = tmp_path / "seeded.parquet", tmp_path / "forced.parquet"
     simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(seeded), max_turns=3)
-    simulate(sessions=1, seed=4, template="qwen3", recording="none", out=str(forced), max_turns=3,
-             logprobs_model="tiny-qwen3")
-    result = CliRunner().invoke(app, ["rescore", str(seeded), "--model", "tiny-qwen3", "--device", "cpu",
-                                      "--out", str(tmp_path / "r1")])
+    simulate(
+        sessions=1,
+        seed=4,
+        template="qwen3",
+        recording="none",
+        out=str(forced),
+        max_turns=3,
+        logprobs_model="tiny-qwen3",
+    )
+    result = CliRunner().invoke(
+        app, ["rescore", str(seeded), "--model", "tiny-qwen3", "--device", "cpu", "--out", str(tmp_path / "r1")]
+    )
     assert result.exit_code == 0, result.output
     assert "logprobs are synthetic" in " ".join(result.output.split())
     summary = json.loads((tmp_path / "r1" / "summary.json").read_text())

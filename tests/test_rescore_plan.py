@@ -1,4 +1,5 @@
 """Rescore planning (prefix sharing, skip reasons) and metric definitions: pure Python, no model."""
+
 from __future__ import annotations
 
 import math
@@ -62,15 +63,18 @@ def test_turns_that_cannot_be_compared_are_not_planned():
     assert [p.ids for p in plans] == [[1, 2, 3]]
 
 
-@pytest.mark.parametrize("prompt, output, recorded, vocab, reason", [
-    ([1], [2], None, 10, plan.NO_LOGPROBS),
-    ([1], [2, 3], [-1.0], 10, plan.LOGPROBS_LENGTH),
-    ([1], [], [], 10, plan.EMPTY_OUTPUT),
-    (None, [2], [-1.0], 10, plan.NO_PROMPT),
-    ([], [2], [-1.0], 10, plan.EMPTY_PROMPT),
-    ([1], [10], [-1.0], 10, plan.OUT_OF_MODEL_VOCAB),
-    ([1], [9], [-1.0], 10, None),
-])
+@pytest.mark.parametrize(
+    "prompt, output, recorded, vocab, reason",
+    [
+        ([1], [2], None, 10, plan.NO_LOGPROBS),
+        ([1], [2, 3], [-1.0], 10, plan.LOGPROBS_LENGTH),
+        ([1], [], [], 10, plan.EMPTY_OUTPUT),
+        (None, [2], [-1.0], 10, plan.NO_PROMPT),
+        ([], [2], [-1.0], 10, plan.EMPTY_PROMPT),
+        ([1], [10], [-1.0], 10, plan.OUT_OF_MODEL_VOCAB),
+        ([1], [9], [-1.0], 10, None),
+    ],
+)
 def test_skip_reasons(prompt, output, recorded, vocab, reason):
     found = plan.logprob_problem(output, recorded) or plan.sequence_problem(prompt, output, vocab)
     assert found == reason

@@ -1,5 +1,6 @@
 """The scoring primitives on tiny-qwen3 (CPU, float32): chunked head vs the naive recipe, batching,
 the memory bound, the head self-check, sampling, and model loading/caching."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -107,14 +108,14 @@ def test_sampling_is_seeded_and_records_the_models_logprobs(tiny):
     assert first.ids == again.ids and first.logprobs == again.logprobs
     assert first.ids != other.ids
     assert first.finish_reason == "length" and len(first.ids) == 12
-    teacher_forced = naive_logprobs(tiny, prompt + first.ids)[len(prompt) - 1:]
+    teacher_forced = naive_logprobs(tiny, prompt + first.ids)[len(prompt) - 1 :]
     assert np.max(np.abs(np.array(first.logprobs) - teacher_forced)) < 1e-4
 
 
 def test_tempered_sampling_logprobs_differ_from_the_model(tiny):
     prompt = _ids(25, seed=6)
     tempered = sample_continuation(tiny, prompt, 12, seed=3, temperature=0.7)
-    teacher_forced = naive_logprobs(tiny, prompt + tempered.ids)[len(prompt) - 1:]
+    teacher_forced = naive_logprobs(tiny, prompt + tempered.ids)[len(prompt) - 1 :]
     assert np.mean(np.abs(np.array(tempered.logprobs) - teacher_forced)) > 0.05
 
 

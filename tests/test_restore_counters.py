@@ -1,4 +1,5 @@
 """What `restored_echoes` and `unrecognized_echoes` count (docs/upstream_restore_linear.md)."""
+
 from __future__ import annotations
 
 from test_linear_fakes import assistant, tool_result, user
@@ -12,8 +13,9 @@ ECHO = assistant("", ("Bash", {"command": "make test"}))
 def manager_with(*responses: dict, prompt=None) -> TrajectoryManager:
     manager = TrajectoryManager()
     for response in responses:
-        manager.record_turn("s", turn=TurnRecord([1, 2], [3]), prompt_messages=prompt or [user("go")],
-                            response_message=response)
+        manager.record_turn(
+            "s", turn=TurnRecord([1, 2], [3]), prompt_messages=prompt or [user("go")], response_message=response
+        )
     return manager
 
 

@@ -6,6 +6,7 @@ toy rendering of the response body plus the closer, so a byte-exact echo re-rend
 what was served), and record the turn. Each scenario also runs with restore switched off, to show
 the assertion depends on the restore.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,13 @@ import copy
 import pytest
 
 from test_linear_fakes import FakeRenderer, assistant, system, tool_result, user
-from trace_tools.strategies.restore_core import (drop_schema_defaults, is_same_tool_call_echo, restore_walk,
-                                                 strip_trailing_ws, tool_defaults)
+from trace_tools.strategies.restore_core import (
+    drop_schema_defaults,
+    is_same_tool_call_echo,
+    restore_walk,
+    strip_trailing_ws,
+    tool_defaults,
+)
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TurnRecord
 
 
@@ -22,15 +28,24 @@ def schema(name: str, **properties) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
 
 
-EDIT = schema("Edit", file_path={"type": "string"}, old_string={"type": "string"}, new_string={"type": "string"},
-              replace_all={"type": "boolean", "default": False})
+EDIT = schema(
+    "Edit",
+    file_path={"type": "string"},
+    old_string={"type": "string"},
+    new_string={"type": "string"},
+    replace_all={"type": "boolean", "default": False},
+)
 WRITE = schema("Write", file_path={"type": "string"}, content={"type": "string"})
 FETCH = schema("Fetch", url={"type": "string"}, follow_redirects={"type": "boolean", "default": True})
 MULTI = schema("MultiEdit", file_path={"type": "string"}, edits={"type": "array"})
 TOOLS = [EDIT, WRITE, FETCH, MULTI]
 
 # What the model generated (note the trailing blanks inside the code payloads).
-EDIT_ARGS = {"file_path": "pkg/mod.py", "old_string": "def area(r):  \n    return 3 * r", "new_string": "def area(r):\n    return math.pi * r * r   "}
+EDIT_ARGS = {
+    "file_path": "pkg/mod.py",
+    "old_string": "def area(r):  \n    return 3 * r",
+    "new_string": "def area(r):\n    return math.pi * r * r   ",
+}
 WRITE_ARGS = {"file_path": "notes.txt", "content": "first line   \nsecond line\t\n"}
 
 
@@ -53,8 +68,9 @@ class Gateway:
         output = self.renderer.render([response], None, False)[1:]  # body + closer: the served ids
         logprobs = [-0.01 * (len(self.outputs) + 1)] * len(output)
         self.outputs.append(output)
-        self.manager.record_turn("s", turn=TurnRecord(prompt, output, "stop", logprobs),
-                                 prompt_messages=messages, response_message=response)
+        self.manager.record_turn(
+            "s", turn=TurnRecord(prompt, output, "stop", logprobs), prompt_messages=messages, response_message=response
+        )
         return messages
 
     def samples(self):
@@ -92,8 +108,9 @@ def test_3_9_restored_edit_echo_keeps_the_turn_trainable():
 def test_3_9_control_without_restore_the_edit_turn_is_lost():
     gateway = Gateway(restore=False)
     gateway.turn(opening(), assistant("", ("Edit", EDIT_ARGS)))
-    gateway.turn(opening() + [harness_echo("Edit", EDIT_ARGS, replace_all=False), tool_result("edited")],
-                 assistant("Done."))
+    gateway.turn(
+        opening() + [harness_echo("Edit", EDIT_ARGS, replace_all=False), tool_result("edited")], assistant("Done.")
+    )
     assert gateway.trained() == len(gateway.outputs[1])  # only the last turn trains
 
 
@@ -109,14 +126,17 @@ def test_3_10_write_echo_differing_only_by_trailing_whitespace(restore, trained_
 
 
 # -- 3_11 ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, args, filled, recognised", [
-    ("Edit", EDIT_ARGS, {"replace_all": False}, True),       # default False, filled False
-    ("Edit", EDIT_ARGS, {"replace_all": True}, False),       # default False, filled True
-    ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": True}, True),    # default True, filled True
-    ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": False}, False),  # default True, filled False
-    ("Edit", EDIT_ARGS, {"replace_all": 0}, False),          # 0 == False, but not the declared boolean
-    ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": 1}, False),
-])
+@pytest.mark.parametrize(
+    "name, args, filled, recognised",
+    [
+        ("Edit", EDIT_ARGS, {"replace_all": False}, True),  # default False, filled False
+        ("Edit", EDIT_ARGS, {"replace_all": True}, False),  # default False, filled True
+        ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": True}, True),  # default True, filled True
+        ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": False}, False),  # default True, filled False
+        ("Edit", EDIT_ARGS, {"replace_all": 0}, False),  # 0 == False, but not the declared boolean
+        ("Fetch", {"url": "https://x.test/a"}, {"follow_redirects": 1}, False),
+    ],
+)
 def test_3_11_either_default_polarity(name, args, filled, recognised):
     gateway = Gateway()
     gateway.turn(opening(), assistant("", (name, args)))
@@ -127,10 +147,13 @@ def test_3_11_either_default_polarity(name, args, filled, recognised):
 
 
 # -- 3_12 ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, args, filled, recognised", [
-    ("Edit", EDIT_ARGS, {"replace_all": False}, False),  # without a schema the filled default stays a difference
-    ("Write", WRITE_ARGS, {}, True),                     # whitespace alone is still looked past
-])
+@pytest.mark.parametrize(
+    "name, args, filled, recognised",
+    [
+        ("Edit", EDIT_ARGS, {"replace_all": False}, False),  # without a schema the filled default stays a difference
+        ("Write", WRITE_ARGS, {}, True),  # whitespace alone is still looked past
+    ],
+)
 def test_3_12_without_a_schema_only_whitespace_is_looked_past(name, args, filled, recognised):
     gateway = Gateway(tools=None)
     gateway.turn(opening(), assistant("", (name, args)))
@@ -173,7 +196,9 @@ def test_3_13_nested_payload_change_is_declined():
     gateway = Gateway()
     gateway.turn(opening(), assistant("", ("MultiEdit", MULTI_ARGS)))
     same = harness_echo("MultiEdit", MULTI_ARGS)  # nested strings right-stripped: still the same call
-    changed = harness_echo("MultiEdit", {**MULTI_ARGS, "edits": [{"old": "x = 1", "new": "x = 3"}, MULTI_ARGS["edits"][1]]})
+    changed = harness_echo(
+        "MultiEdit", {**MULTI_ARGS, "edits": [{"old": "x = 1", "new": "x = 3"}, MULTI_ARGS["edits"][1]]}
+    )
     assert restore_walk(gateway.manager, "s", opening() + [same], TOOLS).restored == 1
     assert restore_walk(gateway.manager, "s", opening() + [changed], TOOLS).restored == 0
 
@@ -181,8 +206,13 @@ def test_3_13_nested_payload_change_is_declined():
 # -- 3_14 ----------------------------------------------------------------------------------------
 def five_turn_session(gateway: Gateway) -> None:
     history = opening()
-    calls = [("Edit", EDIT_ARGS), ("Write", WRITE_ARGS), ("Fetch", {"url": "https://x.test/doc  "}),
-             ("Edit", {**EDIT_ARGS, "old_string": "return 3  "}), ("Write", {**WRITE_ARGS, "content": "end \n"})]
+    calls = [
+        ("Edit", EDIT_ARGS),
+        ("Write", WRITE_ARGS),
+        ("Fetch", {"url": "https://x.test/doc  "}),
+        ("Edit", {**EDIT_ARGS, "old_string": "return 3  "}),
+        ("Write", {**WRITE_ARGS, "content": "end \n"}),
+    ]
     fills = [{"replace_all": False}, {}, {"follow_redirects": True}, {"replace_all": False}, {}]
     for (name, args), filled in zip(calls, fills):
         gateway.turn(history, assistant("", (name, args)))

@@ -1,4 +1,5 @@
 """The `echo-restore` strategy end to end on recorded sessions, against the plain `tree`."""
+
 from __future__ import annotations
 
 from test_linear_fakes import FakeRenderer, assistant, system, tool_result, user
@@ -21,9 +22,18 @@ def rewriting_session() -> Session:
     edit, write, done = assistant("", ("Edit", EDIT_ARGS)), assistant("", ("Write", WRITE_ARGS)), assistant("Done.")
     second = opening + [harness_echo("Edit", EDIT_ARGS, replace_all=False), tool_result("edited")]
     third = second + [harness_echo("Write", WRITE_ARGS), tool_result("written")]
-    turns = [Turn("rw", i, messages, served(response), tools=TOOLS, response=response,
-                  output_logprobs=[-0.5] * len(served(response)))
-             for i, (messages, response) in enumerate([(opening, edit), (second, write), (third, done)])]
+    turns = [
+        Turn(
+            "rw",
+            i,
+            messages,
+            served(response),
+            tools=TOOLS,
+            response=response,
+            output_logprobs=[-0.5] * len(served(response)),
+        )
+        for i, (messages, response) in enumerate([(opening, edit), (second, write), (third, done)])
+    ]
     return Session("rw", turns)
 
 

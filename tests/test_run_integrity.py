@@ -2,6 +2,7 @@
 an upgrade merges nothing old, one process writes a run at a time, and a run killed at any point,
 or whose shard files were deleted, truncated, swapped or edited, resumes to exactly the run it
 would have been, or stops with exit 2 saying why."""
+
 from __future__ import annotations
 
 import json
@@ -208,8 +209,10 @@ def test_a_sigkilled_run_resumes_to_the_uninterrupted_run(simulated_dump, finish
 
     run, expected = finished
     out = tmp_path / "run"
-    code = f"from trace_tools.api import replay; replay({str(simulated_dump)!r}, out={str(out)!r}, " \
-           f"strategies={STRATEGIES!r}, workers=1)"
+    code = (
+        f"from trace_tools.api import replay; replay({str(simulated_dump)!r}, out={str(out)!r}, "
+        f"strategies={STRATEGIES!r}, workers=1)"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRACE_TOOLS_SHARD_ROWS": "1"})
     deadline = time.monotonic() + 300
     while len(list((out / "shards").glob("*.done"))) < 3 and time.monotonic() < deadline and process.poll() is None:
@@ -253,9 +256,18 @@ def test_samples_writers_never_share_a_temporary_file(tmp_path):
     from trace_tools.io.rundir import SAMPLES_SCHEMA, SamplesFile, SessionRows, samples_table
 
     def rows(session: str) -> SessionRows:
-        sample = {"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3],
-                  "response_length": 1, "loss_mask": [1], "logprobs": [-0.5], "source_turn": [-1, -1, 0],
-                  "reward": None, "metadata": "{}"}
+        sample = {
+            "strategy": "tree",
+            "session_id": session,
+            "sample_index": 0,
+            "token_ids": [1, 2, 3],
+            "response_length": 1,
+            "loss_mask": [1],
+            "logprobs": [-0.5],
+            "source_turn": [-1, -1, 0],
+            "reward": None,
+            "metadata": "{}",
+        }
         return SessionRows(samples=samples_table([sample]))
 
     first, second = SamplesFile(tmp_path), SamplesFile(tmp_path)
@@ -292,8 +304,11 @@ def test_a_rerun_by_another_version_or_build_never_merges_old_shards(simulated_d
 
 def test_the_code_digest_covers_the_modules_that_compute_results():
     root = Path(shards.__file__).resolve().parents[1]
-    covered = {path for part in shards.RESULT_CODE for path in
-               ((root / part).rglob("*.py") if (root / part).is_dir() else [root / part])}
+    covered = {
+        path
+        for part in shards.RESULT_CODE
+        for path in ((root / part).rglob("*.py") if (root / part).is_dir() else [root / part])
+    }
     assert root / "strategies" / "tree_core.py" in covered and root / "render" / "renderer.py" in covered
     assert not any("report" in path.parts or "cli" in path.parts for path in covered)
     assert len(shards.code_digest()) == 16

@@ -9,6 +9,7 @@ and the PR's restore (defaults and per-line whitespace) does not bring them back
 trained tokens as the tree at `fork_threshold = 0`; the sessions that do not collapse are retries
 and history edits, counted as `nonlinear`.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -110,8 +111,9 @@ def test_seed001_four_configurations(tmp_path):
     removed the `cd` prefix, which no configuration of the PR recovers."""
     exact, _, _ = _run(tmp_path, "byte-exact", ["tree"])
     rewritten, turns_tree, _ = _run(tmp_path, "claude-code", ["tree", "echo-restore"])
-    routed, turns_routed, _ = _run(tmp_path / "routing-only", "claude-code", ["echo-restore"],
-                                   params={"restore_prompt": False})
+    routed, turns_routed, _ = _run(
+        tmp_path / "routing-only", "claude-code", ["echo-restore"], params={"restore_prompt": False}
+    )
     ideal = exact["strategies"]["tree"]
     assert ideal["trained_tokens"] == ideal["generated_tokens"]
     tree = rewritten["strategies"]["tree"]

@@ -1,11 +1,21 @@
 """miles sample assembly (reference §2.6): trailing trim, truncation, merge, provenance."""
+
 from __future__ import annotations
 
 import pytest
 
-from trace_tools.strategies.session_core.assembly import (COMPLETED, TRUNCATED, TurnSample, assemble_records,
-                                                          chain_provenance, compute_turn_samples, merge_pair,
-                                                          merge_turn_samples, sample_status, truncate_turn_samples)
+from trace_tools.strategies.session_core.assembly import (
+    COMPLETED,
+    TRUNCATED,
+    TurnSample,
+    assemble_records,
+    chain_provenance,
+    compute_turn_samples,
+    merge_pair,
+    merge_turn_samples,
+    sample_status,
+    truncate_turn_samples,
+)
 from trace_tools.strategies.session_core.errors import AssemblyError
 from trace_tools.strategies.session_core.records import Generation, Record
 
@@ -33,7 +43,7 @@ def test_trailing_stop_replaced_by_the_next_opener_is_trimmed():
     assert merged.tokens == acc and merged.response_length == 6
     assert merged.loss_mask == [1, 1, 0, 0, 1, 1]
     assert merged.logprobs == [-1.0, -1.1, 0.0, 0.0, -2.0, -2.1]
-    assert merged.tokens[:len(merged.tokens) - merged.response_length] == records[0].prompt_ids
+    assert merged.tokens[: len(merged.tokens) - merged.response_length] == records[0].prompt_ids
     assert sum(merged.loss_mask) == (3 - 1) + (2 - 0)  # Σ (len(O_i) - trim_i)
 
 
@@ -91,8 +101,14 @@ def test_merge_stops_after_a_turn_that_did_not_complete(finish):
 
 
 def test_status_table():
-    assert [sample_status(f) for f in ("stop", "tool_calls", "length", "abort", "weird", None)] == \
-        [COMPLETED, COMPLETED, TRUNCATED, "aborted", "pending", COMPLETED]
+    assert [sample_status(f) for f in ("stop", "tool_calls", "length", "abort", "weird", None)] == [
+        COMPLETED,
+        COMPLETED,
+        TRUNCATED,
+        "aborted",
+        "pending",
+        COMPLETED,
+    ]
 
 
 def test_merge_requires_context_between_turns_and_a_prefix():
@@ -110,5 +126,5 @@ def test_provenance_follows_the_outputs_through_the_chain():
     merged = merge_turn_samples(compute_turn_samples(records, acc, 1))
     sample = merged.to_sample(reward=2.0)
     assert sample.source_turn == [-1, -1, 0, 0, -1, -1, 1, 1] and sample.reward == 2.0
-    region = sample.source_turn[-sample.response_length:]
+    region = sample.source_turn[-sample.response_length :]
     assert all(m == (s >= 0) for m, s in zip(sample.loss_mask, region))

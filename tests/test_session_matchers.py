@@ -1,4 +1,5 @@
 """miles' message matchers (reference/miles_uniagent.md §2.3): one test per consequence bullet."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,15 @@ import pytest
 from session_fakes import assistant, call, tool, user
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.session_core.errors import ServerError
-from trace_tools.strategies.session_core.matchers import (INVALID_JSON_OBJECT, json_object_tree, loose_tool_call_match,
-                                                          matches, resolve_matcher, role_content_only_match,
-                                                          strict_match)
+from trace_tools.strategies.session_core.matchers import (
+    INVALID_JSON_OBJECT,
+    json_object_tree,
+    loose_tool_call_match,
+    matches,
+    resolve_matcher,
+    role_content_only_match,
+    strict_match,
+)
 
 ALL = [strict_match, loose_tool_call_match, role_content_only_match]
 
@@ -84,26 +91,34 @@ def test_role_is_compared_by_every_matcher():
         assert not match(user("x"), tool("x"))
 
 
-@pytest.mark.parametrize("left,right", [
-    ('{"n":1}', '{"n": 1}'),          # spacing
-    ('{"a":1,"b":2}', '{"b":2,"a":1}'),  # key order
-    ('{"n":1}', {"n": 1}),             # string vs parsed
-    ('{"n":1}', '{"n":1.0}'),          # exact number equality
-    ('{"n":100}', '{"n":1e2}'),
-    (None, ""), ("", {}), (None, "{}"),  # empty spellings of the empty object
-])
+@pytest.mark.parametrize(
+    "left,right",
+    [
+        ('{"n":1}', '{"n": 1}'),  # spacing
+        ('{"a":1,"b":2}', '{"b":2,"a":1}'),  # key order
+        ('{"n":1}', {"n": 1}),  # string vs parsed
+        ('{"n":1}', '{"n":1.0}'),  # exact number equality
+        ('{"n":100}', '{"n":1e2}'),
+        (None, ""),
+        ("", {}),
+        (None, "{}"),  # empty spellings of the empty object
+    ],
+)
 def test_loose_equates_json_object_spellings(left, right):
     stored = assistant("", call("Edit", left, call_id="e"))
     new = assistant("", call("Edit", right, call_id="e"))
     assert loose_tool_call_match(stored, new)
 
 
-@pytest.mark.parametrize("left,right", [
-    ('{"n":true}', '{"n":1}'),   # boolean is not number
-    ('{"n":"1"}', '{"n":1}'),    # string is not number
-    ('{"l":[1,2]}', '{"l":[2,1]}'),  # arrays keep order
-    ('{"n":1}', '{"n":2}'),
-])
+@pytest.mark.parametrize(
+    "left,right",
+    [
+        ('{"n":true}', '{"n":1}'),  # boolean is not number
+        ('{"n":"1"}', '{"n":1}'),  # string is not number
+        ('{"l":[1,2]}', '{"l":[2,1]}'),  # arrays keep order
+        ('{"n":1}', '{"n":2}'),
+    ],
+)
 def test_loose_keeps_json_types_apart(left, right):
     stored = assistant("", call("Edit", left, call_id="e"))
     new = assistant("", call("Edit", right, call_id="e"))

@@ -1,4 +1,5 @@
 """session-v1 / session-v2 on the real renderers (Qwen3 tokenizer + TRL templates)."""
+
 from __future__ import annotations
 
 import json
@@ -33,19 +34,34 @@ def qwen35():
 def read_call(path: str, call_id: str) -> tuple[dict, str]:
     """A served Read call: the response message and the text the model generated for it."""
     args = {"path": path}
-    message = {"role": "assistant", "content": "", "reasoning_content": f"Open {path}.",
-               "tool_calls": [{"id": call_id, "index": 0, "type": "function",
-                               "function": {"name": "Read", "arguments": json.dumps(args)}}]}
-    text = (f"<think>\nOpen {path}.\n</think>\n\n<tool_call>\n"
-            f'{{"name": "Read", "arguments": {json.dumps(args)}}}\n</tool_call><|im_end|>')
+    message = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": f"Open {path}.",
+        "tool_calls": [
+            {"id": call_id, "index": 0, "type": "function", "function": {"name": "Read", "arguments": json.dumps(args)}}
+        ],
+    }
+    text = (
+        f"<think>\nOpen {path}.\n</think>\n\n<tool_call>\n"
+        f'{{"name": "Read", "arguments": {json.dumps(args)}}}\n</tool_call><|im_end|>'
+    )
     return message, text
 
 
 def turn(renderer, index: int, messages: list[dict], response: dict, text: str, prompt_ids=None) -> Turn:
     ids = renderer.encode(text)
-    return Turn("real", index, messages, ids, tools=TOOLS, output_logprobs=[-0.1 * (index + 1)] * len(ids),
-                response=response, finish_reason="stop" if "tool_calls" not in response else "tool_calls",
-                prompt_ids=prompt_ids)
+    return Turn(
+        "real",
+        index,
+        messages,
+        ids,
+        tools=TOOLS,
+        output_logprobs=[-0.1 * (index + 1)] * len(ids),
+        response=response,
+        finish_reason="stop" if "tool_calls" not in response else "tool_calls",
+        prompt_ids=prompt_ids,
+    )
 
 
 def echo(message: dict) -> dict:
@@ -63,12 +79,20 @@ def linear_session(renderer) -> Session:
     t2 = {"role": "tool", "tool_call_id": "call_2", "content": "assert parse('a, b') == ['a', 'b']"}
     a3 = {"role": "assistant", "content": "parse() keeps the space after each comma."}
     first = [QUESTION]
-    return Session("real", [
-        turn(renderer, 0, first, a1, text1, prompt_ids=renderer.render(first, TOOLS)),
-        turn(renderer, 1, [QUESTION, echo(a1), t1], a2, text2),
-        turn(renderer, 2, [QUESTION, echo(a1), t1, echo(a2), t2], a3,
-             "<think>\nThe space.\n</think>\n\nparse() keeps the space after each comma.<|im_end|>"),
-    ])
+    return Session(
+        "real",
+        [
+            turn(renderer, 0, first, a1, text1, prompt_ids=renderer.render(first, TOOLS)),
+            turn(renderer, 1, [QUESTION, echo(a1), t1], a2, text2),
+            turn(
+                renderer,
+                2,
+                [QUESTION, echo(a1), t1, echo(a2), t2],
+                a3,
+                "<think>\nThe space.\n</think>\n\nparse() keeps the space after each comma.<|im_end|>",
+            ),
+        ],
+    )
 
 
 def replay(name: str, renderer, session: Session):
@@ -76,8 +100,12 @@ def replay(name: str, renderer, session: Session):
 
 
 def trained_by_turn(result) -> Counter:
-    return Counter(s for sample in result.samples
-                   for s, m in zip(sample.source_turn[-sample.response_length:], sample.loss_mask) if m)
+    return Counter(
+        s
+        for sample in result.samples
+        for s, m in zip(sample.source_turn[-sample.response_length :], sample.loss_mask)
+        if m
+    )
 
 
 def test_session_v1_on_qwen3(qwen3):
@@ -93,7 +121,7 @@ def test_session_v1_on_qwen3(qwen3):
     assert '{"description": "Read a file", "name": "Read", "parameters"' in text
     assert '"strict": false}, "defer_loading": null}' in text
     assert result.prompt_events[0] == "rendered"
-    assert qwen3.decode(session.turns[0].prompt_ids[:result.drift_positions[0]]).endswith('"function": {"')
+    assert qwen3.decode(session.turns[0].prompt_ids[: result.drift_positions[0]]).endswith('"function": {"')
     # each later prompt = checkpoint + "\n" + the appended tool message + generation prompt
     first_output_end = text.index("<|im_end|>", text.index("Open src/parse.py")) + len("<|im_end|>")
     assert text[first_output_end:].startswith("\n<|im_start|>user\n<tool_response>\ndef parse(s)")
@@ -103,8 +131,16 @@ def test_session_v2_on_qwen3_trims_a_retry(qwen3):
     session = linear_session(qwen3)
     last = session.turns[2]
     other_result = {"role": "tool", "tool_call_id": "call_2", "content": "assert parse('a,b') == ['a', 'b']"}
-    retry = Turn("real", 3, last.messages[:-1] + [other_result], list(last.output_ids), tools=TOOLS,
-                 output_logprobs=[-0.5] * len(last.output_ids), response=last.response, finish_reason="stop")
+    retry = Turn(
+        "real",
+        3,
+        last.messages[:-1] + [other_result],
+        list(last.output_ids),
+        tools=TOOLS,
+        output_logprobs=[-0.5] * len(last.output_ids),
+        response=last.response,
+        finish_reason="stop",
+    )
     session.turns.append(retry)
     result = replay("session-v2", qwen3, session)
     assert result.prompt_events[3] == "forked" and result.counters["tree_branches"] == 1
@@ -113,7 +149,7 @@ def test_session_v2_on_qwen3_trims_a_retry(qwen3):
     assert len(result.samples) == 1
     assert trained_by_turn(result) == {t.turn_index: len(t.output_ids) for t in session.turns if t.turn_index != 2}
     sample = result.samples[0]
-    region = sample.source_turn[-sample.response_length:]
+    region = sample.source_turn[-sample.response_length :]
     assert [lp for lp, s in zip(sample.logprobs, region) if s == 3] == retry.output_logprobs
 
 
@@ -121,14 +157,20 @@ def test_trl_qwen35_template_fails_the_dummy_base_render(qwen35):
     # TRL's Qwen3.5 think template raises without a user query; miles' fixed template does not.
     # Replay reproduces what the stock template does to miles: every tool-result turn is a 500.
     first = [QUESTION]
-    a1 = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "Read", "arguments": '{"path": "a.py"}'}}]}
-    text1 = ("<think>\n\n</think>\n\n<tool_call>\n<function=Read>\n<parameter=path>\na.py\n</parameter>\n"
-             "</function>\n</tool_call><|im_end|>")
+    a1 = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "Read", "arguments": '{"path": "a.py"}'}}],
+    }
+    text1 = (
+        "<think>\n\n</think>\n\n<tool_call>\n<function=Read>\n<parameter=path>\na.py\n</parameter>\n"
+        "</function>\n</tool_call><|im_end|>"
+    )
     t1 = {"role": "tool", "tool_call_id": "c1", "content": "x = 1"}
     answer = {"role": "assistant", "content": "ok"}
-    session = Session("real", [turn(qwen35, 0, first, a1, text1),
-                               turn(qwen35, 1, [QUESTION, a1, t1], answer, "ok<|im_end|>")])
+    session = Session(
+        "real", [turn(qwen35, 0, first, a1, text1), turn(qwen35, 1, [QUESTION, a1, t1], answer, "ok<|im_end|>")]
+    )
     for name in ("session-v1", "session-v2"):
         result = replay(name, qwen35, session)
         assert result.turn_events == {1: "failed"} and result.counters["server_errors"] == 1

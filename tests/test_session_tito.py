@@ -1,4 +1,5 @@
 """TITO tokenizer and request preparation (reference/miles_uniagent.md §2.2, §2.4) on the toy renderer."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,13 @@ import pytest
 from session_fakes import IM_END, NEWLINE, ToyRenderer, assistant, call, output_for, system, tool, user
 from trace_tools.errors import UnknownName
 from trace_tools.strategies.session_core.errors import RequestRejected, ServerError
-from trace_tools.strategies.session_core.tito import (FAMILIES, TitoTokenizer, family_for, sglang_tools,
-                                                      template_messages)
+from trace_tools.strategies.session_core.tito import (
+    FAMILIES,
+    TitoTokenizer,
+    family_for,
+    sglang_tools,
+    template_messages,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object"}, "description": "read"}}]
 
@@ -22,14 +28,18 @@ def test_tools_take_the_sglang_model_shape():
     unset), the function-level one only when set; strict defaults to false (docs/upstream_session.md)."""
     bare = {"name": "Bash", "parameters": {"type": "object"}, "x-extra": 1}
     shaped = sglang_tools([TOOLS[0], bare])
-    assert shaped[0] == {"type": "function", "function": {"description": "read", "name": "Read",
-                                                          "parameters": {"type": "object"}, "strict": False},
-                         "defer_loading": None}
+    assert shaped[0] == {
+        "type": "function",
+        "function": {"description": "read", "name": "Read", "parameters": {"type": "object"}, "strict": False},
+        "defer_loading": None,
+    }
     assert list(shaped[0]) == ["type", "function", "defer_loading"]
     assert list(shaped[0]["function"]) == ["description", "name", "parameters", "strict"]
-    assert shaped[1] == {"type": "function", "function": {"description": None, "name": "Bash",
-                                                          "parameters": {"type": "object"}, "strict": False},
-                         "defer_loading": None}
+    assert shaped[1] == {
+        "type": "function",
+        "function": {"description": None, "name": "Bash", "parameters": {"type": "object"}, "strict": False},
+        "defer_loading": None,
+    }
     kept = sglang_tools([{"type": "function", "function": {"name": "W", "strict": "true"}}])
     assert kept[0]["function"]["strict"] is True
 

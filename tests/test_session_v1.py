@@ -1,11 +1,23 @@
 """miles v1 (LinearTrajectory): every row of the decision matrix (reference §2.5.5), commit, and the
 `session-v1` strategy on toy sessions."""
+
 from __future__ import annotations
 
 import pytest
 
-from session_fakes import (IM_END, NEWLINE, TOY, ToyRenderer, assistant, call, conversation, make_turn,
-                                session_of, tool, user)
+from session_fakes import (
+    IM_END,
+    NEWLINE,
+    TOY,
+    ToyRenderer,
+    assistant,
+    call,
+    conversation,
+    make_turn,
+    session_of,
+    tool,
+    user,
+)
 from trace_tools.data import Session
 from trace_tools.strategies.base import ReplayContext, get_strategy
 from trace_tools.strategies.session_core.errors import ServerError
@@ -32,7 +44,7 @@ def run(*pairs):
     return state, outcomes, tito
 
 
-def stored_two():   # [U1, a1, T1, a2], checkpoint ends [2, 4]
+def stored_two():  # [U1, a1, T1, a2], checkpoint ends [2, 4]
     return [([U1], A1), ([U1, A1, T1], A2)]
 
 
@@ -66,8 +78,10 @@ def test_row_two_steps_back_is_rejected_with_state_unchanged():
     before = (list(state.messages), [r.turn_index for r in state.records], list(state.message_ends))
     state2, outcomes, _ = run(*pairs, ([U1, A1, T1_ALT], NEW))
     assert outcomes[3].status == "rejected"
-    assert outcomes[3].detail == ("rollback failed: discard_count=2 exceeds max_assistant_rollback_steps=1 "
-                                  "(stored has 6 messages, request has 3 messages)")
+    assert outcomes[3].detail == (
+        "rollback failed: discard_count=2 exceeds max_assistant_rollback_steps=1 "
+        "(stored has 6 messages, request has 3 messages)"
+    )
     assert (state2.messages, [r.turn_index for r in state2.records], state2.message_ends) == before
 
 
@@ -96,12 +110,13 @@ def test_row_few_shot_assistant_is_not_an_anchor():
     shot_q, shot_a, question = user("2+2?"), assistant("4"), user("3+3?")
     a1 = assistant("", call("Calc", '{"e":"3+3"}', call_id="c"))
     t1, t1_alt = tool("6", "c"), tool("error", "c")
-    state, outcomes, _ = run(([shot_q, shot_a, question], a1),
-                             ([shot_q, shot_a, question, a1, t1], A2))
+    state, outcomes, _ = run(([shot_q, shot_a, question], a1), ([shot_q, shot_a, question, a1, t1], A2))
     assert state.message_ends == [4, 6]
-    state, outcomes, _ = run(([shot_q, shot_a, question], a1),
-                             ([shot_q, shot_a, question, a1, t1], A2),
-                             ([shot_q, shot_a, question, a1, t1_alt], NEW))
+    state, outcomes, _ = run(
+        ([shot_q, shot_a, question], a1),
+        ([shot_q, shot_a, question, a1, t1], A2),
+        ([shot_q, shot_a, question, a1, t1_alt], NEW),
+    )
     assert outcomes[2].status == "ok" and outcomes[2].rolled_back == [1]
     assert state.message_ends == [4, 6]
 
@@ -149,19 +164,20 @@ def replay(session: Session, renderer=None, **params):
 def test_strategy_byte_exact_session_trains_every_token_once():
     pairs = [*stored_two(), ([U1, A1, T1, A2, T2], A3)]
     full = [TOY.render(req, None) for req, _ in pairs]
-    session = session_of(*(make_turn(i, req, resp, prompt_ids=full[i], reward=1.5)
-                           for i, (req, resp) in enumerate(pairs)))
+    session = session_of(
+        *(make_turn(i, req, resp, prompt_ids=full[i], reward=1.5) for i, (req, resp) in enumerate(pairs))
+    )
     result = replay(session)
     assert len(result.samples) == 1
     sample = result.samples[0]
-    response = sample.source_turn[-sample.response_length:]
+    response = sample.source_turn[-sample.response_length :]
     for turn in session.turns:
         positions = [i for i, s in enumerate(response) if s == turn.turn_index]
         assert len(positions) == len(turn.output_ids)
         assert all(sample.loss_mask[i] == 1 for i in positions)
         assert [sample.logprobs[i] for i in positions] == turn.output_logprobs
     assert sum(sample.loss_mask) == sum(len(t.output_ids) for t in session.turns)
-    assert sample.token_ids[:len(full[0])] == full[0]
+    assert sample.token_ids[: len(full[0])] == full[0]
     assert sample.reward == 1.5
     assert set(result.prompt_events.values()) == {"clean"} and not result.turn_events
     assert result.counters["rollbacks"] == 0 and result.counters["rejected_requests"] == 0
@@ -229,10 +245,15 @@ def test_strategy_truncates_to_max_seq_len():
 
 def test_stored_assistant_is_the_response_with_empty_content_for_null():
     served = assistant(None, call("Read", '{"path":"t.py"}', call_id="r1"), reasoning="look first")
-    session = conversation([([U1], served), ([U1, assistant("", call("Read", '{"path":"t.py"}', call_id="r1"),
-                                                              reasoning="look first"), T1], A2)])
-    state, outcomes = replay_v1([request_from_turn(t) for t in session.turns],
-                                TitoTokenizer(ToyRenderer(), FAMILIES["qwen3"]))
+    session = conversation(
+        [
+            ([U1], served),
+            ([U1, assistant("", call("Read", '{"path":"t.py"}', call_id="r1"), reasoning="look first"), T1], A2),
+        ]
+    )
+    state, outcomes = replay_v1(
+        [request_from_turn(t) for t in session.turns], TitoTokenizer(ToyRenderer(), FAMILIES["qwen3"])
+    )
     assert state.messages[1] == {**served, "content": ""}
     assert session.turns[0].response["content"] is None  # the recording is not modified
     assert not outcomes[1].rolled_back

@@ -1,5 +1,6 @@
 """miles v2 (trajectory forest): attach-point properties (§2.7.2), the v2 outcome table (§2.7.4),
 drop_retries (§2.7.8), exactly-once masking (§2.7.9), and the `session-v2` strategy."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -44,8 +45,11 @@ def test_attach_point_search_is_pure():
     assert shape(state) == before and state.active_leaf is leaf
 
 
-@pytest.mark.parametrize("request_", [[], [U_OTHER], [U1], [user("rename"), A1]],
-                         ids=["empty", "zero_overlap", "prefix_of_root_delta", "diverges_in_root_delta"])
+@pytest.mark.parametrize(
+    "request_",
+    [[], [U_OTHER], [U1], [user("rename"), A1]],
+    ids=["empty", "zero_overlap", "prefix_of_root_delta", "diverges_in_root_delta"],
+)
 def test_requests_that_do_not_cover_a_root_delta_make_a_new_root(request_):
     state, _, _ = run(([U1], A1))
     assert find_attach_point(state.tree, request_, strict_match).node is None
@@ -154,8 +158,9 @@ def test_equal_length_twins_keep_the_later():
 
 
 def test_abandoned_deep_branch_survives_and_order_is_deepest_then_latest():
-    state, _, _ = run(([U1], A1), ([U1, A1, T1], A2), ([U1, A1, T1, A2, T2], A3),
-                      ([U1, A1, T1_ALT], NEW), ([U_OTHER], NEW))
+    state, _, _ = run(
+        ([U1], A1), ([U1, A1, T1], A2), ([U1, A1, T1, A2, T2], A3), ([U1, A1, T1_ALT], NEW), ([U_OTHER], NEW)
+    )
     kept, trimmed = drop_retries(_material(state))
     assert not trimmed
     assert [(len(k.path), k.leaf.seq) for k in kept] == [(3, 2), (2, 3), (1, 4)]
@@ -168,9 +173,16 @@ def test_roots_are_never_trimmed():
 
 
 # -- exactly-once masking ------------------------------------------------------------------------------------
-FOREST = [([U1], A1), ([U1, A1, T1], A2), ([U1, A1, T1, A2, T2], A3), ([U1, A1, T1_ALT], NEW),
-          ([U1, A1, T1_ALT, NEW, user("again")], A3), ([U1, A1, T1, A2, T2], assistant("twin")),
-          ([U_OTHER], A1), ([U_OTHER, A1, T1], A2)]
+FOREST = [
+    ([U1], A1),
+    ([U1, A1, T1], A2),
+    ([U1, A1, T1, A2, T2], A3),
+    ([U1, A1, T1_ALT], NEW),
+    ([U1, A1, T1_ALT, NEW, user("again")], A3),
+    ([U1, A1, T1, A2, T2], assistant("twin")),
+    ([U_OTHER], A1),
+    ([U_OTHER, A1, T1], A2),
+]
 
 
 @pytest.mark.parametrize("prefix", range(3, len(FOREST) + 1))
@@ -195,8 +207,8 @@ def test_masking_zeroes_only_the_loss_mask():
     sample, root = later.sample, state.tree.roots[0]
     start = len(sample.token_ids) - sample.response_length
     lo, hi = root.completion_span
-    assert sample.loss_mask[lo - start:hi - start] == [0] * (hi - lo)
-    assert sample.logprobs[lo - start:hi - start] == root.record.generation.logprobs
+    assert sample.loss_mask[lo - start : hi - start] == [0] * (hi - lo)
+    assert sample.logprobs[lo - start : hi - start] == root.record.generation.logprobs
 
 
 def _material(state):
@@ -217,16 +229,21 @@ def replay(session, **params):
 
 
 def test_strategy_events_and_counters():
-    session = conversation([([U1], A1), ([U1, A1, T1], A2), ([U1, A1, T1_ALT], NEW), ([U_OTHER], A3),
-                            ([U_OTHER, A3, user("more")], A1)])
+    session = conversation(
+        [([U1], A1), ([U1, A1, T1], A2), ([U1, A1, T1_ALT], NEW), ([U_OTHER], A3), ([U_OTHER, A3, user("more")], A1)]
+    )
     session.turns[0].reward = 3.0
     result = replay(session)
     assert result.prompt_events == {0: "clean", 1: "clean", 2: "forked", 3: "new_root", 4: "clean"}
     assert result.turn_events == {1: "trimmed"}
     assert result.counters["tree_branches"] == 2 and result.counters["trimmed_leaves"] == 1
     assert len(result.samples) == 2 and {s.reward for s in result.samples} == {3.0}
-    trained = Counter(s for sample in result.samples
-                      for s, m in zip(sample.source_turn[-sample.response_length:], sample.loss_mask) if m)
+    trained = Counter(
+        s
+        for sample in result.samples
+        for s, m in zip(sample.source_turn[-sample.response_length :], sample.loss_mask)
+        if m
+    )
     assert trained == {t.turn_index: len(t.output_ids) for t in session.turns if t.turn_index != 1}
 
 

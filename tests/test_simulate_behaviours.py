@@ -3,6 +3,7 @@
 One session per behaviour is simulated per template, written to Parquet and read back through the
 real loader, so every check runs on what a user of the dump would see.
 """
+
 from __future__ import annotations
 
 import json
@@ -120,8 +121,9 @@ def test_reasoning_dropped_and_rekeyed(dump):
     assert rekeyed
     for echo, response in rekeyed:
         assert echo["reasoning"] == response["reasoning_content"] and "reasoning_content" not in echo
-        assert {k: v for k, v in echo.items() if k != "reasoning"} == \
-            {k: v for k, v in response.items() if k != "reasoning_content"}
+        assert {k: v for k, v in echo.items() if k != "reasoning"} == {
+            k: v for k, v in response.items() if k != "reasoning_content"
+        }
 
 
 def test_streaming_echo_differs_only_in_index_and_ids(dump):
@@ -130,7 +132,9 @@ def test_streaming_echo_differs_only_in_index_and_ids(dump):
     for echo, response in _echo_pairs(session):
         strip = lambda m: [{k: v for k, v in c.items() if k not in ("index", "id")} for c in _calls(m)]  # noqa: E731
         assert strip(echo) == strip(response)
-        assert {k: v for k, v in echo.items() if k != "tool_calls"} == {k: v for k, v in response.items() if k != "tool_calls"}
+        assert {k: v for k, v in echo.items() if k != "tool_calls"} == {
+            k: v for k, v in response.items() if k != "tool_calls"
+        }
         for position, (sent, stored) in enumerate(zip(_calls(echo), _calls(response))):
             assert sent["id"] != stored["id"]
             assert sent.get("index", position) == position  # dropped, or renumbered 0..n-1
@@ -217,7 +221,7 @@ def test_noncanonical_tokenization_changes_ids_not_text(dump):
         assert len(renderer.encode(text)) == len(turn.output_ids) - turn.metadata["noncanonical_splits"]
         parsed = renderer.parse_response(turn.output_ids, turn.tools).message
         assert parsed == canonicalize_response(turn.response)
-    pairs = [t.output_ids[i:i + 2] for t in split for i in range(len(t.output_ids) - 1)]
+    pairs = [t.output_ids[i : i + 2] for t in split for i in range(len(t.output_ids) - 1)]
     assert newline * 2 in pairs
 
 
@@ -239,7 +243,7 @@ def test_tree_prompts_are_the_render_of_the_canonical_request(dump):
 
 def _extends(previous, turn):
     served = previous.prompt_ids + previous.output_ids
-    return turn.prompt_ids[:len(served)] == served
+    return turn.prompt_ids[: len(served)] == served
 
 
 def _drifts(session):
@@ -254,8 +258,9 @@ def _drifts(session):
     return out
 
 
-@pytest.mark.parametrize("behaviour", ["byte-exact", "streaming", "retry", "subagent", "compaction",
-                                       "truncation", "history-edit"])
+@pytest.mark.parametrize(
+    "behaviour", ["byte-exact", "streaming", "retry", "subagent", "compaction", "truncation", "history-edit"]
+)
 def test_byte_exact_echoes_reproduce_the_served_tokens(dump, behaviour):
     """Without an echo rewrite, every prompt extends the served ids, except where the template
     itself re-renders earlier turns (a new user message makes Qwen drop earlier reasoning)."""
@@ -287,7 +292,9 @@ def test_ground_truth_is_consistent(dump):
         assert all(t.started_at <= u.started_at for t, u in zip(turns, turns[1:]))
         for turn in turns:
             assert len(turn.output_logprobs) == len(turn.output_ids) and max(turn.output_logprobs) <= 0
-            expected = "length" if turn.output_ids[-1] != stop else "tool_calls" if turn.response.get("tool_calls") else "stop"
+            expected = (
+                "length" if turn.output_ids[-1] != stop else "tool_calls" if turn.response.get("tool_calls") else "stop"
+            )
             assert turn.finish_reason == expected
 
 
@@ -307,7 +314,7 @@ def test_ideal_forwarded_tokens_keep_served_ids_across_a_template_rewrite(dump):
     served = turns[summary.turn_index - 1]
     assert summary.metadata["template_rewrite"]
     text = renderer.render_text(canonicalize_messages(summary.messages), summary.tools)
-    tail = text[text.rindex("<|im_start|>user\n<tool_response>"):]
+    tail = text[text.rindex("<|im_start|>user\n<tool_response>") :]
     main = len(served.prompt_ids) + len(served.output_ids) + len(renderer.encode("\n")) + len(renderer.encode(tail))
     main += len(summary.output_ids)
     assert main > len(summary.prompt_ids) + len(summary.output_ids)  # the recorded prompt is shorter
@@ -334,9 +341,33 @@ def test_harness_profile_file_plays_like_the_builtin_claude_code_behaviour(tmp_p
     assert json.loads(builtin.schema.metadata[b"trace_tools.simulator"])["harness_profiles"] == {
         "claude-code": "claude-code 2.1.332"
     }
-    missing = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out", str(tmp_path / "x.parquet"),
-                                       "--harness-profile", str(tmp_path / "none.json")])
+    missing = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--sessions",
+            "1",
+            "--seed",
+            "1",
+            "--out",
+            str(tmp_path / "x.parquet"),
+            "--harness-profile",
+            str(tmp_path / "none.json"),
+        ],
+    )
     assert missing.exit_code == 2 and "no harness profile" in missing.output
-    unplayable = CliRunner().invoke(app, ["simulate", "--sessions", "1", "--seed", "1", "--out",
-                                          str(tmp_path / "x.parquet"), "--behaviour", "harness-profile"])
+    unplayable = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--sessions",
+            "1",
+            "--seed",
+            "1",
+            "--out",
+            str(tmp_path / "x.parquet"),
+            "--behaviour",
+            "harness-profile",
+        ],
+    )
     assert unplayable.exit_code == 2 and "--harness-profile" in unplayable.output

@@ -1,4 +1,5 @@
 """Same arguments, same dump; the writers agree with the templates; the CLI and its errors."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,11 @@ def test_every_family_simulates_the_same_episodes():
     calls = {}
     for template in FAMILIES:
         table = simulate(2, seed=9, template=template, behaviours=["byte-exact", "compaction"], max_turns=6)
-        calls[template] = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                           for r in table.column("response").to_pylist() for c in json.loads(r).get("tool_calls") or []]
+        calls[template] = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for r in table.column("response").to_pylist()
+            for c in json.loads(r).get("tool_calls") or []
+        ]
     assert calls["qwen3"] and all(sequence == calls["qwen3"] for sequence in calls.values())
 
 
@@ -59,7 +63,10 @@ SERVED_FROM_RENDER = {
     "qwen3": lambda rendered, prompt, text: (rendered, prompt + text + "\n"),
     "qwen3.5": lambda rendered, prompt, text: (rendered, prompt + text + "\n"),
     "glm4.5": lambda rendered, prompt, text: (rendered + "<|observation|>", prompt + text),
-    "deepseek-v3": lambda rendered, prompt, text: (rendered, prompt.removesuffix("<think>\n") + text.split("</think>\n\n")[1]),
+    "deepseek-v3": lambda rendered, prompt, text: (
+        rendered,
+        prompt.removesuffix("<think>\n") + text.split("</think>\n\n")[1],
+    ),
     "gpt-oss": lambda rendered, prompt, text: (rendered, prompt + text),
     "llama3.1": lambda rendered, prompt, text: (rendered, prompt + text),
 }
@@ -71,10 +78,17 @@ def test_model_output_is_what_the_template_renders(family):
     family allows) three calls."""
     writer, tools = FAMILIES[family], tool_schemas(MAIN_TOOLS)
     renderer = Renderer.from_spec(writer.tokenizer, writer.template)
-    calls = [Call("Edit", {"file_path": "/r/a.py", "old_string": "x = 1  \n", "new_string": "x = 2\n    ", "replace_all": True}),
-             Call("Bash", {"command": "pytest -q", "timeout": 60000}),
-             Call("TodoWrite", {"todos": [{"id": "1", "content": "fix", "status": "completed"}]})]
-    step = Step("edit", "Two edits.\n\nThen the tests.", "Applying both.", calls[:1] if writer.one_call_per_turn else calls)
+    calls = [
+        Call(
+            "Edit",
+            {"file_path": "/r/a.py", "old_string": "x = 1  \n", "new_string": "x = 2\n    ", "replace_all": True},
+        ),
+        Call("Bash", {"command": "pytest -q", "timeout": 60000}),
+        Call("TodoWrite", {"todos": [{"id": "1", "content": "fix", "status": "completed"}]}),
+    ]
+    step = Step(
+        "edit", "Two edits.\n\nThen the tests.", "Applying both.", calls[:1] if writer.one_call_per_turn else calls
+    )
     base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     prompt = renderer.render_text(base, tools, True)
     step, text = writer.emitted(step, prompt)
@@ -102,17 +116,35 @@ def test_unknown_or_conflicting_behaviours_are_user_errors():
 def test_default_recipes_cover_every_behaviour():
     table = simulate(len(BEHAVIOURS) + 4, seed=2, max_turns=5)
     labels = [row["behaviours"] for row in summarize(table)]
-    assert labels[:len(BEHAVIOURS)] == list(BEHAVIOURS)
-    assert all("+" in label for label in labels[len(BEHAVIOURS):])
+    assert labels[: len(BEHAVIOURS)] == list(BEHAVIOURS)
+    assert all("+" in label for label in labels[len(BEHAVIOURS) :])
 
 
 def test_cli_writes_the_dump_and_reports_it(tmp_path):
     from trace_tools.cli.main import app
 
     out = tmp_path / "cli.parquet"
-    result = CliRunner().invoke(app, ["simulate", "--sessions", "2", "--seed", "3", "--template", "qwen3",
-                                      "--behaviour", "retry", "--behaviour", "byte-exact", "--max-turns", "4",
-                                      "--out", str(out), "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--sessions",
+            "2",
+            "--seed",
+            "3",
+            "--template",
+            "qwen3",
+            "--behaviour",
+            "retry",
+            "--behaviour",
+            "byte-exact",
+            "--max-turns",
+            "4",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [r["behaviours"] for r in report["recipes"]] == ["retry", "byte-exact"]

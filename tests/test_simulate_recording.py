@@ -1,4 +1,5 @@
 """Recording modes of `prompt_ids`: tree (full render), linear (healed), none."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,9 @@ def recorded(tmp_path_factory):
     sessions, paths = {}, {}
     for recording in ("tree", "linear", "none"):
         path = paths[recording] = tmp_path_factory.mktemp("rec") / f"{recording}.parquet"
-        simulate(len(RECIPES), seed=21, template="qwen3", behaviours=RECIPES, recording=recording, out=str(path),
-                 max_turns=8)
+        simulate(
+            len(RECIPES), seed=21, template="qwen3", behaviours=RECIPES, recording=recording, out=str(path), max_turns=8
+        )
         sessions[recording] = {s.turns[0].metadata["behaviours"][0]: s for s in load(path).sessions}
     return sessions, paths
 
@@ -51,9 +53,9 @@ def test_linear_heals_dict_equal_echoes_and_split_tokens(recorded):
         turns = recorded["linear"][behaviour].turns
         assert _healed(recorded["linear"][behaviour])[1:] == ["healed"] * (len(turns) - 1)
         for previous, turn in zip(turns, turns[1:]):
-            assert turn.prompt_ids[:len(_served(previous))] == _served(previous)
+            assert turn.prompt_ids[: len(_served(previous))] == _served(previous)
     tree = recorded["tree"]["noncanonical-tokenization"].turns
-    assert any(t.prompt_ids[:len(_served(p))] != _served(p) for p, t in zip(tree, tree[1:]))
+    assert any(t.prompt_ids[: len(_served(p))] != _served(p) for p, t in zip(tree, tree[1:]))
 
 
 def test_linear_resets_on_a_real_change(recorded):

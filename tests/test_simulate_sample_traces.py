@@ -1,4 +1,5 @@
 """The bundled sample_traces/: reproducible from its README's commands, valid, small, complete."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,11 @@ from trace_tools.io.validate import validate
 from trace_tools.simulate import BEHAVIOURS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces"
-COMMANDS = [shlex.split(line) for line in (SAMPLE / "README.md").read_text().splitlines()
-            if line.startswith("trace-tools simulate ")]
+COMMANDS = [
+    shlex.split(line)
+    for line in (SAMPLE / "README.md").read_text().splitlines()
+    if line.startswith("trace-tools simulate ")
+]
 
 
 def _out(argv: list[str]) -> str:

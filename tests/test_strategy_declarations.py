@@ -1,4 +1,5 @@
 """Strategies declared once (issue 24): every view of a strategy derives from its declaration."""
+
 from __future__ import annotations
 
 import subprocess
@@ -26,16 +27,35 @@ def test_each_builtin_class_carries_its_own_declaration_in_column_order():
         declared = cls.declaration
         assert get_strategy(declared.name) is cls
         assert (cls.name, cls.params, cls.counterfactual, cls.renders_prompts, cls.upstream_system) == (
-            declared.name, declared.params, declared.counterfactual, declared.renders_prompts,
-            declared.upstream_system)
+            declared.name,
+            declared.params,
+            declared.counterfactual,
+            declared.renders_prompts,
+            declared.upstream_system,
+        )
 
 
 def test_the_declared_facts_are_those_of_each_strategy():
     assert [d.name for d in DECLARATIONS if d.counterfactual] == [
-        "echo-restore", "linear", "linear+restore", "chains", "session-v1", "session-v2", "checkpoint-tree"]
+        "echo-restore",
+        "linear",
+        "linear+restore",
+        "chains",
+        "session-v1",
+        "session-v2",
+        "checkpoint-tree",
+    ]
     assert [d.name for d in DECLARATIONS if not d.renders_prompts] == ["tree"]
     assert [label(d.name) for d in DECLARATIONS] == [
-        "tree", "restore", "linear", "lin+rst", "chains", "sess-v1", "sess-v2", "ckpt"]
+        "tree",
+        "restore",
+        "linear",
+        "lin+rst",
+        "chains",
+        "sess-v1",
+        "sess-v2",
+        "ckpt",
+    ]
     assert relies_on(["checkpoint-tree"]) == {"checkpoint-tree": ("closer_text", "closer_tool")}
     assert relies_on(["chains"])["chains"] == ("generation_prompt", "tokenizer_merges")
 
@@ -58,8 +78,16 @@ def test_replay_offers_one_flag_per_flagged_parameter_with_a_derived_help():
     command = typer.main.get_command(app).commands["replay"]
     options = {param.name: param for param in command.params}
     flagged = [p for p in declarations.builtin_params().values() if p.flag]
-    assert {p.name for p in flagged} == {"fork_threshold", "realign_gate", "realign_from", "on_nonlinear", "matcher",
-                                         "rollback", "retries", "echo_rules"}
+    assert {p.name for p in flagged} == {
+        "fork_threshold",
+        "realign_gate",
+        "realign_from",
+        "on_nonlinear",
+        "matcher",
+        "rollback",
+        "retries",
+        "echo_rules",
+    }
     for param in flagged:
         assert param.name in options and "flags" not in options
         assert options[param.name].help.startswith(", ".join(declarations.owners(param.name)) + ": " + param.help)
@@ -75,19 +103,40 @@ def test_flag_values_reach_the_library_as_strategy_params(monkeypatch, tmp_path)
         raise TraceToolsError("stop here")
 
     monkeypatch.setattr("trace_tools.api.replay", fake_replay)
-    args = ["replay", str(tmp_path), "--out", str(tmp_path / "run"), "--fork-threshold", "3", "--no-rollback",
-            "--matcher", "loose_tool_call", "--param", "delta=false"]
+    args = [
+        "replay",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "run"),
+        "--fork-threshold",
+        "3",
+        "--no-rollback",
+        "--matcher",
+        "loose_tool_call",
+        "--param",
+        "delta=false",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "stop here" in result.output
-    assert seen == {"fork_threshold": 3, "realign_gate": None, "realign_from": None, "on_nonlinear": None,
-                    "rollback": False, "matcher": "loose_tool_call", "retries": None, "echo_rules": None,
-                    "delta": "false"}
+    assert seen == {
+        "fork_threshold": 3,
+        "realign_gate": None,
+        "realign_from": None,
+        "on_nonlinear": None,
+        "rollback": False,
+        "matcher": "loose_tool_call",
+        "retries": None,
+        "echo_rules": None,
+        "delta": "false",
+    }
 
 
 def test_help_reads_declarations_without_loading_a_strategy():
-    code = ("import sys; from typer.testing import CliRunner; from trace_tools.cli.main import app; "
-            "r = CliRunner().invoke(app, ['replay', '--help']); assert r.exit_code == 0, r.output; "
-            "print(sorted(m for m in sys.modules if m.startswith('trace_tools.strategies')))")
+    code = (
+        "import sys; from typer.testing import CliRunner; from trace_tools.cli.main import app; "
+        "r = CliRunner().invoke(app, ['replay', '--help']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.startswith('trace_tools.strategies')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['trace_tools.strategies', 'trace_tools.strategies.declarations']"
 

@@ -5,6 +5,7 @@ larger than their inputs are checked before they run; a template that breaks a l
 compile, or fails on the simplest conversation stops `replay` and `validate` with exit 2 naming
 it. Two recordings that differ in anything a renderer reads (a gpt-oss render date) get their own
 renderer (`RenderSpec`)."""
+
 from __future__ import annotations
 
 import importlib
@@ -28,14 +29,14 @@ from trace_tools.render.spec import RenderSpec
 HOSTILE = {  # each would hang for minutes or allocate gigabytes without the limits
     "a 10^10-step loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     "exponential macro recursion": "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
-                                   "{{ f(60) }}",
+    "{{ f(60) }}",
     "a 10 GB string": "{{ 'x' * 10**10 }}",
     "a 10 GB string never printed": "{% set y = 'x' * 10**10 %}",
     "a huge power": "{{ 2 ** 10000000000 }}",
     "doubling with ~": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
-                       "{% endfor %}",
+    "{% endfor %}",
     "doubling with +": "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
-                       "{% endfor %}",
+    "{% endfor %}",
     "padding by filter": "{{ 'x'|center(10**10) }}",
     "padding by method": "{{ 'x'.ljust(10**10) }}",
     "padding by format": "{{ '{:>10000000000}'.format(1) }}",
@@ -84,9 +85,14 @@ def test_every_hostile_template_stops_at_a_limit_in_time_and_memory():
 
 
 def test_the_time_limit_stops_a_loop_and_the_renderer_works_again():
-    renderer = Renderer("qwen3", "{% if messages[0].content == 'loop' %}" + HOSTILE["a 10^10-step loop"] +
-                        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="sometimes",
-                        limits=TemplateLimits(seconds=1.0))
+    renderer = Renderer(
+        "qwen3",
+        "{% if messages[0].content == 'loop' %}"
+        + HOSTILE["a 10^10-step loop"]
+        + "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+        template_identity="sometimes",
+        limits=TemplateLimits(seconds=1.0),
+    )
     assert renderer.render_text([{"role": "user", "content": "fine"}]) == "fine"
     started = time.monotonic()
     with pytest.raises(TemplateLimitHit, match="ran past the 1 s limit"):
@@ -97,8 +103,12 @@ def test_the_time_limit_stops_a_loop_and_the_renderer_works_again():
 
 
 def test_output_over_the_limit_is_refused_before_it_is_joined():
-    renderer = Renderer("qwen3", "{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="plain",
-                        limits=TemplateLimits(output=1000))
+    renderer = Renderer(
+        "qwen3",
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+        template_identity="plain",
+        limits=TemplateLimits(output=1000),
+    )
     assert len(renderer.render_text([{"role": "user", "content": "x" * 999}])) == 999
     with pytest.raises(TemplateLimitHit, match="wrote more than 1,000 characters"):
         renderer.render_text([{"role": "user", "content": "x" * 600}, {"role": "user", "content": "y" * 600}])
@@ -106,9 +116,11 @@ def test_output_over_the_limit_is_refused_before_it_is_joined():
 
 def test_real_templates_render_alike_with_and_without_the_checks():
     """The checked operations give the same text as unchecked Jinja where they stay in bounds."""
-    template = ("{{ 'ab' * 3 }}|{{ 2 ** 10 }}|{{ '%05d' % 42 }}|{{ '{:>6}'.format('r') }}|{{ 'a' ~ 'b' }}|"
-                "{{ 'x'.center(5) }}|{{ [1, 2]|join(', ') }}|{{ 'a\\nb'|indent(2) }}|{{ {'k': [1]}|tojson(indent=2) }}"
-                "|{{ messages[0].content.replace('h', 'H') }}")
+    template = (
+        "{{ 'ab' * 3 }}|{{ 2 ** 10 }}|{{ '%05d' % 42 }}|{{ '{:>6}'.format('r') }}|{{ 'a' ~ 'b' }}|"
+        "{{ 'x'.center(5) }}|{{ [1, 2]|join(', ') }}|{{ 'a\\nb'|indent(2) }}|{{ {'k': [1]}|tojson(indent=2) }}"
+        "|{{ messages[0].content.replace('h', 'H') }}"
+    )
     text = Renderer("qwen3", template, template_identity="ops").render_text([{"role": "user", "content": "hi"}])
     assert text == 'ababab|1024|00042|     r|ab|  x  |1, 2|a\n  b|{\n  "k": [\n    1\n  ]\n}|Hi'
 
@@ -146,8 +158,9 @@ def test_a_broken_template_stops_the_command_with_exit_2_naming_it(kind, command
     args = [command, str(dump)] + (["-s", "tree", "--out", str(tmp_path / "run")] if command == "replay" else [])
     env = {**os.environ, "TRACE_TOOLS_TEMPLATE_SECONDS": "2", "COLUMNS": "400"}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "trace_tools.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "trace_tools.cli.main", *args], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     error = " ".join(done.stderr.split())
     assert "chat template dump sha256=" in error and message in error
@@ -158,8 +171,12 @@ def test_a_broken_template_stops_the_command_with_exit_2_naming_it(kind, command
 def test_a_template_over_a_limit_in_one_session_stops_the_replay(simulated_dump, tmp_path, monkeypatch):
     """A template that renders the probe but loops on a longer conversation: the session does
     not become a quarantine entry, the run stops (exit 2)."""
-    template = ("{% if messages|length > 3 %}" + HOSTILE["a 10^10-step loop"] + "{% endif %}"
-                + pq.read_table(simulated_dump).schema.metadata[b"trace_tools.chat_template"].decode())
+    template = (
+        "{% if messages|length > 3 %}"
+        + HOSTILE["a 10^10-step loop"]
+        + "{% endif %}"
+        + pq.read_table(simulated_dump).schema.metadata[b"trace_tools.chat_template"].decode()
+    )
     dump = _with_template(simulated_dump, tmp_path / "d.parquet", template)
     monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_SECONDS", "1")
     result = CliRunner().invoke(app, ["replay", str(dump), "-s", "tree", "--out", str(tmp_path / "run")])

@@ -1,5 +1,6 @@
 """The template runner: transformers' render, with its per-call steps memoised, and without
 importing transformers once a template's verdict is on disk."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,12 @@ TOOLS = [{"type": "function", "function": {"name": "Read", "description": "read 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},
     {"role": "user", "content": "open a.py"},
-    {"role": "assistant", "content": "", "reasoning_content": "need the file",
-     "tool_calls": [{"type": "function", "function": {"name": "Read", "arguments": {"path": "a.py"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "need the file",
+        "tool_calls": [{"type": "function", "function": {"name": "Read", "arguments": {"path": "a.py"}}}],
+    },
     {"role": "tool", "content": "print(1)"},
     {"role": "assistant", "content": "it prints 1", "thinking": "easy"},
     {"role": "user", "content": "thanks", "name": None},
@@ -27,7 +32,8 @@ CONVERSATION = [
 
 def _reference(renderer, messages, tools, generation):
     return renderer.tokenizer.hf.apply_chat_template(
-        messages, tools=tools, chat_template=renderer.chat_template, add_generation_prompt=generation, tokenize=False)
+        messages, tools=tools, chat_template=renderer.chat_template, add_generation_prompt=generation, tokenize=False
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.5", "glm4.5", "gpt-oss", "llama3.1"])
@@ -39,7 +45,8 @@ def test_the_runner_renders_what_apply_chat_template_renders(name):
         for generation in (False, True):
             messages = CONVERSATION[:end]
             assert renderer._apply_template(messages, TOOLS, generation, {}) == _reference(
-                renderer, messages, TOOLS, generation)
+                renderer, messages, TOOLS, generation
+            )
     assert isinstance(renderer._jinja, TemplateRunner) and renderer._jinja.steps.name == "native"
 
 
@@ -72,8 +79,9 @@ def test_once_the_verdict_is_stored_a_process_renders_without_transformers(tmp_p
     env = {**__import__("os").environ, "TRACE_TOOLS_CACHE": str(tmp_path)}
 
     def run() -> str:
-        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                              check=True).stdout.split()
+        return subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
 
     first, second = run(), run()
     assert first[1:] == ["native", "True"]  # the first process checks against transformers

@@ -1,5 +1,6 @@
 """No token trained twice (DESIGN §5), enforced by the engine: a strategy whose samples train a
 generated token twice has that session quarantined as `replay_error`, with a message naming it."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -47,8 +48,11 @@ def test_a_token_trained_in_two_samples_is_named():
     first = _sample([1], [10, 11, 12], [0, 0, 0], [1, 1, 1])
     second = _sample([1, 10, 11, 12, 5], [20, 21], [1, 1], [1, 1])
     again = _sample([1], [10, 11], [0, 0], [0, 1])  # token 11 of turn 0 carries loss again
-    with pytest.raises(TrainedTwice, match=r"turn 0's token 11 carries loss 1 2 times in samples \[0, 2\] but the "
-                                           r"turn generated it 1 time\(s\)"):
+    with pytest.raises(
+        TrainedTwice,
+        match=r"turn 0's token 11 carries loss 1 2 times in samples \[0, 2\] but the "
+        r"turn generated it 1 time\(s\)",
+    ):
         check_trained_once(session, ReplayResult(samples=[first, second, again]))
 
 

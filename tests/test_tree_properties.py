@@ -5,6 +5,7 @@ the same prompt, rewritten or foreign assistant echoes) rendered by a toy chat f
 token drift (replace / insert / delete) applied to some prompts. Output ids carry distinctive
 logprobs so a trained token's logprob can be traced back to the exact recorded one.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -84,13 +85,13 @@ def _drifted(draw, prompt: list[int], echo_span: range) -> list[int]:
         return prompt
     if mode == "wobble":
         at = draw(st.sampled_from(echo_span))
-        return prompt[:at] + [DRIFT] + prompt[at + 1:]
+        return prompt[:at] + [DRIFT] + prompt[at + 1 :]
     at = draw(st.integers(0, len(prompt) - 1))
     if mode == "replace":
-        return prompt[:at] + [DRIFT] + prompt[at + 1:]
+        return prompt[:at] + [DRIFT] + prompt[at + 1 :]
     if mode == "insert":
         return prompt[:at] + [DRIFT] + prompt[at:]
-    return prompt[:at] + prompt[at + 1:]
+    return prompt[:at] + prompt[at + 1 :]
 
 
 def _last_echo_span(toy: ToyFormat, messages: list[dict]) -> range:
@@ -124,8 +125,13 @@ def sessions(draw, append_only: bool = False) -> list[RecordedTurn]:
 def replay(turns: list[RecordedTurn], params: dict, max_sample_tokens: int = 0):
     mgr = TrajectoryManager(**params)
     for t in turns:
-        mgr.record_turn("s", turn=TurnRecord(t.prompt, t.output, "stop", t.logprobs), prompt_messages=t.messages,
-                        response_message=t.reply, source=t.index)
+        mgr.record_turn(
+            "s",
+            turn=TurnRecord(t.prompt, t.output, "stop", t.logprobs),
+            prompt_messages=t.messages,
+            response_message=t.reply,
+            source=t.index,
+        )
     samples = mgr.get_trajectory("s", base_sample=BaseSample(), reward=1.5, max_sample_tokens=max_sample_tokens)
     return samples, mgr.pop_stats("s")
 
@@ -158,16 +164,19 @@ def trained_by_turn(turns: list[RecordedTurn], samples: list[TreeSample]) -> Cou
         region_start = len(sample.token_ids) - sample.response_length
         for source, start, end in source_runs(sample):
             turn = turns[source]
-            assert sample.token_ids[start:end] == turn.output[:end - start], "provenance points at other ids"
+            assert sample.token_ids[start:end] == turn.output[: end - start], "provenance points at other ids"
             masks = [sample.loss_mask[p - region_start] if p >= region_start else 0 for p in range(start, end)]
             assert len(set(masks)) == 1, "a turn's run is trained entirely or not at all"
             if masks[0]:
                 assert owner.setdefault(source, number) == number, f"turn {source} trained in two samples"
                 recorded = turn.logprobs or (0.0,) * len(turn.output)
-                assert sample.logprobs[start - region_start:end - region_start] == list(recorded[:end - start])
+                assert sample.logprobs[start - region_start : end - region_start] == list(recorded[: end - start])
                 trained[source] += end - start
-        untracked = [p for p in range(region_start, len(sample.token_ids))
-                     if sample.loss_mask[p - region_start] and sample.source_turn[p] < 0]
+        untracked = [
+            p
+            for p in range(region_start, len(sample.token_ids))
+            if sample.loss_mask[p - region_start] and sample.source_turn[p] < 0
+        ]
         assert not untracked, "a trained token without provenance"
     return trained
 

@@ -8,6 +8,7 @@ by inserting or replacing a marker id.
 Each sample is shown as one readable line: tokens by name, trained tokens (loss 1) prefixed with
 `+`. Only the response region can carry `+`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,14 @@ import dataclasses
 import pytest
 
 from trace_tools.errors import ReplayError
-from trace_tools.strategies.tree_core import (BaseSample, LogprobsLengthMismatch, TrajectoryManager, TreeSample,
-                                               TurnRecord, common_prefix_len)
+from trace_tools.strategies.tree_core import (
+    BaseSample,
+    LogprobsLengthMismatch,
+    TrajectoryManager,
+    TreeSample,
+    TurnRecord,
+    common_prefix_len,
+)
 
 OPEN = {"system": 100, "user": 200, "tool": 300, "assistant": 400}
 SHORT = {"system": "sys", "user": "usr", "tool": "tool", "assistant": "ai"}
@@ -63,14 +70,27 @@ def m(role: str, text: str) -> dict:
 SYS, USR = m("system", "brief"), m("user", "hello")
 
 
-def say(mgr: TrajectoryManager, toy: Toy, sid: str, history: list[dict], reply: str | None, *,
-        prompt: list[int] | None = None, output: list[int] | None = None, lp: list[float] | None = None,
-        finish: str = "stop") -> tuple[list[int], list[int]]:
+def say(
+    mgr: TrajectoryManager,
+    toy: Toy,
+    sid: str,
+    history: list[dict],
+    reply: str | None,
+    *,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    lp: list[float] | None = None,
+    finish: str = "stop",
+) -> tuple[list[int], list[int]]:
     """Record one turn: prompt rendered from `history` unless given; the reply's message is `m(assistant, reply)`."""
     p = list(prompt) if prompt is not None else toy.render(history)
     r = list(output) if output is not None else (toy.reply(reply) if reply is not None else [])
-    mgr.record_turn(sid, turn=TurnRecord(p, r, finish, tuple(lp or ())), prompt_messages=history,
-                    response_message=m("assistant", reply) if reply is not None else None)
+    mgr.record_turn(
+        sid,
+        turn=TurnRecord(p, r, finish, tuple(lp or ())),
+        prompt_messages=history,
+        response_message=m("assistant", reply) if reply is not None else None,
+    )
     return p, r
 
 
@@ -79,7 +99,7 @@ def inserted(ids: list[int], at: int) -> list[int]:
 
 
 def replaced(ids: list[int], at: int) -> list[int]:
-    return ids[:at] + [REPLACED] + ids[at + 1:]
+    return ids[:at] + [REPLACED] + ids[at + 1 :]
 
 
 def finish(mgr: TrajectoryManager, sid: str, reward: float = 1.0, **kw) -> list[TreeSample]:
@@ -100,6 +120,7 @@ PREFIX = "<sys sys:brief sys> <usr usr:hello usr> <ai"
 
 # ---- group 1: the routing tree -----------------------------------------------------------------
 
+
 def test_slime_1_1_single_turn_chain():
     mgr, toy = TrajectoryManager(), Toy()
     say(mgr, toy, "s", [SYS, USR], "sum")
@@ -118,8 +139,7 @@ def test_slime_1_2_clean_multiturn_with_tool():
     assert [n.role for n in chain] == ["system", "user", "assistant", "tool", "assistant"]
     assert mgr.turn_count("s") == 2
     samples = finish(mgr, "s")
-    assert [toy.show(s) for s in samples] == [
-        f"{PREFIX} +ai:ls +ai> <tool tool:a.txt tool> <ai +ai:done +ai>"]
+    assert [toy.show(s) for s in samples] == [f"{PREFIX} +ai:ls +ai> <tool tool:a.txt tool> <ai +ai:done +ai>"]
 
 
 def test_slime_1_3_system_fork():
@@ -130,7 +150,8 @@ def test_slime_1_3_system_fork():
     assert len(leaves(mgr, "s")) == 2
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         "<sys sys:terse sys> <usr usr:hello usr> <ai +ai:hi +ai>",
-        "<sys sys:chatty sys> <usr usr:hello usr> <ai +ai:hi +ai>"]
+        "<sys sys:chatty sys> <usr usr:hello usr> <ai +ai:hi +ai>",
+    ]
 
 
 def test_slime_1_4_user_fork_shared_system():
@@ -141,7 +162,8 @@ def test_slime_1_4_user_fork_shared_system():
     assert len(root.children) == 1 and len(root.children[0].children) == 2
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         "<sys sys:brief sys> <usr usr:north usr> <ai +ai:n +ai>",
-        "<sys sys:brief sys> <usr usr:south usr> <ai +ai:s +ai>"]
+        "<sys sys:brief sys> <usr usr:south usr> <ai +ai:s +ai>",
+    ]
 
 
 def test_slime_1_5_assistant_message_fork():
@@ -163,7 +185,8 @@ def test_slime_1_6_tool_fork_shared_assistant():
     assert shared.role == "assistant" and shared.turn is not None and len(shared.children) == 2
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         f"{PREFIX} +ai:grep +ai> <tool tool:hit tool> <ai +ai:found +ai>",
-        f"{PREFIX} ai:grep ai> <tool tool:miss tool> <ai +ai:none +ai>"]
+        f"{PREFIX} ai:grep ai> <tool tool:miss tool> <ai +ai:none +ai>",
+    ]
 
 
 def test_slime_1_7_token_only_drift_no_fork():
@@ -176,9 +199,10 @@ def test_slime_1_7_token_only_drift_no_fork():
     samples = finish(mgr, "s")
     assert [toy.show(s) for s in samples] == [
         f"{PREFIX} +ai:one +ai>",
-        "<sys %drift% sys:brief sys> <usr usr:hello usr> <ai +ai:two +ai>"]
+        "<sys %drift% sys:brief sys> <usr usr:hello usr> <ai +ai:two +ai>",
+    ]
     assert INSERTED in samples[1].token_ids
-    assert INSERTED not in samples[1].token_ids[len(tampered):]
+    assert INSERTED not in samples[1].token_ids[len(tampered) :]
 
 
 def test_slime_1_8_multi_tool_per_turn():
@@ -190,7 +214,8 @@ def test_slime_1_8_multi_tool_per_turn():
     assert [n.role for n in chain] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert chain[3].message == first and chain[4].message == second
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} +ai:both +ai> <tool tool:r1 tool> <tool tool:r2 tool> <ai +ai:merged +ai>"]
+        f"{PREFIX} +ai:both +ai> <tool tool:r1 tool> <tool tool:r2 tool> <ai +ai:merged +ai>"
+    ]
 
 
 def test_slime_1_9_cross_sid_isolation():
@@ -212,6 +237,7 @@ def test_slime_1_10_empty_response():
 
 
 # ---- group 2: linearization --------------------------------------------------------------------
+
 
 def test_slime_2_1_single_turn_linearize():
     mgr, toy = TrajectoryManager(), Toy()
@@ -252,7 +278,8 @@ def test_slime_2_3_drift_case_a_forks():
     samples = finish(mgr, "s")
     assert [toy.show(s) for s in samples] == [
         f"{PREFIX} +ai:run +ai>",
-        "<sys sys:brief sys> <usr usr:hello usr> %drift% <ai ai:run ai> <tool tool:out tool> <ai +ai:fin +ai>"]
+        "<sys sys:brief sys> <usr usr:hello usr> %drift% <ai ai:run ai> <tool tool:out tool> <ai +ai:fin +ai>",
+    ]
 
 
 def test_slime_2_4_drift_case_b1_short_replaces():
@@ -270,7 +297,8 @@ def test_slime_2_5_drift_case_b1_long_forks():
     _two_turn_drift(mgr, toy, drift_at=lambda p1, r1: len(p1) + len(r1) - 1, replace=True, lp=False)
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         f"{PREFIX} +ai:run +ai>",
-        f"{PREFIX} ai:run %drift% <tool tool:out tool> <ai +ai:fin +ai>"]
+        f"{PREFIX} ai:run %drift% <tool tool:out tool> <ai +ai:fin +ai>",
+    ]
 
 
 def test_slime_2_6_drift_case_b1_threshold_zero_forks():
@@ -278,7 +306,8 @@ def test_slime_2_6_drift_case_b1_threshold_zero_forks():
     _two_turn_drift(mgr, toy, drift_at=lambda p1, r1: len(p1) + len(r1) - 1, replace=True, lp=False)
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         f"{PREFIX} +ai:run +ai>",
-        f"{PREFIX} ai:run %drift% <tool tool:out tool> <ai +ai:fin +ai>"]
+        f"{PREFIX} ai:run %drift% <tool tool:out tool> <ai +ai:fin +ai>",
+    ]
 
 
 def test_slime_2_7_drift_case_b2_earlier_turn_forks():
@@ -290,7 +319,8 @@ def test_slime_2_7_drift_case_b2_earlier_turn_forks():
     say(mgr, toy, "s", [SYS, USR, a1, t1, a2, t2], "s3", prompt=p3, lp=[-0.3] * 2)
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         f"{PREFIX} +ai:s1 +ai> <tool tool:o1 tool> <ai +ai:s2 +ai>",
-        f"{PREFIX} ai:s1 %drift% <tool tool:o1 tool> <ai ai:s2 ai> <tool tool:o2 tool> <ai +ai:s3 +ai>"]
+        f"{PREFIX} ai:s1 %drift% <tool tool:o1 tool> <ai ai:s2 ai> <tool tool:o2 tool> <ai +ai:s3 +ai>",
+    ]
 
 
 def test_slime_2_8_fork_reward():
@@ -306,7 +336,9 @@ def test_slime_2_9_two_leaves_reward():
     say(mgr, toy, "s", [SYS, m("user", "y")], "y")
     samples = finish(mgr, "s", reward=-2.0)
     assert [toy.show(s) for s in samples] == [
-        "<sys sys:brief sys> <usr usr:x usr> <ai +ai:x +ai>", "<sys sys:brief sys> <usr usr:y usr> <ai +ai:y +ai>"]
+        "<sys sys:brief sys> <usr usr:x usr> <ai +ai:x +ai>",
+        "<sys sys:brief sys> <usr usr:y usr> <ai +ai:y +ai>",
+    ]
     assert [s.reward for s in samples] == [-2.0, -2.0]
 
 
@@ -319,7 +351,8 @@ def test_slime_2_10_cross_leaf_dedup():
     samples = finish(mgr, "s")
     assert [toy.show(s) for s in samples] == [
         f"{PREFIX} +ai:ask +ai> <tool tool:yes tool> <ai +ai:go +ai>",
-        f"{PREFIX} ai:ask ai> <tool tool:no tool> <ai +ai:stop +ai>"]
+        f"{PREFIX} ai:ask ai> <tool tool:no tool> <ai +ai:stop +ai>",
+    ]
     assert samples[1].logprobs == [0.0] * (len(p3) - len(p1)) + [-0.3] * len(r3)
 
 
@@ -334,7 +367,8 @@ def test_slime_2_11_routing_only_assistant_filtered():
     routing = [n for n in leaf.path_from_root() if n.role == "assistant" and n.turn is None]
     assert [n.message["content"] for n in routing] == ["alien"]
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} +ai:s1 +ai> <tool tool:o1 tool> <ai +ai:s2 +ai> <ai ai:alien ai> <tool tool:o2 tool> <ai +ai:s3 +ai>"]
+        f"{PREFIX} +ai:s1 +ai> <tool tool:o1 tool> <ai +ai:s2 +ai> <ai ai:alien ai> <tool tool:o2 tool> <ai +ai:s3 +ai>"
+    ]
 
 
 def test_slime_2_12_drop_clears_sid():
@@ -347,6 +381,7 @@ def test_slime_2_12_drop_clears_sid():
 
 
 # ---- group 3: both layers ----------------------------------------------------------------------
+
 
 def test_slime_3_1_rewrite_merge_absorbs_short():
     mgr, toy = TrajectoryManager(), Toy()
@@ -366,7 +401,9 @@ def test_slime_3_2_rewrite_merge_long_forks():
     say(mgr, toy, "s", [SYS, USR, m("assistant", "ok?"), m("tool", "t")], "done")
     assert len(leaves(mgr, "s")) == 2
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} +ai:ok +ai>", f"{PREFIX} ai:ok? ai> <tool tool:t tool> <ai +ai:done +ai>"]
+        f"{PREFIX} +ai:ok +ai>",
+        f"{PREFIX} ai:ok? ai> <tool tool:t tool> <ai +ai:done +ai>",
+    ]
 
 
 def test_slime_3_3_rewrite_merge_threshold_zero_forks():
@@ -375,7 +412,9 @@ def test_slime_3_3_rewrite_merge_threshold_zero_forks():
     say(mgr, toy, "s", [SYS, USR, m("assistant", "ok."), m("tool", "t")], "done")
     assert len(leaves(mgr, "s")) == 2
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} +ai:ok +ai>", f"{PREFIX} ai:ok. ai> <tool tool:t tool> <ai +ai:done +ai>"]
+        f"{PREFIX} +ai:ok +ai>",
+        f"{PREFIX} ai:ok. ai> <tool tool:t tool> <ai +ai:done +ai>",
+    ]
 
 
 def test_slime_3_4_rewrite_merge_ambiguous_forks():
@@ -385,7 +424,10 @@ def test_slime_3_4_rewrite_merge_ambiguous_forks():
     say(mgr, toy, "s", [SYS, USR, m("assistant", "r"), m("tool", "t")], "z")
     assert len(leaves(mgr, "s")) == 3
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} +ai:p +ai>", f"{PREFIX} +ai:q +ai>", f"{PREFIX} ai:r ai> <tool tool:t tool> <ai +ai:z +ai>"]
+        f"{PREFIX} +ai:p +ai>",
+        f"{PREFIX} +ai:q +ai>",
+        f"{PREFIX} ai:r ai> <tool tool:t tool> <ai +ai:z +ai>",
+    ]
     counters = mgr.pop_stats("s").counters
     assert (counters["ambiguous_merges"], counters["rewrite_merges"], counters["tree_branches"]) == (1, 0, 2)
 
@@ -398,13 +440,19 @@ def test_slime_3_5_rewrite_merge_match_key_updated():
     say(mgr, toy, "s", [SYS, USR, rewritten, t1, a2, t2], "last", lp=[-0.3] * 2)
     assert len(leaves(mgr, "s")) == 1
     assert [toy.show(s) for s in finish(mgr, "s")] == [
-        f"{PREFIX} ai:hey  ai> <tool tool:o1 tool> <ai +ai:next +ai> <tool tool:o2 tool> <ai +ai:last +ai>"]
+        f"{PREFIX} ai:hey  ai> <tool tool:o1 tool> <ai +ai:next +ai> <tool tool:o2 tool> <ai +ai:last +ai>"
+    ]
 
 
 def test_slime_3_6_tree_fork_plus_token_drift():
     mgr, toy = TrajectoryManager(), Toy()
-    call, hit, miss, step, more = (m("assistant", "call"), m("tool", "hit"), m("tool", "miss"),
-                                   m("assistant", "step"), m("tool", "more"))
+    call, hit, miss, step, more = (
+        m("assistant", "call"),
+        m("tool", "hit"),
+        m("tool", "miss"),
+        m("assistant", "step"),
+        m("tool", "more"),
+    )
     p1, _ = say(mgr, toy, "s", [SYS, USR], "call", finish="tool_calls", lp=[-0.5] * 2)
     say(mgr, toy, "s", [SYS, USR, call, hit], "step", finish="tool_calls", lp=[-0.4] * 2)
     p3 = inserted(toy.render([SYS, USR, call, hit, step, more]), len(p1) - 1)
@@ -414,7 +462,8 @@ def test_slime_3_6_tree_fork_plus_token_drift():
         f"{PREFIX} +ai:call +ai> <tool tool:hit tool> <ai +ai:step +ai>",
         "<sys sys:brief sys> <usr usr:hello usr> %drift% <ai ai:call ai> <tool tool:hit tool> <ai ai:step ai> "
         "<tool tool:more tool> <ai +ai:end +ai>",
-        f"{PREFIX} ai:call ai> <tool tool:miss tool> <ai +ai:alt +ai>"]
+        f"{PREFIX} ai:call ai> <tool tool:miss tool> <ai +ai:alt +ai>",
+    ]
 
 
 def test_slime_3_7_deep_multi_leaf_dedup():
@@ -428,7 +477,8 @@ def test_slime_3_7_deep_multi_leaf_dedup():
     assert [toy.show(s) for s in finish(mgr, "s")] == [
         f"{PREFIX} +ai:s1 +ai> <tool tool:o1 tool> <ai +ai:s2 +ai> <tool tool:x tool> <ai +ai:endx +ai>",
         f"{shared} <tool tool:y tool> <ai +ai:endy +ai>",
-        f"{shared} <tool tool:z tool> <ai +ai:endz +ai>"]
+        f"{shared} <tool tool:z tool> <ai +ai:endz +ai>",
+    ]
 
 
 def test_slime_3_8_long_mixed_session():
@@ -451,17 +501,21 @@ def test_slime_3_8_long_mixed_session():
     say(mgr, toy, "s", history, "a5", prompt=inserted(toy.render(history), len(p1) - 1), lp=lp)
     samples = finish(mgr, "s")
     stats = mgr.pop_stats("s")
-    body = ("ai:a0 ai> <tool tool:t0 tool> <ai ai:a1 ai> <tool tool:t1 tool> <ai ai:a2 ai> "
-            "<tool tool:t2 tool> <ai ai:a3 ai> <tool tool:t3 tool> <ai")
+    body = (
+        "ai:a0 ai> <tool tool:t0 tool> <ai ai:a1 ai> <tool tool:t1 tool> <ai ai:a2 ai> "
+        "<tool tool:t2 tool> <ai ai:a3 ai> <tool tool:t3 tool> <ai"
+    )
     assert [toy.show(s) for s in samples] == [
         f"{PREFIX} +ai:a0 +ai> <tool tool:t0 tool> <ai +ai:a1 +ai> <tool tool:t1 tool> <ai +ai:a2 +ai> "
         "<tool tool:t2 %drift% <ai +ai:a3 +ai>",
         f"{PREFIX} {body} +ai:a4 +ai>",
-        f"<sys sys:brief sys> <usr usr:hello usr> %drift% <ai {body} ai:a4 ai> <tool tool:t4 tool> <ai +ai:a5 +ai>"]
+        f"<sys sys:brief sys> <usr usr:hello usr> %drift% <ai {body} ai:a4 ai> <tool tool:t4 tool> <ai +ai:a5 +ai>",
+    ]
     assert (stats.counters["drift_clean"], stats.counters["drift_realign"], stats.counters["drift_fork"]) == (3, 0, 2)
 
 
 # ---- group 4: boundaries -----------------------------------------------------------------------
+
 
 def _mismatched_turn(toy: Toy) -> TurnRecord:
     return TurnRecord(toy.render([SYS, USR]), [401, 402, 403], "stop", (-0.1, -0.2))
@@ -471,10 +525,12 @@ def test_slime_4_2_logprobs_length_mismatch_raises():
     toy = Toy()
     with pytest.raises(AssertionError, match="output_log_probs"):
         TrajectoryManager(safe_edges=False).record_turn(
-            "s", turn=_mismatched_turn(toy), prompt_messages=[SYS, USR], response_message=m("assistant", "x"))
+            "s", turn=_mismatched_turn(toy), prompt_messages=[SYS, USR], response_message=m("assistant", "x")
+        )
     with pytest.raises(LogprobsLengthMismatch, match="output_log_probs has 2 entries but output_ids has 3") as err:
         TrajectoryManager().record_turn(
-            "s", turn=_mismatched_turn(toy), prompt_messages=[SYS, USR], response_message=m("assistant", "x"))
+            "s", turn=_mismatched_turn(toy), prompt_messages=[SYS, USR], response_message=m("assistant", "x")
+        )
     assert isinstance(err.value, ReplayError) and isinstance(err.value, ValueError)
 
 
@@ -506,8 +562,9 @@ def _boundary(threshold: int, new_len: int):
     mgr, toy = TrajectoryManager(fork_threshold=threshold), Toy()
     p1 = toy.render([SYS, USR])
     r1 = [451, 452, 453, 454]
-    mgr.record_turn("s", turn=TurnRecord(p1, r1, "tool_calls"), prompt_messages=[SYS, USR],
-                    response_message=m("assistant", "four"))
+    mgr.record_turn(
+        "s", turn=TurnRecord(p1, r1, "tool_calls"), prompt_messages=[SYS, USR], response_message=m("assistant", "four")
+    )
     history = [SYS, USR, m("assistant", "four"), m("tool", "t")]
     p2 = replaced(p1 + r1 + [300, toy.body("tool", "t"), 399, GEN], len(p1) + len(r1) - 1)
     r2 = [460 + i for i in range(new_len)]
@@ -526,6 +583,7 @@ def test_slime_4_6_drift_b1_threshold_boundary():
 
 def test_rewrite_merge_threshold_boundary():
     """Not an upstream case: the merge needs `len(output) < fork_threshold`, strictly (reference §2.2)."""
+
     def leaves_after_rewrite(threshold: int) -> int:
         mgr, toy = TrajectoryManager(fork_threshold=threshold), Toy()  # the reply is 2 tokens long
         say(mgr, toy, "s", [SYS, USR], "ok", finish="tool_calls")

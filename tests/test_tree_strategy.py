@@ -1,4 +1,5 @@
 """The `tree` strategy over recorded sessions: provenance, per-turn events, counters, options, edge guards."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -26,27 +27,46 @@ def tool(text: str) -> dict:
 
 
 def turn(index: int, messages: list[dict], prompt: list[int], output: list[int], reply: str, **extra) -> Turn:
-    return Turn(session_id="sess", turn_index=index, messages=messages, output_ids=output, prompt_ids=prompt,
-                output_logprobs=extra.pop("logprobs", [-0.1 * (k + 1) for k in range(len(output))]),
-                response=assistant(reply), **extra)
+    return Turn(
+        session_id="sess",
+        turn_index=index,
+        messages=messages,
+        output_ids=output,
+        prompt_ids=prompt,
+        output_logprobs=extra.pop("logprobs", [-0.1 * (k + 1) for k in range(len(output))]),
+        response=assistant(reply),
+        **extra,
+    )
 
 
 def linear_session() -> Session:
     """Three byte-exact append-only turns (prompt of turn n = prompt + output of n-1 + a tool block)."""
-    return Session("sess", [
-        turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "look"),
-        turn(1, [SYSTEM, USER, assistant("look"), tool("r0")], [1, 2, 3, 10, 11, 20, 21], [12, 13], "edit"),
-        turn(2, [SYSTEM, USER, assistant("look"), tool("r0"), assistant("edit"), tool("r1")],
-             [1, 2, 3, 10, 11, 20, 21, 12, 13, 22, 23], [14, 15], "done", reward=2.0),
-    ])
+    return Session(
+        "sess",
+        [
+            turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "look"),
+            turn(1, [SYSTEM, USER, assistant("look"), tool("r0")], [1, 2, 3, 10, 11, 20, 21], [12, 13], "edit"),
+            turn(
+                2,
+                [SYSTEM, USER, assistant("look"), tool("r0"), assistant("edit"), tool("r1")],
+                [1, 2, 3, 10, 11, 20, 21, 12, 13, 22, 23],
+                [14, 15],
+                "done",
+                reward=2.0,
+            ),
+        ],
+    )
 
 
 def wobble_session(echo: str = "look") -> Session:
     """Turn 1's prompt re-renders the last token of turn 0's answer (11 -> 99)."""
-    return Session("sess", [
-        turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "look"),
-        turn(1, [SYSTEM, USER, assistant(echo), tool("r0")], [1, 2, 3, 10, 99, 20, 21], [12, 13], "edit"),
-    ])
+    return Session(
+        "sess",
+        [
+            turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "look"),
+            turn(1, [SYSTEM, USER, assistant(echo), tool("r0")], [1, 2, 3, 10, 99, 20, 21], [12, 13], "edit"),
+        ],
+    )
 
 
 def run(session: Session, **params) -> ReplayResult:
@@ -68,7 +88,11 @@ def test_tree_append_only_session_is_one_fully_trained_sample():
     assert sample.reward == 2.0
     assert result.prompt_events == {0: "clean", 1: "clean", 2: "clean"}
     assert result.turn_events == {} and result.drift_positions == {}
-    assert (result.counters["drift_clean"], result.counters["drift_fork"], result.counters["tree_branches"]) == (2, 0, 0)
+    assert (result.counters["drift_clean"], result.counters["drift_fork"], result.counters["tree_branches"]) == (
+        2,
+        0,
+        0,
+    )
     assert set(COUNTERS) <= set(result.counters)
 
 
@@ -121,8 +145,9 @@ def test_tree_rewritten_echo_branches_when_merge_is_off():
 
 
 def test_tree_regenerations_are_sibling_leaves():
-    session = Session("sess", [turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "a"),
-                               turn(1, [SYSTEM, USER], [1, 2, 3], [12, 13], "b")])
+    session = Session(
+        "sess", [turn(0, [SYSTEM, USER], [1, 2, 3], [10, 11], "a"), turn(1, [SYSTEM, USER], [1, 2, 3], [12, 13], "b")]
+    )
     result = run(session)
     assert [s.source_turn[-1] for s in result.samples] == [0, 1]
     assert result.counters["tree_branches"] == 1
@@ -148,8 +173,12 @@ def _shared_first_turn(mgr: TrajectoryManager) -> list:
     """Two leaves share turn 1; the second leaf's only trained tokens are its last answer."""
     for prompt, output, result in (([1, 2], [10], None), ([1, 2, 10, 5], [11], "a"), ([1, 2, 10, 6], [12], "b")):
         history = [USER] if result is None else [USER, assistant("x"), {"role": "tool", "content": result}]
-        mgr.record_turn("s", turn=TurnRecord(prompt, output), prompt_messages=history,
-                        response_message=assistant("x" if result is None else result))
+        mgr.record_turn(
+            "s",
+            turn=TurnRecord(prompt, output),
+            prompt_messages=history,
+            response_message=assistant("x" if result is None else result),
+        )
     return mgr.get_trajectory("s", base_sample=BaseSample(), max_sample_tokens=4)
 
 
@@ -167,8 +196,10 @@ def test_tree_bad_logprobs_raise_a_replay_error():
         run(session)
 
 
-@pytest.mark.parametrize("params", [{"realign_gate": "sideways"}, {"realign_from": "middle"},
-                                    {"fork_threshold": "many"}, {"max_sample_tokens": -4}])
+@pytest.mark.parametrize(
+    "params",
+    [{"realign_gate": "sideways"}, {"realign_from": "middle"}, {"fork_threshold": "many"}, {"max_sample_tokens": -4}],
+)
 def test_tree_rejects_bad_options(params):
     with pytest.raises(InvalidOption):
         run(linear_session(), **params)
@@ -178,12 +209,20 @@ def test_tree_rejects_bad_options(params):
 def test_replay_prepared_accepts_prepared_turn_like_inputs():
     """Other strategies feed their own prepared turns (e.g. healed prompt ids) through the same manager."""
     session = linear_session()
-    prepared = [SimpleNamespace(turn=t, messages=[{"role": m["role"], "content": m["content"]} for m in t.messages],
-                                response_message=assistant(t.response["content"]), prompt_ids=t.prompt_ids,
-                                ill_formed=False) for t in session.turns]
+    prepared = [
+        SimpleNamespace(
+            turn=t,
+            messages=[{"role": m["role"], "content": m["content"]} for m in t.messages],
+            response_message=assistant(t.response["content"]),
+            prompt_ids=t.prompt_ids,
+            ill_formed=False,
+        )
+        for t in session.turns
+    ]
     result = TreeStrategy(ReplayContext(None)).replay_prepared("other-id", prepared, reward=0.5)
     assert [(s.token_ids, s.source_turn, s.reward) for s in result.samples] == [
-        (run(session).samples[0].token_ids, run(session).samples[0].source_turn, 0.5)]
+        (run(session).samples[0].token_ids, run(session).samples[0].source_turn, 0.5)
+    ]
 
 
 def test_subclass_can_rewrite_turns_before_recording():
@@ -199,15 +238,20 @@ def test_subclass_can_rewrite_turns_before_recording():
 
 
 def test_ill_formed_and_tool_use_reach_sample_metadata():
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "Bash", "arguments": "{not json"}}]}
-    session = Session("sess", [Turn("sess", 0, [USER], [10, 11], prompt_ids=[1, 2], response=call,
-                                    finish_reason="length")])
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "Bash", "arguments": "{not json"}}],
+    }
+    session = Session(
+        "sess", [Turn("sess", 0, [USER], [10, 11], prompt_ids=[1, 2], response=call, finish_reason="length")]
+    )
     (sample,) = run(session).samples
     assert sample.metadata == {"truncated": True, "use_tool": True, "ill_formed": True}
 
 
 # ---- end to end on the real Qwen3 template and tokenizer -----------------------------------------
+
 
 @pytest.fixture(scope="module")
 def qwen3():
@@ -220,10 +264,13 @@ def _qwen3_session(renderer, first_reply: dict, first_text: str) -> Session:
     """Two turns; the second echoes the first reply and adds a new user message."""
     history = [SYSTEM, USER]
     follow_up = history + [dict(first_reply, role="assistant"), {"role": "user", "content": "go on"}]
-    return Session("q", [
-        Turn("q", 0, history, renderer.encode(first_text), response=first_reply),
-        Turn("q", 1, follow_up, renderer.encode("Done.<|im_end|>"), response=assistant("Done.")),
-    ])
+    return Session(
+        "q",
+        [
+            Turn("q", 0, history, renderer.encode(first_text), response=first_reply),
+            Turn("q", 1, follow_up, renderer.encode("Done.<|im_end|>"), response=assistant("Done.")),
+        ],
+    )
 
 
 def _rendered(renderer, session: Session, **params) -> ReplayResult:

@@ -4,6 +4,7 @@ TRL has no message tree: one conversation is a list of turns. We feed such a lis
 tree manager with a strictly growing message history, so the tree is a single chain and only the
 token layer decides. TRL's variant is `realign_gate="drift", realign_from="divergence"`.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -11,9 +12,18 @@ import sys
 
 import pytest
 
-from trace_tools.strategies.tree_core import (BaseSample, DriftKind, MessageNode, SampleLayoutError,
-                                               TrajectoryManager, TreeSample, TurnRecord, _SampleBuilder,
-                                               common_prefix_len, full_length_layout)
+from trace_tools.strategies.tree_core import (
+    BaseSample,
+    DriftKind,
+    MessageNode,
+    SampleLayoutError,
+    TrajectoryManager,
+    TreeSample,
+    TurnRecord,
+    _SampleBuilder,
+    common_prefix_len,
+    full_length_layout,
+)
 
 
 def trl_manager(fork_threshold: int = 1024) -> TrajectoryManager:
@@ -36,6 +46,7 @@ def rows(mgr: TrajectoryManager, turns: list[TurnRecord]) -> list[tuple[list[int
 
 # ---- TRL -----------------------------------------------------------------------------------------
 
+
 def test_trl_common_prefix_len():
     assert common_prefix_len([5, 6, 7], [5, 6, 7]) == 3
     assert common_prefix_len([5, 6], [5, 6, 7, 8]) == 2
@@ -55,9 +66,13 @@ def test_trl_single_turn():
 def test_trl_clean_chain_stays_one_row():
     t1 = TurnRecord([5, 6, 7], [40, 41], output_log_probs=(-0.5, -0.25))
     t2 = TurnRecord([5, 6, 7, 40, 41, 60, 61], [42, 43], output_log_probs=(-1.0, -2.0))
-    assert rows(trl_manager(), [t1, t2]) == [(
-        [5, 6, 7, 40, 41, 60, 61, 42, 43], [0, 0, 0, 1, 1, 0, 0, 1, 1],
-        [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0])]
+    assert rows(trl_manager(), [t1, t2]) == [
+        (
+            [5, 6, 7, 40, 41, 60, 61, 42, 43],
+            [0, 0, 0, 1, 1, 0, 0, 1, 1],
+            [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0],
+        )
+    ]
 
 
 def test_trl_rewrite_forks_into_two_rows():
@@ -66,7 +81,8 @@ def test_trl_rewrite_forks_into_two_rows():
     got = rows(trl_manager(fork_threshold=2), [t1, t2])
     assert [(ids, mask) for ids, mask, _ in got] == [
         ([5, 6, 7, 40, 41, 42, 43], [0, 0, 0, 1, 1, 1, 1]),
-        ([5, 6, 7, 40, 77, 78, 79, 50, 51, 52], [0] * 7 + [1, 1, 1])]
+        ([5, 6, 7, 40, 77, 78, 79, 50, 51, 52], [0] * 7 + [1, 1, 1]),
+    ]
 
 
 def test_trl_fork_when_divergence_precedes_last_response():
@@ -88,8 +104,11 @@ def test_trl_tail_wobble_realigns_to_context():
     assert sample.loss_mask == [1, 0, 1, 1]
     assert sample.logprobs == [-0.5, 0.0, -1.0, -2.0]
     # TRL's full-length layout, literally
-    assert full_length_layout(sample) == ([5, 6, 7, 40, 44, 50, 51], [0, 0, 0, 1, 0, 1, 1],
-                                          [0.0, 0.0, 0.0, -0.5, 0.0, -1.0, -2.0])
+    assert full_length_layout(sample) == (
+        [5, 6, 7, 40, 44, 50, 51],
+        [0, 0, 0, 1, 0, 1, 1],
+        [0.0, 0.0, 0.0, -0.5, 0.0, -1.0, -2.0],
+    )
 
 
 def test_trl_tail_wobble_under_slime_masks_the_whole_answer():
@@ -105,7 +124,8 @@ def test_trl_large_drift_forks_even_when_next_turn_is_short():
     got = rows(trl_manager(fork_threshold=3), [t1, t2])
     assert [(ids, mask) for ids, mask, _ in got] == [
         ([5, 6, 7, 40, 41, 42, 43, 44, 45], [0, 0, 0] + [1] * 6),
-        ([5, 6, 7, 70, 71, 50], [0, 0, 0, 0, 0, 1])]
+        ([5, 6, 7, 70, 71, 50], [0, 0, 0, 0, 0, 1]),
+    ]
     # slime's output-length gate would REALIGN here (1 < 3) and lose the long answer
     slime = rows(TrajectoryManager(fork_threshold=3), [t1, t2])
     assert [mask for _, mask, _ in slime] == [[0, 0, 0, 0, 0, 1]]
@@ -129,6 +149,7 @@ def test_trl_history_rewrite_forks_into_two_rows():
 
 # ---- agentcore ---------------------------------------------------------------------------------
 
+
 def test_agentcore_leaves_handles_chain_deeper_than_recursion_limit():
     root = node = MessageNode()
     for _ in range(sys.getrecursionlimit() * 3):
@@ -148,14 +169,14 @@ def test_agentcore_leaves_preserves_left_to_right_dfs_order():
 
 def test_agentcore_trace_record_rejects_loss_mask_longer_than_tokens():
     with pytest.raises(SampleLayoutError, match="loss_mask has 3 entries.*token_ids has only 2"):
-        TreeSample(token_ids=[8, 9], response_length=3, loss_mask=[1, 0, 1], logprobs=[-0.5, 0.0, -0.5],
-                   source_turn=[0, 0])
+        TreeSample(
+            token_ids=[8, 9], response_length=3, loss_mask=[1, 0, 1], logprobs=[-0.5, 0.0, -0.5], source_turn=[0, 0]
+        )
 
 
 def test_agentcore_trace_record_rejects_misaligned_logprobs():
     with pytest.raises(ValueError, match="logprobs has 1 entries.*loss_mask has 2"):
-        TreeSample(token_ids=[7, 8, 9], response_length=2, loss_mask=[1, 1], logprobs=[-0.5],
-                   source_turn=[-1, 0, 0])
+        TreeSample(token_ids=[7, 8, 9], response_length=2, loss_mask=[1, 1], logprobs=[-0.5], source_turn=[-1, 0, 0])
 
 
 def test_agentcore_sample_rejects_short_provenance():
@@ -164,9 +185,11 @@ def test_agentcore_sample_rejects_short_provenance():
 
 
 def test_agentcore_core_imports_without_torch():
-    code = ("import sys, trace_tools.strategies.tree_core, trace_tools.strategies.tree; "
-            "leaked = [m for m in ('torch', 'transformers', 'ray', 'aiohttp') if m in sys.modules]; "
-            "assert not leaked, leaked; print('clean')")
+    code = (
+        "import sys, trace_tools.strategies.tree_core, trace_tools.strategies.tree; "
+        "leaked = [m for m in ('torch', 'transformers', 'ray', 'aiohttp') if m in sys.modules]; "
+        "assert not leaked, leaked; print('clean')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "clean" in done.stdout
@@ -182,8 +205,12 @@ def _assistant(text: str) -> dict:
 
 def test_agentcore_single_turn_strips_leading_prompt():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11, 12, 13], [21, 22], "stop", (-0.5, -1.5)),
-                    prompt_messages=[_user("hey")], response_message=_assistant("yo"))
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord([11, 12, 13], [21, 22], "stop", (-0.5, -1.5)),
+        prompt_messages=[_user("hey")],
+        response_message=_assistant("yo"),
+    )
     (rec,) = mgr.get_trajectory("s", base_sample=BaseSample(index=3, rollout_id="episode"), reward=4.0)
     assert (rec.token_ids, rec.loss_mask, rec.logprobs) == ([11, 12, 13, 21, 22], [1, 1], [-0.5, -1.5])
     assert (rec.response_length, rec.reward, rec.rollout_id, rec.status) == (2, 4.0, "episode", "completed")
@@ -192,11 +219,18 @@ def test_agentcore_single_turn_strips_leading_prompt():
 
 def test_agentcore_clean_multiturn_masks_observation():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11, 12, 13], [21, 22], "stop", (-0.5, -1.5)),
-                    prompt_messages=[_user("hey")], response_message=_assistant("yo"))
-    mgr.record_turn("s", turn=TurnRecord([11, 12, 13, 21, 22, 31], [23], "stop", (-2.5,)),
-                    prompt_messages=[_user("hey"), _assistant("yo"), _user("again")],
-                    response_message=_assistant("ok"))
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord([11, 12, 13], [21, 22], "stop", (-0.5, -1.5)),
+        prompt_messages=[_user("hey")],
+        response_message=_assistant("yo"),
+    )
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord([11, 12, 13, 21, 22, 31], [23], "stop", (-2.5,)),
+        prompt_messages=[_user("hey"), _assistant("yo"), _user("again")],
+        response_message=_assistant("ok"),
+    )
     (rec,) = mgr.get_trajectory("s", base_sample=BaseSample(index=0), reward=1.0)
     assert rec.token_ids == [11, 12, 13, 21, 22, 31, 23]
     assert rec.loss_mask == [1, 1, 0, 1] and rec.logprobs == [-0.5, -1.5, 0.0, -2.5]
@@ -205,10 +239,12 @@ def test_agentcore_clean_multiturn_masks_observation():
 
 def test_agentcore_fork_produces_two_samples():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11, 12], [90]), prompt_messages=[_user("p")],
-                    response_message=_assistant("x"))
-    mgr.record_turn("s", turn=TurnRecord([13, 14], [91]), prompt_messages=[_user("q")],
-                    response_message=_assistant("y"))
+    mgr.record_turn(
+        "s", turn=TurnRecord([11, 12], [90]), prompt_messages=[_user("p")], response_message=_assistant("x")
+    )
+    mgr.record_turn(
+        "s", turn=TurnRecord([13, 14], [91]), prompt_messages=[_user("q")], response_message=_assistant("y")
+    )
     recs = mgr.get_trajectory("s", base_sample=BaseSample(), reward=0.5)
     assert [r.reward for r in recs] == [0.5, 0.5]
 
@@ -218,8 +254,12 @@ def _drift_session(threshold: int | None, first_len: int, rewrite: bool):
     first = TurnRecord([11, 12], [90] * first_len, "stop", (-0.5,) * first_len)
     second = TurnRecord([11, 12, 80, 13], [70], "stop", (-0.25,))
     mgr.record_turn("s", turn=first, prompt_messages=[_user("q")], response_message=_assistant("a"))
-    mgr.record_turn("s", turn=second, prompt_messages=[_user("q"), _assistant("edited" if rewrite else "a"),
-                                                       _user("more")], response_message=_assistant("b"))
+    mgr.record_turn(
+        "s",
+        turn=second,
+        prompt_messages=[_user("q"), _assistant("edited" if rewrite else "a"), _user("more")],
+        response_message=_assistant("b"),
+    )
     return mgr.get_trajectory("s", base_sample=BaseSample(rollout_id="ep"), reward=1.0), first, second
 
 
@@ -237,22 +277,21 @@ def test_agentcore_drift_preserves_both_generations(rewrite, first_len):
 
 def test_agentcore_drift_at_slime_default_gives_1_1_1_2():
     """The reference's probe (§8): slime at 1024 REALIGNs or merges where agentcore now forks."""
-    counts = [len(_drift_session(None, first_len, rewrite)[0])
-              for rewrite in (False, True) for first_len in (2, 1500)]
+    counts = [len(_drift_session(None, first_len, rewrite)[0]) for rewrite in (False, True) for first_len in (2, 1500)]
     assert counts == [1, 1, 1, 2]
 
 
 def test_agentcore_truncated_metadata_from_length_finish():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11], [21, 22], "length"), prompt_messages=[_user("hi")],
-                    response_message=_assistant("a"))
+    mgr.record_turn(
+        "s", turn=TurnRecord([11], [21, 22], "length"), prompt_messages=[_user("hi")], response_message=_assistant("a")
+    )
     assert mgr.get_trajectory("s", base_sample=BaseSample())[0].metadata["truncated"] is True
 
 
 def test_agentcore_get_trajectory_consumes_session():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11], [21]), prompt_messages=[_user("hi")],
-                    response_message=_assistant("a"))
+    mgr.record_turn("s", turn=TurnRecord([11], [21]), prompt_messages=[_user("hi")], response_message=_assistant("a"))
     assert mgr.has_session("s")
     assert len(mgr.get_trajectory("s", base_sample=BaseSample())) == 1
     assert not mgr.has_session("s")
@@ -261,7 +300,11 @@ def test_agentcore_get_trajectory_consumes_session():
 
 def test_agentcore_ill_formed_propagates_to_metadata():
     mgr = TrajectoryManager(0)
-    mgr.record_turn("s", turn=TurnRecord([11], [21], ill_formed=True), prompt_messages=[_user("hi")],
-                    response_message=_assistant("a"))
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord([11], [21], ill_formed=True),
+        prompt_messages=[_user("hi")],
+        response_message=_assistant("a"),
+    )
     metadata = mgr.get_trajectory("s", base_sample=BaseSample())[0].metadata
     assert metadata == {"truncated": False, "use_tool": False, "ill_formed": True}

@@ -5,6 +5,7 @@ Every system the strategies reproduce hands the template tool-call arguments as 
 fails upstream (docs/upstream_families.md). These tests pin which requests fail, with which reason,
 per strategy, and that the lenient text form is an explicit, counted, labelled option.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,16 @@ def deepseek():
 def read_call(path: str, call_id: str) -> tuple[dict, str]:
     """A served Read call (OpenAI wire form, arguments as text) and the text DeepSeek V3 generated."""
     arguments = json.dumps({"file_path": path})
-    message = {"role": "assistant", "content": "", "reasoning_content": f"Open {path}.",
-               "tool_calls": [{"id": call_id, "type": "function",
-                               "function": {"name": "Read", "arguments": arguments}}]}
-    text = (f"Open {path}.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>Read\n"
-            f"```json\n{arguments}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
+    message = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": f"Open {path}.",
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "Read", "arguments": arguments}}],
+    }
+    text = (
+        f"Open {path}.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>Read\n"
+        f"```json\n{arguments}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    )
     return message, text
 
 
@@ -57,9 +63,17 @@ def answer(text: str) -> tuple[dict, str]:
 def turn(renderer, index: int, messages: list[dict], served: tuple[dict, str]) -> Turn:
     response, text = served
     ids = renderer.encode(text)
-    return Turn("ds", index, messages, ids, tools=TOOLS, output_logprobs=[-0.5] * len(ids), response=response,
-                finish_reason="tool_calls" if "tool_calls" in response else "stop",
-                prompt_ids=renderer.render(messages, TOOLS))
+    return Turn(
+        "ds",
+        index,
+        messages,
+        ids,
+        tools=TOOLS,
+        output_logprobs=[-0.5] * len(ids),
+        response=response,
+        finish_reason="tool_calls" if "tool_calls" in response else "stop",
+        prompt_ids=renderer.render(messages, TOOLS),
+    )
 
 
 def append_only_session(renderer) -> Session:
@@ -71,8 +85,10 @@ def append_only_session(renderer) -> Session:
     first = [SYSTEM, QUESTION]
     second = [*first, call[0], result]
     third = [*second, reply[0], follow]
-    return Session("ds", [turn(renderer, 0, first, call), turn(renderer, 1, second, reply),
-                          turn(renderer, 2, third, answer("Done."))])
+    return Session(
+        "ds",
+        [turn(renderer, 0, first, call), turn(renderer, 1, second, reply), turn(renderer, 2, third, answer("Done."))],
+    )
 
 
 def rewritten_echo_session(renderer) -> Session:
@@ -81,8 +97,9 @@ def rewritten_echo_session(renderer) -> Session:
     echoed = {**call[0], "content": "Let me look."}
     result = {"role": "tool", "tool_call_id": "call_1", "content": "def parse(s): return s.split(',')"}
     first = [SYSTEM, QUESTION]
-    return Session("ds", [turn(renderer, 0, first, call),
-                          turn(renderer, 1, [*first, echoed, result], answer("The space."))])
+    return Session(
+        "ds", [turn(renderer, 0, first, call), turn(renderer, 1, [*first, echoed, result], answer("The space."))]
+    )
 
 
 def replay(name: str, renderer, session: Session, **params):
@@ -104,8 +121,9 @@ def test_the_upstream_render_fails_where_transformers_raises(deepseek):
         messages = canonicalize_messages(t.messages)  # arguments parsed to dicts, as upstream does
         assert deepseek.render(messages, TOOLS) == t.prompt_ids
         try:
-            deepseek.tokenizer.hf.apply_chat_template(messages, tools=TOOLS, chat_template=deepseek.chat_template,
-                                                      tokenize=False, add_generation_prompt=True)
+            deepseek.tokenizer.hf.apply_chat_template(
+                messages, tools=TOOLS, chat_template=deepseek.chat_template, tokenize=False, add_generation_prompt=True
+            )
         except TypeError as exc:
             with pytest.raises(ArgumentFormError) as caught:
                 view.render(messages, TOOLS)
@@ -122,13 +140,18 @@ def test_only_a_template_that_needs_text_gets_the_upstream_view(deepseek):
     qwen3 = Renderer.from_spec("qwen3")
     assert upstream_render(qwen3, "miles") is qwen3 and upstream_render(None, "miles") is None
     lenient = upstream_render(deepseek, "slime", lenient=True)
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "a.py"}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "Read", "arguments": {"file_path": "a.py"}}}],
+    }
     messages = [QUESTION, call]
     assert lenient.render(messages, TOOLS) == deepseek.render(messages, TOOLS)
     assert lenient.take_lenient() and not lenient.take_lenient()
-    text_call = {**call, "tool_calls": [{"type": "function",
-                                         "function": {"name": "Read", "arguments": '{"file_path": "a.py"}'}}]}
+    text_call = {
+        **call,
+        "tool_calls": [{"type": "function", "function": {"name": "Read", "arguments": '{"file_path": "a.py"}'}}],
+    }
     strict = upstream_render(deepseek, "slime")
     assert strict.render([QUESTION, text_call], TOOLS) == deepseek.render(messages, TOOLS)
 
@@ -141,8 +164,12 @@ def test_every_request_whose_history_holds_a_tool_call_fails(deepseek, name):
     assert failures(result) == {1: REASONS[name], 2: REASONS[name]}
     assert result.counters["server_errors"] == 2
     assert all(result.turn_events[i] == result.prompt_events[i] == "failed" for i in (1, 2))
-    trained = {s for sample in result.samples for s, m in
-               zip(sample.source_turn[-sample.response_length:], sample.loss_mask) if m}
+    trained = {
+        s
+        for sample in result.samples
+        for s, m in zip(sample.source_turn[-sample.response_length :], sample.loss_mask)
+        if m
+    }
     assert trained <= {0}, "a failed request is never trained"
 
 
@@ -173,15 +200,21 @@ def test_checkpoint_tree_renders_text_arguments_and_trains_everything(deepseek):
     assert sum(sum(s.loss_mask) for s in result.samples) == sum(len(t.output_ids) for t in session.turns)
 
 
-@pytest.mark.parametrize(("name", "needed"), [
-    # miles renders only the appended messages behind a dummy assistant carrying the last stored
-    # call: once turn 1 commits, turn 2 appends after a text answer and needs no text form.
-    ("session-v1", 1), ("session-v2", 1),
-    # agentcore's healer and slime's adapter render the whole history, which holds the call.
-    ("linear", 2), ("linear+restore", 2), ("echo-restore", 2),
-    # uni-agent continues the chain: it renders the appended messages only.
-    ("chains", 0),
-])
+@pytest.mark.parametrize(
+    ("name", "needed"),
+    [
+        # miles renders only the appended messages behind a dummy assistant carrying the last stored
+        # call: once turn 1 commits, turn 2 appends after a text answer and needs no text form.
+        ("session-v1", 1),
+        ("session-v2", 1),
+        # agentcore's healer and slime's adapter render the whole history, which holds the call.
+        ("linear", 2),
+        ("linear+restore", 2),
+        ("echo-restore", 2),
+        # uni-agent continues the chain: it renders the appended messages only.
+        ("chains", 0),
+    ],
+)
 def test_lenient_render_is_todays_text_form_and_is_counted(deepseek, name, needed):
     """lenient_render=true: no request fails, and the requests that needed the text form are counted."""
     session = append_only_session(deepseek)
@@ -194,7 +227,8 @@ def test_lenient_render_is_todays_text_form_and_is_counted(deepseek, name, neede
 
 def test_failure_reasons_count_one_failure_once():
     assert failure_reason(ValueError("rollback failed: discard_count=3 exceeds 1\nmore")) == (
-        "rollback failed: discard_count=N exceeds N")
+        "rollback failed: discard_count=N exceeds N"
+    )
     assert failure_reason(ArgumentFormError("miles", "TypeError: x")) == REASONS["session-v1"]
 
 
@@ -204,8 +238,14 @@ def simulated(tmp_path_factory):
     from trace_tools.simulate import simulate
 
     path = tmp_path_factory.mktemp("ds") / "deepseek-v3.parquet"
-    simulate(sessions=6, seed=3, template="deepseek-v3", out=str(path), max_turns=8,
-             behaviours=["byte-exact", "claude-code", "retry"])
+    simulate(
+        sessions=6,
+        seed=3,
+        template="deepseek-v3",
+        out=str(path),
+        max_turns=8,
+        behaviours=["byte-exact", "claude-code", "retry"],
+    )
     return path
 
 
@@ -217,8 +257,11 @@ def test_simulated_byte_exact_sessions_fail_exactly_after_the_first_call(simulat
     assert exact
     for name in ("session-v1", "session-v2", "linear"):
         for session in exact:
-            expected = {t.turn_index: REASONS[name] for t in session.turns
-                        if any(m.get("tool_calls") for m in t.messages if m.get("role") == "assistant")}
+            expected = {
+                t.turn_index: REASONS[name]
+                for t in session.turns
+                if any(m.get("tool_calls") for m in t.messages if m.get("role") == "assistant")
+            }
             assert failures(replay(name, deepseek, session)) == expected, (name, session.session_id)
 
 
@@ -229,8 +272,25 @@ def test_every_report_names_the_upstream_failure_and_the_lenient_label(simulated
 
     runner = CliRunner()
     strict_dir, lenient_dir = tmp_path / "strict", tmp_path / "lenient"
-    out = runner.invoke(app, ["replay", str(simulated), "--out", str(strict_dir), "--workers", "1",
-                              "-s", "session-v1", "-s", "session-v2", "-s", "chains", "-s", "checkpoint-tree"])
+    out = runner.invoke(
+        app,
+        [
+            "replay",
+            str(simulated),
+            "--out",
+            str(strict_dir),
+            "--workers",
+            "1",
+            "-s",
+            "session-v1",
+            "-s",
+            "session-v2",
+            "-s",
+            "chains",
+            "-s",
+            "checkpoint-tree",
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads((strict_dir / "summary.json").read_text())
     for name in ("session-v1", "session-v2"):
@@ -238,24 +298,43 @@ def test_every_report_names_the_upstream_failure_and_the_lenient_label(simulated
         assert block["by_reason"] == {REASONS[name]: block["failed"]} and 2 * block["failed"] > block["requests"]
         line = f"{name}: {block['failed']} of {block['requests']} requests fail upstream: {REASONS[name]}"
         assert block["headline"] == line
-        for text in (" ".join(out.output.split()), (strict_dir / "report.md").read_text(),
-                     (strict_dir / "report.html").read_text()):
+        for text in (
+            " ".join(out.output.split()),
+            (strict_dir / "report.md").read_text(),
+            (strict_dir / "report.html").read_text(),
+        ):
             assert line in text
     # A retry starts a new chain from a full render of a history with a call: uni-agent fails it.
     assert REASONS["chains"] in summary["strategies"]["chains"]["upstream_failures"]["by_reason"]
     assert summary["strategies"]["checkpoint-tree"]["upstream_failures"]["failed"] == 0
     assert "lenient_render" not in summary["strategies"]["session-v1"]
 
-    out = runner.invoke(app, ["replay", str(simulated), "--out", str(lenient_dir), "--workers", "1",
-                              "-s", "session-v1", "--param", "lenient_render=true"])
+    out = runner.invoke(
+        app,
+        [
+            "replay",
+            str(simulated),
+            "--out",
+            str(lenient_dir),
+            "--workers",
+            "1",
+            "-s",
+            "session-v1",
+            "--param",
+            "lenient_render=true",
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads((lenient_dir / "summary.json").read_text())
     block = summary["strategies"]["session-v1"]
     assert block["upstream_failures"]["failed"] == 0 and block["lenient_render"]["requests"] > 0
     label = block["lenient_render"]["label"]
     assert label.startswith("session-v1: lenient render")
-    for text in (" ".join(out.output.split()), (lenient_dir / "report.md").read_text(),
-                 (lenient_dir / "report.html").read_text()):
+    for text in (
+        " ".join(out.output.split()),
+        (lenient_dir / "report.md").read_text(),
+        (lenient_dir / "report.html").read_text(),
+    ):
         assert label in text
 
 
