@@ -102,6 +102,22 @@ def test_the_time_limit_stops_a_loop_and_the_renderer_works_again():
     time.sleep(0.2)  # a stray asynchronous exception would surface here
 
 
+def test_the_watchdog_sleeps_between_deadlines_instead_of_polling():
+    """Thousands of renders and an idle second wake the watchdog a handful of times, not on an
+    interval: a poll takes the GIL from the renders and costs an idle Ray driver CPU."""
+    from trace_tools.render.limits import WATCHDOG
+
+    renderer = Renderer(
+        "qwen3", "{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="plain", limits=TemplateLimits()
+    )
+    renderer.render_text([{"role": "user", "content": "warm"}])  # the watchdog thread is started
+    before = WATCHDOG.wakeups
+    for index in range(2000):
+        assert renderer.render_text([{"role": "user", "content": str(index)}]) == str(index)
+    time.sleep(1.0)
+    assert WATCHDOG.wakeups - before <= 3
+
+
 def test_output_over_the_limit_is_refused_before_it_is_joined():
     renderer = Renderer(
         "qwen3",

@@ -26,6 +26,7 @@ real data (`docs/run_directory.md`); `$TRACE_TOOLS_TEMPLATE_SECONDS` and
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import threading
@@ -38,7 +39,6 @@ DEFAULT_SECONDS = 20.0
 DEFAULT_OUTPUT = 16 * 2**20  # characters of one render's text
 MAX_INT_BITS = 2**20  # an integer a template computes (`**`, `*`)
 MAX_JSON_INDENT = 1024
-_WATCH_INTERVAL = 0.05
 
 
 @dataclass(frozen=True)
@@ -93,21 +93,31 @@ class RenderTimeout(BaseException):
 
 # -- time -----------------------------------------------------------------------------------------
 class _Watchdog:
-    """One daemon thread per process; `arm` and `disarm` bracket each render of each thread."""
+    """One daemon thread per process; `arm` and `disarm` bracket each render of each thread.
+
+    The thread sleeps until the earliest deadline (or until a render is armed, when none is): a
+    process that renders thousands of times a second wakes it about once per time limit, not on
+    a polling interval, which would take the GIL from the renders and cost the Ray driver CPU."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._deadlines: dict[int, tuple[float, int]] = {}  # thread id → (deadline, token)
         self._fired: set[int] = set()  # tokens the watchdog raised into
         self._token = 0
+        self._wakes_at = math.inf  # when the watchdog thread will look next (inf: when notified)
+        self.wakeups = 0
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float) -> int:
         if self._thread is None:
             self._start()
+        deadline = time.monotonic() + seconds
         with self._lock:
             self._token += 1
-            self._deadlines[threading.get_ident()] = (time.monotonic() + seconds, self._token)
+            self._deadlines[threading.get_ident()] = (deadline, self._token)
+            if deadline < self._wakes_at:
+                self._wakes_at = deadline
+                self._lock.notify()
             return self._token
 
     def disarm(self, token: int) -> bool:
@@ -128,14 +138,17 @@ class _Watchdog:
                 self._thread.start()
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(_WATCH_INTERVAL)
-            now = time.monotonic()
-            with self._lock:
+        with self._lock:
+            while True:
+                self.wakeups += 1
+                now = time.monotonic()
                 for thread, (deadline, token) in self._deadlines.items():
-                    if now > deadline and token not in self._fired:
+                    if now >= deadline and token not in self._fired:
                         self._fired.add(token)
                         _raise_in(thread, RenderTimeout)
+                pending = [deadline for deadline, token in self._deadlines.values() if token not in self._fired]
+                self._wakes_at = min(pending, default=math.inf)
+                self._lock.wait(None if self._wakes_at == math.inf else max(self._wakes_at - now, 0.0))
 
 
 def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
