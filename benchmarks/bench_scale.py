@@ -29,14 +29,18 @@ import argparse
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 TARGET_TURNS = 170_000
+MEASURED_RUNS = 3
+IDLE_S = 5.0
 PROJECTED_WORKERS = (1, 8, 32, 64, 128, 256, 512)
 
 
@@ -79,36 +83,43 @@ def driver_reads(dump: Path) -> dict:
 
 
 def ray_run(cpus: int, dump: Path, out: Path, options) -> dict:
-    """A warm-up replay, then the measured one in the same driver and on the same workers: a long
-    run pays imports, renderer set-up and Ray's function export once, not per turn."""
+    """A warm-up replay, then MEASURED_RUNS measured ones in the same driver and on the same
+    workers (a long run pays imports, renderer set-up and Ray's function export once, not per
+    turn); each figure is the median over the measured runs, which this shared machine needs."""
     import ray
 
-    from trace_tools.io import rundir, shards
     from trace_tools.replay import engine
 
     started = time.perf_counter()
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     startup = time.perf_counter() - started
     engine.run(dump, options(), out / "warm-up", workers=cpus, executor="ray", finish=_as_is)
-    spent = _instrument(rundir, shards, engine)
-    before = _worker_cpu()
-    cpu, main, started = time.process_time(), time.thread_time(), time.perf_counter()
-    result = engine.run(dump, options(), out / "measured", workers=cpus, executor="ray", finish=_as_is)
-    driver_cpu, main_cpu, wall = time.process_time() - cpu, time.thread_time() - main, time.perf_counter() - started
-    after = _worker_cpu()
-    worker_cpu = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
-    stats = result.ray
+    idle_cpu, idle_started = time.process_time(), time.perf_counter()
+    time.sleep(IDLE_S)  # what Ray's threads in a connected driver cost when nothing runs
+    idle = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_started)
+    probe = _DriverProbe(engine)
+    runs = [_measured_run(probe, engine, dump, out / f"measured-{n}", options, cpus) for n in range(MEASURED_RUNS)]
     ray.shutdown()
+    row = {key: statistics.median(run[key] for run in runs) for key in runs[0] if key != "turns"}
+    shares = [run["loop_cpu"] / run["worker_cpu"] for run in runs]
+    return {**row, "cpus": cpus, "startup": startup, "idle": idle, "turns": runs[0]["turns"], "shares": shares}
+
+
+def _measured_run(probe: "_DriverProbe", engine, dump: Path, out: Path, options, cpus: int) -> dict:
+    before = _worker_cpu()
+    probe.reset()
+    cpu, started = time.process_time(), time.perf_counter()
+    result = engine.run(dump, options(), out, workers=cpus, executor="ray", finish=_as_is)
+    driver_cpu, wall = time.process_time() - cpu, time.perf_counter() - started
+    after = _worker_cpu()
+    stats = result.ray
     return {
-        "cpus": cpus,
-        "startup": startup,
         "wall": wall,
         "turns": result.rows,
         "sessions": result.session_count,
         "driver_cpu": driver_cpu,
-        "main_cpu": main_cpu,
-        **spent,
-        "worker_cpu": worker_cpu,
+        **probe.figures(cpu, driver_cpu),
+        "worker_cpu": sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items()),
         "task_cpu": stats.worker_cpu_s,
         "tasks": stats.tasks,
         "nodes": len(stats.nodes),
@@ -132,36 +143,69 @@ def _worker_cpu() -> dict[int, float]:
     return found
 
 
-def _instrument(rundir, shards, engine) -> dict:
-    """Wrap what the driver does per result and at the end with CPU counters of the thread that
-    runs it (the main thread; samples.parquet's writer thread for the samples)."""
-    spent = {"setup_cpu": 0.0, "samples_cpu": 0.0, "shards_cpu": 0.0, "end_cpu": 0.0}
+class _DriverProbe:
+    """Splits the driver process's CPU of one run into set-up (until the first task is submitted:
+    pass 1, checks, shipping options), the loop (from there until the last result is taken:
+    submitting tasks, taking results, writing shards, Ray's own threads in the driver), the end
+    (after the last result: the last shard, merging shard tables) and the samples.parquet writer
+    thread, whose CPU clock is read at both ends of the loop so that the loop excludes it."""
 
-    def timed(owner, name: str, key: str) -> None:
-        real = getattr(owner, name)
+    def __init__(self, engine) -> None:
+        from trace_tools.io import rundir
+        from trace_tools.replay import executors
 
-        def wrapper(*args, **kwargs):
-            started = time.thread_time()
+        self.reset()
+        probe = self
+        submit, write_all, results = executors._RayReplay._submit, rundir.SamplesFile._write_all, engine.ray_results
+
+        def first_submit(replay, batch):
+            if probe.loop_start is None:
+                probe.loop_start = probe._now()
+            return submit(replay, batch)
+
+        def samples_thread(samples_file):
+            probe._samples_clock = time.pthread_getcpuclockid(threading.get_ident())
             try:
-                return real(*args, **kwargs)
+                write_all(samples_file)
             finally:
-                spent[key] += time.thread_time() - started
+                probe._samples_done, probe._samples_clock = time.thread_time(), None
 
-        setattr(owner, name, wrapper)
+        def taken(*args, **kwargs):
+            yield from results(*args, **kwargs)
+            probe.loop_end = probe._now()
 
-    timed(rundir.SamplesFile, "_write_all", "samples_cpu")
-    timed(shards.ShardWriter, "add", "shards_cpu")
-    timed(shards.ShardWriter, "close", "shards_cpu")
-    timed(shards, "merge", "end_cpu")
-    real_results = engine.ray_results
-    began = time.thread_time()
+        executors._RayReplay._submit, rundir.SamplesFile._write_all, engine.ray_results = (
+            first_submit,
+            samples_thread,
+            taken,
+        )
 
-    def results(*args, **kwargs):
-        spent["setup_cpu"] = time.thread_time() - began  # pass 1, checks, shards prepared
-        yield from real_results(*args, **kwargs)
+    def reset(self) -> None:
+        self.loop_start: tuple[float, float, float] | None = None  # (process, main thread, samples thread)
+        self.loop_end: tuple[float, float, float] | None = None
+        self._samples_clock: int | None = None
+        self._samples_done = 0.0
 
-    engine.ray_results = results
-    return spent
+    def _samples_cpu(self) -> float:
+        clock = self._samples_clock
+        try:
+            return time.clock_gettime(clock) if clock is not None else self._samples_done
+        except OSError:  # the thread ended between the two reads
+            return self._samples_done
+
+    def _now(self) -> tuple[float, float, float]:
+        return time.process_time(), time.thread_time(), self._samples_cpu()
+
+    def figures(self, run_start: float, driver_cpu: float) -> dict:
+        (process0, main0, samples0), (process1, main1, samples1) = self.loop_start, self.loop_end
+        loop_samples = samples1 - samples0
+        return {
+            "setup_cpu": process0 - run_start - samples0,
+            "loop_cpu": process1 - process0 - loop_samples,
+            "main_cpu": main1 - main0,
+            "samples_cpu": self._samples_done,
+            "end_cpu": run_start + driver_cpu - process1 - (self._samples_done - samples1),
+        }
 
 
 # -- driving ----------------------------------------------------------------------------------------
@@ -223,11 +267,10 @@ def per_turn_ms(seconds: float, turns: int) -> float:
 def costs(row: dict) -> dict:
     """Per-turn costs (ms) of one Ray row."""
     turns = row["turns"]
-    loop = row["driver_cpu"] - row["setup_cpu"] - row["end_cpu"] - row["samples_cpu"]
     return {
         "worker": per_turn_ms(row["worker_cpu"], turns),
-        "driver": per_turn_ms(loop, turns),
-        "main": per_turn_ms(row["main_cpu"] - row["setup_cpu"] - row["end_cpu"], turns),
+        "driver": per_turn_ms(row["loop_cpu"], turns),
+        "main": per_turn_ms(row["main_cpu"], turns),
         "samples": per_turn_ms(row["samples_cpu"], turns),
         "setup": per_turn_ms(row["setup_cpu"], turns),
         "end": per_turn_ms(row["end_cpu"], turns),
@@ -245,8 +288,11 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         "",
         "`--executor ray` keeps as many tasks in flight as the cluster has CPUs (twice that, re-read "
         "from `ray.cluster_resources()` as the cluster changes); the driver runs pass 1 of the "
-        "pipeline only (where each session's rows are) and sends each session task a description of "
-        "them; loader tasks on the workers decode each Parquet row group once and hand every session "
+        "pipeline only (where each session's rows are) and sends each task a description of its "
+        "sessions (a long session alone, many short ones together: a task costs the driver about what "
+        "tens of turns cost a worker, so a task takes sessions while their turns, counted by pass 1, "
+        "stay a small share of the turns left); loader tasks on the workers decode each Parquet row "
+        "group once and hand every session "
         "its own rows, which its task checks exactly as the local reader does; results come back as "
         "they finish and the shard writer puts them back in stream order, so the run directory is the "
         "same as `--workers 1`'s (tested, on a two-raylet cluster too). A task whose worker dies is "
@@ -275,7 +321,7 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         sessions = row["sessions"]
         lines.append(
             f"| Ray, {row['cpus']} CPU{'s' if row['cpus'] > 1 else ''} | {row['wall']:.1f} s | {c['worker']:.2f} ms "
-            f"| {c['driver']:.3f} ms | **{c['driver'] / c['worker']:.2%}** | {c['main'] / c['worker']:.2%} "
+            f"| {c['driver']:.3f} ms | **{_share(row)}** | {c['main'] / c['worker']:.2%} "
             f"| {c['samples']:.3f} ms "
             f"| {row['sent_bytes'] / sessions:,.0f} B | {row['rows_bytes'] / sessions / 1e6:.2f} MB "
             f"| {row['received_bytes'] / sessions / 1e6:.2f} MB |"
@@ -283,6 +329,12 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
     lines += _notes(rays, before, local)
     lines += _projection(rays, args)
     return "\n".join(lines) + "\n"
+
+
+def _share(row: dict) -> str:
+    """The median of the measured runs' driver shares, and their range."""
+    shares = row["shares"]
+    return f"{statistics.median(shares):.2%} ({min(shares):.2%}–{max(shares):.2%})"
 
 
 def _flags(args: argparse.Namespace) -> str:
@@ -298,15 +350,18 @@ def _notes(rays: list[dict], before: dict, local: dict) -> list[str]:
     c = costs(widest)
     return [
         "",
-        "*Driver CPU / turn* is the driver process's CPU while sessions replay (submitting tasks, "
-        "taking results, writing the shards, and Ray's own threads in the driver), without set-up, "
-        "the end of the run and the samples.parquet writer thread; *driver share* divides it by the "
-        "workers' CPU per turn (the target is ≤ 2 %); *main thread* is the share of the one thread "
-        "that runs the loop. The *driver reads rows* row is the driver's work per turn before "
-        "(reading and checking rows, pickling sessions), its share against `--workers 1`'s CPU per "
-        "turn. *samples.parquet* is the encoding of that one file, which the run-directory contract "
-        "makes serial (one core: a thread of the driver); `--no-samples` removes it. Set-up (pass 1, checks) cost "
-        f"{c['setup']:.3f} ms and the end of the run (merging shard tables) {c['end']:.3f} ms per turn at "
+        "*Driver CPU / turn* is the driver process's CPU from the first task submitted to the last "
+        "result taken (submitting tasks, taking results, writing the shards, Ray's own threads in the "
+        "driver), less the samples.parquet writer thread's, whose CPU clock is read at both ends; "
+        "*driver share* divides it by the workers' CPU per turn (the target is ≤ 2 %): the median of "
+        f"{MEASURED_RUNS} measured replays after a warm-up, their range in brackets; *main thread* is the "
+        "share of the one thread that runs the loop. The *driver reads rows* row is the driver's work "
+        "per turn before (reading and checking rows, pickling sessions), its share against "
+        "`--workers 1`'s CPU per turn. *samples.parquet* is the encoding of that one file, which the "
+        "run-directory contract makes serial (one core: a thread of the driver); `--no-samples` "
+        "removes it. Once per run, not per turn: set-up before the first task (pass 1, checks, "
+        f"shipping options) cost {c['setup'] * widest['turns']:.0f} ms and the end after the last result "
+        f"(the last shard, merging shard tables) {c['end'] * widest['turns']:.0f} ms at "
         f"{widest['cpus']} CPUs. *Sent*: task arguments the driver serialised (descriptions and object "
         "ids; before, the driver pickled every session's rows). *Rows to tasks*: row data session "
         "tasks received from the loaders (worker to worker, never through the driver). *Results*: "
@@ -318,8 +373,10 @@ def _notes(rays: list[dict], before: dict, local: dict) -> list[str]:
 
 def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
     """Wall time of a TARGET_TURNS-turn run on N workers from the measured per-turn costs."""
-    c = costs(max(rays, key=lambda r: r["cpus"]))
-    worker, driver = c["worker"] / 1000, c["driver"] / 1000
+    widest = max(rays, key=lambda r: r["cpus"])
+    c = costs(widest)
+    share = statistics.median(widest["shares"])
+    worker, driver = c["worker"] / 1000, share * c["worker"] / 1000
     samples = c["samples"] / 1000 if args.samples else 0.0
     serial_end = c["end"] / 1000
     lines = [
@@ -331,9 +388,9 @@ def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
         "is encoded by its own thread as results come back and caps it at `1 / samples`; merging shard "
         "tables is serial at the end. Wall ≈ max(workers, driver loop, samples.parquet) + end "
         "(cluster start-up and the report not included). The driver figure is pessimistic: part of "
-        "it is Ray's own threads in the driver, which on this machine cost about as much per second "
-        "as per task, so at a higher rate of turns they cost less per turn; the main thread alone "
-        "would saturate far later.",
+        f"it is Ray's own threads in the driver, which take {1000 * widest['idle']:.1f} ms of CPU per second "
+        "even when nothing runs (measured over 5 s idle), so at a cluster's rate of turns they cost "
+        "less per turn than here; the main thread alone would saturate far later.",
         "",
         "| workers | workers' time | driver loop | samples.parquet | wall | limited by |",
         "|---:|---:|---:|---:|---:|---|",
@@ -352,8 +409,8 @@ def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
         )
     lines += [
         "",
-        f"The driver's loop saturates at about **{worker / driver:,.0f} workers** "
-        f"({c['driver'] / c['worker']:.2%} of a worker's CPU per turn; its main thread alone at about "
+        f"The driver's loop saturates at about **{1 / share:,.0f} workers** "
+        f"({share:.2%} of a worker's CPU per turn, the median share; its main thread alone at about "
         f"{c['worker'] / c['main']:,.0f})"
         + (
             f"; before that, encoding samples.parquet on one core limits a run that writes samples to "

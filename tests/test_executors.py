@@ -116,3 +116,50 @@ def test_a_killed_run_resumes_to_the_same_result(simulated_dump, tmp_path, singl
         del os.environ["TRACE_TOOLS_SHARD_ROWS"]
     assert result.resumed_shards >= 2
     assert run_contents(out) == single_process_run
+
+
+def _ray_planner(cpus: int, sizes: list[int]):
+    """A Ray replay's task planner over sessions of `sizes` turns, on a cluster of `cpus` CPUs
+    (no cluster is asked: the planner keeps the count it read last)."""
+    from collections import deque
+
+    from trace_tools.io.load import SessionSlot
+    from trace_tools.replay import executors
+
+    planner = executors._RayReplay.__new__(executors._RayReplay)
+    planner._cpus, planner._checked = cpus, float("inf")
+    planner.unsent = sum(sizes)
+    return planner, deque(SessionSlot(n, f"s{n}", 0, [(0, 0)], [], rows) for n, rows in enumerate(sizes))
+
+
+def _batches(cpus: int, sizes: list[int]) -> list[list[int]]:
+    planner, todo = _ray_planner(cpus, sizes)
+    batches = []
+    while todo:
+        batches.append([slot.rows for slot in planner._batch(todo)])
+    assert [size for batch in batches for size in batch] == sizes  # every session once, in order
+    assert planner.unsent == 0
+    return batches
+
+
+def test_ray_tasks_share_many_short_sessions_and_end_with_single_ones():
+    from trace_tools.replay.executors import TURNS_PER_TASK
+
+    tiny = _batches(8, [1] * 2000)
+    assert len(tiny) < 200  # not 2,000 tasks: each costs the driver what tens of turns cost a worker
+    assert max(map(sum, tiny)) <= TURNS_PER_TASK
+    assert tiny[-16:] == [[1]] * 16  # the last tasks are single sessions, so the end spreads evenly
+    long = _batches(8, [30] * 40)
+    assert len(long[0]) == 2 and max(map(len, long)) == 2 and long[-1] == [30]
+    alone = _batches(2, [1000, 1, 1, 1])
+    assert alone[0] == [1000]  # a session larger than a task's share goes alone
+
+
+def test_ray_tasks_start_at_most_a_window_after_the_oldest_unfinished_one():
+    from trace_tools.replay.executors import IN_FLIGHT_PER_WORKER, REORDER_WINDOW_PER_CPU
+
+    planner, _ = _ray_planner(1, [1])
+    assert planner._room({}, 0)
+    assert planner._room({"task 5": (5, [])}, 5 + IN_FLIGHT_PER_WORKER - 1)
+    assert not planner._room({"task 5": (5, []), "task 6": (6, [])}, 7)  # as many in flight as it keeps
+    assert not planner._room({"task 5": (5, [])}, 5 + REORDER_WINDOW_PER_CPU)  # the oldest holds the rest back

@@ -108,7 +108,10 @@ def test_the_watchdog_sleeps_between_deadlines_instead_of_polling():
     from trace_tools.render.limits import WATCHDOG
 
     renderer = Renderer(
-        "qwen3", "{% for m in messages %}{{ m.content }}{% endfor %}", template_identity="plain", limits=TemplateLimits()
+        "qwen3",
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+        template_identity="plain",
+        limits=TemplateLimits(),
     )
     renderer.render_text([{"role": "user", "content": "warm"}])  # the watchdog thread is started
     before = WATCHDOG.wakeups

@@ -201,6 +201,7 @@ class _Span:
     first_file: int  # its first row's file: the recording metadata the session keeps
     first_row: int
     problems: list[QuarantineEntry] = field(default_factory=list)
+    rows: int = 1
 
 
 @dataclass(slots=True)
@@ -213,6 +214,7 @@ class SessionSlot:
     first_file: int
     row_groups: list[tuple[int, int]]  # (file number, row group) that may hold its rows, in file order
     problems: list[QuarantineEntry]  # known from pass 1 (the session is quarantined; nothing to read)
+    rows: int = 0  # its rows (turns, as pass 1 counted them): the work its task will have
 
 
 @dataclass
@@ -378,6 +380,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             self._spans[session_id] = _Span(len(self._spans), (number, row), number, row)
         else:
             span.last = (number, row)
+            span.rows += 1
         seen_here[session_id] = None
 
     def _note_file_problems(self, info: _FileInfo, session_ids: dict[str, None]) -> None:
@@ -420,7 +423,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         ordered = sorted(self._spans.items(), key=lambda item: item[1].last)
         for position, (session_id, span) in enumerate(ordered):
             groups = [] if span.problems else self._groups_of(span)
-            yield SessionSlot(position, session_id, span.first_file, groups, list(span.problems))
+            yield SessionSlot(position, session_id, span.first_file, groups, list(span.problems), span.rows)
 
     def _groups_of(self, span: _Span) -> list[tuple[int, int]]:
         """The row groups between a session's first and last row, in readable files."""

@@ -10,12 +10,12 @@ their rows, which loader tasks read on the workers, each row group once for all 
 holds (decoding a row group is most of reading it); the task checks the rows exactly as the
 stream would (`io.load.read_session`) and replays them. The tasks kept in flight follow the
 cluster's CPUs (`ray.cluster_resources()`, re-read as the cluster grows or shrinks); a task takes
-several sessions only while there is plenty of work per CPU, so Ray's cost per task is shared
-and the end of the run still spreads evenly. Results are taken as they finish, tagged with their
-positions, and the engine's shard writer puts them back in stream order; a result may run at
-most a window of positions ahead of the oldest unfinished session, which bounds what waits
-there. A task whose worker process or node dies is retried (`RAY_RETRIES`); replay is
-deterministic, so a retry gives the same rows.
+several sessions while their turns (counted by pass 1) are a small share of the turns left, so
+Ray's cost per task is shared by many short sessions and the end of the run still spreads
+evenly. Results are taken as they finish, tagged with their positions, and the engine's shard
+writer puts them back in stream order; a task may start at most a window of tasks after the
+oldest unfinished one, which bounds what waits there. A task whose worker process or node dies
+is retried (`RAY_RETRIES`); replay is deterministic, so a retry gives the same rows.
 
 Either way the run directory does not depend on the executor or the worker count.
 """
@@ -41,9 +41,9 @@ from trace_tools.replay.session import ReplayOptions, SessionReplayer
 EXECUTORS = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 2
 RAY_RETRIES = 3  # further attempts of a task whose worker process or node died
-REORDER_WINDOW_PER_CPU = 8  # how many positions a finished result may be ahead of the oldest unfinished one
-TASKS_PER_CPU = 4  # a task takes more than one session only while the work left gives each CPU this many tasks
-SESSIONS_PER_TASK = 8  # at most
+REORDER_WINDOW_PER_CPU = 4  # how many tasks a finished one may be ahead of the oldest unfinished one
+TASKS_PER_CPU = 2  # a task takes more than one session only while the turns left give each CPU this many tasks
+TURNS_PER_TASK = 256  # at most, once a task holds more than one session
 CLUSTER_CHECK_S = 5.0  # how often the cluster's CPUs are read again
 
 
@@ -306,55 +306,73 @@ def _check_reachable(address: str | None) -> None:
         ) from None
 
 
+_REMOTE_FUNCTIONS: list[Any] = []
+
+
+def _remote_functions(ray: Any) -> list[Any]:
+    """The loader and the session task as Ray remote functions, made once per process: Ray
+    pickles and exports a remote function on its first call in each job, so a driver that
+    replays again (a notebook, a benchmark) does not pay that again."""
+    if not _REMOTE_FUNCTIONS:
+        _REMOTE_FUNCTIONS.extend(ray.remote(max_retries=RAY_RETRIES)(task) for task in (_read_rows, _replay_slots))
+    return _REMOTE_FUNCTIONS
+
+
 class _RayReplay:
     def __init__(self, ray: Any, context: DumpContext, options: ReplayOptions, stats: RayStats):
         self.ray, self.stats = ray, stats
         self.context, self.options = ray.put(context), ray.put(options)
-        self.reader = ray.remote(max_retries=RAY_RETRIES)(_read_rows)
-        self.replayer = ray.remote(max_retries=RAY_RETRIES)(_replay_slots)
+        self.reader, self.replayer = _remote_functions(ray)
         self.users: dict[tuple[int, int], list[SessionSlot]] = {}  # row group → the slots reading it
         self.slices: dict[tuple[int, int], dict[int, Any]] = {}  # row group → position → its rows, not yet handed on
-        self.unsent = 0  # sessions not yet in a task
+        self.unsent = 0  # turns of the sessions not yet in a task
         self._cpus, self._checked = 1, 0.0
 
     def results(self, slots: Iterable[SessionSlot]) -> Iterator[tuple[int, SessionRows]]:
         todo = deque(slots)
         for slot in todo:
-            self.unsent += not slot.problems
+            self.unsent += 0 if slot.problems else slot.rows
             for group in slot.row_groups:
                 self.users.setdefault(group, []).append(slot)
-        running: dict[Any, list[SessionSlot]] = {}  # in submission (= position) order
+        running: dict[Any, tuple[int, list[SessionSlot]]] = {}  # task → (its number, its slots), in submission order
+        submitted = 0
         while todo or running:
-            while todo and self._room(running, todo[0]):
+            while todo and self._room(running, submitted):
                 if todo[0].problems:
                     slot = todo.popleft()
                     yield slot.position, SessionRows.quarantined(slot.problems)
                     continue
                 batch = self._batch(todo)
-                running[self._submit(batch)] = batch
+                running[self._submit(batch)] = (submitted, batch)
+                submitted += 1
             if running:
                 (done,), _ = self.ray.wait(list(running), num_returns=1)
-                batch = running.pop(done)
+                _, batch = running.pop(done)
                 for slot, rows in zip(batch, self._collect(done, batch)):
                     yield slot.position, rows
 
-    def _room(self, running: dict[Any, list[SessionSlot]], slot: SessionSlot) -> bool:
-        """Another task fits: fewer in flight than the cluster keeps busy, and not too far ahead
-        of the oldest unfinished session (whose result the shard writer is waiting for)."""
+    def _room(self, running: dict[Any, tuple[int, list[SessionSlot]]], submitted: int) -> bool:
+        """Another task fits: fewer in flight than the cluster keeps busy, and not too many tasks
+        after the oldest unfinished one (the shard writer keeps every later result until it is in)."""
         if not running:
             return True
         cpus = self._cluster_cpus()
-        oldest = next(iter(running.values()))[0].position
-        return len(running) < cpus * IN_FLIGHT_PER_WORKER and slot.position < oldest + cpus * REORDER_WINDOW_PER_CPU
+        oldest, _ = next(iter(running.values()))
+        return len(running) < cpus * IN_FLIGHT_PER_WORKER and submitted - oldest < cpus * REORDER_WINDOW_PER_CPU
 
     def _batch(self, todo: deque[SessionSlot]) -> list[SessionSlot]:
-        """The next sessions for one task, in order: one, or more while the work left keeps every
-        CPU TASKS_PER_CPU tasks busy (a session pass 1 quarantined ends the batch)."""
-        size = min(SESSIONS_PER_TASK, max(1, self.unsent // (self._cluster_cpus() * TASKS_PER_CPU)))
+        """The next sessions for one task, in order: one, and more while their turns stay within
+        the share of the turns left that keeps every CPU TASKS_PER_CPU tasks busy (and within
+        TURNS_PER_TASK). Each task costs the driver about as much as a session of tens of turns
+        costs a worker, so many short sessions go together, long ones alone, and the last tasks of
+        a run are single sessions; a session pass 1 quarantined ends the batch."""
+        size = min(TURNS_PER_TASK, self.unsent // (self._cluster_cpus() * TASKS_PER_CPU))
         batch = [todo.popleft()]
-        while todo and len(batch) < size and not todo[0].problems:
+        turns = batch[0].rows
+        while todo and not todo[0].problems and turns + todo[0].rows <= size:
+            turns += todo[0].rows
             batch.append(todo.popleft())
-        self.unsent -= len(batch)
+        self.unsent -= turns
         return batch
 
     def _cluster_cpus(self) -> int:
