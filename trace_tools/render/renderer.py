@@ -182,16 +182,8 @@ class Renderer:
         **template_kwargs: Any,
     ) -> list[int]:
         """`render` without the copy: the cached list itself, which callers must not modify."""
-        kwargs = {**self.template_kwargs, **template_kwargs}
-        tools = tools or None
-        if self.path == "reference":
-            return self._reference_ids(messages, tools, add_generation_prompt, kwargs)
-        ids = self.engine.ids(messages, tools, add_generation_prompt, kwargs)
-        if self.path == "verify":
-            return self._checked(
-                "ids", ids, lambda: self._reference_ids(messages, tools, add_generation_prompt, kwargs)
-            )
-        return ids
+        arguments = (messages, tools or None, add_generation_prompt, {**self.template_kwargs, **template_kwargs})
+        return self._on_path("ids", self.engine.ids, self._reference_ids, arguments)
 
     def render_text(
         self,
@@ -200,16 +192,8 @@ class Renderer:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> str:
-        kwargs = {**self.template_kwargs, **template_kwargs}
-        tools = tools or None
-        if self.path == "reference":
-            return self._reference_text(messages, tools, add_generation_prompt, kwargs)
-        text = self.engine.text(messages, tools, add_generation_prompt, kwargs)
-        if self.path == "verify":
-            return self._checked(
-                "text", text, lambda: self._reference_text(messages, tools, add_generation_prompt, kwargs)
-            )
-        return text
+        arguments = (messages, tools or None, add_generation_prompt, {**self.template_kwargs, **template_kwargs})
+        return self._on_path("text", self.engine.text, self._reference_text, arguments)
 
     def reset_caches(self) -> None:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""
@@ -221,8 +205,9 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (a copy: the strategies encode the same closers and tails again and
         again, so encodings are memoised in a small per-renderer LRU)."""
-        if self.path == "reference":
-            return self.tokenizer.encode_reference(text)
+        return list(self._on_path("encode", self._encode_memoised, self.tokenizer.encode_reference, (text,)))
+
+    def _encode_memoised(self, text: str) -> list[int]:
         ids = self._encoded.get(text)
         if ids is None:
             ids = self.tokenizer.encode(text)
@@ -231,17 +216,10 @@ class Renderer:
                 self._encoded.pop(next(iter(self._encoded)))
         else:
             self._encoded.move_to_end(text)
-        if self.path == "verify":
-            ids = self._checked("encode", ids, lambda: self.tokenizer.encode_reference(text))
-        return list(ids)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self.path == "reference":
-            return self.tokenizer.decode_reference(ids)
-        text = self.tokenizer.decode(ids)
-        if self.path == "verify":
-            return self._checked("decode", text, lambda: self.tokenizer.decode_reference(ids))
-        return text
+        return self._on_path("decode", self.tokenizer.decode, self.tokenizer.decode_reference, (ids,))
 
     def parse_response(
         self, output_ids: Sequence[int], tools: Sequence[dict] | None = None, **template_kwargs: Any
@@ -385,6 +363,16 @@ class Renderer:
     ) -> list[int]:
         """`apply_chat_template(tokenize=True)`'s ids: transformers' render, encoded by its tokenizer."""
         return self.tokenizer.encode_reference(self._reference_text(messages, tools, generation, kwargs))
+
+    def _on_path(self, what: str, fast: Callable[..., Any], reference: Callable[..., Any], arguments: tuple) -> Any:
+        """`fast(*arguments)` or `reference(*arguments)` as the render path says; `verify` runs
+        both and compares them (`_checked`)."""
+        if self.path == "reference":
+            return reference(*arguments)
+        result = fast(*arguments)
+        if self.path == "verify":
+            return self._checked(what, result, lambda: reference(*arguments))
+        return result
 
     def _checked(self, what: str, fast: Any, reference: Callable[[], Any]) -> Any:
         """`--verify`: the fast result compared with the reference one; a difference is counted
