@@ -163,3 +163,19 @@ def test_ray_tasks_start_at_most_a_window_after_the_oldest_unfinished_one():
     assert planner._room({"task 5": (5, [])}, 5 + IN_FLIGHT_PER_WORKER - 1)
     assert not planner._room({"task 5": (5, []), "task 6": (6, [])}, 7)  # as many in flight as it keeps
     assert not planner._room({"task 5": (5, [])}, 5 + REORDER_WINDOW_PER_CPU)  # the oldest holds the rest back
+
+
+def test_a_pool_stopped_early_leaves_no_thread_behind(simulated_dump):
+    """A caller that stops reading (what Ctrl-C does to the stream) ends the workers and the pool's
+    manager thread before the stream closes: a manager thread still closing its pipes when the
+    interpreter exits meets concurrent.futures' exit hook writing to them, an EBADF traceback."""
+    from trace_tools.pipeline import Pipeline
+    from trace_tools.replay.executors import run_sessions
+    from trace_tools.replay.session import ReplayOptions
+
+    before = set(threading.enumerate())
+    sessions = (s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
+    stream = run_sessions(sessions, ReplayOptions(strategies=["tree"], write_samples=False), workers=2)
+    assert next(stream).turns
+    stream.close()
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []

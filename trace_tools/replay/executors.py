@@ -40,6 +40,7 @@ from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 EXECUTORS = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 2
+MANAGER_EXIT_TIMEOUT_S = 10.0  # how long a stopped pool's manager thread gets to close its pipes
 RAY_RETRIES = 3  # further attempts of a task whose worker process or node died
 REORDER_WINDOW_PER_CPU = 4  # how many tasks a finished one may be ahead of the oldest unfinished one
 TASKS_PER_CPU = 2  # a task takes more than one session only while the turns left give each CPU this many tasks
@@ -234,10 +235,17 @@ class _QuietSpawn(multiprocessing.context.SpawnContext):
 def _stop(pool: Any, context: _QuietSpawn) -> None:
     """Cancel what is queued and end the workers without waiting for their sessions, including
     one whose start a Ctrl-C cut short (the pool never learnt of it)."""
+    manager = pool._executor_manager_thread  # shutdown forgets it
     pool.shutdown(wait=False, cancel_futures=True)
     for process in context.started:
         if process.held_popen is not None and process.held_popen.poll() is None:
             process.held_popen.terminate()
+    # The pool's manager thread closes its wake-up pipe once it sees the workers gone. If it is
+    # still at it when the interpreter exits, concurrent.futures' exit hook writes to that pipe
+    # without a lock and prints an EBADF traceback; so let it finish first (quick: the workers
+    # are terminated).
+    if manager is not None:
+        manager.join(timeout=MANAGER_EXIT_TIMEOUT_S)
 
 
 # -- Ray -------------------------------------------------------------------------------------------
