@@ -1,13 +1,15 @@
 """A real Ray cluster of two raylets on this machine: `ray start --head` and `ray start --address`
 for a second node, token authentication on (as a local Ray now defaults to), the driver started
-with `trace-tools replay --executor ray --address`. Workers on both nodes read the dump from S3
-(the local server of conftest) themselves; the run directory equals `--workers 1`'s.
+with `trace-tools replay --executor ray --address`, or as a job with `ray job submit` (the
+recipe of docs/scale.md). Workers on both nodes read the dump from S3 (the local server of
+conftest) themselves; the run directory equals `--workers 1`'s.
 
 Both nodes run with `--block`, each in its own process group, so the test stops exactly the
 processes it started (never `ray stop`, which would stop every Ray on the machine)."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -79,16 +82,35 @@ def _stop(node: subprocess.Popen) -> None:
             node.wait()
 
 
+@dataclass
+class Cluster:
+    address: str  # HOST:PORT of the head, for --address
+    dashboard: str  # http://HOST:PORT of the head's job server, for `ray job submit`
+    env: dict  # this process's environment with the cluster's token
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server):
-    """(address, environment with the cluster's token) of a head node and one worker node."""
+    """A head node (with the dashboard, which serves jobs) and one worker node."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
     folder = tmp_path_factory.mktemp("ray-cluster")
     sessions = Path(tempfile.mkdtemp(prefix="tt-ray-"))  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    port = _free_port()
+    port, dashboard = _free_port(), _free_port()
     head = _start_node(
-        ["--head", "--port", str(port), "--include-dashboard", "false", "--temp-dir", str(sessions)],
+        [
+            "--head",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--temp-dir",
+            str(sessions),
+        ],
         folder / "head.log",
         env,
     )
@@ -98,15 +120,21 @@ def cluster(tmp_path_factory, s3_server):
         worker = _start_node(["--address", f"127.0.0.1:{port}"], folder / "worker.log", env)
         nodes.append(worker)
         _wait_for(folder / "worker.log", worker, "Ray runtime started")
-        yield f"127.0.0.1:{port}", env
+        yield Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", env)
     finally:
         for node in reversed(nodes):
             _stop(node)
         shutil.rmtree(sessions, ignore_errors=True)
 
 
-def test_a_two_raylet_cluster_replays_like_one_worker(cluster, s3_server, simulated_dump, tmp_path):
-    address, env = cluster
+@pytest.fixture(scope="module")
+def one_worker_run(simulated_dump, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    replay(simulated_dump, out=out, strategies=STRATEGIES, workers=1)
+    return run_contents(out)
+
+
+def test_a_two_raylet_cluster_replays_like_one_worker(cluster, s3_server, simulated_dump, tmp_path, one_worker_run):
     bucket = s3_server()
     storage.upload(simulated_dump.parent, bucket, [simulated_dump.name])
     command = [
@@ -118,22 +146,46 @@ def test_a_two_raylet_cluster_replays_like_one_worker(cluster, s3_server, simula
         "--executor",
         "ray",
         "--address",
-        address,
+        cluster.address,
         "--out",
         str(tmp_path / "cluster"),
     ]
     done = subprocess.run(
-        [*command, *(f"--strategy={name}" for name in STRATEGIES)], env=env, capture_output=True, text=True, timeout=900
+        [*command, *(f"--strategy={name}" for name in STRATEGIES)],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "on 2 node(s)" in done.stdout + done.stderr  # both raylets replayed sessions
-    replay(simulated_dump, out=tmp_path / "one", strategies=STRATEGIES, workers=1)
-    assert run_contents(tmp_path / "cluster") == run_contents(tmp_path / "one")
+    assert run_contents(tmp_path / "cluster") == one_worker_run
+
+
+def test_a_job_submitted_to_the_cluster_writes_the_run_to_object_storage(
+    cluster, s3_server, simulated_dump, tmp_path, one_worker_run
+):
+    """docs/scale.md's `ray job submit` line: the token in the submitter's environment, the storage
+    endpoint in the job's runtime environment (as the recipe has it; these nodes have it in their
+    own environment too), `--address auto` in the job (it runs on the head), dump and run
+    directory in S3."""
+    bucket = s3_server()
+    storage.upload(simulated_dump.parent, bucket, [simulated_dump.name])
+    runtime_env = {"env_vars": {"AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}}
+    entrypoint = [str(Path(sys.executable).with_name("trace-tools")), "replay", f"{bucket}/{simulated_dump.name}"]
+    entrypoint += ["--executor", "ray", "--address", "auto", "--out", f"{bucket}/runs/job"]
+    entrypoint += [f"--strategy={name}" for name in STRATEGIES]
+    ray = Path(sys.executable).with_name("ray")
+    submit = [str(ray), "job", "submit", "--address", cluster.dashboard, "--runtime-env-json", json.dumps(runtime_env)]
+    done = subprocess.run([*submit, "--", *entrypoint], env=cluster.env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "succeeded" in done.stdout + done.stderr and "on 2 node(s)" in done.stdout
+    storage.download(f"{bucket}/runs/job", tmp_path / "job")
+    assert run_contents(tmp_path / "job") == one_worker_run
 
 
 def test_a_driver_without_the_token_is_refused_with_the_fix(cluster, simulated_dump, tmp_path):
-    address, env = cluster
-    env = {**env, "RAY_AUTH_TOKEN": "not-the-token"}
+    env = {**cluster.env, "RAY_AUTH_TOKEN": "not-the-token"}
     done = subprocess.run(
         [
             sys.executable,
@@ -146,7 +198,7 @@ def test_a_driver_without_the_token_is_refused_with_the_fix(cluster, simulated_d
             "--executor",
             "ray",
             "--address",
-            address,
+            cluster.address,
             "--out",
             str(tmp_path / "refused"),
         ],
