@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -58,33 +61,16 @@ def simulated_dump(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A real S3 server on loopback (moto's server mode, from the dev extra), with the usual
-    environment pointing at it: `AWS_ENDPOINT_URL` and dummy credentials. Yields a function that
-    makes a fresh bucket and returns its `s3://` URI."""
+@contextmanager
+def _local_server(command: list[str], port: int, env: dict[str, str], log: Path, what: str) -> Iterator[None]:
+    """A server process listening on `port` of loopback, `env` set in this process (and so in
+    every process the tests start) while it runs; ready once it accepts connections."""
     import socket
     import subprocess
-    import sys
     import time
-    import uuid
 
-    pytest.importorskip("moto", reason="moto[server] (dev extra) runs the local S3 server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = tmp_path_factory.mktemp("s3") / "moto.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out
-        )
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+        server = subprocess.Popen(command, stdout=out, stderr=out)
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
@@ -95,8 +81,46 @@ def s3_server(tmp_path_factory):
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail(f"the local S3 server did not start: {log.read_text()[-2000:]}")
+                    pytest.fail(f"the local {what} server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server on loopback (moto's server mode, from the dev extra), with the usual
+    environment pointing at it: `AWS_ENDPOINT_URL` and dummy credentials. Yields a function that
+    makes a fresh bucket and returns its `s3://` URI."""
+    import sys
+    import uuid
+
+    pytest.importorskip("moto", reason="moto[server] (dev extra) runs the local S3 server")
+    port = _free_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with _local_server(command, port, env, tmp_path_factory.mktemp("s3") / "moto.log", "S3"):
         import boto3
 
         client = boto3.client("s3")
@@ -107,11 +131,32 @@ def s3_server(tmp_path_factory):
             return f"s3://{name}"
 
         yield bucket
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """A Google Cloud Storage emulator on loopback (gcp-storage-emulator, from the dev extra),
+    with `CLOUD_STORAGE_EMULATOR_ENDPOINT` pointing at it (the variable Google's C++ client, and
+    so pyarrow, reads). Yields a function that makes a fresh bucket and returns its URI:
+    `gs://anonymous@BUCKET`, pyarrow's spelling of a bucket read without credentials."""
+    import sys
+    import uuid
+    from pathlib import Path
+
+    import pyarrow.fs as pafs
+
+    emulator = Path(sys.executable).with_name("gcp-storage-emulator")
+    if not emulator.exists():
+        pytest.skip("gcp-storage-emulator (dev extra) runs the local Cloud Storage server")
+    port = _free_port()
+    env = {"CLOUD_STORAGE_EMULATOR_ENDPOINT": f"http://127.0.0.1:{port}"}
+    command = [str(emulator), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
+    with _local_server(command, port, env, tmp_path_factory.mktemp("gcs") / "emulator.log", "Cloud Storage"):
+        client = pafs.GcsFileSystem(anonymous=True, project_id="trace-tools-tests")
+
+        def bucket() -> str:
+            name = f"trace-tools-{uuid.uuid4().hex[:12]}"
+            client.create_dir(name)
+            return f"gs://anonymous@{name}"
+
+        yield bucket

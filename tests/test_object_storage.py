@@ -1,11 +1,13 @@
-"""Dumps and run directories in object storage (`s3://`), against a real S3 server on loopback
-(moto's server mode, `s3_server` in conftest): the dump is read in place, the run directory is
-staged and uploaded shard by shard, and every command that takes a dump or a run takes a URI."""
+"""Dumps and run directories in object storage (`s3://`, `gs://`), against real servers on loopback
+(moto's server mode, `s3_server` in conftest; a Cloud Storage emulator, `gcs_server`): the dump is
+read in place, the run directory is staged and uploaded shard by shard, and every command that
+takes a dump or a run takes a URI."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -15,11 +17,13 @@ import pytest
 from typer.testing import CliRunner
 
 from io_support import run_contents
-from trace_tools.api import replay
+from trace_tools.api import open_run, replay
 from trace_tools.cli.main import app
 from trace_tools.io import storage, validate
 from trace_tools.io.export import export_samples, read_export
+from trace_tools.io.rundir import load_run_info
 from trace_tools.reconstruct import reconstruct
+from trace_tools.report.compare import compare
 
 STRATEGIES = ["tree", "linear", "checkpoint-tree"]
 
@@ -87,6 +91,56 @@ def test_report_and_export_take_a_run_in_s3(s3_run, local_run):
     assert exported.samples and [_no_run_name(r) for r in remote_rows] == [
         _no_run_name(r) for r in read_export(exported.out)
     ]
+
+
+def test_the_next_steps_printed_for_a_run_in_s3_run_as_printed(s3_run, tmp_path, monkeypatch):
+    """After a replay into S3, the printed `explain` (the session that drifted most, read from the
+    run's drift table in S3) and `gate` (the run in S3) commands work verbatim."""
+    from trace_tools.report.tables import next_steps
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rules.toml").write_text('[[rule]]\nmetric = "coverage"\nstrategy = "tree"\nop = ">="\nvalue = 0.1\n')
+    printed = [shlex.split(line) for line in next_steps(s3_run.run_dir) if line.strip().startswith("trace-tools ")]
+    assert [argv[1] for argv in printed] == ["explain", "gate"]
+    assert printed[0][2] == load_run_info(s3_run.run_dir)["inputs"]["dump"]
+    for argv in printed:
+        result = CliRunner().invoke(app, argv[1:])
+        assert result.exit_code == 0, result.output
+        assert "PASS" in result.output if argv[1] == "gate" else "first divergence" in result.output
+
+
+def test_compare_and_the_python_api_take_runs_in_s3(dumps, s3_run, local_run):
+    comparison = compare(s3_run.run_dir, local_run)
+    assert set(comparison.metrics["pair"]) >= set(STRATEGIES) and comparison.sessions.empty
+    assert (comparison.metrics["delta"].fillna(0) == 0).all()
+    result = CliRunner().invoke(app, ["compare", s3_run.run_dir, str(local_run)])
+    assert result.exit_code == 0, result.output
+    remote, here = open_run(s3_run.run_dir), open_run(local_run)
+    assert remote.strategy_table().equals(here.strategy_table()) and remote.dump == dumps[1]
+    assert remote.turns.equals(here.turns)
+
+
+def test_a_run_in_s3_that_cannot_be_written_is_named_by_its_uri(dumps):
+    """The checks of --out see the local staging directory; the message names the URI."""
+    _, uri, _ = dumps
+    result = CliRunner().invoke(app, ["replay", uri, "-s", "tree", "--out", uri])
+    assert result.exit_code == 2
+    assert f"--out {uri} is a directory that holds other files" in " ".join(result.output.split())
+
+
+def test_a_dump_in_cloud_storage_replays_to_the_same_tables_as_its_local_copy(gcs_server, dumps, local_run, tmp_path):
+    """`gs://` through pyarrow's Cloud Storage filesystem, against a local emulator: the dump read
+    in place, the run directory written there, and read back by `gate`."""
+    local, _, _ = dumps
+    bucket = gcs_server()
+    storage.upload(local, f"{bucket}/dumps/sim", ["part-0.parquet", "nested/part-1.parquet"])
+    result = replay(f"{bucket}/dumps/sim", out=f"{bucket}/runs/r1", strategies=STRATEGIES, workers=1)
+    with storage.local_run(result.run_dir) as copy:
+        assert run_contents(copy) == run_contents(local_run)
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nmetric = "samples"\nstrategy = "tree"\nop = "<="\nvalue = 1\n')
+    gated = CliRunner().invoke(app, ["gate", result.run_dir, "--rules", str(rules)])
+    assert gated.exit_code == 1 and "FAIL" in gated.output  # the run has more than one sample: read, not guessed
 
 
 def _no_run_name(row: dict) -> dict:

@@ -204,9 +204,10 @@ def _versions() -> dict[str, str]:
 
 @dataclass
 class Run:
-    """A finished run directory loaded as DataFrames (DESIGN §6 columns)."""
+    """A finished run directory loaded as DataFrames (DESIGN §6 columns); `path` is a local path
+    or an object-storage URI."""
 
-    path: Path
+    path: Path | str
     summary: dict[str, Any]
     turns: pd.DataFrame
     sessions: pd.DataFrame
@@ -216,11 +217,9 @@ class Run:
     @property
     def dump(self) -> Path | str:
         """The dump this run replayed (from run.json), e.g. for `trace_tools.explain(run.dump, id)`."""
-        import json
+        from trace_tools.io import rundir, storage
 
-        from trace_tools.io import storage
-
-        return storage.location(json.loads((self.path / "run.json").read_text())["inputs"]["dump"])
+        return storage.location(rundir.load_run_info(self.path)["inputs"]["dump"])
 
     @property
     def strategies(self) -> list[str]:
@@ -272,6 +271,8 @@ class Run:
         """
         from trace_tools.report.html import REPORT_NAME, write_html_report
 
+        if not isinstance(self.path, Path):
+            raise UsageError(f"{self.path} is in object storage; `trace-tools report {self.path} --html` writes it")
         path = self.path / REPORT_NAME
         if refresh or not path.exists():
             write_html_report(self.path)
@@ -291,13 +292,15 @@ class Run:
 
 
 def open_run(path: str | Path) -> Run:
+    from trace_tools.io import storage
     from trace_tools.io.rundir import load_summary
     from trace_tools.report.rerender import read_run
 
-    tables = read_run(path)
+    location = storage.location(path)
+    tables = read_run(location)
     return Run(
-        Path(path),
-        load_summary(Path(path)),
+        location,
+        load_summary(location),
         tables["turns"],
         tables["sessions"],
         tables["samples"],

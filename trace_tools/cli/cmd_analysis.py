@@ -13,9 +13,9 @@ from trace_tools.cli._strategies import STRATEGY_NAMES as NAMES
 
 
 def compare_cmd(
-    run_a: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run_a: Annotated[str, typer.Argument(help="A finished run directory, a path or a URI.")],
     run_b: Annotated[
-        Optional[Path], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")
+        Optional[str], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")
     ] = None,
     strategy: Annotated[
         Optional[list[str]],
@@ -63,14 +63,14 @@ def compare_cmd(
 
 
 def gate_cmd(
-    run: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run: Annotated[str, typer.Argument(help="A finished run directory, a path or a URI.")],
     rules: Annotated[
         Path,
         typer.Option(
             help="Rules TOML file: one 'rule' table per rule with metric, strategy, op and value (or max_regression)."
         ),
     ],
-    baseline: Annotated[Optional[Path], typer.Option(help="Baseline run for max_regression rules.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="Baseline run for max_regression rules.")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here (one testcase per rule).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
 ) -> None:
@@ -109,7 +109,7 @@ def gate_cmd(
 
 
 def explain_cmd(
-    dump: Annotated[Path, typer.Argument(help="Parquet file or directory.")],
+    dump: Annotated[str, typer.Argument(help="Parquet file or directory, a path or a URI.")],
     session: Annotated[str, typer.Option(help="Session id to explain.")],
     turn: Annotated[
         Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")

@@ -104,8 +104,7 @@ def _samples_file(run: Location) -> Location:
 
     if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
-    if isinstance(run, Path):
-        require_run(run)  # finished, and a replay run (not a rescore output)
+    require_run(run)  # finished, and a replay run (not a rescore output)
     samples = storage.join(run, "samples.parquet")
     if not storage.is_file(samples):
         raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
@@ -126,8 +125,6 @@ def _dump_files(run: Location) -> list[Location]:
     """The dump the run replayed (run.json): an export must never land on it."""
     from trace_tools.io.rundir import load_run_info
 
-    if not isinstance(run, Path):
-        return []
     inputs = load_run_info(run).get("inputs") or {}
     names = [inputs.get("dump"), *(inputs.get("files") or [])]
     return [storage.location(name) for name in names if isinstance(name, str)]

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.io import storage
+from trace_tools.io.storage import Location
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
@@ -246,33 +248,41 @@ class SamplesFile:
         self._tmp.unlink(missing_ok=True)
 
 
-def read_table(run_dir: str | Path, name: str, columns: list[str] | None = None) -> Any:
-    """One of the run's tables as a DataFrame (empty when absent); `columns` reads only those."""
+def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -> Any:
+    """One of the run's tables as a DataFrame (empty when absent); `columns` reads only those. The
+    run may be a path or a URI (only that table is read)."""
     import pandas as pd
 
-    path = Path(run_dir) / f"{name}.parquet"
-    if not path.exists():
+    table = storage.join(run_dir, f"{name}.parquet")
+    if not storage.is_file(table):
         return pd.DataFrame()
     try:
-        if columns is not None:
-            present = set(pq.read_schema(path).names)
-            columns = [c for c in columns if c in present]
-        return pq.read_table(path, columns=columns).to_pandas()
+        with storage.open_input(table) as handle:
+            parquet = pq.ParquetFile(handle)
+            if columns is not None:
+                columns = [c for c in columns if c in parquet.schema_arrow.names]
+            return parquet.read(columns=columns).to_pandas()
     except (pa.ArrowException, OSError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UnusableInput(f"{path} is not readable ({reason}); {_REBUILD.format(run=Path(run_dir))}") from None
+        run = storage.location(run_dir)
+        raise UnusableInput(f"{table} is not readable ({reason}); {_REBUILD.format(run=run)}") from None
 
 
-def directory_kind(path: Path) -> str | None:
+def _read_json(file: Location) -> Any:
+    with storage.open_input(file) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def directory_kind(path: Location) -> str | None:
     """`run` for a directory `trace-tools replay` writes, `rescore` for one `trace-tools rescore`
     writes, None for anything else (such directories are outputs, never dumps to read)."""
-    if (path / "shards" / "FINGERPRINT").is_file() or (path / "run.json").is_file():
+    if storage.is_file(storage.join(path, "shards", "FINGERPRINT")) or storage.is_file(storage.join(path, "run.json")):
         return "run"
-    summary = path / "summary.json"
-    if not summary.is_file():
+    summary = storage.join(path, "summary.json")
+    if not storage.is_file(summary):
         return None
     try:
-        keys = json.loads(summary.read_text(encoding="utf-8"))
+        keys = _read_json(summary)
     except (OSError, ValueError):
         return None
     if isinstance(keys, dict) and "strategies" in keys:
@@ -290,34 +300,34 @@ def not_a_dump(pointed: Path, directory: Path, kind: str) -> str:
     return f"{pointed} is {what} written by {made}, not a dump; {hint}"
 
 
-def require_run(run_dir: str | Path) -> Path:
-    """A finished run directory, or a clear error naming the fix."""
-    path = Path(run_dir)
-    if directory_kind(path) == "rescore":
+def require_run(run_dir: Location) -> Location:
+    """A finished run directory (a path or a URI), or a clear error naming the fix."""
+    run = storage.location(run_dir)
+    if directory_kind(run) == "rescore":
         raise TraceToolsError(
-            f"{path} is a `trace-tools rescore` output directory, not a replay run: it has no strategies "
+            f"{run} is a `trace-tools rescore` output directory, not a replay run: it has no strategies "
             "to report, compare, gate or export; pass a `trace-tools replay --out` directory"
         )
-    if not (path / "summary.json").is_file():
+    if not storage.is_file(storage.join(run, "summary.json")):
         raise TraceToolsError(
-            f"{path} is not a finished run directory (no summary.json); "
-            f"run `trace-tools replay DUMP --out {path}` first"
+            f"{run} is not a finished run directory (no summary.json); run `trace-tools replay DUMP --out {run}` first"
         )
-    missing = [f"{name}.parquet" for name in REQUIRED_TABLES if not (path / f"{name}.parquet").is_file()]
+    tables = {name: storage.join(run, f"{name}.parquet") for name in REQUIRED_TABLES}
+    missing = [f"{name}.parquet" for name, table in tables.items() if not storage.is_file(table)]
     if missing:
-        raise UnusableInput(f"{path} has no {' or '.join(missing)}; {_REBUILD.format(run=path)}")
-    return path
+        raise UnusableInput(f"{run} has no {' or '.join(missing)}; {_REBUILD.format(run=run)}")
+    return run
 
 
-def load_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((require_run(run_dir) / "summary.json").read_text())
+def load_summary(run_dir: Location) -> dict[str, Any]:
+    return _read_json(storage.join(require_run(run_dir), "summary.json"))
 
 
-def load_run_info(run_dir: str | Path) -> dict[str, Any]:
+def load_run_info(run_dir: Location) -> dict[str, Any]:
     """run.json, or {} when it is missing or unreadable."""
     try:
-        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        info = _read_json(storage.join(run_dir, "run.json"))
+    except (OSError, ValueError, TraceToolsError):
         return {}
     return info if isinstance(info, dict) else {}
 

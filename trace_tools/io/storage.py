@@ -268,6 +268,9 @@ class StagedRun:
         self._pending.append(self._uploads.submit(job))
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        if isinstance(error, TraceToolsError) and error.args:
+            # The run's checks saw the staging directory; the user named the URI.
+            error.args = (str(error).replace(str(self.local), self.uri), *error.args[1:])
         try:
             self._uploads.shutdown(wait=True)
             for job in self._pending:

@@ -31,10 +31,9 @@ class Comparison:
 
 def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list[str] | None = None) -> Comparison:
     """Two runs strategy by strategy, or (with one run and two strategy names) two strategies of it."""
-    from trace_tools.io.rundir import load_summary
-    from trace_tools.report.rerender import read_run
+    from trace_tools.io.rundir import load_summary, read_table
 
-    summary_a, sessions_a = load_summary(Path(run_a)), read_run(run_a)["sessions"]
+    summary_a, sessions_a = load_summary(run_a), read_table(run_a, "sessions")
     only_a: list[str] = []
     only_b: list[str] = []
     if run_b is None:
@@ -44,7 +43,7 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
         pairs = [(strategies[0], strategies[1])]
         summary_b, sessions_b, labels = summary_a, sessions_a, (strategies[0], strategies[1])
     else:
-        summary_b, sessions_b = load_summary(Path(run_b)), read_run(run_b)["sessions"]
+        summary_b, sessions_b = load_summary(run_b), read_table(run_b, "sessions")
         for run, summary in ((run_a, summary_a), (run_b, summary_b)):
             _require_strategies(run, summary, strategies or [])
         common = [s for s in summary_a["strategies"] if s in summary_b["strategies"]]

@@ -316,8 +316,8 @@ def gate(run: str | Path, rules_path: str | Path, baseline_run: str | Path | Non
     from trace_tools.io.rundir import load_summary
 
     rules = parse_rules(rules_path)
-    baseline = load_summary(Path(baseline_run)) if baseline_run is not None else None
-    return evaluate(rules, load_summary(Path(run)), baseline)
+    baseline = load_summary(baseline_run) if baseline_run is not None else None
+    return evaluate(rules, load_summary(run), baseline)
 
 
 def junit_xml(results: list[RuleResult]) -> str:

@@ -12,8 +12,8 @@ from trace_tools.io.rundir import load_summary, read_table, require_run
 
 def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
     """The run's tables as DataFrames (samples only when present)."""
-    path = require_run(Path(run))
-    return {name: read_table(path, name) for name in ("turns", "sessions", "samples", "quarantine")}
+    location = require_run(run)
+    return {name: read_table(location, name) for name in ("turns", "sessions", "samples", "quarantine")}
 
 
 def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:

@@ -32,7 +32,9 @@ def write_html_report(
     from trace_tools.io.rundir import require_run
     from trace_tools.io.write import write_text_atomic
 
-    run = Path(run_dir) if summary is not None else require_run(Path(run_dir))
+    run = Path(run_dir)
+    if summary is None:
+        require_run(run)
     target = Path(out) if out is not None else run / REPORT_NAME
     write_text_atomic(render_html(run, plots_drawn, summary), target)
     return target
