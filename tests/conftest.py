@@ -9,6 +9,8 @@ from typing import Iterator
 
 import pytest
 
+from io_support import free_port
+
 # Tests replay in-process (DESIGN §10: `--workers 1` is the plain path); the executor tests ask
 # for process pools and Ray explicitly.
 os.environ.setdefault("TRACE_TOOLS_WORKERS", "1")
@@ -94,14 +96,6 @@ def _local_server(command: list[str], port: int, env: dict[str, str], log: Path,
                 os.environ[key] = value
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server on loopback (moto's server mode, from the dev extra), with the usual
@@ -111,7 +105,7 @@ def s3_server(tmp_path_factory):
     import uuid
 
     pytest.importorskip("moto", reason="moto[server] (dev extra) runs the local S3 server")
-    port = _free_port()
+    port = free_port()
     env = {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "testing",
@@ -148,7 +142,7 @@ def gcs_server(tmp_path_factory):
     emulator = Path(sys.executable).with_name("gcp-storage-emulator")
     if not emulator.exists():
         pytest.skip("gcp-storage-emulator (dev extra) runs the local Cloud Storage server")
-    port = _free_port()
+    port = free_port()
     env = {"CLOUD_STORAGE_EMULATOR_ENDPOINT": f"http://127.0.0.1:{port}"}
     command = [str(emulator), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
     with _local_server(command, port, env, tmp_path_factory.mktemp("gcs") / "emulator.log", "Cloud Storage"):

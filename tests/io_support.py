@@ -121,3 +121,12 @@ def run_contents(run_dir: Path) -> dict:
         table = pq.read_table(Path(run_dir) / f"{name}.parquet")
         out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
     return out
+
+
+def free_port() -> int:
+    """A TCP port of loopback that nothing listens on now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

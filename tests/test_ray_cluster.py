@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,18 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from io_support import run_contents
+from io_support import free_port, run_contents
 from trace_tools.api import replay
 from trace_tools.io import storage
 
 pytestmark = pytest.mark.slow
 STRATEGIES = ["tree", "linear+restore", "checkpoint-tree"]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _node_ports() -> list[str]:
@@ -48,7 +41,7 @@ def _node_ports() -> list[str]:
         "runtime-env-agent",
         "metrics-export",
     )
-    return [arg for name in names for arg in (f"--{name}-port", str(_free_port()))]
+    return [arg for name in names for arg in (f"--{name}-port", str(free_port()))]
 
 
 def _start_node(arguments: list[str], log: Path, env: dict) -> subprocess.Popen:
@@ -96,7 +89,7 @@ def cluster(tmp_path_factory, s3_server):
     folder = tmp_path_factory.mktemp("ray-cluster")
     sessions = Path(tempfile.mkdtemp(prefix="tt-ray-"))  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     head = _start_node(
         [
             "--head",

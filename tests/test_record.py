@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from io_support import free_port
 from trace_tools.record import make_renderer, open_recorder
 from trace_tools.record.anthropic import fold_mid_list_system, request_messages
 from trace_tools.record.script import Script, ScriptBook, ScriptCall, ScriptTurn
@@ -298,7 +299,7 @@ class _Engine:
         app.router.add_post("/generate", self._generate)
         self._runner = web.AppRunner(app)
         self.loop = __import__("asyncio").new_event_loop()
-        self.port = _free_port()
+        self.port = free_port()
         ready = threading.Event()
 
         def main():
@@ -321,12 +322,6 @@ class _Engine:
 
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_upstream_engine_generates_the_ids_the_dump_records(renderer, tmp_path):
@@ -354,7 +349,7 @@ def test_upstream_engine_generates_the_ids_the_dump_records(renderer, tmp_path):
 def test_sigkilled_recorder_leaves_a_valid_dump_of_its_finished_turns(tmp_path):
     script = tmp_path / "script.json"
     script.write_text(json.dumps({**SCRIPT.to_json(), "turns": [t.to_json() for t in SCRIPT.turns] * 3}))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     command = [
         sys.executable,
