@@ -19,7 +19,7 @@ def anchor(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # fenced blocks, not inline ```
     return {anchor(m.group(1)) for m in re.finditer(r"(?m)^#+ (.+)$", text)}
 
 

@@ -1,4 +1,4 @@
-"""What a replay checks before its first session (DESIGN §10): a setting that would make every
+"""What a replay checks before its first session (docs/commands.md#exit-codes-and-errors): a setting that would make every
 session fail the same way is a usage error (exit 2) with the fix, never a quarantine of everything.
 
 `check_options` validates the strategy options against their declarations (and makes them

@@ -1,4 +1,4 @@
-"""Token-in-token-out prompts (§2.2, §2.4): request preparation as SGLang and miles do it, the
+"""Token-in-token-out prompts (docs/upstream_session.md#request-preparation-and-the-tito-tokenizer): request preparation as SGLang and miles do it, the
 TITO families (`--tito-model`) and the tokenizer that extends a checkpoint with appended messages."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _parse_arguments(calls: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# TITO families and tokenizer (§2.4)
+# TITO families and tokenizer
 # ---------------------------------------------------------------------------------------------
 ALL_ROLES = frozenset({"tool", "user", "system", "assistant"})
 
