@@ -429,7 +429,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile the base model (both recipes)")
     parser.add_argument("--no-naive", action="store_true", help="measure ours only")
     parser.add_argument("--allow-large-cpu", action="store_true", help="allow lengths above 2048 on the CPU")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a GPU target (docs/rescore.md#benchmark) is missed")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a GPU target of docs/rescore.md is missed")
     parser.add_argument("--json", dest="json_path", help="also write the measurements as JSON here")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

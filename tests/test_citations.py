@@ -132,6 +132,4 @@ def test_checker_allows_a_section_sign_only_for_the_pages_own_numbered_headings(
     assert citation_problems("as [there](other.md#x) §9 says", page, repo) == [
         "'§9' is not a numbered heading of this page"
     ]
-    assert citation_problems("matchers (§2.3)", repo / "module.py", repo) == [
-        "section sign without a page: '§2.3'"
-    ]
+    assert citation_problems("matchers (§2.3)", repo / "module.py", repo) == ["section sign without a page: '§2.3'"]

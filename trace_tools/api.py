@@ -204,8 +204,8 @@ def _versions() -> dict[str, str]:
 
 @dataclass
 class Run:
-    """A finished run directory loaded as DataFrames (columns: docs/run_directory.md#what-the-files-hold); `path` is a local path
-    or an object-storage URI."""
+    """A finished run directory loaded as DataFrames (columns:
+    docs/run_directory.md#what-the-files-hold); `path` is a local path or an object-storage URI."""
 
     path: Path | str
     summary: dict[str, Any]

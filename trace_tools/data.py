@@ -70,7 +70,8 @@ class Session:
 
 @dataclass(slots=True)
 class QuarantineEntry:
-    """Why a session (or a file) was set aside. `reason` is one of the fixed vocabulary of docs/trace_schema.md#loading-validation-and-quarantine."""
+    """Why a session (or a file) was set aside. `reason` is one of the fixed vocabulary of
+    docs/trace_schema.md#loading-validation-and-quarantine."""
 
     session_id: str | None
     turn_index: int | None

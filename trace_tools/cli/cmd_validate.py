@@ -56,7 +56,8 @@ def validate_cmd(
 
 
 def _data_warnings(report) -> list[str]:
-    """Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): turn_index gaps (sessions) and empty generations (turns)."""
+    """Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): turn_index gaps
+    (sessions) and empty generations (turns)."""
     what = {
         "turn_index_gap": "session(s) with a turn_index gap (a dropped request?)",
         "empty_generation": "turn(s) with an empty generation (no output_ids)",

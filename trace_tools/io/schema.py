@@ -59,7 +59,8 @@ JSON_COLUMNS = tuple(column.name for column in COLUMNS if column.kind in (JSON_A
 # in required columns are a validation matter, not a schema one).
 ARROW_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in COLUMNS])
 
-# Fixed vocabulary of quarantine reasons (docs/trace_schema.md#loading-validation-and-quarantine). `replay_error` is the engine's.
+# Fixed vocabulary of quarantine reasons (docs/trace_schema.md#loading-validation-and-quarantine).
+# `replay_error` is the engine's.
 REASONS = (
     "missing_column",
     "wrong_type",
@@ -75,7 +76,8 @@ REASONS = (
     "cell_too_large",
     "replay_error",
 )
-# Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): sessions with a turn_index gap, turns with an empty generation.
+# Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): sessions with a
+# turn_index gap, turns with an empty generation.
 DATA_WARNINGS = ("turn_index_gap", "empty_generation")
 INT32_MAX = 2**31 - 1
 

@@ -184,7 +184,8 @@ def write_text_atomic(text: str, path: str | Path) -> Path:
 
 
 def quarantine_table(entries: Iterable[QuarantineEntry]) -> pa.Table:
-    """The quarantine list as a table with the `quarantine.parquet` columns of docs/run_directory.md#what-the-files-hold."""
+    """The quarantine list as a table with the `quarantine.parquet` columns of
+    docs/run_directory.md#what-the-files-hold."""
     entries = list(entries)
     return pa.table(
         {

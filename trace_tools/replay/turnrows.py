@@ -1,4 +1,5 @@
-"""Turn one strategy's ReplayResult into the rows of docs/run_directory.md#what-the-files-hold: per turn, per session, per sample."""
+"""Turn one strategy's ReplayResult into the rows of docs/run_directory.md#what-the-files-hold: per
+turn, per session, per sample."""
 
 from __future__ import annotations
 
@@ -171,7 +172,8 @@ def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[di
 
 
 def extra_counters(result: ReplayResult) -> dict[str, int]:
-    """Counters a strategy adds beyond the list of docs/metrics.md#per-session (kept, so nothing it measured is lost)."""
+    """Counters a strategy adds beyond the list of docs/metrics.md#per-session (kept, so nothing it
+    measured is lost)."""
     return {k: int(v) for k, v in result.counters.items() if k not in COUNTERS}
 
 

@@ -1,5 +1,6 @@
-"""One gateway session driven by recorded turns (docs/upstream_chains.md#a-request-from-selection-to-commit): select or create a chain, roll back
-a rewritten last assistant, commit the recorded generation, materialize trajectories."""
+"""One gateway session driven by recorded turns
+(docs/upstream_chains.md#a-request-from-selection-to-commit): select or create a chain, roll back a
+rewritten last assistant, commit the recorded generation, materialize trajectories."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A session's state (docs/upstream_chains.md#chains-and-chain-selection): token buffers, chains, trajectories, one request's preparation and
-outcome; and which chain a request continues (HEAD)."""
+"""A session's state (docs/upstream_chains.md#chains-and-chain-selection): token buffers, chains,
+trajectories, one request's preparation and outcome; and which chain a request continues (HEAD)."""
 
 from __future__ import annotations
 

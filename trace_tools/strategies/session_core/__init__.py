@@ -2,8 +2,9 @@
 
 One module per part of the server: `errors` (its HTTP answers), `matchers`, `tito`
 (request preparation, families and the TITO tokenizer), `records` (requests, generations, what
-serving one request shares), `v1`, `assembly` (the samples op), `v2` and `recording` (a recorded session in, a `ReplayResult` out). The strategies are
-`strategies.session_v1` and `strategies.session_v2`.
+serving one request shares), `v1`, `assembly` (the samples op), `v2` and `recording` (a recorded
+session in, a `ReplayResult` out). The strategies are `strategies.session_v1` and
+`strategies.session_v2`.
 
 The algorithms are miles' (HEAD 31f1ca96), one section each in
 docs/upstream_session.md#the-server-part-by-part. Everything here

@@ -1,5 +1,6 @@
-"""Token-in-token-out prompts (docs/upstream_session.md#request-preparation-and-the-tito-tokenizer): request preparation as SGLang and miles do it, the
-TITO families (`--tito-model`) and the tokenizer that extends a checkpoint with appended messages."""
+"""Token-in-token-out prompts (docs/upstream_session.md#request-preparation-and-the-tito-tokenizer):
+request preparation as SGLang and miles do it, the TITO families (`--tito-model`) and the tokenizer
+that extends a checkpoint with appended messages."""
 
 from __future__ import annotations
 

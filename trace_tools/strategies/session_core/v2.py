@@ -72,7 +72,7 @@ class SessionTree:
         self.roots: list[TrajectoryNode] = []
         self.nodes: list[TrajectoryNode] = []
         self.max_nodes = max_nodes
-        self.branches = 0  # forks (docs/upstream_session.md#counters): nodes created beside an existing sibling, plus roots − 1
+        self.branches = 0  # nodes created beside an existing sibling, plus roots − 1 (`tree_branches`)
 
     def leaves(self) -> list[TrajectoryNode]:
         return [node for node in self.nodes if not node.children]
