@@ -41,7 +41,7 @@ TASKS = {
 }
 
 
-# -- the naive method, as seed 000's validation script replayed traces ---------------------------
+# -- the naive method (docs/pipeline.md#where-the-time-goes) ---------------------------
 def naive(dump: Path) -> dict:
     import pyarrow.parquet as pq
     from transformers import PreTrainedTokenizerFast

@@ -29,8 +29,11 @@ SCANNED = [
 ]
 TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".toml", ".yml", ".yaml", ".j2", ".js", ".css", ".html", ".txt", ".cfg"}
 
-# Documents that are not in the repository: the design brief, the upstream specs, shared folders.
-OUTSIDE = re.compile(r"DESIGN(?:\.md|\s*§)|\breference/[\w.-]+\.md|(?:\.\./|/work/)shared\b|\bshared/(?:docs|seeds)/")
+# Documents that are not in the repository: the design brief, the upstream specs, the seed
+# documents and the shared folders that hold them.
+OUTSIDE = re.compile(
+    r"\bDESIGN\b|\breference/[\w.-]+\.md|(?:\.\./|/work/)shared\b|\bshared/(?:docs|seeds)\b|\b[Ss]eeds? 00\d"
+)
 DOCS_POINTER = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
 SECTION = re.compile(r"§\s*([\w.]+)")
 MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\([^)\s]*\)")
@@ -120,7 +123,13 @@ def test_checker_catches_a_broken_anchor_and_a_missing_page(tmp_path):
 def test_checker_catches_documents_outside_the_repository(tmp_path):
     repo = _repo_with_docs(tmp_path)
     code = repo / "module.py"
-    for outside in ("DESIGN" + " §3", "DESIGN" + ".md", "reference" + "/miles_uniagent.md", "../" + "shared/x"):
+    for outside in (
+        "DESIGN" + " §3",
+        "the " + "DESIGN taxonomy",
+        "reference" + "/miles_uniagent.md",
+        "../" + "shared/x",
+        "seed" + " 001",
+    ):
         problems = citation_problems(f"# as {outside} says", code, repo)
         assert problems and "outside the repository" in problems[0], outside
 

@@ -97,7 +97,7 @@ TREE_PARAMS: tuple[Param, ...] = (
     LENIENT_RENDER,
 )
 RESTORE_PROMPT = Param(
-    "restore_prompt", bool, True, "render the restored messages; false restores for routing only (seed 001)"
+    "restore_prompt", bool, True, "render the restored messages; false restores for routing only (slime PR #2282)"
 )
 LINEAR_PARAMS: tuple[Param, ...] = (
     *TREE_PARAMS,

@@ -83,7 +83,8 @@ class EchoRestoreStrategy(TreeStrategy):
         check_request(self.upstream, restored)
         self.restore_log.note(prepared.turn.turn_index, outcome)
         # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
-        # ids: seed 001's third configuration, which shows why the restore must precede the render.
+        # ids: the third configuration slime PR #2282 measured, which shows why the restore must precede
+        # the render (docs/results.md#published-measurements-reproduced).
         if outcome.restored and self.setting("restore_prompt"):
             ids = render_prompt(self.upstream, restored.messages, restored.tools, restored.turn, shared=True)
             restored = replace(restored, prompt_ids=ids, prompt_origin="rendered")
