@@ -12,7 +12,7 @@ This machine's speed drifts by ±20 % within an hour, so `--repeat N` measures e
 in interleaved rounds (a slow phase then hits each row alike) and keeps each row's fastest run
 and its highest peak.
 
-The baseline is the naive method of DESIGN §10, written out plainly below (`naive`): for every
+The baseline is the naive method of docs/pipeline.md#where-the-time-goes, written out plainly below (`naive`): for every
 turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conversation with the
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
@@ -41,7 +41,7 @@ TASKS = {
 }
 
 
-# -- the naive method, as seed 000's validation script replayed traces ---------------------------
+# -- the naive method (docs/pipeline.md#where-the-time-goes) ---------------------------
 def naive(dump: Path) -> dict:
     import pyarrow.parquet as pq
     from transformers import PreTrainedTokenizerFast

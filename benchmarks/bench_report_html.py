@@ -1,6 +1,6 @@
 """report.html at scale: file size, build time and load time in headless Chromium for a large run.
 
-Writes a synthetic run directory with the DESIGN §6 files (plus drift.parquet) for N sessions and
+Writes a synthetic run directory with the files of docs/run_directory.md#what-the-files-hold (plus drift.parquet) for N sessions and
 every strategy name (random but well-formed turns, samples with provenance, drift windows and a
 few quarantined sessions), builds its report.html, then opens it in headless Chromium: the time
 from navigation until the page's script has drawn the overview and the first page of the session

@@ -13,7 +13,7 @@ Two scenarios:
   scores its own output (the last quarter of its new tokens). Ours plans it with prefix sharing
   (one forward of L tokens); the naive recipe runs every turn's full prompt + output.
 
-Model FLOPs (DESIGN §10) = 2 * matmul parameters * tokens + causal attention, 2 * layers * heads *
+Model FLOPs (docs/rescore.md#benchmark) = 2 * matmul parameters * tokens + causal attention, 2 * layers * heads *
 head_dim * L per token. Matmul parameters exclude an untied input embedding (a lookup, no FLOPs);
 with tied embeddings the shared matrix counts once, as the output head. MFU = achieved FLOP/s
 over the peak (790 TFLOP/s bf16 for one H200 by default; none on CPU unless --peak-tflops).
@@ -71,7 +71,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         head_dim=128,
     ),
 }
-# GPU targets (DESIGN §10): MFU, speed vs naive, naive/ours peak memory at the longest length.
+# GPU targets (docs/rescore.md#benchmark): MFU, speed vs naive, naive/ours peak memory at the longest length.
 TARGET_MFU, TARGET_SPEEDUP, TARGET_MEMORY_RATIO = 0.40, 1.0, 4.0
 
 
@@ -112,7 +112,7 @@ def matmul_parameters(model: Any) -> int:
 
 
 def model_flops(model: Any, lengths: list[int]) -> float:
-    """DESIGN §10 FLOPs for forwarding sequences of `lengths` tokens."""
+    """Model FLOPs (docs/rescore.md#benchmark) for forwarding sequences of `lengths` tokens."""
     config = model.config
     params = matmul_parameters(model)
     attention = 2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim
@@ -367,7 +367,7 @@ def print_ratios(found: list[dict[str, Any]]) -> None:
 
 
 def check_targets(rows: list[Measurement], found: list[dict[str, Any]]) -> list[str]:
-    """The DESIGN §10 GPU targets that are not met (empty when all are)."""
+    """The GPU targets of docs/rescore.md#benchmark that are not met (empty when all are)."""
     failures = []
     sequence = [r for r in rows if r.scenario == "sequence" and r.recipe == "ours"]
     for r in sequence:
@@ -429,7 +429,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile the base model (both recipes)")
     parser.add_argument("--no-naive", action="store_true", help="measure ours only")
     parser.add_argument("--allow-large-cpu", action="store_true", help="allow lengths above 2048 on the CPU")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a DESIGN §10 GPU target is missed")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a GPU target of docs/rescore.md is missed")
     parser.add_argument("--json", dest="json_path", help="also write the measurements as JSON here")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -444,7 +444,7 @@ def apply_device_defaults(args: argparse.Namespace, device: torch.device) -> Non
     args.peak_tflops = args.peak_tflops or (H200_BF16_TFLOPS if gpu else None)
     if not gpu and max(args.lengths) > 2048 and not args.allow_large_cpu:
         raise SystemExit(
-            "on the CPU the benchmark runs at <= 2048 tokens (DESIGN §10); pass --allow-large-cpu to insist"
+            "on the CPU the benchmark runs at <= 2048 tokens (docs/rescore.md#benchmark); pass --allow-large-cpu to insist"
         )
 
 

@@ -189,7 +189,7 @@ def behaviour_cell(row: Any) -> str:
     return f"{trained} / {forwarded}"
 
 
-UPSTREAM_FORM = {  # what each strategy hands the template, and how (docs/upstream_families.md §1)
+UPSTREAM_FORM = {  # what each strategy hands the template, and how (docs/upstream_families.md#1-what-each-upstream-system-hands-the-template)
     "tree": "recorded ids (slime manager only)",
     "echo-restore": "slime: dicts → served template, every request",
     "linear": "agentcore: dicts → stored history",

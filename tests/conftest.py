@@ -11,7 +11,7 @@ import pytest
 
 from io_support import free_port
 
-# Tests replay in-process (DESIGN §10: `--workers 1` is the plain path); the executor tests ask
+# Tests replay in-process (`--workers 1` is the plain path, docs/pipeline.md#every-core-and-many-machines); the executor tests ask
 # for process pools and Ray explicitly.
 os.environ.setdefault("TRACE_TOOLS_WORKERS", "1")
 

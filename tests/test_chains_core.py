@@ -1,4 +1,4 @@
-"""The uni-agent acceptance matrix (reference/miles_uniagent.md §3.14), replayed on a toy template.
+"""The uni-agent acceptance matrix (docs/upstream_chains.md#case--test-map-teststest_chains_corepy-unless-noted), replayed on a toy template.
 
 Each test names its matrix case as `test_cNN_...`. Scenarios, strings and token ids are our own
 (tests/chains_toy.py); the outcomes asserted — contexts, masks, chain choice, order,
@@ -503,7 +503,7 @@ def test_c54_failed_continuation_logprobs_leave_the_chain_for_a_retry():
     assert len(trajectory.response_logprobs) == len(trajectory.response_ids)
 
 
-# -- behaviours from §3.2, §3.5, §4.2 beyond the numbered cases ---------------------------------------
+# -- adapter, codec and chain behaviours beyond the numbered cases ---------------------------------------
 
 
 def test_exact_resend_glues_the_generation_without_a_generation_prompt():
@@ -561,7 +561,7 @@ def test_finalize_twice_is_refused():
         session.finalize()
 
 
-# -- codec (§3.5) ---------------------------------------------------------------------------------
+# -- codec (docs/upstream_chains.md#codec) ---------------------------------------------------------------------------------
 
 
 def test_codec_probes_generation_prompt_and_separator():

@@ -1,4 +1,7 @@
-"""README and docs/ link only to files of this repository that exist, and to headings they have."""
+"""README and docs/ link only to files of this repository that exist, and to headings they have.
+
+Citations of documents outside the repository, in docs and code alike: tests/test_citations.py.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def anchor(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # fenced blocks, not inline ```
     return {anchor(m.group(1)) for m in re.finditer(r"(?m)^#+ (.+)$", text)}
 
 
@@ -32,14 +35,6 @@ def test_links_stay_in_the_repository_and_resolve(page):
         assert resolved.is_relative_to(REPO) and resolved.exists(), f"{page.name}: {target} does not exist"
         if fragment and resolved.suffix == ".md":
             assert fragment in anchors(resolved), f"{page.name}: {target}: no such heading"
-
-
-def test_no_page_refers_to_the_design_brief_or_internal_names():
-    """The contracts live in docs/; nothing points at documents users do not have."""
-    for page in [*PAGES, REPO / "sample_traces" / "README.md"]:
-        text = page.read_text()
-        for word in ("DESIGN", "shared/docs", "eed 000", "eed 001"):
-            assert word not in text, f"{page.relative_to(REPO)} mentions {word!r}"
 
 
 def test_every_docs_page_is_reachable_from_the_readme():

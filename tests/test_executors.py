@@ -1,4 +1,4 @@
-"""Output never depends on the worker count or the executor, and a killed run resumes (DESIGN §8)."""
+"""Output never depends on the worker count or the executor, and a killed run resumes (docs/pipeline.md#every-core-and-many-machines)."""
 
 from __future__ import annotations
 

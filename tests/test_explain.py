@@ -1,4 +1,4 @@
-"""`explain` names the drift cause each simulated harness behaviour produces (DESIGN taxonomy)."""
+"""`explain` names the drift cause each simulated harness behaviour produces (docs/drift_causes.md#causes-first-match-wins-a-turn-lists-all-that-apply)."""
 
 from __future__ import annotations
 

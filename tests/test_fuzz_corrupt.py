@@ -1,9 +1,9 @@
 """Seeded corruption fuzz: bad input is quarantined exactly, never crashes, never leaks into other sessions.
 
 A small simulated dump is corrupted 48 ways (each variant spoils 1–3 sessions with one class of
-problem from issue 12 and DESIGN §6; every class occurs). For each variant, in-process:
+problem from issue 12 and docs/trace_schema.md#loading-validation-and-quarantine; every class occurs). For each variant, in-process:
 
-* nothing raises except the usage error of an unusable dump (exit 2, DESIGN §10);
+* nothing raises except the usage error of an unusable dump (exit 2, docs/commands.md#exit-codes-and-errors);
 * `validate` and `replay` quarantine exactly the corrupted sessions, with the class's reason;
 * every session the corruption did not touch replays bit-identically to the clean run
   (sessions, turns and samples tables).

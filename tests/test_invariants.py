@@ -1,4 +1,4 @@
-"""DESIGN §5 invariants for every registered strategy, on simulated sessions of every model family."""
+"""The invariants of docs/metrics.md#invariants for every registered strategy, on simulated sessions of every model family."""
 
 from __future__ import annotations
 

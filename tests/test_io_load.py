@@ -159,7 +159,7 @@ def test_optional_columns_may_be_absent_or_null(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# Types (DESIGN §10): compatible physical types load, incompatible ones are wrong_type
+# Types (docs/trace_schema.md#columns): compatible physical types load, incompatible ones are wrong_type
 
 
 def _cast(table: pa.Table, **types: pa.DataType) -> pa.Table:

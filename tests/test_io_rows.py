@@ -1,7 +1,7 @@
 """Row validation is the single gate: bad text, bad messages and bad logprobs quarantine exactly their session.
 
 Each case spoils one cell of the baseline dump (sessions alpha, beta, gamma) and checks that `load`
-and `validate` agree: the one session is quarantined with the DESIGN §6 reason, the others load
+and `validate` agree: the one session is quarantined with the reason of docs/trace_schema.md#loading-validation-and-quarantine, the others load
 unchanged, and nothing raises.
 """
 

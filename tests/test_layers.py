@@ -1,4 +1,4 @@
-"""DESIGN §3's layering, over every unit of the package: a module imports only units below its own.
+"""The layering of docs/architecture.md#layers, over every unit of the package: a module imports only units below its own.
 
 The order, bottom up: the shared vocabulary (errors, ids, memo, options, data), then the pipeline
 (io, render, pipeline, reconstruct), replay (strategies, replay), what reads a run (report), the

@@ -1,4 +1,4 @@
-"""agentcore's linear-healer scenarios that need the trajectory manager (§5.7), in our own data.
+"""agentcore's linear-healer scenarios that need the trajectory manager (docs/upstream_restore_linear.md), in our own data.
 
 `drive` mirrors the gateway pipeline: heal → generate (served ids from the 9000s, which never
 equal a re-render) → commit → record_turn, on a CLEAN/FORK-only manager (`fork_threshold=0`,

@@ -1,6 +1,6 @@
 """Delta path == full path on simulated sessions of both templates, with the real renderer.
 
-Each session is healed twice (text-space delta render vs full render). DESIGN §10: where the two
+Each session is healed twice (text-space delta render vs full render). docs/upstream_restore_linear.md#deviations-and-choices: where the two
 differ the turn is counted and explained (`path_differences`); on simulated sessions there must be
 no such turn. The healed-turn floor keeps the comparison from passing vacuously (a template that
 is never prefix-consistent would reset every turn on both paths and "agree").

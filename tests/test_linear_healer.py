@@ -1,4 +1,4 @@
-"""LinearHealer on its own (agentcore test_linear_healer.py, §5.7), in our own words and ids.
+"""LinearHealer on its own (agentcore test_linear_healer.py, docs/upstream_restore_linear.md), in our own words and ids.
 
 Every healing test runs on both the text-space delta path and the full path: on the toy
 renderer they must agree exactly.
@@ -274,7 +274,7 @@ class TildeTemplate(FakeRenderer):
 
 def test_tokenizer_boundary_makes_the_paths_differ():
     # A full render is then not token-prefix-consistent (the full path resets) while the delta
-    # path, which encodes the tail alone, heals. DESIGN §10 wants such turns counted and explained.
+    # path, which encodes the tail alone, heals. Such turns are counted and explained (docs/upstream_restore_linear.md#deviations-and-choices).
     turns = [
         PreparedTurn(Turn("s", 0, [], [SERVED_BASE]), [user("a")], None, assistant("b"), [], "rendered"),
         PreparedTurn(

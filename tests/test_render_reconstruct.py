@@ -162,7 +162,7 @@ def test_first_divergence(recorded, rendered, expected):
 
 
 def _write_dump(path, sessions: list[Session], template: str) -> None:
-    """A schema-v1 Parquet dump written by hand, following DESIGN §2."""
+    """A schema-v1 Parquet dump written by hand, following docs/trace_schema.md."""
     rows = [
         {
             "session_id": t.session_id,

@@ -70,7 +70,7 @@ def test_dump_template_stands_in_for_named_templates_without_trl(monkeypatch):
     monkeypatch.setattr(templates, "trl_template_dir", lambda: None)
     text, identity = resolve_template("qwen3", dump_template=MINI)
     assert text == MINI and identity.startswith("dump ")
-    # no dump template: the copy of TRL's file that the bundled sample embeds (DESIGN §10)
+    # no dump template: the copy of TRL's file that the bundled sample embeds (docs/rendering.md#chat-templates-and-the-response-parser)
     text, identity = resolve_template("qwen3.5", dump_template=None)
     assert identity.startswith("sample_traces:qwen3.5 ") and "<tool_call>" in text
     import trace_tools.io.bundled as bundled

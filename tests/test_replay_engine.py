@@ -1,4 +1,4 @@
-"""The replay engine and the run directory contract (DESIGN §6)."""
+"""The replay engine and the run directory contract (docs/run_directory.md#what-the-files-hold)."""
 
 from __future__ import annotations
 

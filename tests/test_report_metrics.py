@@ -1,4 +1,4 @@
-"""The metric layer against literal expectations (DESIGN §5, §6).
+"""The metric layer against literal expectations (docs/metrics.md, docs/run_directory.md#what-the-files-hold).
 
 A run small enough to add up by hand: three sessions were read, one quarantined (plus a
 file-level problem); two replayed, s1 (Bash, Edit, text turns) and s2 (Edit, Write), under three

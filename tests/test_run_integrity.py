@@ -1,4 +1,4 @@
-"""Run directory integrity (DESIGN §10): a resume reuses nothing it has not checked, a rerun after
+"""Run directory integrity (docs/run_directory.md#what-a-rerun-reuses): a resume reuses nothing it has not checked, a rerun after
 an upgrade merges nothing old, one process writes a run at a time, and a run killed at any point,
 or whose shard files were deleted, truncated, swapped or edited, resumes to exactly the run it
 would have been, or stops with exit 2 saying why."""

@@ -1,11 +1,11 @@
-"""The seed documents' measurements, reproduced on simulated sessions.
+"""Published measurements (docs/results.md#published-measurements-reproduced), on simulated sessions.
 
-Seed 001 (slime PR #2282), first table: a byte-exact echo trains every generated turn in one
-sample; a Claude-Code re-rendered echo loses the Edit and Write turns under `tree`. The seed saw
+slime PR #2282, first table: a byte-exact echo trains every generated turn in one
+sample; a Claude-Code re-rendered echo loses the Edit and Write turns under `tree`. The PR saw
 Bash untouched; the Claude Code we measured (2.1.332, the simulator's `claude-code`) also drops a
 leading `cd <working directory> && ` from Bash commands, so exactly those Bash turns are lost too,
-and the PR's restore (defaults and per-line whitespace) does not bring them back. Seed 000
-(agentcore linear mode): healing collapses append-only sessions to one sample with the same
+and the PR's restore (defaults and per-line whitespace) does not bring them back. agentcore's
+linear-history pull request: healing collapses append-only sessions to one sample with the same
 trained tokens as the tree at `fork_threshold = 0`; the sessions that do not collapse are retries
 and history edits, counted as `nonlinear`.
 """

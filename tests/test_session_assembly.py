@@ -1,4 +1,4 @@
-"""miles sample assembly (reference §2.6): trailing trim, truncation, merge, provenance."""
+"""miles sample assembly (docs/upstream_session.md#the-samples-op): trailing trim, truncation, merge, provenance."""
 
 from __future__ import annotations
 

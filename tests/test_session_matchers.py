@@ -1,4 +1,4 @@
-"""miles' message matchers (reference/miles_uniagent.md §2.3): one test per consequence bullet."""
+"""miles' message matchers (docs/upstream_session.md#matchers): one test per consequence bullet."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 from trace_tools.data import Session, Turn
 from trace_tools.strategies.base import ReplayContext, get_strategy
 
-pytest.importorskip("trl")  # the TRL wheel ships the templates (DESIGN §9)
+pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "Read", "description": "Read a file", "parameters": PATH_SCHEMA}}]

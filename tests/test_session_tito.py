@@ -1,4 +1,4 @@
-"""TITO tokenizer and request preparation (reference/miles_uniagent.md §2.2, §2.4) on the toy renderer."""
+"""TITO tokenizer and request preparation (docs/upstream_session.md#request-preparation-and-the-tito-tokenizer) on the toy renderer."""
 
 from __future__ import annotations
 

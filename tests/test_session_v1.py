@@ -1,4 +1,4 @@
-"""miles v1 (LinearTrajectory): every row of the decision matrix (reference §2.5.5), commit, and the
+"""miles v1 (LinearTrajectory): every row of the decision matrix (docs/upstream_session.md#case--test-map), commit, and the
 `session-v1` strategy on toy sessions."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""miles v2 (trajectory forest): attach-point properties (§2.7.2), the v2 outcome table (§2.7.4),
-drop_retries (§2.7.8), exactly-once masking (§2.7.9), and the `session-v2` strategy."""
+"""miles v2 (trajectory forest): attach-point properties, the v2 outcome table, drop_retries, exactly-once masking
+(docs/upstream_session.md#v2-the-trajectory-forest), and the `session-v2` strategy."""
 
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ def test_strategy_byte_exact_session_is_one_sample_fully_trained():
 
 
 def test_branch_count_follows_the_fork_definition():
-    # §4.3: nodes whose parent already had a child, plus roots beyond the first
+    # docs/upstream_session.md#counters: nodes whose parent already had a child, plus roots beyond the first
     state, _, _ = run(*FOREST[:7])
     by_rule = sum(1 for n in state.tree.nodes if n.parent and n.parent.children.index(n) > 0)
     assert by_rule >= 2 and len(state.tree.roots) == 2

@@ -1,4 +1,4 @@
-"""Chat templates are untrusted code (DESIGN §10), and a renderer is keyed on every input it reads.
+"""Chat templates are untrusted code (docs/run_directory.md#untrusted-input-bounded), and a renderer is keyed on every input it reads.
 
 Every render runs under a time and an output limit, and the operations that build a value far
 larger than their inputs are checked before they run; a template that breaks a limit, does not

@@ -1,4 +1,4 @@
-"""No token trained twice (DESIGN §5), enforced by the engine: a strategy whose samples train a
+"""No token trained twice (docs/metrics.md#invariants), enforced by the engine: a strategy whose samples train a
 generated token twice has that session quarantined as `replay_error`, with a message naming it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Property tests: DESIGN §5 invariants of the tree manager over random small sessions.
+"""Property tests: the invariants of docs/metrics.md#invariants of the tree manager over random small sessions.
 
 Sessions are random message trees (fresh roots, extensions of any earlier turn, regenerations of
 the same prompt, rewritten or foreign assistant echoes) rendered by a toy chat format, with random

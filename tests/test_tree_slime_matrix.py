@@ -1,4 +1,4 @@
-"""slime's 35-case branching matrix (reference §2.8), restated over our own toy vocabulary.
+"""slime's 35-case branching matrix (docs/upstream_tree.md#case--test-map), restated over our own toy vocabulary.
 
 Toy chat format: every message renders to `[open, body, close]` with one id band per role; the
 generation prompt ends with the assistant `open`, and a response is `[body, close]`, so a faithful
@@ -482,7 +482,7 @@ def test_slime_3_7_deep_multi_leaf_dedup():
 
 
 def test_slime_3_8_long_mixed_session():
-    """The reference's comment calls turn 4 a REALIGN; the real classification sequence (§2.6-7) is
+    """The reference's comment calls turn 4 a REALIGN; the real classification sequence (docs/upstream_tree.md#the-two-layers) is
     CLEAN, CLEAN, CLEAN, FORK, FORK: turn 4's drift lands in the new prompt tail, so it is CLEAN and the
     marker becomes context; turn 5 then diverges before the last response and forks."""
     mgr, toy = TrajectoryManager(), Toy()
@@ -582,7 +582,7 @@ def test_slime_4_6_drift_b1_threshold_boundary():
 
 
 def test_rewrite_merge_threshold_boundary():
-    """Not an upstream case: the merge needs `len(output) < fork_threshold`, strictly (reference §2.2)."""
+    """Not an upstream case: the merge needs `len(output) < fork_threshold`, strictly (docs/upstream_tree.md#the-two-layers)."""
 
     def leaves_after_rewrite(threshold: int) -> int:
         mgr, toy = TrajectoryManager(fork_threshold=threshold), Toy()  # the reply is 2 tokens long

@@ -1,4 +1,4 @@
-"""TRL's reconciler cases (reference §4) and agentcore's trajectory cases (§5.7), in our own data.
+"""TRL's reconciler cases and agentcore's trajectory cases (docs/upstream_tree.md#case--test-map), in our own data.
 
 TRL has no message tree: one conversation is a list of turns. We feed such a list through the
 tree manager with a strictly growing message history, so the tree is a single chain and only the
@@ -276,7 +276,7 @@ def test_agentcore_drift_preserves_both_generations(rewrite, first_len):
 
 
 def test_agentcore_drift_at_slime_default_gives_1_1_1_2():
-    """The reference's probe (§8): slime at 1024 REALIGNs or merges where agentcore now forks."""
+    """A probe of upstream (docs/upstream_tree.md#parameters--upstream-variants): slime at 1024 REALIGNs or merges where agentcore now forks."""
     counts = [len(_drift_session(None, first_len, rewrite)[0]) for rewrite in (False, True) for first_len in (2, 1500)]
     assert counts == [1, 1, 1, 2]
 

@@ -17,7 +17,7 @@ from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.render.upstream import ArgumentFormError, UpstreamRender, upstream_render
 from trace_tools.strategies.base import ReplayContext, failure_reason, get_strategy
 
-pytest.importorskip("trl")  # the TRL wheel ships the templates (DESIGN §9)
+pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 
 READ = {"type": "object", "properties": {"file_path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "Read", "description": "Read a file", "parameters": READ}}]

@@ -65,7 +65,7 @@ def replay(
     owns_process: bool = False,
 ) -> RunResult:
     """Replay a dump (default: the bundled sample_traces/) through strategies (default: all) and
-    write the run directory (DESIGN §6).
+    write the run directory (docs/run_directory.md).
 
     `workers` defaults to `$TRACE_TOOLS_WORKERS` or the machine's cores (1 replays in this
     process); `executor="ray"` runs the same session function on Ray (`address` of a cluster, or
@@ -204,8 +204,8 @@ def _versions() -> dict[str, str]:
 
 @dataclass
 class Run:
-    """A finished run directory loaded as DataFrames (DESIGN §6 columns); `path` is a local path
-    or an object-storage URI."""
+    """A finished run directory loaded as DataFrames (columns:
+    docs/run_directory.md#what-the-files-hold); `path` is a local path or an object-storage URI."""
 
     path: Path | str
     summary: dict[str, Any]

@@ -61,7 +61,7 @@ class Session:
 
     @property
     def reward(self) -> float:
-        """The session reward: the last non-null value on its rows (DESIGN §2), else 0.0."""
+        """The session reward: the last non-null value on its rows (docs/trace_schema.md#columns), else 0.0."""
         for turn in reversed(self.turns):
             if turn.reward is not None:
                 return float(turn.reward)
@@ -70,7 +70,8 @@ class Session:
 
 @dataclass(slots=True)
 class QuarantineEntry:
-    """Why a session (or a file) was set aside. `reason` is one of DESIGN §6's fixed vocabulary."""
+    """Why a session (or a file) was set aside. `reason` is one of the fixed vocabulary of
+    docs/trace_schema.md#loading-validation-and-quarantine."""
 
     session_id: str | None
     turn_index: int | None
@@ -80,7 +81,7 @@ class QuarantineEntry:
 
 @dataclass(slots=True)
 class Sample:
-    """One training sample in slime's layout (DESIGN §6).
+    """One training sample in slime's layout (docs/run_directory.md#what-the-files-hold).
 
     `token_ids` is the full sequence; `loss_mask` and `logprobs` cover the last `response_length`
     tokens; `source_turn` has one entry per token of `token_ids`: the `turn_index` whose generated
@@ -96,7 +97,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-# Fixed vocabularies (DESIGN §5).
+# Fixed vocabularies (docs/metrics.md#per-turn).
 TURN_EVENTS = (
     "trained",
     "partly_trained",

@@ -239,7 +239,8 @@ def session_table(turns: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(turns: pd.DataFrame) -> dict[str, Any]:
-    """`{"turns_compared", "exact", "rate"}` (DESIGN §6 prompt_fidelity) plus totals and render errors."""
+    """`{"turns_compared", "exact", "rate"}` (`prompt_fidelity`, docs/metrics.md#per-run) plus
+    totals and render errors."""
     compared = int(turns["exact"].notna().sum()) if not turns.empty else 0
     exact = int(turns["exact"].fillna(False).astype(bool).sum()) if not turns.empty else 0
     return {

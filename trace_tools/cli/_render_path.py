@@ -36,7 +36,7 @@ def render_path(reference: bool, verify: bool) -> str:
 
 def verify_outcome(verify: dict[str, Any] | None) -> None:
     """Say what `--verify` found; a fast result that differed from the reference one is a failed
-    check (exit 1, DESIGN §10)."""
+    check (exit 1, docs/commands.md#exit-codes-and-errors)."""
     if verify is None:
         return
     from trace_tools.cli._output import note

@@ -1,6 +1,6 @@
 """`trace-tools validate DUMP`: check a dump against trace schema v1 and show what is quarantined.
 
-Exit codes (DESIGN §10): 0 clean, or quarantine without `--strict` (reported, not an error);
+Exit codes (docs/commands.md#exit-codes-and-errors): 0 clean, or quarantine without `--strict` (reported, not an error);
 1 quarantine with `--strict`; 2 unusable input (one line on stderr, no traceback; the command
 handles that itself, so it behaves the same with or without main's error guard).
 Library and rich imports happen inside the command so `trace-tools --help` stays fast.
@@ -56,7 +56,8 @@ def validate_cmd(
 
 
 def _data_warnings(report) -> list[str]:
-    """Legal but counted (DESIGN §6): turn_index gaps (sessions) and empty generations (turns)."""
+    """Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): turn_index gaps
+    (sessions) and empty generations (turns)."""
     what = {
         "turn_index_gap": "session(s) with a turn_index gap (a dropped request?)",
         "empty_generation": "turn(s) with an empty generation (no output_ids)",

@@ -75,7 +75,8 @@ def _register() -> None:
 
 
 def _guard(command):
-    """Turn library errors into a one-line message and the DESIGN §10 exit code, never a traceback."""
+    """Turn library errors into a one-line message and the exit code of
+    docs/commands.md#exit-codes-and-errors, never a traceback."""
 
     @functools.wraps(command)
     def guarded(*args, **kwargs):

@@ -20,7 +20,7 @@ from typing import Any
 from trace_tools.data import Turn
 
 # Why a source record did not become a turn. Most mirror the loader's row reasons
-# (DESIGN §6) for the same faults; the rest exist only before schema v1.
+# (docs/trace_schema.md#loading-validation-and-quarantine) for the same faults; the rest exist only before schema v1.
 IMPORT_REASONS = (
     "bad_json",  # a line or file that is not JSON, or JSON of the wrong shape
     "missing_field",  # a field the format requires is absent or null

@@ -1,9 +1,9 @@
-"""Per-call traces of slime / agentcore-style rollout gateways (reference `slime_agentcore_trl.md` §1.1, §5.6).
+"""Per-call traces of slime / agentcore-style rollout gateways (docs/importers.md#formats).
 
 Such a gateway owns tokenization, so each call it logs carries the ids it fed the engine and the
 ids the engine sampled: agentcore's and slime's `TurnRecord` (`prompt_ids`, `output_ids`,
 `finish_reason`, `output_log_probs`, `ill_formed`) next to the request the adapter rendered
-(`messages`, `tools`) and the parsed reply; the older rllm-gateway path of §5.6 names the ids
+(`messages`, `tools`) and the parsed reply; agentcore's older rllm-gateway path names the ids
 `prompt` / `completion` and the episode `gateway_session_id`. One call a line (JSON lines), or a
 `.json` array of calls. Accepted names, first match wins:
 

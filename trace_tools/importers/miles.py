@@ -1,4 +1,4 @@
-"""miles session-server records (reference `miles_uniagent.md` §2.1).
+"""miles session-server records (docs/importers.md#formats).
 
 A `SessionRecord` is `{timestamp, request_timestamp?, method, path, request, response,
 status_code}`: `request` is the body miles sent to the engine (the client's `messages`, `tools`

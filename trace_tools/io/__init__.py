@@ -1,4 +1,4 @@
-"""Reading, validating and writing trace dumps (trace schema v1, DESIGN §2 and §6)."""
+"""Reading, validating and writing trace dumps (docs/trace_schema.md, docs/run_directory.md)."""
 
 from trace_tools.io.load import LoadedDump, SessionStream, find_files, iter_sessions, load, read_dump_meta
 from trace_tools.io.schema import COLUMNS, REASONS, REQUIRED, SCHEMA_VERSION, Column

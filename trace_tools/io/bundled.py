@@ -1,9 +1,10 @@
 """The bundled sample dump (`sample_traces/`, shipped as package data) and what it carries.
 
 Its files are self-describing recordings: each names its tokenizer and embeds its chat template
-text (TRL's `qwen3.jinja` and `qwen3_5_think.jinja`). DESIGN §10 makes those embedded templates
-the defaults for `qwen3` / `qwen3.5` where `trl` is not installed, so a plain `pip install .`
-can simulate, render and replay without the `templates` extra.
+text (TRL's `qwen3.jinja` and `qwen3_5_think.jinja`).
+docs/rendering.md#chat-templates-and-the-response-parser makes those embedded templates the defaults
+for `qwen3` / `qwen3.5` where `trl` is not installed, so a plain `pip install .` can simulate,
+render and replay without the `templates` extra.
 """
 
 from __future__ import annotations

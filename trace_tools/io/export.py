@@ -1,9 +1,10 @@
-"""`export_samples`: the samples one strategy emitted in a run, in the layout trainers load (DESIGN §10).
+"""`export_samples`: the samples one strategy emitted in a run, in the layout trainers load
+(docs/commands.md#export-samples-for-a-trainer).
 
-`RUN/samples.parquet` (DESIGN §6) keeps every strategy's samples in slime's layout: `token_ids`
-is the full sequence, `loss_mask` and `logprobs` cover only the response region (the last
-`response_length` tokens), `source_turn` has one entry per token. An export keeps that layout —
-it is what slime's `Sample` and miles' merged samples carry — under the trainers' names:
+`RUN/samples.parquet` (docs/run_directory.md#what-the-files-hold) keeps every strategy's samples in
+slime's layout: `token_ids` is the full sequence, `loss_mask` and `logprobs` cover only the response
+region (the last `response_length` tokens), `source_turn` has one entry per token. An export keeps
+that layout (it is what slime's `Sample` and miles' merged samples carry) under the trainers' names:
 
 | export column | from samples.parquet | length |
 |---|---|---|

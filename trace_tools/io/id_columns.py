@@ -192,7 +192,8 @@ def null_rows(column: pa.Array, rows: dict[int, int]) -> pa.Array:
 
 
 def utc_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC (DESIGN §10)."""
+    """Timestamps of any unit or zone as timestamp[us, UTC]; naive ones are taken to be UTC
+    (docs/trace_schema.md#columns)."""
     columns = [
         column.cast(_UTC_US, safe=False) if pa.types.is_timestamp(column.type) else column for column in batch.columns
     ]

@@ -1,4 +1,4 @@
-"""Load and validate a trace dump (schema v1, DESIGN §2) into `Session` objects, quarantining bad ones.
+"""Load and validate a trace dump (docs/trace_schema.md) into `Session` objects, quarantining bad ones.
 
 A dump is one Parquet file or a directory holding Parquet files (found recursively, read in
 sorted path order). A session may span row groups and files.
@@ -23,12 +23,12 @@ is grouped by session (as writers normally do), the sessions recorded concurrent
 are in arrival order. Only a dump whose every session spans nearly all of it would make that
 the whole dump. `iter_sessions` streams (validation keeps no sessions); `load` collects.
 
-Validation (DESIGN §6, §10): a bad row quarantines its whole session. The session gets a
-`QuarantineEntry` for its first bad row (reason from the fixed vocabulary, detail naming file,
-row, column and value; its later rows are not examined), or one per schema problem of each file
-holding its rows, or one per duplicated `turn_index`. Every input session ends up either valid
-or quarantined. Rows that cannot be attributed to a session (null `session_id`, or a file
-without that column) get one entry per file with `session_id` None.
+Validation (docs/trace_schema.md#loading-validation-and-quarantine): a bad row quarantines its whole
+session. The session gets a `QuarantineEntry` for its first bad row (reason from the fixed
+vocabulary, detail naming file, row, column and value; its later rows are not examined), or one per
+schema problem of each file holding its rows, or one per duplicated `turn_index`. Every input
+session ends up either valid or quarantined. Rows that cannot be attributed to a session (null
+`session_id`, or a file without that column) get one entry per file with `session_id` None.
 """
 
 from __future__ import annotations
@@ -135,8 +135,9 @@ def finished_session(session_id: str, turns: list[Turn], meta: DumpMeta) -> Sess
 
 
 def session_warnings(session: Session) -> dict[str, tuple[int, str]]:
-    """Legal but worth a look (DESIGN §6), as {kind: (count, example)}: a turn_index gap (a dropped
-    request; one per session) and empty generations (one per turn)."""
+    """Legal but worth a look (docs/trace_schema.md#loading-validation-and-quarantine), as {kind:
+    (count, example)}: a turn_index gap (a dropped request; one per session) and empty generations
+    (one per turn)."""
     indices = sorted({turn.turn_index for turn in session.turns})
     missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
     empty = [turn.turn_index for turn in session.turns if not len(turn.output_ids)]

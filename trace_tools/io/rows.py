@@ -1,4 +1,5 @@
-"""Row validation (DESIGN §6): the one gate every row passes before any layer sees it as a `Turn`.
+"""Row validation (docs/trace_schema.md#loading-validation-and-quarantine): the one gate every row
+passes before any layer sees it as a `Turn`.
 
 `turn_from_record` checks a row already typed by Arrow and builds its `Turn`, or raises `BadRow`
 with a reason from the fixed vocabulary and a detail naming the column, position and value. Every

@@ -1,4 +1,4 @@
-"""The run directory (DESIGN §6): layout, table schemas, what a session's replay produced, reading.
+"""The run directory (docs/run_directory.md): layout, table schemas, what a session's replay produced, reading.
 
 Replay writes it and reports read it; both import this module and nothing of each other.
 

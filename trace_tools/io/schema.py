@@ -1,8 +1,8 @@
-"""Trace schema v1 (DESIGN §2): the column table, the canonical Arrow types, and type compatibility.
+"""Trace schema v1 (docs/trace_schema.md#columns): the column table, the canonical Arrow types, and type compatibility.
 
 A dump written by a real gateway rarely uses exactly the canonical types: pandas writes
 `int64` and `large_string`, Polars writes `large_list`, Spark writes `timestamp[ns]` without a
-zone. DESIGN §10 says such *compatible* physical types are accepted; only an incompatible type
+zone. docs/trace_schema.md#columns says such *compatible* physical types are accepted; only an incompatible type
 (strings where token ids belong, a float `turn_index`) is a `wrong_type`. `check_field` decides
 that for one column of one file; values are checked row by row in `trace_tools.io.load`.
 """
@@ -59,7 +59,8 @@ JSON_COLUMNS = tuple(column.name for column in COLUMNS if column.kind in (JSON_A
 # in required columns are a validation matter, not a schema one).
 ARROW_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in COLUMNS])
 
-# Fixed vocabulary of quarantine reasons (DESIGN §6). `replay_error` is the engine's.
+# Fixed vocabulary of quarantine reasons (docs/trace_schema.md#loading-validation-and-quarantine).
+# `replay_error` is the engine's.
 REASONS = (
     "missing_column",
     "wrong_type",
@@ -75,7 +76,8 @@ REASONS = (
     "cell_too_large",
     "replay_error",
 )
-# Legal but counted (DESIGN §6): sessions with a turn_index gap, turns with an empty generation.
+# Legal but counted (docs/trace_schema.md#loading-validation-and-quarantine): sessions with a
+# turn_index gap, turns with an empty generation.
 DATA_WARNINGS = ("turn_index_gap", "empty_generation")
 INT32_MAX = 2**31 - 1
 
@@ -144,7 +146,7 @@ def expected_type(column: Column) -> str:
 
 
 def check_field(column: Column, arrow_type: pa.DataType) -> str | None:
-    """None when `arrow_type` can hold `column` (DESIGN §10), else a short 'expected …, found …' text.
+    """None when `arrow_type` can hold `column` (docs/trace_schema.md#columns), else a short 'expected …, found …' text.
 
     An all-null column (Arrow type `null`, what pandas writes for a column of None) fits any
     column; nulls in required columns are reported per row as `missing_column`.

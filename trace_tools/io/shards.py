@@ -1,4 +1,4 @@
-"""A run directory's resumable shards, and what makes reusing them safe (DESIGN §6, §10).
+"""A run directory's resumable shards, and what makes reusing them safe (docs/run_directory.md#what-a-rerun-reuses).
 
     RUN/.lock                   held (flock) by the one process writing the run; names it
     RUN/shards/FINGERPRINT      what a resume must match (JSON): options, input files, the shard

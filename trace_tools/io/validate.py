@@ -1,8 +1,9 @@
 """`validate`: check a dump against trace schema v1 without keeping its sessions in memory.
 
 It streams the dump through `iter_sessions` (same rules as `load`), counts, and keeps only the
-quarantine entries. Counts by reason are *sessions* (DESIGN §6 `quarantined_by_reason`): a
-session quarantined for two reasons counts under both, once in `quarantined`.
+quarantine entries. Counts by reason are *sessions* (`quarantined_by_reason`,
+docs/run_directory.md#what-the-files-hold): a session quarantined for two reasons counts under both,
+once in `quarantined`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Vocabulary bounds for the `out_of_vocab` check (DESIGN §10), known without loading a tokenizer.
+"""Vocabulary bounds for the `out_of_vocab` check
+(docs/trace_schema.md#loading-validation-and-quarantine), known without loading a tokenizer.
 
 The io layer validates token ids before anything renders, so it owns this table; the render
 layer's tokenizer recipes must agree with it (tested).

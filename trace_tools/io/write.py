@@ -1,7 +1,7 @@
 """Atomic writers and the two tables io produces: quarantine lists and schema-v1 dumps.
 
 Every writer puts the bytes in a temporary file in the destination's directory and then
-`os.replace`s it onto the destination, so a reader (or a resumed run, DESIGN §6) sees either
+`os.replace`s it onto the destination, so a reader (or a resumed run, docs/run_directory.md#layout) sees either
 the old file or the complete new one, never a torn write. The temporary name starts with a dot
 and ends in `.tmp`, so a directory scan for `*.parquet` never picks up a half-written file. The
 file gets the permissions a plain `open` would give (0644 under umask 022), not mkstemp's 0600.
@@ -184,7 +184,8 @@ def write_text_atomic(text: str, path: str | Path) -> Path:
 
 
 def quarantine_table(entries: Iterable[QuarantineEntry]) -> pa.Table:
-    """The quarantine list as a table with DESIGN §6's `quarantine.parquet` columns."""
+    """The quarantine list as a table with the `quarantine.parquet` columns of
+    docs/run_directory.md#what-the-files-hold."""
     entries = list(entries)
     return pa.table(
         {

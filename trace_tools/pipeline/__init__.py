@@ -1,4 +1,4 @@
-"""The session pipeline: the one road from a dump to prepared turns (DESIGN §8).
+"""The session pipeline: the one road from a dump to prepared turns (docs/pipeline.md).
 
     pass 1: session_id (and row position) of every row → where each session ends
     pass 2: row groups in order → rows of open sessions buffered → a session is handed on when

@@ -1,6 +1,6 @@
 """Per-turn facts of a prepared session that do not depend on any strategy.
 
-* tool names of each turn's response (DESIGN §5 `tool` / `tool_names`);
+* tool names of each turn's response (`tool` / `tool_names`, docs/metrics.md#per-turn);
 * prompt lengths (the ids replay feeds);
 * prompt fidelity: does the re-render of the canonical messages equal the recorded prompt ids,
   and where does it first differ;

@@ -1,4 +1,4 @@
-"""Prepared sessions: what every strategy and every analysis starts from (DESIGN §3).
+"""Prepared sessions: what every strategy and every analysis starts from (docs/architecture.md#the-pipeline).
 
 Preparing a turn is the gateway adapter's `translate` step replayed offline: the harness's
 messages and the recorded response go through the same canonicalization policy, and the prompt

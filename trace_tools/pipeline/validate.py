@@ -1,6 +1,7 @@
 """`validate`: the dump's rows against trace schema v1 (`io.validate`), and the chat template each
 recording names, which must compile and render the simplest conversation within the template
-limits (DESIGN §10): a template that fails there would fail every session of a replay the same way."""
+limits (docs/run_directory.md#untrusted-input-bounded): a template that fails there would fail every
+session of a replay the same way."""
 
 from __future__ import annotations
 

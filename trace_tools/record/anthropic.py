@@ -1,7 +1,7 @@
 """The Anthropic Messages API on the recorder's side: requests in, replies out.
 
 Requests become trace-schema messages (OpenAI chat format) the way slime's Anthropic adapter
-translates them (reference/slime_agentcore_trl.md §2.7), with one difference: the wire ids are
+translates them (docs/probe.md#anthropic-requests--trace-schema-messages), with one difference: the wire ids are
 kept (`tool_calls[].id`, the tool message's `tool_call_id`), because a dump's `messages` column
 holds what the harness sent; canonicalization (`render/canonical.py`) drops them later, exactly
 as slime's translate does.

@@ -1,6 +1,6 @@
 """What the recorder writes as it goes: one Parquet file per turn, and the raw request log.
 
-The dump is a directory (the loader reads a directory of Parquet files as one dump, DESIGN §2):
+The dump is a directory (the loader reads a directory of Parquet files as one dump, docs/trace_schema.md):
 `DUMP/<session>/turn-000007.parquet`, each a one-row schema-v1 file carrying the recording's
 `trace_tools.*` metadata, written atomically (temporary file, then rename: a reader never sees a
 half-written file, and the loader skips the dot-named temporaries). A killed recorder therefore

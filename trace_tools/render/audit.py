@@ -527,7 +527,8 @@ def _divergence(before: str, after: str, width: int = 20) -> str:
 
 STAND_IN = "qwen3"
 ALL_TRL = "trl:all"
-# TRL template stems whose own tokenizer is built offline (DESIGN §9), longest prefix first.
+# TRL template stems whose own tokenizer is built offline
+# (docs/model_families.md#where-each-tokenizer-comes-from), longest prefix first.
 _OWN_TOKENIZER = (("qwen3_5", "qwen3.5"), ("qwen3_6", "qwen3.5"), ("qwen3_8", "qwen3.5"), ("qwen3", "qwen3"))
 
 

@@ -1,10 +1,10 @@
-"""Canonicalization: the gateway adapter's `translate` step, replayed offline (DESIGN §3).
+"""Canonicalization: the gateway adapter's `translate` step, replayed offline (docs/rendering.md#canonicalization).
 
 What a gateway stores and renders is not the harness's raw request but a normalised copy, and
 every upstream normalises differently; that choice decides whether an echoed assistant message
 matches the stored one, hence fork counts. Policies:
 
-* `slime` (default): slime's OpenAI `_translate_messages` (reference/slime_agentcore_trl.md §2.7):
+* `slime` (default): slime's OpenAI `_translate_messages`:
   `developer`→`system`; system/user/tool become `{role, content}` with content flattened to text
   (the tool message's `tool_call_id` is dropped); an assistant keeps `reasoning_content` only when
   truthy and its tool calls as `{"type":"function","function":{"name","arguments": dict}}`, wire
@@ -12,7 +12,7 @@ matches the stored one, hence fork counts. Policies:
   `{"_raw_arguments": original}`; unknown roles are dropped. One documented deviation: slime's
   translate keeps every tool call and so do we — "first call only" is slime's *reply* shaping,
   a property of the recording, not something replay imposes.
-* `uniagent`: uni-agent's OpenAI adapter normalisation (reference/miles_uniagent.md §3.2).
+* `uniagent`: uni-agent's OpenAI adapter normalisation (docs/upstream_chains.md#adapter-normalization).
 * `miles`: messages as sent (miles compares them with its own matchers later).
 * `none`: messages as sent.
 

@@ -1,6 +1,6 @@
 """Model families: the chat template, tokenizer, tool-call format and stop tokens that belong together.
 
-DESIGN §10 fixes the names and templates (all from the pinned `trl` wheel). Each family's response
+docs/model_families.md fixes the names and templates (all from the pinned `trl` wheel). Each family's response
 parser follows the serving engine's tool-call parser for that model (SGLang's detector named in
 `serving_parser`), and `detect_family` recognises a family from the template text alone, so a
 dump that carries its template needs no option (`--tool-format` overrides the guess).

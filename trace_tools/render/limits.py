@@ -1,4 +1,5 @@
-"""Chat templates are untrusted code (DESIGN §10): every render runs under a time and a size limit.
+"""Chat templates are untrusted code (docs/run_directory.md#untrusted-input-bounded): every render
+runs under a time and a size limit.
 
 A dump carries its own template, and Jinja is a programming language: a loop of 10¹⁰ steps or
 `'x' * 10**10` is one line. Three things bound a render:

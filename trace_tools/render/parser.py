@@ -7,7 +7,7 @@ among the Qwen templates:
 * `json` (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
 * `xml` (Qwen3-Coder / Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
   </function>\\n</tool_call>`. Values are text; the request's tool schemas give them types the way
-  the upstream Qwen3-Coder parser does (DESIGN §10).
+  the upstream Qwen3-Coder parser does (docs/rendering.md#chat-templates-and-the-response-parser).
 
 Reasoning sits in `<think>...</think>`; with `reasoning_open` the generation prompt already opened
 it (the Qwen3.5 think template), so the text starts inside the reasoning. A malformed call never

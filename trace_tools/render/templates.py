@@ -1,9 +1,9 @@
 """Chat-template resolution: which Jinja text renders a dump, and a short identity for reports.
 
-Sources, by spec (DESIGN §10):
+Sources (docs/rendering.md#chat-templates-and-the-response-parser):
 * `qwen3` → TRL's `trl/chat_templates/qwen3.jinja`; `qwen3.5` → TRL's `qwen3_5_think.jinja`;
   `glm4.5` → `glm4moe.jinja`, `deepseek-v3` → `deepseekv3.jinja`, `gpt-oss` → `gptoss.jinja`,
-  `llama3.1` → `llama3_1.jinja` (the model families, DESIGN §10);
+  `llama3.1` → `llama3_1.jinja` (the model families, docs/model_families.md);
 * `trl:<stem>` → any template TRL ships (`trl:llama3_1`, `trl:qwen3_5_nothink.jinja`, ...);
 * a file path → that file; a `.parquet` dump file → the template text it embeds (so a recording
   can lend its template where `trl` is not installed); a tokenizer directory → its own
@@ -13,7 +13,7 @@ Sources, by spec (DESIGN §10):
 TRL's files are read from the installed package directory without importing `trl` (its import is
 slow and pulls torch). Templates are never copied into this source tree. When `trl` is missing,
 a dump's embedded template stands in for `qwen3` / `qwen3.5`, else the one the bundled sample
-dump embeds (the same TRL text, recorded with it: DESIGN §10).
+dump embeds (the same TRL text, recorded with it).
 """
 
 from __future__ import annotations

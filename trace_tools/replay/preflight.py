@@ -1,5 +1,6 @@
-"""What a replay checks before its first session (DESIGN §10): a setting that would make every
-session fail the same way is a usage error (exit 2) with the fix, never a quarantine of everything.
+"""What a replay checks before its first session (docs/commands.md#exit-codes-and-errors): a setting
+that would make every session fail the same way is a usage error (exit 2) with the fix, never a
+quarantine of everything.
 
 `check_options` validates the strategy options against their declarations (and makes them
 typed), the prompt source and the canonicalization policy; `check_dump` the dump (some usable

@@ -1,4 +1,5 @@
-"""Turn one strategy's ReplayResult into the DESIGN §5/§6 rows: per turn, per session, per sample."""
+"""Turn one strategy's ReplayResult into the rows of docs/run_directory.md#what-the-files-hold: per
+turn, per session, per sample."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from trace_tools.errors import ReplayError
 
 
 class TrainedTwice(ReplayError):
-    """A strategy's samples give one generated token loss 1 more than once (DESIGN §5)."""
+    """A strategy's samples give one generated token loss 1 more than once (docs/metrics.md#invariants)."""
 
 
 def trained_by_turn(result: ReplayResult) -> Counter:
@@ -29,7 +30,7 @@ def trained_by_turn(result: ReplayResult) -> Counter:
 def check_trained_once(session: Session, result: ReplayResult) -> None:
     """Raise `TrainedTwice` unless every generated token carries loss 1 in at most one sample.
 
-    The per-turn metrics count trained tokens by provenance, so they rely on this (DESIGN §5).
+    The per-turn metrics count trained tokens by provenance, so they rely on this (docs/metrics.md#invariants).
     Samples name only a token's producing turn, not its position in that turn's output, so a
     turn is checked by counts: it trains no more tokens than it generated, and, when more than one
     sample trains it, no token id more often than the turn generated that id. That is exact for
@@ -171,7 +172,8 @@ def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[di
 
 
 def extra_counters(result: ReplayResult) -> dict[str, int]:
-    """Counters a strategy adds beyond the DESIGN §5 list (kept, so nothing it measured is lost)."""
+    """Counters a strategy adds beyond the list of docs/metrics.md#per-session (kept, so nothing it
+    measured is lost)."""
     return {k: int(v) for k, v in result.counters.items() if k not in COUNTERS}
 
 

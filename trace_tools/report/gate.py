@@ -39,7 +39,8 @@ TOP_LEVEL = (
     "warnings",
 )
 RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
-# Every metric path summary.json can hold (DESIGN §6); `*` is one tool, event, reason or count.
+# Every metric path summary.json can hold (docs/run_directory.md#what-the-files-hold); `*` is one
+# tool, event, reason or count.
 STRATEGY_METRICS = (
     "sessions",
     "samples",

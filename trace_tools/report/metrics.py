@@ -1,4 +1,4 @@
-"""Run-level metrics (DESIGN §5) computed from the run tables; `summary.json` is their JSON form."""
+"""Run-level metrics (docs/metrics.md#per-run) computed from the run tables; `summary.json` is their JSON form."""
 
 from __future__ import annotations
 

@@ -134,5 +134,5 @@ class IdealSequences:
 
 
 def canonical(messages: list[dict]) -> list[dict]:
-    """What the gateway stores and renders: slime's translate of the request (DESIGN §3)."""
+    """What the gateway stores and renders: slime's translate of the request (docs/rendering.md#canonicalization)."""
     return canonicalize_messages(messages, "slime")

@@ -157,7 +157,8 @@ def get_strategy(name: str) -> type[Strategy]:
 
 
 def available_strategies() -> list[str]:
-    """Every strategy name: the built-in ones in the DESIGN §3 column order, then the registered ones."""
+    """Every strategy name: the built-in ones in column order
+    (docs/strategies.md#the-eight-strategies), then the registered ones."""
     return [*NAMES, *sorted(REGISTRY)]
 
 

@@ -1,4 +1,5 @@
-"""The built-in strategy classes, imported explicitly, by name, in the DESIGN §3 column order."""
+"""The built-in strategy classes, imported explicitly, by name, in column order
+(docs/strategies.md#the-eight-strategies)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Token checkpoint tree: every generated turn is a node that owns its exact token ids.
 
-The design discussed under seed 000 as the long-term successor of linear healing (see
+The long-term successor of linear healing sketched in agentcore's linear-history pull request (see
 docs/checkpoint_tree.md for the full rules and the reasons behind them):
 
 * a **node** is one generated turn: the canonical messages of its path (request messages in the

@@ -1,4 +1,4 @@
-"""`checkpoint-tree`: our token-checkpoint tree (DESIGN §4; rules in docs/checkpoint_tree.md).
+"""`checkpoint-tree`: our token-checkpoint tree (rules in docs/checkpoint_tree.md).
 
 Each recorded turn attaches at the deepest node whose path its canonical messages repeat (up to
 cosmetic echo rewrites), reuses that node's exact ids, renders only the appended messages and

@@ -4,8 +4,8 @@ Every view derives from these declarations: the strategy classes (`Strategy.decl
 command line (`--strategy` choices, one flag per parameter marked `flag`, `--help` texts), the
 option check before a run, the template audit (which checks each strategy relies on), the
 report (short labels, which strategies are counterfactual) and the column order of every
-table (DESIGN §3). The module imports nothing heavy, so `trace-tools --help` can read it; the
-classes themselves load on first use (`strategies.builtin`).
+table (docs/strategies.md#the-eight-strategies). The module imports nothing heavy, so
+`trace-tools --help` can read it; the classes themselves load on first use (`strategies.builtin`).
 
 To add a strategy: declare it here, write its class with `declaration = <the declaration>`, and
 list the class in `strategies.builtin`.
@@ -97,7 +97,7 @@ TREE_PARAMS: tuple[Param, ...] = (
     LENIENT_RENDER,
 )
 RESTORE_PROMPT = Param(
-    "restore_prompt", bool, True, "render the restored messages; false restores for routing only (seed 001)"
+    "restore_prompt", bool, True, "render the restored messages; false restores for routing only (slime PR #2282)"
 )
 LINEAR_PARAMS: tuple[Param, ...] = (
     *TREE_PARAMS,
@@ -176,7 +176,8 @@ class Declaration:
 
     `label`: the short name terminal tables show (a legend explains those that differ).
     `relies_on`: the template facts its replay assumes; the audit fails the strategy when one fails.
-    `counterfactual`: replay feeds ids the engine never saw (DESIGN §3); the report says so.
+    `counterfactual`: replay feeds ids the engine never saw (docs/strategies.md#the-eight-strategies);
+    the report says so.
     `renders_prompts`: False when it works from recorded prompt ids without a tokenizer.
     `upstream_system`: the system whose renders it reproduces ("slime", "miles", ...), or None.
     `counters`: the run counters (`data.COUNTERS`) its replay fills; reports show the others as n/a.
@@ -281,7 +282,7 @@ CHECKPOINT_TREE = Declaration(
     ),
 )
 
-# The DESIGN §3 column order of every table.
+# The column order of every table (docs/strategies.md#the-eight-strategies).
 DECLARATIONS: tuple[Declaration, ...] = (
     TREE,
     ECHO_RESTORE,
@@ -303,7 +304,8 @@ def label(name: str) -> str:
 
 
 def in_column_order(names: Iterable[str]) -> list[str]:
-    """`names` in the DESIGN §3 column order; names without a declaration last, alphabetically."""
+    """`names` in column order (docs/strategies.md#the-eight-strategies); names without a
+    declaration last, alphabetically."""
     position = {name: n for n, name in enumerate(NAMES)}
     return sorted(names, key=lambda name: (position.get(name, len(position)), name))
 

@@ -1,4 +1,5 @@
-"""The `echo-restore` strategy: slime PR #2282's pre-render restore, then slime's tree (DESIGN §4).
+"""The `echo-restore` strategy: slime PR #2282's pre-render restore, then slime's tree
+(docs/strategies.md#the-eight-strategies).
 
 For every turn, the canonical prompt messages are walked against the session's message tree
 *before* the prompt is rendered; a harness echo recognised as a re-rendered copy of a generated
@@ -7,9 +8,10 @@ The prompt is then rendered from the restored messages and the turn recorded wit
 routing and token prefix see the generated message and the turn stays trainable.
 
 Counterfactual: a restored turn's prompt ids are ids the engine never saw; the recorded
-`output_ids` / logprobs are reused as if the model had sampled them on that context (DESIGN §3).
-A turn where nothing was restored keeps its prepared prompt ids (recorded or rendered, per
-`prompt_source`), which is what a restoring gateway would have fed as well.
+`output_ids` / logprobs are reused as if the model had sampled them on that context (counterfactual:
+docs/strategies.md#the-eight-strategies). A turn where nothing was restored keeps its prepared
+prompt ids (recorded or rendered, per `prompt_source`), which is what a restoring gateway would have
+fed as well.
 
 Options: everything `tree` takes (`fork_threshold` 1024 by default, ...), and `restore_prompt`
 (default true; false restores for routing only and keeps the harness's prompt ids). Counters:
@@ -81,7 +83,8 @@ class EchoRestoreStrategy(TreeStrategy):
         check_request(self.upstream, restored)
         self.restore_log.note(prepared.turn.turn_index, outcome)
         # `restore_prompt=False` recognises the echo for routing only and keeps the harness's prompt
-        # ids: seed 001's third configuration, which shows why the restore must precede the render.
+        # ids: the third configuration slime PR #2282 measured, which shows why the restore must precede
+        # the render (docs/results.md#published-measurements-reproduced).
         if outcome.restored and self.setting("restore_prompt"):
             ids = render_prompt(self.upstream, restored.messages, restored.tools, restored.turn, shared=True)
             restored = replace(restored, prompt_ids=ids, prompt_origin="rendered")

@@ -299,7 +299,8 @@ class PathDifference:
 def path_differences(
     session_id: str, prepared_turns: Sequence[Any], delta: Sequence[HealOutcome], full: Sequence[HealOutcome]
 ) -> list[PathDifference]:
-    """Every turn where `heal_session` on the two paths disagreed, explained (DESIGN §10: never hidden).
+    """Every turn where `heal_session` on the two paths disagreed, explained (never hidden:
+    docs/upstream_restore_linear.md#deviations-and-choices).
 
     Both paths render the same text; they can only disagree where tokenization depends on
     context: the full path encodes the whole history, the delta path encodes closer and tail on

@@ -1,4 +1,5 @@
-"""`session-v1`: miles' linear TITO session server with one-step rollback (reference/miles_uniagent.md §2.5).
+"""`session-v1`: miles' linear TITO session server with one-step rollback
+(docs/upstream_session.md#v1-the-linear-trajectory).
 
 Each recorded request is served as the server would: rollback of at most one generation when the
 request disagrees with the stored history, an append-only check under the configured matcher

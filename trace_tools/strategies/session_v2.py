@@ -1,4 +1,4 @@
-"""`session-v2`: miles' trajectory forest (reference/miles_uniagent.md §2.7, HEAD behaviour).
+"""`session-v2`: miles' trajectory forest (docs/upstream_session.md#v2-the-trajectory-forest, HEAD behaviour).
 
 Every request attaches to the node whose whole path it repeats and consumes the most messages
 (none: a new root); the recorded generation becomes a child there. The samples op merges each

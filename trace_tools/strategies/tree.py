@@ -1,4 +1,4 @@
-"""The `tree` strategy: slime's TrajectoryManager over a recorded session (DESIGN §4).
+"""The `tree` strategy: slime's TrajectoryManager over a recorded session (docs/upstream_tree.md).
 
 Each prepared turn (canonical messages, canonical response, prompt ids recorded or rendered) is
 recorded into a `TrajectoryManager` with the dump's `turn_index` as provenance, then the session

@@ -1,6 +1,6 @@
 """slime's `TrajectoryManager`, reproduced exactly: a message tree turned into training samples.
 
-Two layers, as upstream (reference/slime_agentcore_trl.md §2):
+Two layers, as upstream (docs/upstream_tree.md#the-two-layers):
 
 * `record_turn` routes each turn into a per-session **message tree** by dict equality of the
   prompt messages (first matching child wins), optionally absorbing a short rewritten assistant
@@ -240,7 +240,7 @@ class MessageNode:
 class SessionStats:
     """What the manager measured for one session beyond the samples (keys of the dicts are `source`s).
 
-    `turn_events`: `demoted_by_merge` / `zeroed_by_realign` (DESIGN §5 vocabulary).
+    `turn_events`: `demoted_by_merge` / `zeroed_by_realign` (docs/metrics.md#per-turn vocabulary).
     `prompt_events`: `clean`, `forked` (opened a new sample by FORK), `realigned` (caused a REALIGN).
     `drift_positions`: the longest common prefix with the held tokens, for each turn whose prompt
     did not extend them (classified REALIGN or FORK).

@@ -1,10 +1,10 @@
 """uni-agent's multiple linear chains as a pure, deterministic state machine (no HTTP, no threads).
 
 This mirrors the gateway session of verl-project/uni-agent at HEAD 6f4a7c97 as specified in
-`shared/docs/reference/miles_uniagent.md` §3: each session keeps several *linear chains*, each one
+docs/upstream_chains.md#the-gateway-part-by-part: each session keeps several *linear chains*, each one
 a token buffer plus the normalized message history that produced it. A request continues the
-chain whose history it provably extends (cumulative prefix hashes, §3.3), rolls back that chain's
-latest generation when only the last assistant was rewritten (§3.8), and otherwise starts a new
+chain whose history it provably extends (cumulative prefix hashes), rolls back that chain's
+latest generation when only the last assistant was rewritten, and otherwise starts a new
 chain from a full render. Nothing is ever re-rendered inside a chain: the generated ids stay as
 generated and only the messages appended after them are encoded ("incremental context").
 
@@ -18,6 +18,6 @@ Left out on purpose (see docs/upstream_chains.md): media, weight versions, reser
 concurrency, backend failures, abort.
 
 Modules: `errors` (the gateway's HTTP errors), `normalize` (adapter normalization and prefix
-hashes, §3.2–3.3), `codec` (§3.5), `state` (chains, buffers, chain selection, §3.4/§3.7) and
-`session` (`ChainSession`, §3.6–3.11).
+hashes), `codec`, `state` (chains, buffers, chain selection) and `session` (`ChainSession`);
+one section each in docs/upstream_chains.md#the-gateway-part-by-part.
 """

@@ -1,4 +1,4 @@
-"""The chains codec (§3.5): a new chain's full render, and the ids of messages appended after a
+"""The chains codec (docs/upstream_chains.md#codec): a new chain's full render, and the ids of messages appended after a
 generation, rendered behind an anchor and cut at the template's separator."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""uni-agent's adapter normalization (§3.2) and the canonical form and cumulative prefix hashes
-that pick a chain (§3.3)."""
+"""uni-agent's adapter normalization (docs/upstream_chains.md#adapter-normalization) and the canonical
+form and cumulative prefix hashes that pick a chain (docs/upstream_chains.md#canonical-form-and-prefix-hashes)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _check_message(message: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Canonical form and cumulative prefix hashes (§3.3)
+# Canonical form and cumulative prefix hashes (docs/upstream_chains.md#canonical-form-and-prefix-hashes)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""One gateway session driven by recorded turns (§3.6 – §3.11): select or create a chain, roll back
-a rewritten last assistant, commit the recorded generation, materialize trajectories."""
+"""One gateway session driven by recorded turns
+(docs/upstream_chains.md#a-request-from-selection-to-commit): select or create a chain, roll back a
+rewritten last assistant, commit the recorded generation, materialize trajectories."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ class ChainSession:
         return self._outcome("committed", prep, completion_tokens=len(output_ids))
 
     def prepare(self, messages: list[dict], tools: list | None, wants_logprobs: bool) -> Preparation:
-        """Pick a chain (or none) and build the context ids on a copy (§3.8)."""
+        """Pick a chain (or none) and build the context ids on a copy."""
         hashes = prefix_hashes(messages, self._lowering.message_hash)
         selected = select_chain(self.active_chains, tools, hashes, self.enable_last_assistant_rollback)
         if selected is None:

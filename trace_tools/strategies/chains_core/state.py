@@ -1,5 +1,5 @@
-"""A session's state (§3.4): token buffers, chains, trajectories, one request's preparation and
-outcome; and which chain a request continues (§3.7, HEAD)."""
+"""A session's state (docs/upstream_chains.md#chains-and-chain-selection): token buffers, chains,
+trajectories, one request's preparation and outcome; and which chain a request continues (HEAD)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ class _Candidate:
 
 
 # ---------------------------------------------------------------------------------------------
-# Chain selection (§3.7, HEAD)
+# Chain selection (HEAD; docs/upstream_chains.md#chains-and-chain-selection)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,12 +1,13 @@
 """miles' session server replayed offline: matchers, TITO tokenizer, v1 trajectory, v2 forest, assembly.
 
-One module per part of the server: `errors` (its HTTP answers), `matchers` (§2.3), `tito`
-(request preparation, families and the TITO tokenizer, §2.2/§2.4), `records` (requests,
-generations, what serving one request shares), `v1` (§2.5), `assembly` (the samples op, §2.6),
-`v2` (§2.7) and `recording` (a recorded session in, a `ReplayResult` out). The strategies are
-`strategies.session_v1` and `strategies.session_v2`.
+One module per part of the server: `errors` (its HTTP answers), `matchers`, `tito`
+(request preparation, families and the TITO tokenizer), `records` (requests, generations, what
+serving one request shares), `v1`, `assembly` (the samples op), `v2` and `recording` (a recorded
+session in, a `ReplayResult` out). The strategies are `strategies.session_v1` and
+`strategies.session_v2`.
 
-The algorithms are those of reference/miles_uniagent.md §2 (miles HEAD 31f1ca96). Everything here
+The algorithms are miles' (HEAD 31f1ca96), one section each in
+docs/upstream_session.md#the-server-part-by-part. Everything here
 is pure and deterministic: no HTTP, no clocks. Where the live server answers a request with a
 non-200 status, this package raises the matching exception and stores nothing:
 
@@ -19,5 +20,5 @@ non-200 status, this package raises the matching exception and stores nothing:
 Replay differs from the server in one place only: instead of calling the engine, a request
 commits the generation that was recorded for it (`Generation`). The prompt the TITO tokenizer
 builds may differ from the recorded prompt ids; the strategies report that (counterfactual
-replay, DESIGN §3).
+replay, docs/strategies.md#the-eight-strategies).
 """

@@ -1,4 +1,4 @@
-"""The samples op (reference/miles_uniagent.md §2.6): per-turn samples aligned with the final
+"""The samples op (docs/upstream_session.md#the-samples-op): per-turn samples aligned with the final
 snapshot, truncated, merged into one sample per chain of records."""
 
 from __future__ import annotations

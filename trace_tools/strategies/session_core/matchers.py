@@ -1,4 +1,4 @@
-"""Message matchers (reference/miles_uniagent.md §2.3): how a request's history is compared with
+"""Message matchers (docs/upstream_session.md#matchers): how a request's history is compared with
 the stored messages, under miles' contract (anything but a bool, or an exception, is a 500)."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def _same_ids(recorded: Sequence[int], ids: Sequence[int] | None) -> bool:
 
 
 def prompt_event(outcome: TurnOutcome, differs_from_recording: bool) -> str:
-    """How the turn's prompt was obtained (DESIGN §5 vocabulary, plus rejected/failed: none was)."""
+    """How the turn's prompt was obtained (docs/metrics.md#per-turn vocabulary, plus rejected/failed: none was)."""
     if outcome.rolled_back:
         return "rolled_back"
     if outcome.status != "ok":

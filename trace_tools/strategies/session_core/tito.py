@@ -1,5 +1,6 @@
-"""Token-in-token-out prompts (§2.2, §2.4): request preparation as SGLang and miles do it, the
-TITO families (`--tito-model`) and the tokenizer that extends a checkpoint with appended messages."""
+"""Token-in-token-out prompts (docs/upstream_session.md#request-preparation-and-the-tito-tokenizer):
+request preparation as SGLang and miles do it, the TITO families (`--tito-model`) and the tokenizer
+that extends a checkpoint with appended messages."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def _parse_arguments(calls: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# TITO families and tokenizer (§2.4)
+# TITO families and tokenizer
 # ---------------------------------------------------------------------------------------------
 ALL_ROLES = frozenset({"tool", "user", "system", "assistant"})
 

@@ -1,4 +1,4 @@
-"""v1: the linear TITO trajectory with one-step rollback (reference/miles_uniagent.md §2.5)."""
+"""v1: the linear TITO trajectory with one-step rollback (docs/upstream_session.md#v1-the-linear-trajectory)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def check_append_only(
 
 
 def serve_v1(state: LinearTrajectory, request: SessionRequest, tito: TitoTokenizer, match: Matcher) -> TurnOutcome:
-    """One chat request against a v1 session (§2.5.2), with the recorded generation as the engine reply."""
+    """One chat request against a v1 session, with the recorded generation as the engine reply."""
     outcome = TurnOutcome(request.turn_index)
 
     def run() -> None:

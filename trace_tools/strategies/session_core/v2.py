@@ -1,4 +1,4 @@
-"""v2: the trajectory forest (reference/miles_uniagent.md §2.7, HEAD behaviour): attach points,
+"""v2: the trajectory forest (docs/upstream_session.md#v2-the-trajectory-forest, HEAD behaviour): attach points,
 retry trimming and exactly-once masking."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SessionTree:
         self.roots: list[TrajectoryNode] = []
         self.nodes: list[TrajectoryNode] = []
         self.max_nodes = max_nodes
-        self.branches = 0  # §4.3 forks: nodes created beside an existing sibling, plus roots − 1
+        self.branches = 0  # nodes created beside an existing sibling, plus roots − 1 (`tree_branches`)
 
     def leaves(self) -> list[TrajectoryNode]:
         return [node for node in self.nodes if not node.children]
@@ -173,7 +173,7 @@ class SessionForest:
 
 
 def serve_v2(state: SessionForest, request: SessionRequest, tito: TitoTokenizer, match: Matcher) -> TurnOutcome:
-    """One chat request against a v2 session (§2.7.3) with the recorded generation as the reply."""
+    """One chat request against a v2 session with the recorded generation as the reply."""
     outcome = TurnOutcome(request.turn_index)
 
     def run() -> None:
