@@ -79,25 +79,29 @@ def test_simulator_and_miles_tables_derive_from_the_records():
 
 
 def test_each_spelling_names_one_family():
-    """A name, tool format, tokenizer or TITO key never means two families (glm4.5 = glm = glm47)."""
-    spellings = [s for family in FAMILIES.values() for s in dict.fromkeys((family.name, *family.aliases))]
-    assert len(spellings) == len(set(spellings)), spellings
+    """A family's name is no other family's alias, and a miles TITO key belongs to one family
+    (glm4.5 = glm = glm47); families may share a tool-call format or a tokenizer."""
+    for family in FAMILIES.values():
+        others = FAMILIES.keys() - {family.name}
+        assert family.tool_format not in others and (family.tito is None or family.tito.name not in others)
+    tito_keys = [family.tito.name for family in FAMILIES.values() if family.tito]
+    assert len(tito_keys) == len(set(tito_keys)) and families.TITO_DEFAULT.name not in tito_keys
     assert FAMILIES["glm4.5"].aliases == ("glm", "qwen3+glm4.5-specials", "glm47")
     assert sorted(families.DETECTION_ORDER) == sorted(FAMILIES)
     assert all(family.tokenizer in TOKENIZERS for family in FAMILIES.values())
     assert all(t.stand_in_for in FAMILIES for t in TOKENIZERS.values() if t.stand_in_for)
 
 
-def test_markers_single_out_each_family_among_the_trl_templates():
+def test_markers_and_detection_order_single_out_each_family_template():
     from trace_tools.render.templates import trl_template_dir
 
     directory = trl_template_dir()
     if directory is None:
         pytest.skip("the trl templates are not installed")
     texts = {name: (directory / family.template).read_text(encoding="utf-8") for name, family in FAMILIES.items()}
-    for name, family in FAMILIES.items():
-        carrying = [other for other, text in texts.items() if all(marker in text for marker in family.markers)]
-        assert carrying == [name], f"{name}'s markers {family.markers} occur in {carrying}"
+    for name, text in texts.items():
+        carrying = [other for other in families.DETECTION_ORDER if all(m in text for m in FAMILIES[other].markers)]
+        assert carrying[:1] == [name], f"{FAMILIES[name].template} carries the markers of {carrying}"
 
 
 # -- the CLI help and the docs --------------------------------------------------------------------

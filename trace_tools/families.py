@@ -440,7 +440,7 @@ DEFAULT_FAMILY = "qwen3"
 
 # -- views every layer reads ---------------------------------------------------------------------
 FAMILY_NAMES = tuple(FAMILIES)
-TOOL_FORMATS = tuple(family.tool_format for family in FAMILIES.values())
+TOOL_FORMATS = tuple(dict.fromkeys(family.tool_format for family in FAMILIES.values()))
 DEFAULT_STOP_TOKENS = FAMILIES[DEFAULT_FAMILY].stop_tokens
 TITO_FAMILIES: dict[str, TitoFamily] = {
     TITO_DEFAULT.name: TITO_DEFAULT,
