@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT))  # the checkout's trace_tools, also when run from 
 import pandas as pd  # noqa: E402
 
 import trace_tools as tt  # noqa: E402
+from trace_tools import families  # noqa: E402
 from trace_tools.strategies.base import available_strategies, get_strategy  # noqa: E402
 
-FAMILIES = ("qwen3", "qwen3.5", "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")
+FAMILIES = tuple(families.FAMILIES)  # the family records, in their order
 BEHAVIOUR_SEED, BEHAVIOUR_SESSIONS = 1, 32  # the per-family behaviour × strategy runs
 CLAIMS_SEED, CLAIMS_SESSIONS = 21, 6  # the slime PR #2282 configurations
 

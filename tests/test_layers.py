@@ -1,6 +1,7 @@
 """The layering of docs/architecture.md#layers, over every unit of the package: a module imports only units below its own.
 
-The order, bottom up: the shared vocabulary (errors, ids, memo, options, data), then the pipeline
+The order, bottom up: the shared vocabulary (errors, ids, memo, options, data), the model-family
+records (families: data only, read by every layer), then the pipeline
 (io, render, pipeline, reconstruct), replay (strategies, replay), what reads a run (report), the
 commands that make or rework dumps (importers, rescore, simulate, record), and the front ends
 (api, probe, cli). Function-level imports count, and so do `importlib.import_module` calls.
@@ -19,6 +20,7 @@ LAYERS = [
     "memo",
     "options",
     "data",
+    "families",
     "io",
     "render",
     "pipeline",

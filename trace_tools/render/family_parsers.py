@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trace_tools.render.parser import (
     THINK_CLOSE,
@@ -41,12 +41,28 @@ from trace_tools.render.parser import (
 )
 
 Parsed = tuple[str, str, list[dict], list[str]]
+# tool-call format (a family record's `tool_format`) -> its parser; the Qwen formats (json, xml)
+# are parsed in `render.parser`.
+Parser = Callable[[str, Sequence[dict] | None], Parsed]
+PARSERS: dict[str, Parser] = {}
+
+
+def _parses(tool_format: str) -> Callable[[Parser], Parser]:
+    """Register the decorated function as the parser of `tool_format`."""
+
+    def register(parse: Parser) -> Parser:
+        PARSERS[tool_format] = parse
+        return parse
+
+    return register
+
 
 # -- GLM ---------------------------------------------------------------------------------------
 _GLM_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
+@_parses("glm")
 def parse_glm(text: str, tools: Sequence[dict] | None) -> Parsed:
     reasoning, rest = _think_block(text)
     start = rest.find("<tool_call>")
@@ -81,6 +97,7 @@ _DS_V3_BODY = re.compile(r"^(.*?)" + re.escape(DS_SEP) + r"(.*?)\n```json\n(.*)\
 _DS_MARKERS = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
 
 
+@_parses("deepseek")
 def parse_deepseek(text: str, tools: Sequence[dict] | None) -> Parsed:
     reasoning, rest = _deepseek_reasoning(text)
     start = rest.find(DS_CALLS_BEGIN)
@@ -122,6 +139,7 @@ _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]+)")
 
 
+@_parses("harmony")
 def parse_harmony(text: str, tools: Sequence[dict] | None) -> Parsed:
     reasoning, content, calls, errors = [], [], [], []
     for raw, terminated in _harmony_messages(text):
@@ -172,6 +190,7 @@ def _harmony_call(recipient: str, body: str, terminated: bool) -> dict | str:
 PYTHON_TAG = "<|python_tag|>"
 
 
+@_parses("llama")
 def parse_llama(text: str, tools: Sequence[dict] | None) -> Parsed:
     if PYTHON_TAG in text:
         content, action = text.split(PYTHON_TAG, 1)
@@ -241,6 +260,3 @@ def _content(head: str, stray: str, markers: Sequence[str], errors: list[str]) -
     if any(marker in rest for marker in markers) and not errors:
         errors.append("unterminated tool call")
     return f"{content}\n{rest}" if content and rest else content or rest
-
-
-PARSERS = {"glm": parse_glm, "deepseek": parse_deepseek, "harmony": parse_harmony, "llama": parse_llama}

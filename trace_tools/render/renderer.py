@@ -36,8 +36,6 @@ from trace_tools.render.spec import RENDER_PATHS, RenderSpec
 from trace_tools.render.template_runner import TemplateRunner, build_runner
 from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
-# tool-call format -> family name of the templates that use it
-FAMILIES = {family.tool_format: family.name for family in families.FAMILIES.values()}
 _PROBE = [{"role": "user", "content": "probe"}]
 
 
@@ -82,9 +80,12 @@ class Renderer:
         self.template_identity = template_identity
         self._parser, self.render_date = parser, render_date
         self.limits = limits or TemplateLimits.from_env()
-        self.tool_format = parser or detect_tool_format(chat_template)
-        self.family = FAMILIES.get(self.tool_format or "", "unknown")
-        known = families.family_for_format(self.tool_format)
+        detected = families.detect_family(chat_template)
+        self.tool_format = parser or (detected.tool_format if detected else None)
+        # the detected family, unless --tool-format names another's format
+        known = detected if detected and detected.tool_format == self.tool_format else None
+        known = known or families.family_for_format(self.tool_format)
+        self.family = known.name if known else "unknown"
         self.stop_tokens = known.stop_tokens if known else families.DEFAULT_STOP_TOKENS
         self._rendered_template = families.pin_clock(chat_template, render_date)
         self._text_arguments = families.concatenates_arguments(chat_template)

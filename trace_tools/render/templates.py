@@ -1,9 +1,9 @@
 """Chat-template resolution: which Jinja text renders a dump, and a short identity for reports.
 
-Sources (docs/rendering.md#chat-templates-and-the-response-parser):
-* `qwen3` → TRL's `trl/chat_templates/qwen3.jinja`; `qwen3.5` → TRL's `qwen3_5_think.jinja`;
-  `glm4.5` → `glm4moe.jinja`, `deepseek-v3` → `deepseekv3.jinja`, `gpt-oss` → `gptoss.jinja`,
-  `llama3.1` → `llama3_1.jinja` (the model families, docs/model_families.md);
+Sources, by spec (docs/rendering.md#chat-templates-and-the-response-parser):
+* a model family's name (`qwen3`, `glm4.5`, ...) → the TRL file its record names
+  (`trace_tools.families`: `qwen3` → `trl/chat_templates/qwen3.jinja`, `qwen3.5` →
+  `qwen3_5_think.jinja`, ...);
 * `trl:<stem>` → any template TRL ships (`trl:llama3_1`, `trl:qwen3_5_nothink.jinja`, ...);
 * a file path → that file; a `.parquet` dump file → the template text it embeds (so a recording
   can lend its template where `trl` is not installed); a tokenizer directory → its own
@@ -24,18 +24,12 @@ import json
 from pathlib import Path
 
 from trace_tools.errors import TemplateNotFound
+from trace_tools.families import FAMILIES, TOKENIZERS
 
-# The template each built-in name means.
-NAMED_TEMPLATES = {
-    "qwen3": "qwen3.jinja",
-    "qwen3.5": "qwen3_5_think.jinja",
-    "glm4.5": "glm4moe.jinja",
-    "deepseek-v3": "deepseekv3.jinja",
-    "gpt-oss": "gptoss.jinja",
-    "llama3.1": "llama3_1.jinja",
-}
+# The template each built-in name means (the family records').
+NAMED_TEMPLATES = {name: family.template for name, family in FAMILIES.items()}
 # Built-in tokenizer names whose default template has another name (the GLM stand-in).
-TOKENIZER_TEMPLATES = {"qwen3+glm4.5-specials": "glm4.5"}
+TOKENIZER_TEMPLATES = {t.name: t.stand_in_for for t in TOKENIZERS.values() if t.stand_in_for}
 _INSTALL_HINT = (
     "install the templates with `pip install --no-deps trl==1.16.0` (template files only, no torch) "
     "or pass `--chat-template FILE`"

@@ -22,7 +22,7 @@ from trace_tools.errors import UnknownName
 from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render.tokenizer_recipes import PACKAGE_HINTS, PACKAGED, RECIPES, Recipe
 
-_BUILD_CODE = ("render/tokenizer_files.py", "render/tokenizer_recipes.py")
+_BUILD_CODE = ("render/tokenizer_files.py", "render/tokenizer_recipes.py", "families.py")
 
 
 def import_transformers() -> Any:

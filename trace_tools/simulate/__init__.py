@@ -57,8 +57,7 @@ def simulate(
     Args:
         sessions: how many sessions (>= 1).
         seed: everything is a function of (seed, arguments): same arguments, same rows.
-        template: a model family (`FAMILIES`): `qwen3` (JSON tool calls), `qwen3.5` (XML tool
-            calls), `glm4.5`, `deepseek-v3`, `gpt-oss` or `llama3.1`.
+        template: a model family's name (`FAMILIES`, from the records in `trace_tools.families`).
         behaviours: recipes; each entry is a behaviour name or several joined by `+` (one
             session combines them). Sessions cycle through the entries. None cycles through
             every behaviour alone and then a few mixes.

@@ -49,11 +49,25 @@ import string
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from trace_tools import families as records
 from trace_tools.simulate.episode import Call, Step
 from trace_tools.simulate.tools import tool_position
 
 THINK_OPENER = "<think>\n"
 _ID_ALPHABET = string.ascii_letters + string.digits
+Writer = Callable[[Step, bool], str]
+# family name (a record's `name`) -> how its model writes a turn
+WRITERS: dict[str, Writer] = {}
+
+
+def _writes(family: str) -> Callable[[Writer], Writer]:
+    """Register the decorated function as the writer of `family`."""
+
+    def register(write: Writer) -> Writer:
+        WRITERS[family] = write
+        return write
+
+    return register
 
 
 @dataclass(frozen=True)
@@ -61,13 +75,15 @@ class Family:
     """A template family: tokenizer name, template spec, and how its model writes a turn.
 
     `write(step, opened)` gives the output text (stop token included) of an emitted step;
-    `opened` says whether the prompt ended by opening the reasoning (`<think>\n`).
+    `opened` says whether the prompt ended by opening the reasoning (`<think>\n`). The other
+    fields come from the family's record (`trace_tools.families.ModelFamily`, which says what
+    they mean).
     """
 
     name: str
     tokenizer: str
     template: str
-    write: Callable[[Step, bool], str]
+    write: Writer
     one_call_per_turn: bool = False
     reasoning: str = "always"  # "always", "when_opened" (DeepSeek) or "never" (Llama)
     content_with_calls: bool = True
@@ -105,6 +121,7 @@ class Family:
         return out
 
 
+@_writes("qwen3")
 def _qwen3(step: Step, opened: bool) -> str:
     calls = [
         '<tool_call>\n{"name": "' + c.name + '", "arguments": ' + _json(c.arguments) + "}\n</tool_call>"
@@ -114,6 +131,7 @@ def _qwen3(step: Step, opened: bool) -> str:
     return f"{'' if opened else THINK_OPENER}{step.reasoning}\n</think>\n\n{body}<|im_end|>"
 
 
+@_writes("qwen3.5")
 def _qwen35(step: Step, opened: bool) -> str:
     calls = [_xml_call(c) for c in step.calls]
     body = (step.content + "\n\n" if step.content and calls else step.content) + "\n".join(calls)
@@ -134,6 +152,7 @@ def xml_value(value: Any) -> str:
     return str(value)
 
 
+@_writes("glm4.5")
 def _glm(step: Step, opened: bool) -> str:
     calls = "".join(
         f"\n<tool_call>{c.name}\n"
@@ -148,6 +167,7 @@ def _glm(step: Step, opened: bool) -> str:
     return f"\n<think>{step.reasoning}</think>{content}{calls}{'<|observation|>' if step.calls else '<|user|>'}"
 
 
+@_writes("deepseek-v3")
 def _deepseek(step: Step, opened: bool) -> str:
     reasoning = f"{step.reasoning}\n</think>\n\n" if opened else ""
     calls = "\n".join(
@@ -158,6 +178,7 @@ def _deepseek(step: Step, opened: bool) -> str:
     return f"{reasoning}{step.content}{section}<｜end▁of▁sentence｜>"
 
 
+@_writes("gpt-oss")
 def _harmony(step: Step, opened: bool) -> str:
     analysis = f"<|channel|>analysis<|message|>{step.reasoning}<|end|><|start|>assistant" if step.reasoning else ""
     if step.calls:
@@ -168,6 +189,7 @@ def _harmony(step: Step, opened: bool) -> str:
     return f"{analysis}<|channel|>final<|message|>{step.content}<|return|>"
 
 
+@_writes("llama3.1")
 def _llama(step: Step, opened: bool) -> str:
     if step.calls:
         call = step.calls[0]
@@ -180,40 +202,19 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# One simulated model per family record, in the records' order.
 FAMILIES = {
-    family.name: family
-    for family in (
-        Family("qwen3", "qwen3", "qwen3", _qwen3),
-        Family("qwen3.5", "qwen3.5", "qwen3.5", _qwen35),
-        Family("glm4.5", "qwen3+glm4.5-specials", "glm4.5", _glm),
-        Family(
-            "deepseek-v3",
-            "deepseek-v3",
-            "deepseek-v3",
-            _deepseek,
-            reasoning="when_opened",
-            call_opener="<｜tool▁calls▁begin｜>",
-        ),
-        Family(
-            "gpt-oss",
-            "gpt-oss",
-            "gpt-oss",
-            _harmony,
-            one_call_per_turn=True,
-            content_with_calls=False,
-            call_opener="<|start|>",
-        ),
-        Family(
-            "llama3.1",
-            "llama3.1",
-            "llama3.1",
-            _llama,
-            one_call_per_turn=True,
-            reasoning="never",
-            content_with_calls=False,
-            call_opener=None,
-        ),
+    record.name: Family(
+        record.name,
+        record.tokenizer,
+        record.name,
+        WRITERS[record.name],
+        one_call_per_turn=record.one_call_per_turn,
+        reasoning=record.reasoning,
+        content_with_calls=record.content_with_calls,
+        call_opener=record.call_opener,
     )
+    for record in records.FAMILIES.values()
 }
 
 

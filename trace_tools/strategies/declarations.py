@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from trace_tools import families
 from trace_tools.errors import UnknownName
 from trace_tools.options import Param
 
@@ -53,7 +54,7 @@ REALIGN_GATES = ("output", "drift")
 REALIGN_STARTS = ("response", "divergence")
 ON_NONLINEAR = ("reset", "error", "passthrough")
 SESSION_MATCHERS = ("strict", "loose_tool_call", "role_content_only")  # keys of session_core's MATCHERS
-TITO_FAMILIES = ("default", "qwen3", "qwen35", "glm47")  # keys of session_core's FAMILIES
+TITO_FAMILIES = tuple(families.TITO_FAMILIES)  # miles' `--tito-model` keys, from the family records
 RETRY_POLICIES = ("supersede", "keep")
 
 # -- parameters --------------------------------------------------------------------------------------

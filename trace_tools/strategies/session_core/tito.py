@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.families import TITO_FAMILIES, TitoFamily, tito_family_of
 from trace_tools.memo import IdentityMemo
 from trace_tools.render.base import RendererLike
 from trace_tools.render.upstream import ArgumentFormError, render_failure_reason
@@ -135,46 +135,13 @@ def _parse_arguments(calls: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 # TITO families and tokenizer
 # ---------------------------------------------------------------------------------------------
-ALL_ROLES = frozenset({"tool", "user", "system", "assistant"})
-
-
-@dataclass(frozen=True)
-class TitoFamily:
-    """One row of miles' `--tito-model` table.
-
-    `boundary_token`: when a checkpoint ends with it, `fix_boundary` appends "\\n" (the Qwen stop
-    token is followed by a newline the model never generates). `dropped_boundaries`: stop tokens
-    that double as the next message's opener (GLM's `<|observation|>`, `<|user|>`): a checkpoint
-    ending with one loses it, the appended messages render it again, and the turn's sample gives
-    it up (`max_trim_tokens`). `extra_kwargs` are the preserve-think constants merged into every
-    render; a request may not override them.
-    """
-
-    name: str
-    boundary_token: str | None = None
-    max_trim_tokens: int = 0
-    extra_kwargs: tuple[tuple[str, Any], ...] = ()
-    allowed_append_roles: frozenset[str] = ALL_ROLES
-    dropped_boundaries: tuple[str, ...] = ()
-
-
-FAMILIES: dict[str, TitoFamily] = {
-    "default": TitoFamily("default"),
-    "qwen3": TitoFamily("qwen3", "<|im_end|>", 0, (("clear_thinking", False),)),
-    "qwen35": TitoFamily(
-        "qwen35", "<|im_end|>", 0, (("clear_thinking", False),), frozenset({"tool", "user", "assistant"})
-    ),
-    "glm47": TitoFamily(
-        "glm47", None, 1, (("clear_thinking", False),), dropped_boundaries=("<|observation|>", "<|user|>")
-    ),
-}
-# Renderer.family -> miles family. miles has no V3, gpt-oss or Llama family: those use `default`.
-_RENDERER_FAMILIES = {"qwen3": "qwen3", "qwen3.5": "qwen35", "glm4.5": "glm47"}
+# miles' `--tito-model` table, from the family records: `default` and each family's row.
+FAMILIES: dict[str, TitoFamily] = TITO_FAMILIES
 
 
 def family_for(renderer: Any, name: str | None = None) -> TitoFamily:
     """The explicit family `name`, else the one matching `renderer.family`, else `default`."""
-    key = name or _RENDERER_FAMILIES.get(getattr(renderer, "family", None) or "", "default")
+    key = name or tito_family_of(getattr(renderer, "family", None) or "")
     try:
         return FAMILIES[key]
     except KeyError:
