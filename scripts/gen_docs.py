@@ -242,7 +242,13 @@ def harnesses_table(runs: Runs) -> str:
 
     header = ["harness", "version", "install (as root)", "executable (or the variable naming one)", "protocol"]
     rows = [
-        [f"`{h.name}`", h.version, f"`{h.install_command(ROOT_HARNESS_DIR)}`", f"`{h.executable}` (`{h.executable_variable}`)", h.speaks]
+        [
+            f"`{h.name}`",
+            h.version,
+            f"`{h.install_command(ROOT_HARNESS_DIR)}`",
+            f"`{h.executable}` (`{h.executable_variable}`)",
+            h.speaks,
+        ]
         for h in HARNESSES.values()
     ]
     return markdown(header, ["---"] * 5, rows)
@@ -257,7 +263,14 @@ def import_formats_table(runs: Runs) -> str:
 
     header = ["format", "reads", "written by", "session", "files", "reader"]
     rows = [
-        [f"`{f.name}`", f.reads, f.written_by, session(f), " ".join(f"`{x}`" for x in f.suffixes), f"`importers/{f.reader}.py`"]
+        [
+            f"`{f.name}`",
+            f.reads,
+            f.written_by,
+            session(f),
+            " ".join(f"`{x}`" for x in f.suffixes),
+            f"`importers/{f.reader}.py`",
+        ]
         for f in FORMATS.values()
     ]
     return markdown(header, ["---"] * 6, rows)

@@ -75,6 +75,7 @@ class Options:
 
 # -- reading sources -------------------------------------------------------------------------------
 
+
 def source_files(sources: Sequence[str | Path], suffixes: Sequence[str]) -> list[Path]:
     """The files to read, in the order given; a directory contributes its files with the format's suffixes, sorted."""
     from trace_tools.errors import UnusableInput
@@ -85,7 +86,9 @@ def source_files(sources: Sequence[str | Path], suffixes: Sequence[str]) -> list
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
             if not found:
-                raise UnusableInput(f"no {'/'.join(suffixes)} files under {source}; pass log files or a directory of them")
+                raise UnusableInput(
+                    f"no {'/'.join(suffixes)} files under {source}; pass log files or a directory of them"
+                )
             files.extend(found)
         elif path.is_file():
             files.append(path)

@@ -25,7 +25,6 @@ from trace_tools.importers.base import BadRecord, Options, Outcome, attempt, cal
 from trace_tools.importers.openai import exchange_turn, first_choice, sglang_output
 
 
-
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     if "records" in value:
         yield from _document(value, where, options)

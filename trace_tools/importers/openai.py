@@ -43,7 +43,6 @@ from trace_tools.importers.base import (
 )
 
 
-
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     yield call_outcome(value, where, options, (), lambda session_id: _turn(value, session_id, where, options))
 
