@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tests.test_gen_docs import load_script
 from typer.testing import CliRunner
 
-from tests.test_gen_docs import load_script
 from trace_tools.cli.main import app
 from trace_tools.errors import UsageError
 from trace_tools.importers import import_traces

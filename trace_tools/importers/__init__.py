@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 _FROM_RUN = ("ImportReport", "import_traces", "quarantine_path")
 
-__all__ = ["FORMATS", "ImportFormat", "get_format", *_FROM_RUN]
+__all__ = ["FORMATS", "ImportFormat", "ImportReport", "get_format", "import_traces", "quarantine_path"]
 
 
 def __getattr__(name: str) -> Any:
