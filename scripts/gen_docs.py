@@ -237,6 +237,46 @@ def templates_table(runs: Runs) -> str:
     return markdown_table(audit_templates("trl:all")).strip("\n")
 
 
+def harnesses_table(runs: Runs) -> str:
+    """docs/probe.md: the harnesses `probe` drives, from their records (no run needed)."""
+    from trace_tools.probe.harnesses import HARNESSES, ROOT_HARNESS_DIR
+
+    header = ["harness", "version", "install (as root)", "executable (or the variable naming one)", "protocol"]
+    rows = [
+        [
+            f"`{h.name}`",
+            h.version,
+            f"`{h.install_command(ROOT_HARNESS_DIR)}`",
+            f"`{h.executable}` (`{h.executable_variable}`)",
+            h.speaks,
+        ]
+        for h in HARNESSES.values()
+    ]
+    return markdown(header, ["---"] * 5, rows)
+
+
+def import_formats_table(runs: Runs) -> str:
+    """docs/importers.md: the import formats, from their records (no run needed)."""
+    from trace_tools.importers.formats import FORMATS
+
+    def session(fmt: Any) -> str:
+        return "`--session-key` (required)" if fmt.needs_session_key else "in the records (or `--session-key`)"
+
+    header = ["format", "reads", "written by", "session", "files", "reader"]
+    rows = [
+        [
+            f"`{f.name}`",
+            f.reads,
+            f.written_by,
+            session(f),
+            " ".join(f"`{x}`" for x in f.suffixes),
+            f"`importers/{f.reader}.py`",
+        ]
+        for f in FORMATS.values()
+    ]
+    return markdown(header, ["---"] * 6, rows)
+
+
 @dataclass(frozen=True)
 class Table:
     page: str
@@ -249,6 +289,8 @@ TABLES: dict[str, Table] = {
     **{f"behaviour-{f}": Table("docs/results.md", behaviour_table(f)) for f in FAMILIES if f != "qwen3.5"},
     "upstream-families": Table("docs/upstream_families.md", upstream_table),
     "templates-trl": Table("docs/templates.md", templates_table),
+    "harnesses": Table("docs/probe.md", harnesses_table),
+    "import-formats": Table("docs/importers.md", import_formats_table),
 }
 
 

@@ -8,10 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TOKENIZER_HELP
+from trace_tools.importers.formats import FORMATS
+
+FORMAT_HELP = "; ".join(f"{fmt.name} ({fmt.written_by}: {fmt.reads})" for fmt in FORMATS.values()) + "."
+SESSION_KEY_REQUIRED = ", ".join(fmt.name for fmt in FORMATS.values() if fmt.needs_session_key)
 
 
 def import_cmd(
-    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="miles | openai | gateway-traces.")],
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=FORMAT_HELP)],
     sources: Annotated[list[Path], typer.Argument(metavar="SRC...", help=".json/.jsonl files or directories of them.")],
     out: Annotated[Path, typer.Option("--out", help="The dump to write (Parquet, schema v1).")],
     tokenizer: Annotated[
@@ -33,7 +37,7 @@ def import_cmd(
         Optional[str],
         typer.Option(
             "--session-key",
-            help="Header or field naming the session (openai: required), e.g. x-session-id or "
+            help=f"Header or field naming the session ({SESSION_KEY_REQUIRED}: required), e.g. x-session-id or "
             "request.metadata.session_id.",
         ),
     ] = None,
@@ -43,7 +47,9 @@ def import_cmd(
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the import report as JSON.")] = False,
 ) -> None:
-    """Import miles session records, OpenAI/SGLang/vLLM chat-completion logs or gateway per-call traces.
+    """Import session-server, engine or gateway logs into a schema-v1 dump.
+
+    FORMAT: {formats}
 
     A malformed record quarantines its session; it is listed with a reason in DUMP.quarantine.jsonl.
 
@@ -76,6 +82,10 @@ def import_cmd(
         console.print(f"wrote {report.out}{listed}", highlight=False)
     if strict and not report.clean:
         raise typer.Exit(1)
+
+
+# typer shows the docstring but not an argument's help: the formats go in both, from their records.
+import_cmd.__doc__ = (import_cmd.__doc__ or "").replace("{formats}", FORMAT_HELP)
 
 
 def _table(report):

@@ -8,6 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import FAMILY_CHOICES, TEMPLATE_HELP, TOKENIZER_HELP
+from trace_tools.probe.harnesses import HARNESSES
+
+HARNESS_HELP = " | ".join(HARNESSES)
 
 FAMILY_HELP = f"Model family whose template, tokenizer and tool-call format the model uses: {FAMILY_CHOICES}."
 
@@ -71,7 +74,7 @@ def record_cmd(
 
 
 def probe_cmd(
-    harness: Annotated[str, typer.Argument(help="claude-code | mini-swe-agent")],
+    harness: Annotated[str, typer.Argument(help=HARNESS_HELP)],
     out: Annotated[Path, typer.Option("--out", help="New run directory: dump, request log, profile.json, replay.")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many scripted sessions to run.")] = 12,
     template: Annotated[str, typer.Option("--template", help=FAMILY_HELP)] = "qwen3",
@@ -91,6 +94,8 @@ def probe_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Drive a real harness through the recorder and measure what it does to the history it echoes.
+
+    HARNESS: {harnesses} (install: docs/probe.md).
 
     The harness runs in a fresh network namespace (loopback only, checked before it starts) as an unprivileged user, with telemetry off and a dummy key, for N scripted SWE sessions. OUT gets the dump, the request log, the harness profile (profile.json) and a replay of the dump through every strategy; report.html shows the profile.
 
@@ -128,3 +133,7 @@ def probe_cmd(
     note(f"run directory: {result.run_dir}")
     if result.summary:
         note(f"report.html: {result.run_dir / 'report.html'}")
+
+
+# typer shows the docstring but not an argument's help: the harnesses go in both, from their records.
+probe_cmd.__doc__ = (probe_cmd.__doc__ or "").replace("{harnesses}", HARNESS_HELP)

@@ -68,33 +68,34 @@ class Outcome:
 class Options:
     """Import settings a format may read."""
 
+    format: str  # the format's name, for each row's `metadata.import.format`
     session_key: str | None = None
     vocab_size: int | None = None
 
 
 # -- reading sources -------------------------------------------------------------------------------
 
-SOURCE_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
-
-def source_files(sources: Sequence[str | Path]) -> list[Path]:
-    """The files to read, in the order given; a directory contributes its JSON(L) files, sorted."""
+def source_files(sources: Sequence[str | Path], suffixes: Sequence[str]) -> list[Path]:
+    """The files to read, in the order given; a directory contributes its files with the format's suffixes, sorted."""
     from trace_tools.errors import UnusableInput
 
     files: list[Path] = []
     for source in sources:
         path = Path(source).expanduser()
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES)
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
             if not found:
-                raise UnusableInput(f"no .json/.jsonl files under {source}; pass log files or a directory of them")
+                raise UnusableInput(
+                    f"no {'/'.join(suffixes)} files under {source}; pass log files or a directory of them"
+                )
             files.extend(found)
         elif path.is_file():
             files.append(path)
         else:
             raise UnusableInput(f"no such file or directory: {source}; pass log files or a directory of them")
     if not files:
-        raise UnusableInput("no source files given; pass one or more .json/.jsonl files")
+        raise UnusableInput(f"no source files given; pass one or more {'/'.join(suffixes)} files")
     return files
 
 

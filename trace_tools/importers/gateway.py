@@ -43,8 +43,6 @@ from trace_tools.importers.base import (
     token_ids,
 )
 
-NAME = "gateway-traces"
-NEEDS_SESSION_KEY = False
 SESSION = ("session_id", "gateway_session_id", "sid")
 FIELDS = {
     "messages": ("messages", "prompt_messages"),
@@ -90,5 +88,5 @@ def _turn(call: dict, session_id: str, where: str, options: Options):
         finished_at=timestamp(first_of(call, ("finished_at", "timestamp"))[1], "finished_at"),
         chat_template_kwargs=optional(call, "chat_template_kwargs", dict),
         reward=None if reward is None else float(reward),
-        metadata={"import": {"format": NAME, "source": where}, **scalars(call, skip=tuple(used) + SESSION)},
+        metadata={"import": {"format": options.format, "source": where}, **scalars(call, skip=tuple(used) + SESSION)},
     )

@@ -24,9 +24,6 @@ from collections.abc import Iterator
 from trace_tools.importers.base import BadRecord, Options, Outcome, attempt, call_outcome, need, session_of
 from trace_tools.importers.openai import exchange_turn, first_choice, sglang_output
 
-NAME = "miles"
-NEEDS_SESSION_KEY = False
-
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     if "records" in value:
@@ -68,7 +65,6 @@ def _turn(record: dict, session_id: str, where: str, options: Options):
         session_id,
         where,
         options,
-        fmt=NAME,
         output_of=sglang_output,
         started=record.get("request_timestamp"),
         finished=record.get("timestamp"),

@@ -42,9 +42,6 @@ from trace_tools.importers.base import (
     token_ids,
 )
 
-NAME = "openai"
-NEEDS_SESSION_KEY = True
-
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     yield call_outcome(value, where, options, (), lambda session_id: _turn(value, session_id, where, options))
@@ -57,7 +54,6 @@ def _turn(exchange: dict, session_id: str, where: str, options: Options) -> Turn
         session_id,
         where,
         options,
-        fmt=NAME,
         started=exchange.get("started_at"),
         finished=exchange.get("finished_at"),
     )
@@ -70,7 +66,6 @@ def exchange_turn(
     where: str,
     options: Options,
     *,
-    fmt: str,
     started: Any,
     finished: Any,
     output_of: Callable[..., EngineOutput] | None = None,
@@ -92,7 +87,7 @@ def exchange_turn(
         started_at=timestamp(started, "started_at"),
         finished_at=timestamp(finished, "finished_at"),
         chat_template_kwargs=optional(request, "chat_template_kwargs", dict, "request"),
-        metadata=output.metadata(fmt, where),
+        metadata=output.metadata(options.format, where),
     )
 
 

@@ -38,6 +38,7 @@ from trace_tools.importers.base import (
     json_values,
     source_files,
 )
+from trace_tools.importers.formats import get_format
 from trace_tools.io.write import atomic_open, check_output_file, dump_writer
 
 META_KEY = "import"  # trace_tools.import: the JSON census below
@@ -126,23 +127,22 @@ def import_traces(
     directory, one of the sources, or an existing file without `overwrite` (all exit 2);
     malformed records are reported, not raised.
     """
-    from trace_tools.importers import get_format
-
-    module = get_format(fmt)
-    if module.NEEDS_SESSION_KEY and not session_key:
+    record = get_format(fmt)
+    if record.needs_session_key and not session_key:
         raise UnusableInput(
             f"{fmt} logs carry no session id of their own; pass --session-key NAME "
             "(a request header such as x-session-id, or a field such as request.user)"
         )
     out = Path(out)
-    files = source_files(sources)
+    files = source_files(sources, record.suffixes)
     check_output_file(out, files, overwrite)
     files = [f for f in files if f.resolve() != quarantine_path(out).resolve()]  # an earlier import's
     check_output_file(quarantine_path(out), files, overwrite)
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
     meta = _recording_meta(report, tokenizer, chat_template)
-    options = Options(session_key=session_key, vocab_size=report.vocab_size)
-    sessions = _census(_outcomes(module, files, options), report)
+    options = Options(fmt, session_key=session_key, vocab_size=report.vocab_size)
+    reader = record.load()
+    sessions = _census(_outcomes(reader, files, options), report)
     if not sessions and report.by_reason.get("no_session"):
         looked = f"--session-key {session_key!r} finds nothing" if session_key else "the format's own fields hold none"
         raise UnusableInput(
@@ -152,7 +152,7 @@ def import_traces(
     if not report.quarantined_records and not report.rejected_requests:
         report.quarantine_file = None
     meta.extra[META_KEY] = json.dumps(_census_meta(report, files), sort_keys=True)
-    _write(_outcomes(module, files, options), sessions, out, meta, report, row_group_rows, progress)
+    _write(_outcomes(reader, files, options), sessions, out, meta, report, row_group_rows, progress)
     if report.quarantine_file is None:  # an earlier import's list (--overwrite) no longer describes the dump
         quarantine_path(out).unlink(missing_ok=True)
     return report

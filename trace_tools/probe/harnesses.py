@@ -1,63 +1,39 @@
-"""The real harnesses `probe` can drive: where each is installed, how it is launched, what it must not do.
+"""The real harnesses `probe` can drive: one record each (`HARNESSES`), everything else derives from it.
+
+A record says which version is pinned and how to install it, the API it speaks to the recorder,
+where its executable is, how it is launched and the environment it runs with. `probe`, its
+`--help`, docs/probe.md's install table (`scripts/gen_docs.py`) and `.ci/run` read the records;
+tests/test_records.py checks the help and the docs against them. Adding a harness is one record
+here (docs/development.md, "Add a harness").
 
 Harnesses live outside the repository, in `$TRACE_TOOLS_HARNESS_DIR` (default
 `/opt/trace-tools/harnesses` as root, where the unprivileged user the harness runs as can read
-it, else `~/.cache/trace-tools/harnesses`), one folder per harness and pinned version; the
-install commands are in `INSTALL` (and docs/probe.md). Every launch gets exactly the
-environment built here (nothing inherited from the caller): a dummy API key, the recorder's
-session URL on 127.0.0.1, a scratch HOME, and every variable the client reads to turn off
-telemetry, error reporting, auto-update, feature-flag fetches and other non-essential traffic.
+it, else `~/.cache/trace-tools/harnesses`), one folder per harness and pinned version. Every
+launch gets exactly the environment built here (nothing inherited from the caller): a dummy API
+key, the recorder's session URL on 127.0.0.1, a scratch HOME, and every variable the client
+reads to turn off telemetry, error reporting, auto-update, feature-flag fetches and other
+non-essential traffic.
+
+The module imports nothing outside the standard library and `trace_tools.errors`, so `.ci/run`
+reads a record with the system `python3` before any virtual environment exists:
+`PYTHONPATH=. python3 -P -S trace_tools/probe/harnesses.py claude-code version` (also `install`,
+`executable`, `dir`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from trace_tools.errors import UnknownName, UsageError
 
 DUMMY_ANTHROPIC_KEY = "sk-ant-trace-tools-dummy-key-not-valid"
 DUMMY_OPENAI_KEY = "sk-trace-tools-dummy-key-not-valid"
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-# Claude Code 2.1.x: each of these is read by the client (checked in its bundle); together they
-# switch off telemetry (Statsig/OTel), error reporting (Sentry), the auto-updater, GrowthBook
-# feature flags, feedback surveys and the other non-essential requests.
-CLAUDE_QUIET = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_UPDATES": "1",
-    "DISABLE_GROWTHBOOK": "1",
-    "CLAUDE_CODE_DISABLE_FEATURE_FLAGS": "1",
-    "CLAUDE_CODE_ENABLE_TELEMETRY": "0",
-    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
-    "DISABLE_BUG_COMMAND": "1",
-    "DISABLE_FEEDBACK_COMMAND": "1",
-    "DISABLE_COST_WARNINGS": "1",
-    "DO_NOT_TRACK": "1",
-}
-# mini-swe-agent 2.x and litellm: no first-run wizard or banner, litellm's bundled cost map
-# instead of fetching it, no cost lookups that would fail, no telemetry.
-MINI_QUIET = {
-    "MSWEA_CONFIGURED": "true",
-    "MSWEA_SILENT_STARTUP": "1",
-    "MSWEA_COST_TRACKING": "ignore_errors",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_TELEMETRY": "False",
-    "HF_HUB_OFFLINE": "1",
-    "DO_NOT_TRACK": "1",
-}
-
-PINNED = {"claude-code": "2.1.332", "mini-swe-agent": "2.4.6"}
-INSTALL = {
-    "claude-code": "npm install --prefix {dir}/claude-code-{version} @anthropic-ai/claude-code@{version}",
-    "mini-swe-agent": "python3 -m venv {dir}/mini-swe-agent-{version} && "
-    "{dir}/mini-swe-agent-{version}/bin/pip install mini-swe-agent=={version}",
-}
+ROOT_HARNESS_DIR = Path("/opt/trace-tools/harnesses")
 
 
 @dataclass(frozen=True)
@@ -70,40 +46,50 @@ class Launch:
     cwd: Path
 
 
+def _version_flag(executable: Path) -> list[str]:
+    return [str(executable), "--version"]
+
+
 @dataclass(frozen=True)
 class Harness:
+    """One harness: its pin, installation, protocol, launch and environment."""
+
     name: str
-    protocol: str  # the API it speaks to the recorder
-    executable: str  # path under the harness folder
-    environment_variable: str  # overrides where the executable is
-    command: Callable[[Path, Launch], list[str]]
-    environment: Callable[[Launch], dict[str, str]]
+    version: str  # the pinned version: what `install` installs, `locate` prefers and the docs name
+    install: str  # shell command; `{dir}` is the harness folder, `{version}` the pin
+    protocol: str  # the API it speaks to the recorder: anthropic | openai (the profile records it)
+    speaks: str  # the same, for people (docs/probe.md)
+    executable: str  # path under its install folder
+    executable_variable: str  # an environment variable naming the executable, for an install elsewhere
+    quiet: Mapping[str, str]  # the client's own switches for telemetry, updates and other traffic
+    credentials: Callable[[Launch], dict[str, str]]  # dummy key, recorder URL, config folder
+    command: Callable[[Path, Launch], list[str]]  # argv of one non-interactive session
     finish_command: str | None = None  # a shell command that ends the harness's loop, if text does not
-    version_argv: Callable[[Path], list[str]] = lambda executable: [str(executable), "--version"]
+    version_command: Callable[[Path], list[str]] = field(default=_version_flag)
 
-    @property
-    def pinned(self) -> str:
-        return PINNED[self.name]
+    def install_command(self, folder: Path | None = None) -> str:
+        return self.install.format(dir=folder or harness_dir(), version=self.version)
 
-    def install_hint(self) -> str:
-        return INSTALL[self.name].format(dir=harness_dir(), version=self.pinned)
+    def pinned_executable(self) -> Path:
+        return harness_dir() / f"{self.name}-{self.version}" / self.executable
+
+    def environment(self, launch: Launch) -> dict[str, str]:
+        """Exactly what the harness process gets: nothing is inherited from the caller."""
+        return {**_base(launch), **self.quiet, **self.credentials(launch)}
 
     def locate(self) -> Path:
         """The executable, or a usage error (exit 2) that says how to install it."""
-        override = os.environ.get(self.environment_variable)
+        override = os.environ.get(self.executable_variable)
         candidates = [Path(override)] if override else []
-        candidates.append(harness_dir() / f"{self.name}-{self.pinned}" / self.executable)
+        candidates.append(self.pinned_executable())
         candidates += sorted(harness_dir().glob(f"{self.name}-*/{self.executable}"), reverse=True)
         found = next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
         if found is None:
             raise HarnessNotInstalled(
-                f"{self.name} is not installed; install it with: {self.install_hint()} "
-                f"(or point {self.environment_variable} at its executable)"
+                f"{self.name} is not installed; install it with: {self.install_command()} "
+                f"(or point {self.executable_variable} at its executable)"
             )
         return found
-
-    def version_command(self, executable: Path) -> list[str]:
-        return self.version_argv(executable)
 
 
 class HarnessNotInstalled(UsageError):
@@ -114,7 +100,7 @@ def harness_dir() -> Path:
     if os.environ.get("TRACE_TOOLS_HARNESS_DIR"):
         return Path(os.environ["TRACE_TOOLS_HARNESS_DIR"])
     if os.getuid() == 0:
-        return Path("/opt/trace-tools/harnesses")
+        return ROOT_HARNESS_DIR
     return Path.home() / ".cache" / "trace-tools" / "harnesses"
 
 
@@ -130,10 +116,11 @@ def _base(launch: Launch) -> dict[str, str]:
     }
 
 
-def _claude_env(launch: Launch) -> dict[str, str]:
+# -- Claude Code ------------------------------------------------------------------------------------
+
+
+def _claude_credentials(launch: Launch) -> dict[str, str]:
     return {
-        **_base(launch),
-        **CLAUDE_QUIET,
         "ANTHROPIC_BASE_URL": launch.base_url,
         "ANTHROPIC_API_KEY": DUMMY_ANTHROPIC_KEY,
         "CLAUDE_CONFIG_DIR": str(launch.home / ".claude"),
@@ -152,10 +139,42 @@ def _claude_command(executable: Path, launch: Launch) -> list[str]:
     ]
 
 
-def _mini_env(launch: Launch) -> dict[str, str]:
+CLAUDE_CODE = Harness(
+    name="claude-code",
+    version="2.1.332",
+    install="npm install --prefix {dir}/claude-code-{version} @anthropic-ai/claude-code@{version}",
+    protocol="anthropic",
+    speaks="Anthropic Messages",
+    executable="node_modules/.bin/claude",
+    executable_variable="TRACE_TOOLS_CLAUDE",
+    # Claude Code 2.1.x: each of these is read by the client (checked in its bundle); together they
+    # switch off telemetry (Statsig/OTel), error reporting (Sentry), the auto-updater, GrowthBook
+    # feature flags, feedback surveys and the other non-essential requests.
+    quiet={
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_UPDATES": "1",
+        "DISABLE_GROWTHBOOK": "1",
+        "CLAUDE_CODE_DISABLE_FEATURE_FLAGS": "1",
+        "CLAUDE_CODE_ENABLE_TELEMETRY": "0",
+        "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+        "DISABLE_BUG_COMMAND": "1",
+        "DISABLE_FEEDBACK_COMMAND": "1",
+        "DISABLE_COST_WARNINGS": "1",
+        "DO_NOT_TRACK": "1",
+    },
+    credentials=_claude_credentials,
+    command=_claude_command,
+)
+
+
+# -- mini-swe-agent ---------------------------------------------------------------------------------
+
+
+def _mini_credentials(launch: Launch) -> dict[str, str]:
     return {
-        **_base(launch),
-        **MINI_QUIET,
         "OPENAI_API_KEY": DUMMY_OPENAI_KEY,
         "MSWEA_GLOBAL_CONFIG_DIR": str(launch.home / ".config" / "mini-swe-agent"),
     }
@@ -185,31 +204,69 @@ def _mini_command(executable: Path, launch: Launch) -> list[str]:
     ]
 
 
-HARNESSES = {
-    harness.name: harness
-    for harness in (
-        Harness(
-            "claude-code", "anthropic", "node_modules/.bin/claude", "TRACE_TOOLS_CLAUDE", _claude_command, _claude_env
-        ),
-        Harness(
-            "mini-swe-agent",
-            "openai",
-            "bin/mini",
-            "TRACE_TOOLS_MINI_SWE_AGENT",
-            _mini_command,
-            _mini_env,
-            finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
-            version_argv=lambda executable: [
-                str(executable.with_name("python")),
-                "-c",
-                "import importlib.metadata as m; print(m.version('mini-swe-agent'))",
-            ],
-        ),
-    )
-}
+def _mini_version(executable: Path) -> list[str]:
+    """The package's version from the venv's own interpreter (`mini` has no `--version`)."""
+    return [
+        str(executable.with_name("python")),
+        "-c",
+        "import importlib.metadata as m; print(m.version('mini-swe-agent'))",
+    ]
+
+
+MINI_SWE_AGENT = Harness(
+    name="mini-swe-agent",
+    version="2.4.6",
+    install="python3 -m venv {dir}/mini-swe-agent-{version} && "
+    "{dir}/mini-swe-agent-{version}/bin/pip install mini-swe-agent=={version}",
+    protocol="openai",
+    speaks="OpenAI Chat Completions (litellm)",
+    executable="bin/mini",
+    executable_variable="TRACE_TOOLS_MINI_SWE_AGENT",
+    # mini-swe-agent 2.x and litellm: no first-run wizard or banner, litellm's bundled cost map
+    # instead of fetching it, no cost lookups that would fail, no telemetry.
+    quiet={
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_SILENT_STARTUP": "1",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "HF_HUB_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+    },
+    credentials=_mini_credentials,
+    command=_mini_command,
+    finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+    version_command=_mini_version,
+)
+
+
+HARNESSES = {harness.name: harness for harness in (CLAUDE_CODE, MINI_SWE_AGENT)}
 
 
 def get_harness(name: str) -> Harness:
     if name not in HARNESSES:
         raise UnknownName("harness", name, list(HARNESSES))
     return HARNESSES[name]
+
+
+def describe(name: str, what: str) -> str:
+    """One fact of a record as `.ci/run` reads it: version, install, executable (the pinned one) or dir."""
+    harness = get_harness(name)
+    facts = {
+        "version": harness.version,
+        "install": harness.install_command(),
+        "executable": str(harness.pinned_executable()),
+        "dir": str(harness_dir()),
+    }
+    if what not in facts:
+        raise UnknownName("harness fact", what, list(facts))
+    return facts[what]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python3 trace_tools/probe/harnesses.py HARNESS {version|install|executable|dir}")
+    try:
+        print(describe(sys.argv[1], sys.argv[2]))
+    except UsageError as error:
+        sys.exit(str(error))

@@ -1,0 +1,69 @@
+"""The import formats: one record each (`FORMATS`); everything that lists formats derives from them.
+
+A record names the format, the reader module that converts one parsed JSON value
+(`trace_tools.importers.<reader>.outcomes(value, where, options)`), what a source holds and who
+writes it, whether its records name their session, and which files a source directory
+contributes. `import_traces`, `trace-tools import --help` and docs/importers.md's table
+(`scripts/gen_docs.py`) read the records; tests/test_records.py checks the help and the docs
+against them. Adding a format is one record here plus its reader module and fixtures
+(docs/development.md, "Add an import format").
+
+The module imports only the standard library and `trace_tools.errors`, so `trace-tools --help`
+lists the formats without loading pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from trace_tools.errors import UnknownName
+
+# A `.json` file is one document (or an array of them), every other file JSON lines (base.json_values).
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+@dataclass(frozen=True)
+class ImportFormat:
+    name: str
+    reader: str  # the module under trace_tools.importers that converts one record
+    reads: str  # what a source holds (CLI help, docs/importers.md)
+    written_by: str  # the servers and gateways that write it
+    needs_session_key: bool = False  # its records name no session of their own: --session-key is required
+    suffixes: tuple[str, ...] = JSON_SUFFIXES  # the files a source directory contributes
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"trace_tools.importers.{self.reader}")
+
+
+FORMATS = {
+    fmt.name: fmt
+    for fmt in (
+        ImportFormat(
+            "miles",
+            reader="miles",
+            reads="session documents or one record a line",
+            written_by="miles' session server",
+        ),
+        ImportFormat(
+            "openai",
+            reader="openai",
+            reads="chat-completion exchanges with token ids, one a line",
+            written_by="SGLang or vLLM",
+            needs_session_key=True,
+        ),
+        ImportFormat(
+            "gateway-traces",
+            reader="gateway",
+            reads="per-call traces with prompt and output ids, one a line",
+            written_by="slime, agentcore-rl-toolkit or rllm gateways",
+        ),
+    )
+}
+
+
+def get_format(name: str) -> ImportFormat:
+    if name not in FORMATS:
+        raise UnknownName("import format", name, list(FORMATS))
+    return FORMATS[name]
