@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, template_option
+
 
 def simulate_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
+    out: Annotated[Path, out_option("Parquet file to write (schema v1, self-describing).")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
     template: Annotated[
@@ -18,9 +20,8 @@ def simulate_cmd(
     ] = "qwen3",
     chat_template: Annotated[
         Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="Template file, or a family name / trl:<name>, in the family's tool-call format "
+        template_option(
+            "Template file, or a family name / trl:<name>, in the family's tool-call format "
             "(default: the family's TRL template; without trl, the copy the bundled sample carries).",
         ),
     ] = None,
@@ -64,7 +65,7 @@ def simulate_cmd(
             help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.",
         ),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
 

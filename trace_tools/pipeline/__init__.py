@@ -64,7 +64,9 @@ class RendererPool:
             raise UnknownName("render path", render_path, RENDER_PATHS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
         self.tool_format, self.render_path = tool_format, render_path
-        self._specs: dict[tuple, Any] = dict(resolved or {})  # a file's metadata → its RenderSpec (resolution reads files)
+        self._specs: dict[tuple, Any] = dict(
+            resolved or {}
+        )  # a file's metadata → its RenderSpec (resolution reads files)
         self._renderers: dict[Any, Any] = {}  # RenderSpec → Renderer
 
     def for_session(self, session: Session) -> Any:

@@ -112,7 +112,13 @@ class SessionReplayer:
         return prepare_session(session, renderer, self.options.canonicalization, self.options.prompt_source)
 
     def _run_strategy(
-        self, name: str, strategy: type[Strategy], prepared: PreparedSession, ctx: ReplayContext, facts: Any, rows: SessionRows
+        self,
+        name: str,
+        strategy: type[Strategy],
+        prepared: PreparedSession,
+        ctx: ReplayContext,
+        facts: Any,
+        rows: SessionRows,
     ) -> list[dict[str, Any]]:
         started = time.perf_counter()
         try:
