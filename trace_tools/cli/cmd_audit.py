@@ -15,20 +15,18 @@ def audit_template_cmd(
         Optional[str],
         template_option(
             "qwen3, qwen3.5, trl:<name>, trl:all (every template trl ships), a .jinja file, "
-            "or a dump (.parquet) that embeds its template.",
+            "or a dump (.parquet) that embeds its template."
         ),
     ] = None,
     tokenizer: Annotated[
         Optional[str],
         tokenizer_option(
-            TOKENIZER_HELP + "; default: the template's own, else qwen3 as a stand-in (said in the output).",
+            TOKENIZER_HELP + "; default: the template's own, else qwen3 as a stand-in (said in the output)."
         ),
     ] = None,
     strategy: Annotated[
         Optional[list[str]],
-        strategy_option(
-            "Only these strategies' dependencies decide the exit code (repeatable; default all).",
-        ),
+        strategy_option("Only these strategies' dependencies decide the exit code (repeatable; default all)."),
     ] = None,
     json_out: Annotated[bool, json_option("Print the audit as JSON.")] = False,
 ) -> None:

@@ -24,15 +24,13 @@ def import_cmd(
     out: Annotated[Path, out_option("The dump to write (Parquet, schema v1).")],
     tokenizer: Annotated[
         Optional[str],
-        tokenizer_option(
-            TOKENIZER_HELP + ": written into the dump, ids checked against it.",
-        ),
+        tokenizer_option(TOKENIZER_HELP + ": written into the dump, ids checked against it."),
     ] = None,
     chat_template: Annotated[
         Optional[str],
         template_option(
             "qwen3, qwen3.5, trl:<name>, a .jinja file or a dump embedding one; its text is "
-            "written into the dump. Default: the tokenizer's.",
+            "written into the dump. Default: the tokenizer's."
         ),
     ] = None,
     session_key: Annotated[

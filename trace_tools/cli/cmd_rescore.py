@@ -46,13 +46,13 @@ def rescore_cmd(
     tokenizer: Annotated[
         Optional[str],
         tokenizer_option(
-            TOKENIZER_HELP + ", for re-rendered prompts and decoded context (default: the dump's, else the model's).",
+            TOKENIZER_HELP + ", for re-rendered prompts and decoded context (default: the dump's, else the model's)."
         ),
     ] = None,
     chat_template: Annotated[
         Optional[str],
         template_option(
-            "Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's).",
+            "Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's)."
         ),
     ] = None,
     max_threshold: Annotated[

@@ -22,7 +22,7 @@ def simulate_cmd(
         Optional[str],
         template_option(
             "Template file, or a family name / trl:<name>, in the family's tool-call format "
-            "(default: the family's TRL template; without trl, the copy the bundled sample carries).",
+            "(default: the family's TRL template; without trl, the copy the bundled sample carries)."
         ),
     ] = None,
     behaviour: Annotated[

@@ -53,8 +53,8 @@ class RendererPool:
         render_path: str = "fast",
         resolved: dict[tuple, Any] | None = None,
     ):
-        """`resolved`: the specs another pool with the same options already resolved (`resolved`),
-        so that a replay's sessions reuse what its preflight resolved instead of resolving again."""
+        """`resolved`: the specs a pool with the same options already resolved (its `resolved`), so
+        that a replay's sessions reuse what its preflight resolved instead of resolving them again."""
         from trace_tools.render.families import TOOL_FORMATS
         from trace_tools.render.spec import RENDER_PATHS
 
@@ -64,9 +64,8 @@ class RendererPool:
             raise UnknownName("render path", render_path, RENDER_PATHS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
         self.tool_format, self.render_path = tool_format, render_path
-        self._specs: dict[tuple, Any] = dict(
-            resolved or {}
-        )  # a file's metadata → its RenderSpec (resolution reads files)
+        # a file's metadata → its RenderSpec (resolution reads files)
+        self._specs: dict[tuple, Any] = dict(resolved or {})
         self._renderers: dict[Any, Any] = {}  # RenderSpec → Renderer
 
     def for_session(self, session: Session) -> Any:
