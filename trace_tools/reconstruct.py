@@ -93,10 +93,7 @@ def reconstruct(
     (`render.spec.RENDER_PATHS`); with verify, `summary["verify"]` counts what was checked and
     what differed.
     """
-    from trace_tools.pipeline import RendererPool
-
-    sessions, quarantined, total = _sessions(dump, tokenizer, chat_template, renderer, tool_format)
-    pool = RendererPool(tokenizer, chat_template, renderer, tool_format, render_path)
+    sessions, quarantined, total, pool = _sessions(dump, tokenizer, chat_template, renderer, tool_format, render_path)
     rows: list[dict[str, Any]] = []
     identities: dict[str, Any] = {}
     for done, session in enumerate(sessions, start=1):
@@ -114,9 +111,17 @@ def reconstruct(
 
 
 def _sessions(
-    dump: Any, tokenizer: str | None, chat_template: str | None, renderer: Any, tool_format: str | None
-) -> tuple[Iterator[Session], set, int]:
-    """(valid sessions, quarantined session ids — filled while iterating for paths —, session count)."""
+    dump: Any,
+    tokenizer: str | None,
+    chat_template: str | None,
+    renderer: Any,
+    tool_format: str | None,
+    render_path: str,
+) -> tuple[Iterator[Session], set, int, Any]:
+    """(valid sessions, quarantined session ids — filled while iterating for paths —, session count,
+    the renderer pool: for a path, the pipeline's, which resolved every file's renderer as it opened it)."""
+    from trace_tools.pipeline import RendererPool
+
     quarantined: set[str] = set()
     if isinstance(dump, (str, os.PathLike)):
         from trace_tools.pipeline import Pipeline
@@ -128,6 +133,7 @@ def _sessions(
             columns=RECONSTRUCT_COLUMNS,
             renderer=renderer,
             tool_format=tool_format,
+            render_path=render_path,
         )
         stream = pipeline.stream
 
@@ -138,13 +144,14 @@ def _sessions(
                 elif item.session_id is not None:
                     quarantined.add(item.session_id)
 
-        return valid(), quarantined, stream.session_count
+        return valid(), quarantined, stream.session_count, pipeline.renderers
+    pool = RendererPool(tokenizer, chat_template, renderer, tool_format, render_path)
     if hasattr(dump, "sessions"):
         quarantined = {entry.session_id for entry in getattr(dump, "quarantine", None) or ()}
-        return iter(list(dump.sessions)), quarantined, len(dump.sessions)
+        return iter(list(dump.sessions)), quarantined, len(dump.sessions), pool
     if isinstance(dump, Iterable):
         sessions = [s for s in dump if isinstance(s, Session)]
-        return iter(sessions), quarantined, len(sessions)
+        return iter(sessions), quarantined, len(sessions), pool
     raise TraceToolsError(f"cannot reconstruct {type(dump).__name__}; pass a dump path, a loaded dump or sessions")
 
 

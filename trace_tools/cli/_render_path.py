@@ -1,28 +1,11 @@
-"""`--reference` and `--verify`: the one switch between the fast render path and transformers'
-own (`render.spec.RENDER_PATHS`), shared by the commands that render prompts."""
+"""`--reference` and `--verify` (`cli._options`): the one switch between the fast render path and
+transformers' own (`render.spec.RENDER_PATHS`), shared by the commands that render prompts."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import typer
-
-ReferenceOpt = Annotated[
-    bool,
-    typer.Option(
-        "--reference",
-        help="Render and tokenize with transformers' apply_chat_template and tokenizer end to end, "
-        "without the fast path's shortcuts (slower; the results must be the same).",
-    ),
-]
-VerifyOpt = Annotated[
-    bool,
-    typer.Option(
-        "--verify",
-        help="Run the fast path and compare every render, encode and decode with the --reference one; "
-        "differences are counted, the reference result is kept, and the command exits 1.",
-    ),
-]
 
 
 def render_path(reference: bool, verify: bool) -> str:

@@ -7,24 +7,36 @@ from typing import Annotated, Optional
 
 import typer
 
-from trace_tools.cli._output import TOOL_FORMAT_HELP
-from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
+from trace_tools.cli._options import (
+    ChatTemplateOpt,
+    DumpArg,
+    JsonOpt,
+    PromptSourceOpt,
+    ReferenceOpt,
+    RunArg,
+    TokenizerOpt,
+    ToolFormatOpt,
+    VerifyOpt,
+    json_option,
+    strategy_option,
+)
+from trace_tools.cli._render_path import render_path, verify_outcome
 from trace_tools.cli._strategies import STRATEGY_NAMES as NAMES
 
 
 def compare_cmd(
-    run_a: Annotated[str, typer.Argument(help="A finished run directory, a path or a URI.")],
+    run_a: RunArg,
     run_b: Annotated[
         Optional[str], typer.Argument(help="A second run (omit to compare two strategies of RUN_A).")
     ] = None,
     strategy: Annotated[
         Optional[list[str]],
-        typer.Option("--strategy", "-s", help=f"Strategies to compare (two, with one run): {NAMES}."),
+        strategy_option(f"Strategies to compare (two, with one run): {NAMES}."),
     ] = None,
     by: Annotated[
         Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Compare two runs, two strategies of one run, or every strategy by simulated behaviour.
 
@@ -63,7 +75,7 @@ def compare_cmd(
 
 
 def gate_cmd(
-    run: Annotated[str, typer.Argument(help="A finished run directory, a path or a URI.")],
+    run: RunArg,
     rules: Annotated[
         Path,
         typer.Option(
@@ -72,7 +84,7 @@ def gate_cmd(
     ],
     baseline: Annotated[Optional[str], typer.Option(help="Baseline run for max_regression rules.")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here (one testcase per rule).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print results as JSON.")] = False,
 ) -> None:
     """Check a run against regression rules: exit 0 when all pass, 1 when one fails, 2 on a malformed file.
 
@@ -109,19 +121,19 @@ def gate_cmd(
 
 
 def explain_cmd(
-    dump: Annotated[str, typer.Argument(help="Parquet file or directory, a path or a URI.")],
+    dump: DumpArg,
     session: Annotated[str, typer.Option(help="Session id to explain.")],
     turn: Annotated[
         Optional[int], typer.Option(help="Turn whose echo drifted (default: the first drifted turn).")
     ] = None,
     strategy: Annotated[
-        Optional[str], typer.Option(help=f"Also show what this strategy made of the turn: {NAMES}.")
+        Optional[str], strategy_option(f"Also show what this strategy made of the turn: {NAMES}.")
     ] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Override the dump's tokenizer.")] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help="Override the dump's chat template.")] = None,
-    prompt_source: Annotated[str, typer.Option(help="auto | recorded | rendered.")] = "auto",
-    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    prompt_source: PromptSourceOpt = "auto",
+    tool_format: ToolFormatOpt = None,
+    json_out: JsonOpt = False,
     reference: ReferenceOpt = False,
     verify: VerifyOpt = False,
 ) -> None:

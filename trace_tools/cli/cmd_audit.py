@@ -6,34 +6,29 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, strategy_option, template_option, tokenizer_option
 from trace_tools.cli._output import TOKENIZER_HELP
 
 
 def audit_template_cmd(
     chat_template: Annotated[
         Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="qwen3, qwen3.5, trl:<name>, trl:all (every template trl ships), a .jinja file, "
-            "or a dump (.parquet) that embeds its template.",
+        template_option(
+            "qwen3, qwen3.5, trl:<name>, trl:all (every template trl ships), a .jinja file, "
+            "or a dump (.parquet) that embeds its template."
         ),
     ] = None,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option(
-            "--tokenizer",
-            help=TOKENIZER_HELP + "; default: the template's own, else qwen3 as a stand-in (said in the output).",
+        tokenizer_option(
+            TOKENIZER_HELP + "; default: the template's own, else qwen3 as a stand-in (said in the output)."
         ),
     ] = None,
     strategy: Annotated[
         Optional[list[str]],
-        typer.Option(
-            "--strategy",
-            "-s",
-            help="Only these strategies' dependencies decide the exit code (repeatable; default all).",
-        ),
+        strategy_option("Only these strategies' dependencies decide the exit code (repeatable; default all)."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print the audit as JSON.")] = False,
 ) -> None:
     """Audit a chat template: prefix stability, generation prompt, closer probe, reasoning, key order, merges.
 

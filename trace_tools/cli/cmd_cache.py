@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import JsonOpt
+
 cache_app = typer.Typer(
     help="Show or clear the on-disk cache (converted tokenizers, template verdicts, test models, benchmark dumps).",
     no_args_is_help=True,
@@ -14,7 +16,7 @@ cache_app = typer.Typer(
 
 
 def info_cmd(
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Where the cache is ($TRACE_TOOLS_CACHE moves it) and, per kind, its entries and size.
 
@@ -30,7 +32,7 @@ def clear_cmd(
         Optional[list[str]],
         typer.Option("--kind", "-k", help="Clear only this kind (repeatable; default: every kind). See `cache info`."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Delete cached artefacts; each is rebuilt on its next use.
 

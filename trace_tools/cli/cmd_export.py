@@ -6,21 +6,23 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, overwrite_option, strategy_option
+
 
 def export_cmd(
     run: Annotated[
         str, typer.Argument(help="A run directory written by `trace-tools replay` (with samples), a path or a URI.")
     ],
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help="The strategy whose samples to export.")],
+    strategy: Annotated[str, strategy_option("The strategy whose samples to export.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet | jsonl.")] = "parquet",
     out: Annotated[
         Optional[str],
-        typer.Option("--out", help="Output file, a path or a URI; default RUN/export/<strategy>.<format>."),
+        out_option("Output file, a path or a URI; default RUN/export/<strategy>.<format>."),
     ] = None,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing --out file (never the run's own inputs).")
+        bool, overwrite_option("Replace an existing --out file (never the run's own inputs).")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print what was written as JSON.")] = False,
 ) -> None:
     """Export a strategy's samples: tokens, loss_mask, rollout_log_probs, response_length, reward, provenance.
 

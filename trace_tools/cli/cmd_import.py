@@ -7,6 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import (
+    json_option,
+    out_option,
+    overwrite_option,
+    strict_option,
+    template_option,
+    tokenizer_option,
+)
 from trace_tools.cli._output import TOKENIZER_HELP
 from trace_tools.importers.formats import FORMATS
 
@@ -17,20 +25,16 @@ SESSION_KEY_REQUIRED = ", ".join(fmt.name for fmt in FORMATS.values() if fmt.nee
 def import_cmd(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=FORMAT_HELP)],
     sources: Annotated[list[Path], typer.Argument(metavar="SRC...", help=".json/.jsonl files or directories of them.")],
-    out: Annotated[Path, typer.Option("--out", help="The dump to write (Parquet, schema v1).")],
+    out: Annotated[Path, out_option("The dump to write (Parquet, schema v1).")],
     tokenizer: Annotated[
         Optional[str],
-        typer.Option(
-            "--tokenizer",
-            help=TOKENIZER_HELP + ": written into the dump, ids checked against it.",
-        ),
+        tokenizer_option(TOKENIZER_HELP + ": written into the dump, ids checked against it."),
     ] = None,
     chat_template: Annotated[
         Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="qwen3, qwen3.5, trl:<name>, a .jinja file or a dump embedding one; its text is "
-            "written into the dump. Default: the tokenizer's.",
+        template_option(
+            "qwen3, qwen3.5, trl:<name>, a .jinja file or a dump embedding one; its text is "
+            "written into the dump. Default: the tokenizer's."
         ),
     ] = None,
     session_key: Annotated[
@@ -41,11 +45,9 @@ def import_cmd(
             "request.metadata.session_id.",
         ),
     ] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any record was quarantined.")] = False,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing --out dump and its quarantine file.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the import report as JSON.")] = False,
+    strict: Annotated[bool, strict_option("Exit 1 when any record was quarantined.")] = False,
+    overwrite: Annotated[bool, overwrite_option("Replace an existing --out dump and its quarantine file.")] = False,
+    json_out: Annotated[bool, json_option("Print the import report as JSON.")] = False,
 ) -> None:
     """Import session-server, engine or gateway logs into a schema-v1 dump.
 

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, template_option, tokenizer_option
 from trace_tools.cli._output import FAMILY_CHOICES, TEMPLATE_HELP, TOKENIZER_HELP
 from trace_tools.probe.harnesses import HARNESSES
 
@@ -21,9 +22,7 @@ REASONING_HELP = (
 
 
 def record_cmd(
-    out: Annotated[
-        Path, typer.Option("--out", help="Directory for dump/ (one Parquet file per turn) and requests.jsonl.")
-    ],
+    out: Annotated[Path, out_option("Directory for dump/ (one Parquet file per turn) and requests.jsonl.")],
     script: Annotated[
         Optional[Path], typer.Option("--script", help="Scripted model: a script file (docs/probe.md).")
     ] = None,
@@ -32,9 +31,9 @@ def record_cmd(
     ] = None,
     template: Annotated[str, typer.Option("--template", help=FAMILY_HELP)] = "qwen3",
     tokenizer: Annotated[
-        Optional[str], typer.Option(help=TOKENIZER_HELP + " (with --chat-template: your own model).")
+        Optional[str], tokenizer_option(TOKENIZER_HELP + " (with --chat-template: your own model).")
     ] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help=TEMPLATE_HELP)] = None,
+    chat_template: Annotated[Optional[str], template_option(TEMPLATE_HELP)] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 8642,
     harness: Annotated[str, typer.Option(help="Label the dump with the harness that recorded it.")] = "",
@@ -75,7 +74,7 @@ def record_cmd(
 
 def probe_cmd(
     harness: Annotated[str, typer.Argument(help=HARNESS_HELP)],
-    out: Annotated[Path, typer.Option("--out", help="New run directory: dump, request log, profile.json, replay.")],
+    out: Annotated[Path, out_option("New run directory: dump, request log, profile.json, replay.")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many scripted sessions to run.")] = 12,
     template: Annotated[str, typer.Option("--template", help=FAMILY_HELP)] = "qwen3",
     seed: Annotated[int, typer.Option("--seed", help="Varies the scenarios' whitespace characters.")] = 0,
@@ -91,7 +90,7 @@ def probe_cmd(
     replay: Annotated[
         bool, typer.Option("--replay/--no-replay", help="Replay the dump through every strategy.")
     ] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print the profile as JSON.")] = False,
 ) -> None:
     """Drive a real harness through the recorder and measure what it does to the history it echoes.
 

@@ -8,25 +8,26 @@ from typing import Annotated, Optional
 
 import typer
 
-from trace_tools.cli._output import TOKENIZER_HELP, TOOL_FORMAT_HELP
-from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
+from trace_tools.cli._options import (
+    ChatTemplateOpt,
+    DumpArg,
+    ReferenceOpt,
+    TokenizerOpt,
+    ToolFormatOpt,
+    VerifyOpt,
+    json_option,
+    out_option,
+)
+from trace_tools.cli._render_path import render_path, verify_outcome
 
 
 def reconstruct_cmd(
-    dump: Annotated[str, typer.Argument(help="Parquet file or directory of them, a path or a URI.")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write turns.parquet + summary.json here.")] = None,
-    tokenizer: Annotated[
-        Optional[str], typer.Option("--tokenizer", help=TOKENIZER_HELP + "; default: the dump's.")
-    ] = None,
-    chat_template: Annotated[
-        Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="Template file, or a family name / trl:<name>; default: the dump's, else the tokenizer's.",
-        ),
-    ] = None,
-    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
+    dump: DumpArg,
+    out: Annotated[Optional[Path], out_option("Write turns.parquet + summary.json here.")] = None,
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    tool_format: ToolFormatOpt = None,
+    json_out: Annotated[bool, json_option("Print the summary as JSON instead of a table.")] = False,
     reference: ReferenceOpt = False,
     verify: VerifyOpt = False,
 ) -> None:

@@ -7,13 +7,23 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP, TOOL_FORMAT_HELP
-from trace_tools.cli._render_path import ReferenceOpt, VerifyOpt, render_path, verify_outcome
+from trace_tools.cli._options import (
+    ChatTemplateOpt,
+    PromptSourceOpt,
+    ReferenceOpt,
+    RunArg,
+    TokenizerOpt,
+    ToolFormatOpt,
+    VerifyOpt,
+    json_option,
+    out_option,
+    strategy_option,
+)
+from trace_tools.cli._render_path import render_path, verify_outcome
 from trace_tools.cli._strategies import PARAM_HELP, STRATEGY_NAMES, with_parameter_flags
 
 StrategyOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--strategy", "-s", help=f"Strategy to replay (repeatable; default: all): {STRATEGY_NAMES}."),
+    Optional[list[str]], strategy_option(f"Strategy to replay (repeatable; default: all): {STRATEGY_NAMES}.")
 ]
 DumpArg = Annotated[
     Optional[str],
@@ -32,17 +42,15 @@ def replay_cmd(
     strategy: StrategyOpt = None,
     out: Annotated[
         Optional[str],
-        typer.Option(
-            help="Run directory, a path or a URI (default: a new directory in ./trace-tools-runs/ named "
+        out_option(
+            "Run directory, a path or a URI (default: a new directory in ./trace-tools-runs/ named "
             "after the dump and the UTC time)."
         ),
     ] = None,
-    prompt_source: Annotated[
-        str, typer.Option(help="auto (recorded ids when present, else render) | recorded | rendered.")
-    ] = "auto",
-    tokenizer: Annotated[Optional[str], typer.Option(help=TOKENIZER_HELP + " (overrides the dump).")] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help=TEMPLATE_HELP + " (overrides the dump).")] = None,
-    tool_format: Annotated[Optional[str], typer.Option(help=TOOL_FORMAT_HELP)] = None,
+    prompt_source: PromptSourceOpt = "auto",
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    tool_format: ToolFormatOpt = None,
     param: Annotated[
         Optional[list[str]],
         typer.Option("--param", "-p", help=PARAM_HELP),
@@ -70,9 +78,10 @@ def replay_cmd(
         Optional[str],
         typer.Option(help="ray: cluster address, e.g. auto or ray://head:10001 (default: start a local Ray)."),
     ] = None,
+    # replay alone also takes --no-overwrite and --no-strict (typer's default names); kept for scripts
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
+    json_out: Annotated[bool, json_option("Print summary.json instead of tables.")] = False,
     reference: ReferenceOpt = False,
     verify: VerifyOpt = False,
     flags: Optional[dict[str, Any]] = None,
@@ -143,11 +152,11 @@ def replay_cmd(
 
 
 def report_cmd(
-    run: Annotated[str, typer.Argument(help="A finished run directory (a path or a URI).")],
+    run: RunArg,
     html: Annotated[
         bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
+    json_out: Annotated[bool, json_option("Print summary.json.")] = False,
 ) -> None:
     """Re-render the report (report.md, plots, terminal tables; report.html with --html) of a finished run.
 

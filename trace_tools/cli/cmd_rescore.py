@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, template_option, tokenizer_option
 from trace_tools.cli._output import TOKENIZER_HELP
 
 FLAGGED_SHOWN = 10
@@ -32,9 +33,7 @@ def rescore_cmd(
     ] = 16384,
     out: Annotated[
         Path,
-        typer.Option(
-            "--out", help="Output directory: tokens.parquet, turns.parquet, sessions.parquet, summary.json, plots/."
-        ),
+        out_option("Output directory: tokens.parquet, turns.parquet, sessions.parquet, summary.json, plots/."),
     ],
     threshold: Annotated[
         float,
@@ -43,20 +42,17 @@ def rescore_cmd(
             help="Per-token |Δ| (nats) counted as a mismatch; a turn whose mean |Δ| exceeds it is flagged.",
         ),
     ] = 0.05,
-    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of tables.")] = False,
+    json_out: Annotated[bool, json_option("Print summary.json instead of tables.")] = False,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option(
-            "--tokenizer",
-            help=TOKENIZER_HELP
-            + ", for re-rendered prompts and decoded context (default: the dump's, else the model's).",
+        tokenizer_option(
+            TOKENIZER_HELP + ", for re-rendered prompts and decoded context (default: the dump's, else the model's)."
         ),
     ] = None,
     chat_template: Annotated[
         Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's).",
+        template_option(
+            "Template file, qwen3 / qwen3.5 / trl:<name>, for turns without prompt_ids (default: the dump's)."
         ),
     ] = None,
     max_threshold: Annotated[

@@ -7,11 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, template_option
 from trace_tools.cli._output import FAMILY_CHOICES
 
 
 def simulate_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Parquet file to write (schema v1, self-describing).")],
+    out: Annotated[Path, out_option("Parquet file to write (schema v1, self-describing).")],
     sessions: Annotated[int, typer.Option("--sessions", help="How many sessions.")] = 16,
     seed: Annotated[int, typer.Option("--seed", help="Same seed and options, same rows.")] = 0,
     template: Annotated[
@@ -20,10 +21,9 @@ def simulate_cmd(
     ] = "qwen3",
     chat_template: Annotated[
         Optional[str],
-        typer.Option(
-            "--chat-template",
-            help="Template file, or a family name / trl:<name>, in the family's tool-call format "
-            "(default: the family's TRL template; without trl, the copy the bundled sample carries).",
+        template_option(
+            "Template file, or a family name / trl:<name>, in the family's tool-call format "
+            "(default: the family's TRL template; without trl, the copy the bundled sample carries)."
         ),
     ] = None,
     behaviour: Annotated[
@@ -66,7 +66,7 @@ def simulate_cmd(
             help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.",
         ),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
 

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from trace_tools.cli._options import json_option, out_option, strict_option, tokenizer_option
 from trace_tools.cli._output import TOKENIZER_HELP
 
 SHOWN_ENTRIES = 20
@@ -23,14 +24,14 @@ def validate_cmd(
     ],
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", help="Also write the quarantine list to this Parquet file (quarantine.parquet columns)."),
+        out_option("Also write the quarantine list to this Parquet file (quarantine.parquet columns)."),
     ] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when anything is quarantined.")] = False,
+    strict: Annotated[bool, strict_option("Exit 1 when anything is quarantined.")] = False,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option("--tokenizer", help=TOKENIZER_HELP + ", for the out-of-vocab check (overrides the dump's)."),
+        tokenizer_option(TOKENIZER_HELP + ", for the out-of-vocab check (overrides the dump's)."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    json_out: Annotated[bool, json_option("Print the report as JSON.")] = False,
 ) -> None:
     """Validate a trace dump: count sessions and turns, list quarantined sessions with reasons.
 

@@ -51,7 +51,10 @@ class RendererPool:
         renderer: Any = None,
         tool_format: str | None = None,
         render_path: str = "fast",
+        resolved: dict[tuple, Any] | None = None,
     ):
+        """`resolved`: the specs a pool with the same options already resolved (its `resolved`), so
+        that a replay's sessions reuse what its preflight resolved instead of resolving them again."""
         from trace_tools.render.families import TOOL_FORMATS
         from trace_tools.render.spec import RENDER_PATHS
 
@@ -61,7 +64,8 @@ class RendererPool:
             raise UnknownName("render path", render_path, RENDER_PATHS)
         self.tokenizer, self.chat_template, self.fixed = tokenizer, _template_arg(chat_template), renderer
         self.tool_format, self.render_path = tool_format, render_path
-        self._specs: dict[tuple, Any] = {}  # a file's metadata → its RenderSpec (resolution reads files)
+        # a file's metadata → its RenderSpec (resolution reads files)
+        self._specs: dict[tuple, Any] = dict(resolved or {})
         self._renderers: dict[Any, Any] = {}  # RenderSpec → Renderer
 
     def for_session(self, session: Session) -> Any:
@@ -119,6 +123,11 @@ class RendererPool:
 
         for spec in self.specs():
             check_template(spec)
+
+    @property
+    def resolved(self) -> dict[tuple, Any]:
+        """Every recording's resolved spec so far, by its metadata: what `resolved` takes."""
+        return dict(self._specs)
 
     def specs(self) -> list[Any]:
         """The distinct specs resolved so far, in the order first met."""

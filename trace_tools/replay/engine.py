@@ -33,7 +33,7 @@ from trace_tools.io.storage import Location
 from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
-from trace_tools.strategies.base import available_strategies, get_strategy
+from trace_tools.strategies.base import available_strategies
 
 T = TypeVar("T")
 
@@ -103,9 +103,7 @@ def run(
     check_executor(executor, workers)
     dump_path = storage.location(dump) if dump is not None else default_dump()
     options.strategies = list(options.strategies or available_strategies())
-    for name in options.strategies:
-        get_strategy(name)  # fail fast on an unknown name, before any work
-    check_options(options)
+    check_options(options)  # the one check of the strategy names and parameters, before any work
     pipeline = Pipeline(
         dump_path,
         tokenizer=options.tokenizer,
@@ -120,7 +118,7 @@ def run(
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
     current = shards.fingerprint(options.recorded(), stream.files)
-    check_dump(dump_path, stream, options)
+    check_dump(dump_path, stream, options, pipeline.renderers.specs())
     pipeline.renderers.check_templates()
     check_run_dir(run_dir, current, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +141,8 @@ def run(
             redone_shards=verdict.redone,
         )
         where = (workers, executor, address, owns_process)
-        _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror)
+        resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer
+        _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
         return finish(result)
 
 
@@ -155,9 +154,11 @@ def _replay(
     where: tuple[int, str, str | None, bool],
     progress: Callable[[int, int], None] | None,
     mirror: Any,
+    resolved: dict[tuple, Any],
 ) -> None:
     """Replay the sessions no reusable shard holds into new shards, then merge every shard.
-    `where`: (workers, executor, Ray address, whether the caller owns this process)."""
+    `where`: (workers, executor, Ray address, whether the caller owns this process); `resolved`:
+    the render specs preflight resolved (`RendererPool.resolved`)."""
     options, run_dir = result.options, result.run_dir
     workers, executor, address, owns_process = where
     tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress)
@@ -166,7 +167,7 @@ def _replay(
         slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
-        results = _local_results(stream, options, workers, tracker, owns_process)
+        results = _local_results(stream, options, workers, tracker, owns_process, resolved)
     try:
         for position, rows in results:
             tracker.add(position, rows)
@@ -188,7 +189,12 @@ def _replay(
 
 
 def _local_results(
-    stream: Any, options: ReplayOptions, workers: int, tracker: "_Shards", owns_process: bool
+    stream: Any,
+    options: ReplayOptions,
+    workers: int,
+    tracker: "_Shards",
+    owns_process: bool,
+    resolved: dict[tuple, Any],
 ) -> Iterator[tuple[int, Any]]:
     """(position, rows) of every session not resumed, in stream order: this process reads the
     sessions (pass 2) and `run_sessions` replays them; a session quarantined while loading goes
@@ -206,7 +212,7 @@ def _local_results(
             else:
                 tracker.add(position, rundir.SessionRows.quarantined(item))
 
-    for rows in run_sessions(to_replay(), options, workers, owns_process):
+    for rows in run_sessions(to_replay(), options, workers, owns_process, resolved):
         yield in_flight.popleft(), rows
 
 

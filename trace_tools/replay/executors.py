@@ -66,25 +66,30 @@ def check_executor(executor: str, workers: int) -> None:
 
 
 def run_sessions(
-    sessions: Iterable[Session], options: ReplayOptions, workers: int, owns_process: bool = False
+    sessions: Iterable[Session],
+    options: ReplayOptions,
+    workers: int,
+    owns_process: bool = False,
+    resolved: dict[tuple, Any] | None = None,
 ) -> Iterator[SessionRows]:
     """Replay `sessions` on this machine (`workers` processes; 1 = this one) and yield their rows
     in the same order. Worker processes pause their garbage collector during each session; this
-    process does only when the caller owns it (`owns_process`: the command line)."""
+    process does only when the caller owns it (`owns_process`: the command line). `resolved`: the
+    render specs the run already resolved (`RendererPool.resolved`), handed to every replayer."""
     check_executor("local", workers)
     if workers == 1:
-        return map(SessionReplayer(options, pause_gc=owns_process), sessions)
-    return _pool(sessions, options, workers)
+        return map(SessionReplayer(options, pause_gc=owns_process, resolved=resolved), sessions)
+    return _pool(sessions, options, workers, resolved)
 
 
 # -- local process pool --------------------------------------------------------------------------
 _WORKER: SessionReplayer | None = None
 
 
-def _init_worker(options: ReplayOptions) -> None:
+def _init_worker(options: ReplayOptions, resolved: dict[tuple, Any] | None) -> None:
     global _WORKER
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER = SessionReplayer(options, pause_gc=True)
+    _WORKER = SessionReplayer(options, pause_gc=True, resolved=resolved)
 
 
 def _replay_in_worker(session: Session) -> SessionRows:
@@ -94,14 +99,16 @@ def _replay_in_worker(session: Session) -> SessionRows:
     return _WORKER(materialize_ids(session))
 
 
-def _pool(sessions: Iterable[Session], options: ReplayOptions, workers: int) -> Iterator[SessionRows]:
+def _pool(
+    sessions: Iterable[Session], options: ReplayOptions, workers: int, resolved: dict[tuple, Any] | None
+) -> Iterator[SessionRows]:
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
     context = _QuietSpawn(hide_main=_main_not_reimportable())
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options,))
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options, resolved))
     try:
         pending: deque = deque()
         for session in sessions:

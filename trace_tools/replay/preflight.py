@@ -2,9 +2,9 @@
 that would make every session fail the same way is a usage error (exit 2) with the fix, never a
 quarantine of everything.
 
-`check_options` validates the strategy options against their declarations (and makes them
-typed), the prompt source and the canonicalization policy; `check_dump` the dump (some usable
-session, a tokenizer and template that resolve for every recording in it, or no strategy that
+`check_options` validates the strategy names and options against their declarations (and makes
+them typed), the prompt source and the canonicalization policy; `check_dump` the dump (some usable
+session, a loadable tokenizer for every recording the pipeline resolved, or no strategy that
 needs one); `check_run_dir` the output directory (a directory, not another run made with other
 options unless `overwrite`).
 """
@@ -29,30 +29,28 @@ def check_options(options: Any) -> None:
     parse_choice(options.canonicalization, POLICIES, "--canonicalization")
 
 
-def check_dump(dump: Any, stream: Any, options: Any) -> None:
-    """The dump (an opened `io.load.SessionStream`) has a usable session, and every recording in it
-    has a tokenizer and template that resolve."""
+def check_dump(dump: Any, stream: Any, options: Any, specs: list[Any]) -> None:
+    """The dump (an opened `io.load.SessionStream`) has a usable session, a recording that names no
+    tokenizer is replayed by no strategy that renders, and every tokenizer directory of `specs`
+    loads. `specs`: the render specs the pipeline resolved for every recording as it opened the
+    dump (`pipeline.RendererPool.check`), so unknown names have failed there, once (exit 2)."""
     reason = stream.unusable_reason()
     if reason:
         raise UnusableInput(f"{dump}: {reason}")
-    for (name, embedded), label in stream.recordings().items():
+    for (name, _embedded), label in stream.recordings().items():
         if name is None:
             _require_no_rendering(label, options.strategies, options.prompt_source)
-        else:
-            resolve_recording(name, options.chat_template, embedded)
+    for tokenizer in dict.fromkeys(spec.tokenizer for spec in specs):
+        _load_directory(tokenizer)
 
 
-def resolve_recording(tokenizer: str, chat_template: str | None, embedded_template: str | None) -> None:
-    """The tokenizer and template as the renderer will resolve them; unknown names raise (exit 2).
+def _load_directory(tokenizer: str) -> None:
+    """A tokenizer directory is loaded here, so a broken file fails with its own message before the
+    template check (which builds a renderer); built-in names load when first used."""
+    from trace_tools.render.tokenizer import RECIPES, load_tokenizer
 
-    A tokenizer directory is loaded (a broken file fails here, once); built-in names only checked."""
-    from trace_tools.render.templates import resolve_template
-    from trace_tools.render.tokenizer import RECIPES, check_tokenizer_name, load_tokenizer
-
-    check_tokenizer_name(tokenizer)
     if tokenizer not in RECIPES:
         load_tokenizer(tokenizer)
-    resolve_template(chat_template, tokenizer_name=tokenizer, dump_template=embedded_template)
 
 
 def _require_no_rendering(label: str, strategies: list[str], prompt_source: str) -> None:

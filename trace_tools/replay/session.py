@@ -25,7 +25,7 @@ from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.limits import TemplateLimitHit
 from trace_tools.replay.turnrows import check_trained_once, extra_counters, sample_rows, session_row, turn_rows
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext, Strategy, get_strategy
 
 
 @dataclass
@@ -59,12 +59,21 @@ class SessionReplayer:
 
     `pause_gc`: switch the cyclic garbage collector off while each session replays
     (`_collector_paused`). It is process-wide, so only a process the replay owns does it: a worker
-    process, or the command line's; a notebook or a service calling the API keeps its collector."""
+    process, or the command line's; a notebook or a service calling the API keeps its collector.
 
-    def __init__(self, options: ReplayOptions, pause_gc: bool = False):
+    The options were checked before the run (`preflight`): the strategy classes are looked up once
+    here, and `resolved` (`RendererPool.resolved`) carries the render specs the run's preflight
+    resolved, so that no name is resolved again per session or per worker."""
+
+    def __init__(self, options: ReplayOptions, pause_gc: bool = False, resolved: dict[tuple, Any] | None = None):
         self.options, self.pause_gc = options, pause_gc
+        self.strategies = [(name, get_strategy(name)) for name in options.strategies]
         self.renderers = RendererPool(
-            options.tokenizer, options.chat_template, tool_format=options.tool_format, render_path=options.render_path
+            options.tokenizer,
+            options.chat_template,
+            tool_format=options.tool_format,
+            render_path=options.render_path,
+            resolved=resolved,
         )
 
     def __call__(self, session: Session) -> SessionRows:
@@ -90,8 +99,8 @@ class SessionReplayer:
             prepared.renderer, self.options.canonicalization, self.options.prompt_source, self.options.params
         )
         samples = []
-        for name in self.options.strategies:
-            samples += self._run_strategy(name, prepared, ctx, facts, rows)
+        for name, strategy in self.strategies:
+            samples += self._run_strategy(name, strategy, prepared, ctx, facts, rows)
         if self.options.write_samples:
             rows.samples = samples_table(samples)
         rows.render_stats = self._render_stats(prepared.renderer)
@@ -103,11 +112,17 @@ class SessionReplayer:
         return prepare_session(session, renderer, self.options.canonicalization, self.options.prompt_source)
 
     def _run_strategy(
-        self, name: str, prepared: PreparedSession, ctx: ReplayContext, facts: Any, rows: SessionRows
+        self,
+        name: str,
+        strategy: type[Strategy],
+        prepared: PreparedSession,
+        ctx: ReplayContext,
+        facts: Any,
+        rows: SessionRows,
     ) -> list[dict[str, Any]]:
         started = time.perf_counter()
         try:
-            result = get_strategy(name)(ctx).replay(prepared)
+            result = strategy(ctx).replay(prepared)
             elapsed = time.perf_counter() - started
             check_trained_once(prepared.session, result)
         except Exception as exc:  # quarantined per strategy: the other strategies still replay it
