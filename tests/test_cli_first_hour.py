@@ -162,7 +162,7 @@ def test_explain_shows_the_filled_in_default_at_any_width(width):
 
     from rich.console import Console
 
-    from trace_tools.report.explain import explain
+    from trace_tools.replay.explain import explain
     from trace_tools.report.explain_view import explanation_renderables
 
     result = explain(engine.default_dump() / "qwen3.parquet", "sim-qwen3-s7-0001", turn=3)  # turn 2 is command_prefix

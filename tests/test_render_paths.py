@@ -80,7 +80,7 @@ def test_verify_of_a_clean_fast_path_exits_0_and_says_so(tmp_path):
 
 
 def test_explain_on_the_reference_path_finds_what_the_fast_path_finds():
-    from trace_tools.report.explain import explain
+    from trace_tools.replay.explain import explain
 
     session = "sim-qwen3-s7-0001"
     fast = explain(SAMPLE, session, strategy="tree")

@@ -27,7 +27,7 @@ _LAZY = {
     "validate": ("trace_tools.pipeline.validate", "validate"),
     "replay": ("trace_tools.api", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
-    "explain": ("trace_tools.report.explain", "explain"),
+    "explain": ("trace_tools.replay.explain", "explain"),
     "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),

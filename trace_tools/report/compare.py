@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
+from trace_tools.data import behaviour_label
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.replay.turnrows import behaviour_label
 
 OUTCOME_COLUMNS = ["samples", "trained_tokens", "forwarded_tokens"]
 
