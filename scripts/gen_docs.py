@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's trace_tools, also when run from 
 import pandas as pd  # noqa: E402
 
 import trace_tools as tt  # noqa: E402
-from trace_tools.strategies.base import available_strategies, get_strategy  # noqa: E402
+from trace_tools.strategies.registry import available_strategies, get_strategy  # noqa: E402
 
 FAMILIES = ("qwen3", "qwen3.5", "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")
 BEHAVIOUR_SEED, BEHAVIOUR_SESSIONS = 1, 32  # the per-family behaviour × strategy runs

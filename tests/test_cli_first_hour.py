@@ -16,7 +16,8 @@ from trace_tools.cli.main import COMMANDS, app
 from trace_tools.errors import InvalidOption, UsageError
 from trace_tools.options import parse_bool
 from trace_tools.replay import engine
-from trace_tools.strategies.base import ReplayContext, declared_params, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import declared_params, get_strategy
 
 runner = CliRunner()
 STRATEGIES_DOC = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "strategies.md").read_text()

@@ -35,7 +35,7 @@ _LAZY = {
     "reconstruct": ("trace_tools.reconstruct", "reconstruct"),
     "simulate": ("trace_tools.simulate", "simulate"),
     "Renderer": ("trace_tools.render.renderer", "Renderer"),
-    "available_strategies": ("trace_tools.strategies.base", "available_strategies"),
+    "available_strategies": ("trace_tools.strategies.registry", "available_strategies"),
 }
 
 __all__ = ["__version__", *_LAZY]

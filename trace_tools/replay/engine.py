@@ -33,7 +33,7 @@ from trace_tools.io.storage import Location
 from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
-from trace_tools.strategies.base import available_strategies, get_strategy
+from trace_tools.strategies.registry import available_strategies, get_strategy
 
 T = TypeVar("T")
 

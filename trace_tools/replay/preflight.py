@@ -21,7 +21,7 @@ from trace_tools.pipeline.prepared import PROMPT_SOURCES
 def check_options(options: Any) -> None:
     """Strategy parameters, prompt source and canonicalization; `options.params` become typed values."""
     from trace_tools.render.canonical import POLICIES
-    from trace_tools.strategies.base import check_params
+    from trace_tools.strategies.registry import check_params
 
     options.params = check_params(options.strategies, options.params)
     parse_choice(options.prompt_source, PROMPT_SOURCES, "--prompt-source")
@@ -55,7 +55,7 @@ def resolve_recording(tokenizer: str, chat_template: str | None, embedded_templa
 
 
 def _require_no_rendering(label: str, strategies: list[str], prompt_source: str) -> None:
-    from trace_tools.strategies.base import get_strategy
+    from trace_tools.strategies.registry import get_strategy
 
     renders = [name for name in strategies if get_strategy(name).renders_prompts]
     if renders or prompt_source == "rendered":
