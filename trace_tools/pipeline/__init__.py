@@ -73,7 +73,9 @@ class RendererPool:
             return None
         renderer = self._renderers.get(spec)
         if renderer is None:
-            renderer = self._renderers[spec] = spec.build()
+            from trace_tools.render.renderer import Renderer
+
+            renderer = self._renderers[spec] = Renderer.from_render_spec(spec)
         return renderer
 
     def spec_for(self, meta: DumpMeta) -> Any:
@@ -114,8 +116,8 @@ class RendererPool:
 
     def check_templates(self) -> None:
         """Every resolved template compiles and renders the simplest conversation within its
-        limits (`render.spec.check_template`): one that fails there would fail every session."""
-        from trace_tools.render.spec import check_template
+        limits (`render.renderer.check_template`): one that fails there would fail every session."""
+        from trace_tools.render.renderer import check_template
 
         for spec in self.specs():
             check_template(spec)
