@@ -25,8 +25,11 @@ from trace_tools.errors import (
     UnknownName,
     UnusableInput,
 )
+from trace_tools.io.cache import library_version
 from trace_tools.render import families
 from trace_tools.render.limits import TemplateLimits
+from trace_tools.render.templates import resolve_template
+from trace_tools.render.tokenizer import check_tokenizer_name
 
 # How a renderer computes its renders and ids:
 #   fast       our shortcuts (incremental windowed renders, our own Jinja environment and BPE
@@ -69,8 +72,6 @@ class RenderSpec:
         """Resolve names the way the CLI does: options first, then the dump's own metadata
         (`trace_tools.tokenizer`, `.chat_template`, `.render_date`). Nothing is loaded; unknown
         names raise (exit 2)."""
-        from trace_tools.render.templates import resolve_template
-        from trace_tools.render.tokenizer import check_tokenizer_name
 
         name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
         if not name:
@@ -90,7 +91,6 @@ class RenderSpec:
         """What run.json records of a renderer: every input except the template text (its source
         and digest stand for it), the effective tool-call format and the library versions; the render
         path only when it is not the default one, so a default run's run.json is what it was."""
-        from trace_tools.io.cache import library_version
 
         identity = {
             "tokenizer": self.tokenizer,

@@ -14,14 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.errors import UnusableInput, UsageError
+from trace_tools.io.shards import LOCK_NAME, RunLock, fingerprint_change, recorded_fingerprint
 from trace_tools.options import parse_choice
 from trace_tools.pipeline.prepared import PROMPT_SOURCES
+from trace_tools.render.canonical import POLICIES
+from trace_tools.render.templates import resolve_template
+from trace_tools.render.tokenizer import RECIPES, check_tokenizer_name, load_tokenizer
+from trace_tools.strategies.registry import check_params, get_strategy
 
 
 def check_options(options: Any) -> None:
     """Strategy parameters, prompt source and canonicalization; `options.params` become typed values."""
-    from trace_tools.render.canonical import POLICIES
-    from trace_tools.strategies.registry import check_params
 
     options.params = check_params(options.strategies, options.params)
     parse_choice(options.prompt_source, PROMPT_SOURCES, "--prompt-source")
@@ -45,8 +48,6 @@ def resolve_recording(tokenizer: str, chat_template: str | None, embedded_templa
     """The tokenizer and template as the renderer will resolve them; unknown names raise (exit 2).
 
     A tokenizer directory is loaded (a broken file fails here, once); built-in names only checked."""
-    from trace_tools.render.templates import resolve_template
-    from trace_tools.render.tokenizer import RECIPES, check_tokenizer_name, load_tokenizer
 
     check_tokenizer_name(tokenizer)
     if tokenizer not in RECIPES:
@@ -55,8 +56,6 @@ def resolve_recording(tokenizer: str, chat_template: str | None, embedded_templa
 
 
 def _require_no_rendering(label: str, strategies: list[str], prompt_source: str) -> None:
-    from trace_tools.strategies.registry import get_strategy
-
     renders = [name for name in strategies if get_strategy(name).renders_prompts]
     if renders or prompt_source == "rendered":
         needs = f"strategies {', '.join(renders)} render" if renders else "--prompt-source rendered renders"
@@ -72,7 +71,6 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
     """The run directory is new, empty, or this same run (to resume); never a file, someone else's
     directory, or a run made with other options, inputs or code unless `overwrite`. `current` is
     this run's fingerprint (`io.shards.fingerprint`)."""
-    from trace_tools.io.shards import LOCK_NAME, RunLock, recorded_fingerprint
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--out {run_dir} is a file; pass a directory path for the run")
@@ -94,7 +92,6 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
 
 def _changed(previous: dict[str, Any], current: dict[str, Any]) -> str:
     """What differs, e.g. `other options (strategies: [...] → [...])` or `trace-tools 0.1.0, this is 0.2.0`."""
-    from trace_tools.io.shards import fingerprint_change
 
     change = fingerprint_change(previous, current)
     if change:
