@@ -25,7 +25,7 @@ def main() -> None:
     from trace_tools.pipeline import prepared as prepared_module
     from trace_tools.replay.engine import default_dump
     from trace_tools.replay.session import ReplayOptions, SessionReplayer
-    from trace_tools.strategies.base import available_strategies
+    from trace_tools.strategies.registry import available_strategies
 
     sessions = [s for s in Pipeline(args.dump or default_dump()) if hasattr(s, "turns")]
     freeze = prepared_module.freeze

@@ -36,7 +36,7 @@ def synthetic_run(out: Path, sessions: int = 10_000, seed: int = 0) -> Path:
     from trace_tools.io.write import write_parquet_atomic
     from trace_tools.report.metrics import summarize
     from trace_tools.report.plots import write_plots
-    from trace_tools.strategies.base import available_strategies
+    from trace_tools.strategies.registry import available_strategies
 
     rng = np.random.default_rng(seed)
     strategies = list(available_strategies())

@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 
 import trace_tools as tt  # noqa: E402
 from trace_tools import families  # noqa: E402
-from trace_tools.strategies.base import available_strategies, get_strategy  # noqa: E402
+from trace_tools.strategies.registry import available_strategies, get_strategy  # noqa: E402
 
 FAMILIES = tuple(families.FAMILIES)  # the family records, in their order
 BEHAVIOUR_SEED, BEHAVIOUR_SESSIONS = 1, 32  # the per-family behaviour × strategy runs

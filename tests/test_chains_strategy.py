@@ -13,8 +13,9 @@ import pytest
 from chains_toy import ToyRenderer, assistant, call, gen, system, tool_result, user
 from trace_tools.data import Session, Turn
 from trace_tools.errors import InvalidOption
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.chains import ChainsStrategy
+from trace_tools.strategies.registry import get_strategy
 
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 

@@ -11,8 +11,9 @@ import pytest
 
 from checkpoint_fakes import Harness, ToyTemplate, reply, system, tool, user
 from trace_tools.errors import UsageError
-from trace_tools.strategies.base import ReplayContext, check_params
+from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.checkpoint_tree import CheckpointTreeStrategy
+from trace_tools.strategies.registry import check_params
 
 TASK = "The kettle never stops boiling."
 CWD = "/fw/kettle"

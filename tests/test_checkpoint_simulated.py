@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 
 # The target: every genuine generation trained, forwarded tokens within 5 % of the ideal manager's
 # (each genuine branch forwarded once) on every behaviour row, in every model family.

@@ -16,7 +16,8 @@ from trace_tools.cli.main import COMMANDS, app
 from trace_tools.errors import InvalidOption, UsageError
 from trace_tools.options import parse_bool
 from trace_tools.replay import engine
-from trace_tools.strategies.base import ReplayContext, declared_params, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import declared_params, get_strategy
 
 runner = CliRunner()
 STRATEGIES_DOC = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "strategies.md").read_text()
@@ -162,7 +163,7 @@ def test_explain_shows_the_filled_in_default_at_any_width(width):
 
     from rich.console import Console
 
-    from trace_tools.report.explain import explain
+    from trace_tools.replay.explain import explain
     from trace_tools.report.explain_view import explanation_renderables
 
     result = explain(engine.default_dump() / "qwen3.parquet", "sim-qwen3-s7-0001", turn=3)  # turn 2 is command_prefix

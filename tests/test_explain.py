@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
-from trace_tools.report.explain import explain
+from trace_tools.replay.explain import explain
 
 EXPECTED = {
     "claude-code": {"schema_default", "whitespace", "command_prefix"},

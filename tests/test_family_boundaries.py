@@ -7,7 +7,8 @@ import pytest
 
 from trace_tools.render.boundary import Closers, join
 from trace_tools.render.renderer import Renderer
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 
 TOKENIZERS = {
     "qwen3": "qwen3",

@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from trace_tools.strategies.base import ReplayContext, available_strategies, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import available_strategies, get_strategy
 
 QWEN = ("qwen3", "qwen3.5")
 FAMILIES = (*QWEN, "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1")

@@ -1,10 +1,8 @@
 """The layering of docs/architecture.md#layers, over every unit of the package: a module imports only units below its own.
 
-The order, bottom up: the shared vocabulary (errors, ids, memo, options, data), the model-family
-records (families: data only, read by every layer), then the pipeline
-(io, render, pipeline, reconstruct), replay (strategies, replay), what reads a run (report), the
-commands that make or rework dumps (importers, rescore, simulate, record), and the front ends
-(api, probe, cli). Function-level imports count, and so do `importlib.import_module` calls.
+The order, bottom up, is the "Layers" block of docs/architecture.md, which `LAYERS` must match
+word for word. Function-level imports count, and so do `importlib.import_module` calls; within
+one folder, no module imports itself back through others (no import circle).
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ LAYERS = [
     "pipeline",
     "reconstruct",
     "strategies",
-    "replay",
     "report",
+    "replay",
     "importers",
     "rescore",
     "simulate",
@@ -78,6 +76,99 @@ def test_every_unit_imports_only_units_below_it():
             continue  # the package's lazy attribute table names the API, at every level
         violations += [f"{path.relative_to(ROOT)} imports {name}" for name in _upward(_unit(path), path.read_text())]
     assert violations == []
+
+
+def test_the_architecture_page_draws_the_same_layers():
+    """docs/architecture.md's "Layers" block, bottom up, one line per layer: its units, then what they are."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    block = page.split("## Layers", 1)[1].split("```", 2)[1]
+    drawn = [unit for line in block.strip().splitlines() for unit in line.split("  ", 1)[0].split(", ")]
+    assert drawn == LAYERS
+
+
+def _module_name(path: Path) -> str:
+    """`trace_tools.strategies.base`; a package's own module is `trace_tools.strategies.__init__`."""
+    return ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+
+
+MODULES = {_module_name(path) for path in ROOT.rglob("*.py")}
+
+
+def _module(name: str) -> str | None:
+    return name if name in MODULES else (f"{name}.__init__" if f"{name}.__init__" in MODULES else None)
+
+
+def _targets(module: str, source: str) -> set[str]:
+    """The package's modules that `module`'s imports load (at any level): `from P import X` names
+    the module P.X where there is one, else P's `__init__`; relative imports are resolved."""
+    package = module.rsplit(".", 1)[0].split(".")
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {_module(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            above = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*above, node.module or ""]).strip(".")
+            found |= {_module(f"{base}.{alias.name}") or _module(base) for alias in node.names}
+    return found - {None, module}
+
+
+def _folder_graph(folder: str, imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Imports between the entries of one folder: its modules, and its subfolders (each standing
+    for every module under it, so that a circle through a subpackage shows)."""
+
+    def entry(module: str) -> str | None:
+        return module[len(folder) + 1 :].split(".")[0] if module.startswith(f"{folder}.") else None
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in imports.items():
+        source = entry(module)
+        if source is not None:
+            graph.setdefault(source, set()).update({entry(t) for t in targets} - {None, source})
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The sets of nodes that import one another, each sorted (nodes that reach each other)."""
+
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), [*graph.get(start, ())]
+        while stack:
+            node = stack.pop()
+            if node not in seen:
+                seen.add(node)
+                stack += graph.get(node, ())
+        return seen
+
+    reached = {node: reach(node) for node in graph}
+    circles = {frozenset(o for o in reached[n] if n in reached.get(o, ())) for n in graph if n in reached[n]}
+    return sorted(sorted(circle) for circle in circles)
+
+
+# Circles in folders that other work of issue 38 is reshaping: each entry must still be a circle,
+# so the list only shrinks (remove an entry with the change that breaks it).
+KNOWN_CIRCLES = {
+    "trace_tools.io": [["rundir", "write"]],  # write.check_output_file asks rundir.directory_kind
+}
+
+
+def test_no_folder_holds_an_import_circle():
+    """A circle works only by the order modules happen to load in, and hides which one is the base."""
+    paths = {_module_name(path): path for path in ROOT.rglob("*.py")}
+    imports = {module: _targets(module, path.read_text()) for module, path in paths.items()}
+    folders = {module.rsplit(".", 1)[0] for module in paths}
+    found = {folder: _circles(_folder_graph(folder, imports)) for folder in sorted(folders)}
+    assert {folder: circles for folder, circles in found.items() if circles} == KNOWN_CIRCLES
+
+
+def test_the_circle_finder_sees_function_level_and_relative_imports():
+    source = "from . import declarations\ndef f():\n    from trace_tools.strategies.builtin import BUILTIN\n"
+    base = "trace_tools.strategies.base"
+    assert _targets(base, source) == {"trace_tools.strategies.declarations", "trace_tools.strategies.builtin"}
+    assert _targets(base, "from trace_tools.pipeline import Pipeline\n") == {"trace_tools.pipeline.__init__"}
+    graph = {"base": {"builtin"}, "builtin": {"tree"}, "tree": {"base", "core"}, "core": set()}
+    assert _circles(graph) == [["base", "builtin", "tree"]]
+    assert _circles({**graph, "tree": {"core"}}) == []
 
 
 def test_every_unit_of_the_package_has_a_layer():

@@ -56,7 +56,8 @@ def test_the_same_append_with_reasoning_heals(qwen3):
 def test_simulated_sessions_split_by_behaviour(qwen3):
     """On the bundled sample: truncation (Qwen3 drops old reasoning) is the template's; dropped reasoning echoes are history."""
     from trace_tools.io.load import load
-    from trace_tools.strategies.base import ReplayContext, get_strategy
+    from trace_tools.strategies.base import ReplayContext
+    from trace_tools.strategies.registry import get_strategy
 
     dump = load(Path(__file__).parents[1] / "sample_traces" / "qwen3.parquet")
     ctx = ReplayContext(qwen3, "slime", "auto", {})

@@ -9,8 +9,9 @@ from test_restore_pr2282 import EDIT_ARGS, TOOLS, harness_echo
 from trace_tools.data import Session, Turn
 from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.replay.turnrows import trained_by_turn
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.linear_core import NonlinearHistory
+from trace_tools.strategies.registry import get_strategy
 
 
 def session_of(steps, sid="lin") -> Session:

@@ -6,7 +6,8 @@ from functools import lru_cache
 
 import pytest
 
-from trace_tools.render.parser import convert_parameter, parse_response_text
+from trace_tools.render.parse_common import convert_parameter
+from trace_tools.render.parser import parse_response_text
 from trace_tools.render.renderer import Renderer
 from trace_tools.render.templates import resolve_template
 

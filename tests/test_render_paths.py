@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.render.fast_encoder import FastEncoder
+from trace_tools.render.renderer import Renderer
 from trace_tools.render.spec import RenderSpec
 
 ROOT = Path(__file__).parents[1]
@@ -80,7 +81,7 @@ def test_verify_of_a_clean_fast_path_exits_0_and_says_so(tmp_path):
 
 
 def test_explain_on_the_reference_path_finds_what_the_fast_path_finds():
-    from trace_tools.report.explain import explain
+    from trace_tools.replay.explain import explain
 
     session = "sim-qwen3-s7-0001"
     fast = explain(SAMPLE, session, strategy="tree")
@@ -114,7 +115,7 @@ def test_the_render_path_is_part_of_the_render_spec():
     fast, reference = (RenderSpec.resolve("qwen3", path=path) for path in ("fast", "reference"))
     assert fast != reference and len({fast, reference}) == 2
     assert "path" not in fast.identity() and reference.identity()["path"] == "reference"
-    assert reference.build().spec == reference
+    assert Renderer.from_render_spec(reference).spec == reference
     with pytest.raises(UnknownName, match="render path"):
         RenderSpec.resolve("qwen3", path="quick")
 
@@ -122,7 +123,7 @@ def test_the_render_path_is_part_of_the_render_spec():
 def test_the_reference_renderer_calls_transformers(monkeypatch):
     """The reference path renders through `apply_chat_template` and encodes through transformers'
     tokenizer, not through the fast runner or encoder."""
-    renderer = RenderSpec.resolve("qwen3", path="reference").build()
+    renderer = Renderer.from_render_spec(RenderSpec.resolve("qwen3", path="reference"))
     calls = []
     hf = renderer.tokenizer.hf
     monkeypatch.setattr(type(hf), "apply_chat_template", lambda self, *a, **k: calls.append("template") or "x\n")

@@ -10,7 +10,8 @@ import pytest
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TraceToolsError
-from trace_tools.render.renderer import Renderer, detect_tool_format
+from trace_tools.render.renderer import Renderer
+from trace_tools.render.spec import detect_tool_format
 from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import load_tokenizer
 

@@ -12,8 +12,9 @@ from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.data import COUNTERS, ReplayResult
 from trace_tools.errors import UsageError
-from trace_tools.strategies.base import REGISTRY, Strategy, register
+from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import Declaration
+from trace_tools.strategies.registry import REGISTRY, register
 
 SESSION_COLUMNS = [
     "strategy",

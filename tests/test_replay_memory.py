@@ -10,8 +10,9 @@ import pytest
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline import Pipeline
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
-from trace_tools.strategies.base import REGISTRY, ReplayContext, Strategy, available_strategies, get_strategy, register
+from trace_tools.strategies.base import ReplayContext, Strategy
 from trace_tools.strategies.declarations import Declaration
+from trace_tools.strategies.registry import REGISTRY, available_strategies, get_strategy, register
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ from test_linear_fakes import FakeRenderer, assistant, system, tool_result, user
 from test_restore_pr2282 import EDIT_ARGS, TOOLS, WRITE_ARGS, harness_echo
 from trace_tools.data import COUNTERS, Session, Turn
 from trace_tools.replay.turnrows import trained_by_turn
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 
 RENDERER = FakeRenderer()
 

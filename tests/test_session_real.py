@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from trace_tools.data import Session, Turn
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 
 pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 

@@ -19,7 +19,8 @@ from session_fakes import (
     user,
 )
 from trace_tools.data import Session
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 from trace_tools.strategies.session_core.errors import ServerError
 from trace_tools.strategies.session_core.recording import request_from_turn
 from trace_tools.strategies.session_core.records import Generation

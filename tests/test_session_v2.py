@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from session_fakes import NEWLINE, TOY, ToyRenderer, assistant, call, conversation, tool, user
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.registry import get_strategy
 from trace_tools.strategies.session_core.matchers import strict_match
 from trace_tools.strategies.session_core.recording import request_from_turn
 from trace_tools.strategies.session_core.tito import FAMILIES, TitoTokenizer

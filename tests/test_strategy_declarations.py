@@ -15,9 +15,10 @@ from trace_tools.errors import TraceToolsError
 from trace_tools.report.layout import legend
 from trace_tools.report.render import counterfactual_names
 from trace_tools.strategies import declarations
-from trace_tools.strategies.base import REGISTRY, Strategy, available_strategies, get_strategy, register
+from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.builtin import CLASSES
 from trace_tools.strategies.declarations import DECLARATIONS, TREE, Declaration, label, relies_on
+from trace_tools.strategies.registry import REGISTRY, available_strategies, get_strategy, register
 
 
 def test_each_builtin_class_carries_its_own_declaration_in_column_order():

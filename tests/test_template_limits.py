@@ -222,7 +222,7 @@ def test_a_render_spec_holds_every_input_and_is_the_identity():
     other_day = RenderSpec.resolve(None, "gpt-oss", DumpMeta(tokenizer="gpt-oss", extra={"render_date": "2024-02-29"}))
     assert spec != other_day and spec == RenderSpec.resolve(None, "gpt-oss", meta)
     assert len({spec, other_day, RenderSpec.resolve(None, "gpt-oss", meta)}) == 2
-    renderer = spec.build()
+    renderer = Renderer.from_render_spec(spec)
     assert renderer.spec == spec and renderer.identity == spec.identity()
     assert spec.identity()["render_date"] == "2025-06-01" and spec.identity()["tool_format"] == "harmony"
     with pytest.raises(Exception, match="render_date 'yesterday' is not a date"):

@@ -11,8 +11,8 @@ import pytest
 from trace_tools.api import replay
 from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.replay.turnrows import TrainedTwice, check_trained_once
-from trace_tools.strategies.base import REGISTRY, register
 from trace_tools.strategies.declarations import TREE
+from trace_tools.strategies.registry import REGISTRY, register
 from trace_tools.strategies.tree import TreeStrategy
 
 

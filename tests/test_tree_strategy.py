@@ -9,8 +9,9 @@ import pytest
 
 from trace_tools.data import COUNTERS, ReplayResult, Sample, Session, Turn
 from trace_tools.errors import InvalidOption, ReplayError
-from trace_tools.strategies.base import ReplayContext, get_strategy
+from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.declarations import TREE
+from trace_tools.strategies.registry import get_strategy
 from trace_tools.strategies.tree import TreeStrategy
 from trace_tools.strategies.tree_core import BaseSample, TrajectoryManager, TurnRecord
 

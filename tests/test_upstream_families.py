@@ -15,7 +15,9 @@ import pytest
 from trace_tools.data import Session, Turn
 from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.render.upstream import ArgumentFormError, UpstreamRender, upstream_render
-from trace_tools.strategies.base import ReplayContext, failure_reason, get_strategy
+from trace_tools.strategies.base import ReplayContext
+from trace_tools.strategies.helpers import failure_reason
+from trace_tools.strategies.registry import get_strategy
 
 pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 

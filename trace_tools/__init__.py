@@ -27,7 +27,7 @@ _LAZY = {
     "validate": ("trace_tools.pipeline.validate", "validate"),
     "replay": ("trace_tools.api", "replay"),
     "open_run": ("trace_tools.api", "open_run"),
-    "explain": ("trace_tools.report.explain", "explain"),
+    "explain": ("trace_tools.replay.explain", "explain"),
     "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),
@@ -35,7 +35,7 @@ _LAZY = {
     "reconstruct": ("trace_tools.reconstruct", "reconstruct"),
     "simulate": ("trace_tools.simulate", "simulate"),
     "Renderer": ("trace_tools.render.renderer", "Renderer"),
-    "available_strategies": ("trace_tools.strategies.base", "available_strategies"),
+    "available_strategies": ("trace_tools.strategies.registry", "available_strategies"),
 }
 
 __all__ = ["__version__", *_LAZY]

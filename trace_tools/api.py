@@ -24,6 +24,10 @@ import pandas as pd
 
 from trace_tools.errors import UsageError
 
+# The engine, the report writers and the HTML report are imported inside the functions that use
+# them: at module top they cost `import trace_tools.api` (and `tt.open_run`) 1.6x the CPU time
+# (0.61 s -> 1.08 s, +16 MiB, measured for issue 38).
+
 
 class UnknownSession(UsageError, LookupError):
     """`Run.session(id)` for an id the run does not hold."""

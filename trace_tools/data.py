@@ -68,6 +68,13 @@ class Session:
         return 0.0
 
 
+def behaviour_label(behaviours: Any) -> str:
+    """Simulator behaviour labels of a session as one string (e.g. `claude-code+retry`): the
+    sessions table's `behaviour` column, written by replay and grouped on by compare."""
+    names = [str(b) for b in list(behaviours if behaviours is not None else []) if b]
+    return "+".join(sorted(names)) or "unlabelled"
+
+
 @dataclass(slots=True)
 class QuarantineEntry:
     """Why a session (or a file) was set aside. `reason` is one of the fixed vocabulary of

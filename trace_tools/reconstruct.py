@@ -18,6 +18,10 @@ import pandas as pd
 
 from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
+from trace_tools.ids import common_prefix_len
+from trace_tools.io.write import write_json_atomic, write_parquet_atomic
+from trace_tools.pipeline import RendererPool
+from trace_tools.pipeline.prepared import prepare_session
 from trace_tools.render.canonical import canonicalize_messages
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
@@ -52,7 +56,6 @@ class ReconstructResult:
 
     def save(self, directory: str | os.PathLike) -> list[Path]:
         """Write `turns.parquet` and `summary.json` (atomically) into `directory`."""
-        from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +123,6 @@ def _sessions(
 ) -> tuple[Iterator[Session], set, int, Any]:
     """(valid sessions, quarantined session ids — filled while iterating for paths —, session count,
     the renderer pool: for a path, the pipeline's, which resolved every file's renderer as it opened it)."""
-    from trace_tools.pipeline import RendererPool
 
     quarantined: set[str] = set()
     if isinstance(dump, (str, os.PathLike)):
@@ -156,8 +158,6 @@ def _sessions(
 
 
 def _session_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
-    from trace_tools.pipeline.prepared import prepare_session
-
     try:
         renderer = pool.for_session(session)
         prepared = prepare_session(session, renderer, canonicalization, "auto")
@@ -214,7 +214,6 @@ def render_turn(renderer: Any, turn: Turn, canonicalization: str = "slime") -> l
 
 def first_divergence(recorded: Sequence[int], rendered: Sequence[int]) -> int | None:
     """Index of the first differing token; the shorter length when one is a prefix of the other."""
-    from trace_tools.ids import common_prefix_len
 
     at = common_prefix_len(recorded, rendered)
     return None if at == len(recorded) == len(rendered) else at

@@ -144,7 +144,7 @@ def explain_cmd(
     Example: trace-tools explain dump.parquet --session s0003 --turn 4 --strategy tree
     """
     from trace_tools.cli._output import console, print_json
-    from trace_tools.report.explain import explain
+    from trace_tools.replay.explain import explain
     from trace_tools.report.explain_view import explanation_renderables
 
     result = explain(

@@ -5,6 +5,7 @@ reads sessions through these)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,12 +18,14 @@ from trace_tools.io import storage
 from trace_tools.io.rows import (
     short,
 )
+from trace_tools.io.rundir import directory_kind, not_a_dump
 from trace_tools.io.schema import (
     META_FIELDS,
     META_PREFIX,
     SUPPORTED_SCHEMA_VERSIONS,
 )
 from trace_tools.io.storage import Location
+from trace_tools.io.vocab import vocab_size_for
 
 
 def find_files(path: Location) -> list[Location]:
@@ -31,7 +34,6 @@ def find_files(path: Location) -> list[Location]:
 
     Local directories that trace-tools writes (a replay run, a rescore output) are outputs, never
     input: one inside a dump directory is passed over, and pointing at one is an error that says so."""
-    from trace_tools.io.rundir import directory_kind, not_a_dump
 
     root = storage.location(path)
     if storage.is_file(root):
@@ -57,9 +59,6 @@ def find_files(path: Location) -> list[Location]:
 
 def _parquet_files(root: Path) -> Iterator[Path]:
     """`*.parquet` files under a local `root`, passing over the directories trace-tools writes."""
-    import os
-
-    from trace_tools.io.rundir import directory_kind
 
     for folder, subfolders, names in os.walk(root, followlinks=True):
         subfolders[:] = [name for name in subfolders if directory_kind(Path(folder) / name) is None]
@@ -151,6 +150,5 @@ def vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
     """The out-of-vocab bound: the explicit size, else the tokenizer's full size, else None (unknown)."""
     if vocab_size is not None:
         return int(vocab_size)
-    from trace_tools.io.vocab import vocab_size_for
 
     return vocab_size_for(tokenizer)

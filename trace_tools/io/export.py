@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from trace_tools.errors import UnknownName, UnusableInput, UsageError
 from trace_tools.io import storage
+from trace_tools.io.rundir import load_run_info, require_run
 from trace_tools.io.storage import Location
 from trace_tools.io.write import atomic_open, check_output_file
 
@@ -101,8 +102,6 @@ def export_samples(
 
 
 def _samples_file(run: Location) -> Location:
-    from trace_tools.io.rundir import require_run
-
     if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
     require_run(run)  # finished, and a replay run (not a rescore output)
@@ -124,7 +123,6 @@ def _check_target(target: Location, inputs: list[Location], overwrite: bool) -> 
 
 def _dump_files(run: Location) -> list[Location]:
     """The dump the run replayed (run.json): an export must never land on it."""
-    from trace_tools.io.rundir import load_run_info
 
     inputs = load_run_info(run).get("inputs") or {}
     names = [inputs.get("dump"), *(inputs.get("files") or [])]

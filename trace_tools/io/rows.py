@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from trace_tools.data import Turn
+from trace_tools.errors import UsageError
 from trace_tools.io.schema import INT32_MAX, REQUIRED
 
 # A JSON \u escape of a UTF-16 surrogate; json.loads pairs valid ones, so only then can a lone one remain.
@@ -37,9 +39,6 @@ MAX_CELL_BYTES = 64 * 2**20  # a cell larger than this quarantines its session (
 
 def max_cell_bytes() -> int:
     """The cell size limit: `$TRACE_TOOLS_MAX_CELL_BYTES`, else `MAX_CELL_BYTES`."""
-    import os
-
-    from trace_tools.errors import UsageError
 
     text = os.environ.get("TRACE_TOOLS_MAX_CELL_BYTES", "")
     if not text:

@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -42,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.io import cache
+from trace_tools.io import cache, storage
 from trace_tools.io.rundir import (
     SAMPLES_SCHEMA,
     SAMPLES_WRITE_OPTIONS,
@@ -74,7 +75,6 @@ def fingerprint(options: dict[str, Any], files: Iterable[str]) -> dict[str, Any]
     """What a resume must match: options, each input file's path, size and modification time,
     the shard format, the trace-tools version and the code digest. `stamp` hashes them all."""
     from trace_tools import __version__
-    from trace_tools.io import storage
 
     inputs = [storage.stamp(f) for f in files]
     parts = {
@@ -301,8 +301,6 @@ def _check_marker(done: Path, stamp: str) -> tuple[Marker | None, str]:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     if path.exists():
         shutil.rmtree(path)
 

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,8 +242,6 @@ class StagedRun:
     _pending: list[Any] = field(init=False, default_factory=list)
 
     def __enter__(self) -> "StagedRun":
-        from concurrent.futures import ThreadPoolExecutor
-
         if is_file(self.uri):
             raise UsageError(f"--out {self.uri} is a file; pass a directory path for the run")
         self.local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
-from trace_tools.errors import OutputFailed
+from trace_tools.errors import OutputFailed, UsageError
+from trace_tools.io.rundir import directory_kind
 from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
 
 QUARANTINE_SCHEMA = pa.schema(
@@ -77,8 +78,6 @@ def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option
     """Refuse an output file that would destroy something the user did not ask to replace: a
     directory, one of the command's own inputs (always), a file directly in a run directory, or
     any existing file (those two unless `overwrite`)."""
-    from trace_tools.errors import UsageError
-    from trace_tools.io.rundir import directory_kind
 
     if out.is_dir():
         raise UsageError(f"{option} {out} is a directory; pass a file path")

@@ -17,14 +17,21 @@ not the dump; within a session, history is parsed, canonicalized, rendered and t
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session
 from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.io import storage
+from trace_tools.io.load import iter_sessions
 from trace_tools.pipeline.facts import SessionFacts, session_facts
 from trace_tools.pipeline.prepared import PROMPT_SOURCES, PreparedSession, PreparedTurn, prepare_session
+from trace_tools.render.families import TOOL_FORMATS
+from trace_tools.render.renderer import check_template
+from trace_tools.render.spec import RENDER_PATHS
 
 __all__ = [
     "PROMPT_SOURCES",
@@ -55,8 +62,6 @@ class RendererPool:
     ):
         """`resolved`: the specs a pool with the same options already resolved (its `resolved`), so
         that a replay's sessions reuse what its preflight resolved instead of resolving them again."""
-        from trace_tools.render.families import TOOL_FORMATS
-        from trace_tools.render.spec import RENDER_PATHS
 
         if tool_format is not None and tool_format not in TOOL_FORMATS:
             raise UnknownName("tool-call format", tool_format, TOOL_FORMATS)
@@ -77,7 +82,9 @@ class RendererPool:
             return None
         renderer = self._renderers.get(spec)
         if renderer is None:
-            renderer = self._renderers[spec] = spec.build()
+            from trace_tools.render.renderer import Renderer
+
+            renderer = self._renderers[spec] = Renderer.from_render_spec(spec)
         return renderer
 
     def spec_for(self, meta: DumpMeta) -> Any:
@@ -118,8 +125,7 @@ class RendererPool:
 
     def check_templates(self) -> None:
         """Every resolved template compiles and renders the simplest conversation within its
-        limits (`render.spec.check_template`): one that fails there would fail every session."""
-        from trace_tools.render.spec import check_template
+        limits (`render.renderer.check_template`): one that fails there would fail every session."""
 
         for spec in self.specs():
             check_template(spec)
@@ -138,7 +144,6 @@ class RendererPool:
 
     def render_stats(self) -> dict[str, int]:
         """The counters of every renderer built so far, summed (`Renderer.cache_info`)."""
-        from collections import Counter
 
         total: Counter = Counter()
         for renderer in self._renderers.values():
@@ -180,8 +185,6 @@ class Pipeline:
         """`id_arrays`: sessions carry their token ids as int32 arrays, cheap to send to worker
         processes, which call `io.load.materialize_ids` (the engine does this with workers).
         `render_path`: fast | reference | verify (`render.spec.RENDER_PATHS`)."""
-        from trace_tools.io import storage
-        from trace_tools.io.load import iter_sessions
 
         self.dump = storage.location(dump if isinstance(dump, str) else Path(dump))
         self.stream = iter_sessions(
@@ -234,7 +237,6 @@ class Pipeline:
 
 def no_session_message(session_id: str, dump: Any, ids: list[str]) -> str:
     """Name the closest id and a few others, so the user can pick one without another command."""
-    import difflib
 
     close = difflib.get_close_matches(session_id, ids, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""

@@ -35,7 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
-from trace_tools.render.normalize import ANY_LINE_END_BLANK, parse_arguments, strip_trailing_ws
+from trace_tools.pipeline.prepared import render_prompt
+from trace_tools.render.boundary import RENDER_ERRORS
+from trace_tools.render.canonical import canonicalize_response
+from trace_tools.render.harness_echo import shipped_echoes, working_directory
+from trace_tools.render.normalize import (
+    ANY_LINE_END_BLANK,
+    drop_schema_defaults,
+    parse_arguments,
+    strip_trailing_ws,
+    tool_defaults,
+)
 
 CAUSES = (
     "whitespace",
@@ -93,7 +103,6 @@ def continuation_pairs(
 
 def find_drift(prepared: Any) -> list[DriftFinding]:
     """Drift findings for every continued turn of a `PreparedSession`."""
-    from trace_tools.render.harness_echo import working_directory
 
     turns = {p.turn.turn_index: p for p in prepared.turns}
     cwd = working_directory(prepared.turns[0].turn.messages) if prepared.turns else None
@@ -158,8 +167,6 @@ def _history_change(before: dict, after: dict, tools, cwd: str | None) -> tuple[
 
 def _byte_exact_prompt(earlier: Any, later: Any, renderer: Any) -> list[int] | None:
     """The next prompt had the harness echoed the stored reply exactly (None without a renderer)."""
-    from trace_tools.pipeline.prepared import render_prompt
-    from trace_tools.render.boundary import RENDER_ERRORS
 
     if renderer is None or earlier.response_message is None:
         return None
@@ -191,7 +198,6 @@ def classify(
     prompt leaves the served ids no later than the real one, the template (not the echo) made the
     first difference, and `template_rewrite` leads the causes.
     """
-    from trace_tools.render.canonical import canonicalize_response
 
     stored = stored or {"role": "assistant", "content": ""}
     diff = message_diff(stored, echo)
@@ -265,9 +271,6 @@ def _squeeze(text: str) -> str:
 
 def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = None) -> list[str]:
     """Name the normalisations under which the canonical messages become equal; [] when none do."""
-    from trace_tools.render.canonical import canonicalize_response
-    from trace_tools.render.harness_echo import shipped_echoes
-    from trace_tools.render.normalize import drop_schema_defaults, tool_defaults
 
     a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
     causes = []

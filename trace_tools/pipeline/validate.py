@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_tools.errors import UsageError
 from trace_tools.io.validate import ValidationReport
 from trace_tools.io.validate import validate as validate_rows
+from trace_tools.pipeline import RendererPool
 
 
 def validate(
@@ -23,8 +25,6 @@ def validate(
     resolve (one that does not is the rows' concern only: its vocabulary check was skipped, and
     said so); a template that does not compile or render raises `TemplateUnusable` /
     `TemplateLimitExceeded`."""
-    from trace_tools.errors import UsageError
-    from trace_tools.pipeline import RendererPool
 
     report = validate_rows(path, quarantine_out=quarantine_out, **load_options)
     pool = RendererPool(load_options.get("tokenizer"), chat_template)

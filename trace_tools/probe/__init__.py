@@ -25,8 +25,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_tools.errors import TraceToolsError, UnknownName, UsageError
+from trace_tools.io.write import write_json_atomic
 from trace_tools.probe.harnesses import Harness, Launch, get_harness
+from trace_tools.probe.profile import detect_from_dump, write_profile
 from trace_tools.probe.scenarios import TASK, Workspace, build_scenario, make_workspace
+from trace_tools.record import make_renderer
+from trace_tools.record.model import ScriptedModel
+from trace_tools.record.server import REASONING_MODES, Recorder, RecorderThread
 
 UNPRIVILEGED = (65534, 65534)  # nobody:nogroup, for the harness when the probe runs as root
 BRIDGE_PORT = 8642
@@ -68,10 +73,6 @@ def probe(
     harness in the host's network namespace (the CLI's explicit `--no-isolation`); otherwise a
     sandbox whose isolation checks fail stops the probe before any harness starts (`IsolationFailed`, exit 2).
     """
-    from trace_tools.probe.profile import detect_from_dump, write_profile
-    from trace_tools.record import make_renderer
-    from trace_tools.record.model import ScriptedModel
-    from trace_tools.record.server import REASONING_MODES, Recorder, RecorderThread
 
     if reasoning not in REASONING_MODES:
         raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
@@ -128,7 +129,6 @@ class _ScenarioBook:
 
             return Script("unknown-session", [], ScriptTurn(content="Done."))
         script = build_scenario(ws, tools, self.spec.finish_command)
-        from trace_tools.io.write import write_json_atomic
 
         self.folder.mkdir(parents=True, exist_ok=True)
         write_json_atomic(script.to_json(), self.folder / f"{session}.json")

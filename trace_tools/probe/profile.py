@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from trace_tools.io.load import load
+from trace_tools.io.write import write_json_atomic
 from trace_tools.probe.differences import (
     char_name,
     character_class,
@@ -393,7 +395,6 @@ def detect_from_dump(
     dump: str | Path, *, harness: str, version: str, protocol: str, cwd: dict[str, str] | None = None
 ) -> dict[str, Any]:
     from trace_tools import __version__
-    from trace_tools.io.load import load
 
     loaded = load(dump)
     cwd = cwd if cwd is not None else _working_directories(loaded.sessions)
@@ -415,6 +416,4 @@ def _working_directories(sessions: list[Any]) -> dict[str, str]:
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
-    from trace_tools.io.write import write_json_atomic
-
     return write_json_atomic(profile, path)

@@ -26,6 +26,8 @@ harness strips and which it keeps. Everything is a function of (seed, session in
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +83,6 @@ def make_workspace(root: str | Path, index: int, seed: int = 0) -> Workspace:
 def _git_init(root: Path) -> None:
     """Make the scratch repository a git repository of its own (a harness inspects git state; it
     must never see, let alone touch, a repository the probe's output directory happens to sit in)."""
-    import shutil
-    import subprocess
 
     if shutil.which("git") is None:
         return

@@ -27,11 +27,17 @@ of an audit (terminal tables, the Markdown table of docs/templates.md) are `repo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from trace_tools.errors import TemplateNotFound, TraceToolsError
 from trace_tools.families import FAMILIES
+from trace_tools.render.renderer import Renderer
+from trace_tools.render.templates import NAMED_TEMPLATES, embedded_metadata, resolve_template, trl_template_dir
+from trace_tools.render.tokenizer import load_tokenizer
 
 CHECKS = (
     "generation_prompt",
@@ -261,8 +267,6 @@ class _Shape:
 
 
 def _json_text(arguments: Any) -> str:
-    import json
-
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
@@ -556,8 +560,6 @@ def run_audit(
     Without `tokenizer`, a dump file lends the tokenizer it names, a Qwen template gets its own,
     and any other template is audited with the `qwen3` tokenizer as a stand-in (said in the note).
     """
-    from trace_tools.render.renderer import Renderer
-    from trace_tools.render.tokenizer import load_tokenizer
 
     audits = []
     for text, identity, name, note in _targets(chat_template, tokenizer):
@@ -573,15 +575,6 @@ def run_audit(
 
 def _targets(spec: str | None, tokenizer: str | None) -> list[tuple[str, str, str, str]]:
     """(template text, identity, tokenizer, note) for each template to audit."""
-    from pathlib import Path
-
-    from trace_tools.errors import TemplateNotFound, TraceToolsError
-    from trace_tools.render.templates import (
-        NAMED_TEMPLATES,
-        embedded_metadata,
-        resolve_template,
-        trl_template_dir,
-    )
 
     if spec == ALL_TRL:
         directory = trl_template_dir()

@@ -31,7 +31,7 @@ import json
 import re
 from typing import Any, Callable, Sequence
 
-from trace_tools.render.parser import (
+from trace_tools.render.parse_common import (
     THINK_CLOSE,
     THINK_OPEN,
     collect_calls,

@@ -4,6 +4,8 @@ tokens, exactly as the `tokenizers` backend encodes, several times faster on lon
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from pathlib import Path
 from typing import Sequence
 
@@ -26,8 +28,6 @@ class FastEncoder:
     """
 
     def __init__(self, recipe: "Recipe", ranks: Path):
-        import re
-
         import tiktoken
 
         self._bpe = tiktoken.Encoding(
@@ -74,8 +74,6 @@ class FastEncoder:
         return ids
 
     def _bpe_piece(self, piece: str) -> list[int]:
-        import unicodedata
-
         return interned(
             self._bpe.encode_ordinary(unicodedata.normalize("NFC", piece) if self._nfc else piece), self._size
         )

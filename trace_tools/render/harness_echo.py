@@ -29,6 +29,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from trace_tools.errors import UsageError
 from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments, rstrip_lines
 
 FORMAT, VERSION = "trace-tools-harness-profile", 1
@@ -68,7 +69,6 @@ def file_type(arguments: Any) -> str | None:
 # -- profiles ------------------------------------------------------------------------------------
 def read_profile(path: str | Path) -> dict[str, Any]:
     """A harness profile file (usage error when it is missing, not JSON, or another format/version)."""
-    from trace_tools.errors import UsageError
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -97,7 +97,6 @@ def shipped_names() -> list[str]:
 
 def load_profile(spec: str | Path) -> dict[str, Any]:
     """A profile by file path, or a shipped one by `<harness>-<version>` or `<harness>` (newest)."""
-    from trace_tools.errors import UsageError
 
     text = str(spec)
     names = shipped_names()

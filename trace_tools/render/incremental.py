@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_tools.ids import common_prefix_len
+from trace_tools.io.write import read_cached, write_cached
 from trace_tools.memo import IdentityMemo
 
 _DELTA_ROLES = ("assistant", "tool")
@@ -408,8 +409,6 @@ _UNKNOWN: Any = object()
 
 
 def _read_verdict(path: Path) -> Rules | None:
-    from trace_tools.io.write import read_cached
-
     rules = read_cached(path, "rules", _UNKNOWN)
     if rules is None or rules is _UNKNOWN:
         return rules
@@ -420,8 +419,6 @@ def _read_verdict(path: Path) -> Rules | None:
 
 
 def _write_verdict(path: Path, rules: Rules | None) -> None:
-    from trace_tools.io.write import write_cached
-
     write_cached(path, "rules", None if rules is None else dataclasses.asdict(rules))
 
 

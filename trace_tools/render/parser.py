@@ -16,21 +16,26 @@ raises: the message gets `ill_formed=True` and the raw call text stays in `conte
 
 from __future__ import annotations
 
-import ast
 import json
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from trace_tools.render.base import ParsedResponse
+from trace_tools.render.family_parsers import PARSERS
+from trace_tools.render.parse_common import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    collect_calls,
+    convert_parameter,
+    schema_properties,
+    tool_call,
+)
 
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _XML_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
-_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
-_INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 
 def parse_response_text(
@@ -46,8 +51,6 @@ def parse_response_text(
     `fmt` is a tool-call format (`families.TOOL_FORMATS`: json, xml, glm, deepseek, harmony,
     llama) or None for a template without tool calls (then only reasoning is split off).
     """
-    from trace_tools.render.family_parsers import PARSERS
-
     errors: list[str] = []
     if fmt == "harmony":  # the stop token (<|call|> or <|return|>) is also the last message's terminator
         reasoning, content, calls, errors = PARSERS[fmt](text, tools)
@@ -108,29 +111,6 @@ def _split_calls(text: str, fmt: str, tools: Sequence[dict] | None, errors: list
     return content, calls
 
 
-def collect_calls(
-    text: str, block: re.Pattern, parse: Callable[[str], dict | str], start: int = 0, end: int | None = None
-) -> tuple[list[dict], list[str], str]:
-    """Parse every `block` match (its group 1) in `text[start:end]`.
-
-    Returns (calls, errors, stray): stray is the text between and around the calls, with the raw
-    text of each block that did not parse kept in place.
-    """
-    end = len(text) if end is None else end
-    calls, errors, stray, position = [], [], [], start
-    for match in block.finditer(text, start, end):
-        stray.append(text[position : match.start()])
-        call = parse(match.group(1))
-        if isinstance(call, str):
-            errors.append(call)
-            stray.append(match.group(0))
-        else:
-            calls.append(call)
-        position = match.end()
-    stray.append(text[position:end])
-    return calls, errors, "".join(stray)
-
-
 def _drop_one_newline(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
@@ -175,78 +155,3 @@ def _trim_format_newlines(value: str) -> str:
     if value.endswith("\n"):
         value = value[:-1]
     return value
-
-
-def tool_call(name: str, arguments: dict) -> dict:
-    """A parsed call in OpenAI form, arguments as a dict."""
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def schema_properties(tools: Sequence[dict] | None, name: str) -> dict:
-    """The JSON-schema `properties` of tool `name` (OpenAI `{"type":"function","function":...}` or flat)."""
-    for tool in tools or ():
-        if not isinstance(tool, dict):
-            continue
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            function = tool
-        if function.get("name") != name:
-            continue
-        parameters = function.get("parameters") or {}
-        properties = parameters.get("properties") if isinstance(parameters, dict) else None
-        return properties if isinstance(properties, dict) else {}
-    return {}
-
-
-def convert_parameter(value: str, schema: Any) -> Any:
-    """Type an XML parameter value from its schema, as the upstream Qwen3-Coder parser does.
-
-    One deliberate difference: a string-typed (or undeclared) value is always kept verbatim, where
-    upstream turns the text `null` into None for every type.
-    """
-    kind = _schema_type(schema)
-    if kind is None or kind in _STRING_TYPES:
-        return value
-    if value.lower() == "null":
-        return None
-    if kind.startswith(_INT_PREFIXES):
-        return _or_raw(int, value)
-    if kind.startswith(("num", "float")):
-        number = _or_raw(float, value)
-        if isinstance(number, float) and number.is_integer():
-            return int(number)
-        return number
-    if kind in ("boolean", "bool", "binary"):
-        return value.lower() == "true"
-    return _loose_literal(value)
-
-
-def _schema_type(schema: Any) -> str | None:
-    if not isinstance(schema, dict):
-        return None
-    kind = schema.get("type")
-    if isinstance(kind, list):  # ["integer", "null"]: the non-null member decides
-        kind = next((k for k in kind if k != "null"), None)
-    if kind is None and ("anyOf" in schema or "oneOf" in schema):
-        return "object"
-    return str(kind).strip().lower() if kind is not None else "string"
-
-
-def _or_raw(convert: Any, value: str) -> Any:
-    try:
-        return convert(value)
-    except (TypeError, ValueError, OverflowError):
-        return value
-
-
-def _loose_literal(value: str) -> Any:
-    """Objects, arrays and unknown types: JSON first, then a Python literal, else the raw text."""
-    try:
-        return json.loads(value)
-    except ValueError:
-        pass
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return value
-    return parsed if isinstance(parsed, (dict, list, str, int, float, bool)) or parsed is None else value

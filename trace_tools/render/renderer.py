@@ -25,27 +25,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_tools.data import DumpMeta
-from trace_tools.errors import ReplayError, UnknownName
+from trace_tools.errors import ReplayError, TemplateLimitExceeded, TemplateUnusable, TraceToolsError, UnknownName
 from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer
-from trace_tools.render.limits import TemplateLimits, limited
+from trace_tools.render.limits import TemplateLimitHit, TemplateLimits, limited
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.spec import RENDER_PATHS, RenderSpec
 from trace_tools.render.template_runner import TemplateRunner, build_runner
 from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
 _PROBE = [{"role": "user", "content": "probe"}]
-
-
-def detect_tool_format(template: str) -> str | None:
-    """The tool-call format of a template, from its text (`families.detect_family`); None if unknown.
-
-    `json` (Qwen3), `xml` (Qwen3-Coder/3.5), `glm`, `deepseek`, `harmony` (gpt-oss), `llama`.
-    """
-    family = families.detect_family(template)
-    return family.tool_format if family else None
 
 
 class TemplateFailed(ReplayError):
@@ -132,7 +123,8 @@ class Renderer:
         `tool_format` overrides the format detected from the template (`--tool-format`); the
         dump's `trace_tools.render_date` pins the date a template stamps into its prompts.
         """
-        return RenderSpec.resolve(tokenizer, chat_template, dump_meta, template_kwargs, tool_format).build()
+        spec = RenderSpec.resolve(tokenizer, chat_template, dump_meta, template_kwargs, tool_format)
+        return cls.from_render_spec(spec)
 
     @classmethod
     def from_render_spec(cls, spec: RenderSpec) -> "Renderer":
@@ -477,4 +469,31 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
 
     return (
         build_runner(chat_template, specials, transformers_render, verdict, size_limit, guard) or transformers_render()
+    )
+
+
+_PROBE = [{"role": "user", "content": "Hello"}]
+
+
+def check_template(spec: RenderSpec) -> None:
+    """The template compiles and renders a one-message conversation within its limits; otherwise
+    every session would fail the same way, so this raises `TemplateUnusable` or
+    `TemplateLimitExceeded` (exit 2) with the template's own error."""
+    try:
+        Renderer.from_render_spec(spec).render_text(_PROBE, None, True)
+    except TemplateLimitHit as hit:
+        raise TemplateLimitExceeded(str(hit)) from None
+    except TraceToolsError as error:
+        if not isinstance(error, ReplayError):
+            raise  # a tokenizer that does not load, say: its own message
+        raise TemplateUnusable(_unusable(spec, getattr(error, "reason", str(error)), error.__cause__)) from None
+    except Exception as error:  # a template may raise anything: a TypeError, a RecursionError, ...
+        raise TemplateUnusable(_unusable(spec, f"{type(error).__name__}: {error}", error)) from None
+
+
+def _unusable(spec: RenderSpec, error: str, cause: BaseException | None) -> str:
+    line = getattr(cause, "lineno", None)  # a syntax error knows where
+    return (
+        f"chat template {spec.template_identity} fails on a one-message conversation, so it would fail "
+        f"every session: {error}{f' (line {line})' if line else ''}; fix the template or pass --chat-template"
     )

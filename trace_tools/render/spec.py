@@ -9,7 +9,7 @@ is what run.json records for each renderer. `path` says how a renderer computes 
 result compared.
 
     spec = RenderSpec.resolve("qwen3", chat_template=None, dump_meta=meta)   # names → texts
-    renderer = spec.build()
+    renderer = Renderer.from_render_spec(spec)                               # render.renderer
 """
 
 from __future__ import annotations
@@ -17,21 +17,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import (
-    ReplayError,
-    TemplateLimitExceeded,
-    TemplateUnusable,
     TraceToolsError,
     UnknownName,
     UnusableInput,
 )
+from trace_tools.io.cache import library_version
+from trace_tools.render import families
 from trace_tools.render.limits import TemplateLimits
-
-if TYPE_CHECKING:
-    from trace_tools.render.renderer import Renderer
+from trace_tools.render.templates import resolve_template
+from trace_tools.render.tokenizer import check_tokenizer_name
 
 # How a renderer computes its renders and ids:
 #   fast       our shortcuts (incremental windowed renders, our own Jinja environment and BPE
@@ -74,8 +72,6 @@ class RenderSpec:
         """Resolve names the way the CLI does: options first, then the dump's own metadata
         (`trace_tools.tokenizer`, `.chat_template`, `.render_date`). Nothing is loaded; unknown
         names raise (exit 2)."""
-        from trace_tools.render.templates import resolve_template
-        from trace_tools.render.tokenizer import check_tokenizer_name
 
         name = tokenizer or (dump_meta.tokenizer if dump_meta else None)
         if not name:
@@ -91,17 +87,10 @@ class RenderSpec:
         kwargs = json.dumps(template_kwargs or {}, sort_keys=True, default=repr)
         return cls(name, text, identity, kwargs, tool_format, render_date, path=path)
 
-    def build(self) -> "Renderer":
-        from trace_tools.render.renderer import Renderer
-
-        return Renderer.from_render_spec(self)
-
     def identity(self) -> dict[str, Any]:
         """What run.json records of a renderer: every input except the template text (its source
         and digest stand for it), the effective tool-call format and the library versions; the render
         path only when it is not the default one, so a default run's run.json is what it was."""
-        from trace_tools.io.cache import library_version
-        from trace_tools.render.renderer import detect_tool_format
 
         identity = {
             "tokenizer": self.tokenizer,
@@ -116,33 +105,13 @@ class RenderSpec:
         return identity if self.path == "fast" else {**identity, "path": self.path}
 
 
-_PROBE = [{"role": "user", "content": "Hello"}]
+def detect_tool_format(template: str) -> str | None:
+    """The tool-call format of a template, from its text (`families.detect_family`); None if unknown.
 
-
-def check_template(spec: RenderSpec) -> None:
-    """The template compiles and renders a one-message conversation within its limits; otherwise
-    every session would fail the same way, so this raises `TemplateUnusable` or
-    `TemplateLimitExceeded` (exit 2) with the template's own error."""
-    from trace_tools.render.limits import TemplateLimitHit
-
-    try:
-        spec.build().render_text(_PROBE, None, True)
-    except TemplateLimitHit as hit:
-        raise TemplateLimitExceeded(str(hit)) from None
-    except TraceToolsError as error:
-        if not isinstance(error, ReplayError):
-            raise  # a tokenizer that does not load, say: its own message
-        raise TemplateUnusable(_unusable(spec, getattr(error, "reason", str(error)), error.__cause__)) from None
-    except Exception as error:  # a template may raise anything: a TypeError, a RecursionError, ...
-        raise TemplateUnusable(_unusable(spec, f"{type(error).__name__}: {error}", error)) from None
-
-
-def _unusable(spec: RenderSpec, error: str, cause: BaseException | None) -> str:
-    line = getattr(cause, "lineno", None)  # a syntax error knows where
-    return (
-        f"chat template {spec.template_identity} fails on a one-message conversation, so it would fail "
-        f"every session: {error}{f' (line {line})' if line else ''}; fix the template or pass --chat-template"
-    )
+    `json` (Qwen3), `xml` (Qwen3-Coder/3.5), `glm`, `deepseek`, `harmony` (gpt-oss), `llama`.
+    """
+    family = families.detect_family(template)
+    return family.tool_format if family else None
 
 
 def _check_date(render_date: str | None) -> None:

@@ -29,11 +29,13 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from trace_tools.data import Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io import rundir, shards, storage
+from trace_tools.io.bundled import sample_dir
 from trace_tools.io.storage import Location
+from trace_tools.pipeline import Pipeline
 from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
-from trace_tools.strategies.base import available_strategies
+from trace_tools.strategies.registry import available_strategies
 
 T = TypeVar("T")
 
@@ -62,7 +64,6 @@ class EngineResult:
 
 def default_dump() -> Path:
     """The bundled sample_traces/, found in an editable install and in a wheel install alike."""
-    from trace_tools.io.bundled import sample_dir
 
     found = sample_dir()
     if found is not None:
@@ -97,7 +98,6 @@ def run(
     `io.storage.StagedRun`, for a run directory in object storage) hears when the shards were
     reset and when each one is written. `owns_process`: the caller owns this process (the command
     line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
-    from trace_tools.pipeline import Pipeline
 
     workers = workers or default_workers()
     check_executor(executor, workers)

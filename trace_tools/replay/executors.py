@@ -22,13 +22,20 @@ Either way the run directory does not depend on the executor or the worker count
 
 from __future__ import annotations
 
+import ast
 import multiprocessing.context
 import os
 import pickle
+import signal
+import socket
 import sys
+import threading
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
+from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any, Iterable, Iterator
 
@@ -102,8 +109,6 @@ def _replay_in_worker(session: Session) -> SessionRows:
 def _pool(
     sessions: Iterable[Session], options: ReplayOptions, workers: int, resolved: dict[tuple, Any] | None
 ) -> Iterator[SessionRows]:
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
     # in whatever state they are in.
@@ -150,7 +155,6 @@ def _main_not_reimportable() -> bool:
 
 def _under_main_guard(path: str, line: int) -> bool:
     """Whether `line` of the script lies in a top-level `if __name__ == "__main__":` block."""
-    import ast
 
     try:
         tree = ast.parse(open(path, encoding="utf-8").read())
@@ -186,9 +190,6 @@ def _interrupts_held() -> Iterator[None]:
     half-way through sending a worker its arguments. Blocking the signal is not enough for the
     latter: another thread of this process takes it, and Python raises KeyboardInterrupt in the
     main thread all the same; so a handler records it meanwhile."""
-    import signal
-    import threading
-    from multiprocessing import resource_tracker
 
     # Spawning starts multiprocessing's resource tracker on first use, and that start unblocks
     # SIGINT on its way out, which the worker would inherit. Start it first.
@@ -307,7 +308,6 @@ def _connect(workers: int, address: str | None) -> Any:
 
 def _check_reachable(address: str | None) -> None:
     """Ray retries an address nothing answers on for minutes; one TCP connection says so at once."""
-    import socket
 
     host, _, port = (address or "").removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():

@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.errors import UnusableInput, UsageError
+from trace_tools.io.shards import LOCK_NAME, RunLock, fingerprint_change, recorded_fingerprint
 from trace_tools.options import parse_choice
 from trace_tools.pipeline.prepared import PROMPT_SOURCES
+from trace_tools.render.canonical import POLICIES
+from trace_tools.render.tokenizer import RECIPES, load_tokenizer
+from trace_tools.strategies.registry import check_params, get_strategy
 
 
 def check_options(options: Any) -> None:
     """Strategy parameters, prompt source and canonicalization; `options.params` become typed values."""
-    from trace_tools.render.canonical import POLICIES
-    from trace_tools.strategies.base import check_params
 
     options.params = check_params(options.strategies, options.params)
     parse_choice(options.prompt_source, PROMPT_SOURCES, "--prompt-source")
@@ -47,15 +49,12 @@ def check_dump(dump: Any, stream: Any, options: Any, specs: list[Any]) -> None:
 def _load_directory(tokenizer: str) -> None:
     """A tokenizer directory is loaded here, so a broken file fails with its own message before the
     template check (which builds a renderer); built-in names load when first used."""
-    from trace_tools.render.tokenizer import RECIPES, load_tokenizer
 
     if tokenizer not in RECIPES:
         load_tokenizer(tokenizer)
 
 
 def _require_no_rendering(label: str, strategies: list[str], prompt_source: str) -> None:
-    from trace_tools.strategies.base import get_strategy
-
     renders = [name for name in strategies if get_strategy(name).renders_prompts]
     if renders or prompt_source == "rendered":
         needs = f"strategies {', '.join(renders)} render" if renders else "--prompt-source rendered renders"
@@ -71,7 +70,6 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
     """The run directory is new, empty, or this same run (to resume); never a file, someone else's
     directory, or a run made with other options, inputs or code unless `overwrite`. `current` is
     this run's fingerprint (`io.shards.fingerprint`)."""
-    from trace_tools.io.shards import LOCK_NAME, RunLock, recorded_fingerprint
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--out {run_dir} is a file; pass a directory path for the run")
@@ -93,7 +91,6 @@ def check_run_dir(run_dir: Path, current: dict[str, Any], overwrite: bool) -> No
 
 def _changed(previous: dict[str, Any], current: dict[str, Any]) -> str:
     """What differs, e.g. `other options (strategies: [...] → [...])` or `trace-tools 0.1.0, this is 0.2.0`."""
-    from trace_tools.io.shards import fingerprint_change
 
     change = fingerprint_change(previous, current)
     if change:

@@ -25,7 +25,8 @@ from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.limits import TemplateLimitHit
 from trace_tools.replay.turnrows import check_trained_once, extra_counters, sample_rows, session_row, turn_rows
-from trace_tools.strategies.base import ReplayContext, Strategy, get_strategy
+from trace_tools.strategies.base import ReplayContext, Strategy
+from trace_tools.strategies.registry import get_strategy
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections import Counter
 from itertools import compress
 from typing import Any
 
-from trace_tools.data import COUNTERS, ReplayResult, Sample, Session
+from trace_tools.data import COUNTERS, ReplayResult, Sample, Session, behaviour_label
 from trace_tools.errors import ReplayError
 
 
@@ -179,9 +179,3 @@ def extra_counters(result: ReplayResult) -> dict[str, int]:
 
 def _ground_truth(metadata: dict | None, key: str) -> Any:
     return (metadata or {}).get(key) if isinstance(metadata, dict) else None
-
-
-def behaviour_label(behaviours: Any) -> str:
-    """Simulator behaviour labels of a session as one string (e.g. `claude-code+retry`)."""
-    names = [str(b) for b in list(behaviours if behaviours is not None else []) if b]
-    return "+".join(sorted(names)) or "unlabelled"

@@ -8,8 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from trace_tools.data import behaviour_label
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.replay.turnrows import behaviour_label
+from trace_tools.io.rundir import load_summary, read_table
+from trace_tools.report.rerender import read_run
 
 OUTCOME_COLUMNS = ["samples", "trained_tokens", "forwarded_tokens"]
 
@@ -31,7 +33,6 @@ class Comparison:
 
 def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list[str] | None = None) -> Comparison:
     """Two runs strategy by strategy, or (with one run and two strategy names) two strategies of it."""
-    from trace_tools.io.rundir import load_summary, read_table
 
     summary_a, sessions_a = load_summary(run_a), read_table(run_a, "sessions")
     only_a: list[str] = []
@@ -151,7 +152,6 @@ def _pair(a: str, b: str) -> str:
 def compare_by_behaviour(run: str | Path) -> pd.DataFrame:
     """Behaviour × strategy from the simulator's ground truth: samples and forwarded tokens against the
     ideal, and the share of genuine generated tokens trained."""
-    from trace_tools.report.rerender import read_run
 
     tables = read_run(run)
     sessions, turns = tables["sessions"], tables["turns"]

@@ -23,9 +23,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
+from xml.sax.saxutils import escape, quoteattr
 
 from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules, did_you_mean
+from trace_tools.io.rundir import load_summary
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 TOP_LEVEL = (
@@ -314,7 +316,6 @@ def _is_number(x: Any) -> TypeGuard[float]:
 
 def gate(run: str | Path, rules_path: str | Path, baseline_run: str | Path | None = None) -> list[RuleResult]:
     """Evaluate a rules file against a finished run (and optionally a baseline run)."""
-    from trace_tools.io.rundir import load_summary
 
     rules = parse_rules(rules_path)
     baseline = load_summary(baseline_run) if baseline_run is not None else None
@@ -322,8 +323,6 @@ def gate(run: str | Path, rules_path: str | Path, baseline_run: str | Path | Non
 
 
 def junit_xml(results: list[RuleResult]) -> str:
-    from xml.sax.saxutils import escape, quoteattr
-
     failures = sum(not r.passed for r in results)
     lines = [
         '<?xml version="1.0" encoding="utf-8"?>',

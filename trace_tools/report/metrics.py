@@ -9,6 +9,7 @@ import pandas as pd
 
 from trace_tools.data import COUNTERS
 from trace_tools.io.schema import DATA_WARNINGS
+from trace_tools.render.renderer import verify_summary
 
 
 def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) -> dict[str, Any]:
@@ -225,7 +226,6 @@ def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
     `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
     the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
     template re-renders earlier turns, `appended_role` for a new user or system message)."""
-    from trace_tools.render.renderer import verify_summary
 
     reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
     return {

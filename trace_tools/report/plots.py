@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from trace_tools.io.rundir import read_table
 from trace_tools.strategies.declarations import NAMES, in_column_order
 
 MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
@@ -41,7 +43,6 @@ DRIFT_COLUMNS = ["cause", "token_drift", "divergence", "served_len"]
 
 def plot_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     """The tables the plots read from a run directory (the drift findings without their id lists)."""
-    from trace_tools.io.rundir import read_table
 
     tables = {name: read_table(run_dir, name) for name in PLOT_TABLES}
     return tables | {"drift": read_table(run_dir, "drift", columns=DRIFT_COLUMNS)}
@@ -120,7 +121,6 @@ HELPER_TIMEOUT_S = 300
 
 def _serve() -> None:
     """The helper: import what drawing needs now, then draw the run named on stdin."""
-    from io import BytesIO
 
     from matplotlib.figure import Figure
 

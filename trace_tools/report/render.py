@@ -11,6 +11,7 @@ from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import markdown_cell
 from trace_tools.report.layout import ABSENT, signed_pct
 from trace_tools.report.metrics import upstream_lines
+from trace_tools.report.plots import write_plots
 from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (
@@ -24,7 +25,6 @@ def write_report(
     run_dir: Path, summary: dict[str, Any], tables: dict[str, pd.DataFrame], plots: list[str] | None = None
 ) -> None:
     """RUN/report.md, and RUN/plots unless `plots` names the files already drawn."""
-    from trace_tools.report.plots import write_plots
 
     if plots is None:
         plots = write_plots(run_dir / "plots", tables)

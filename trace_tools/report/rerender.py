@@ -7,7 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from trace_tools.io import storage
 from trace_tools.io.rundir import load_summary, read_table, require_run
+from trace_tools.report.plots import plot_tables
+from trace_tools.report.render import write_report
 
 
 def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
@@ -19,9 +22,6 @@ def read_run(run: str | Path) -> dict[str, pd.DataFrame]:
 def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:
     """Rewrite report.md and the plots (and report.html when `html`) from the run's files; a run in
     object storage is copied here (its shards left out) and what was rewritten is uploaded."""
-    from trace_tools.io import storage
-    from trace_tools.report.plots import plot_tables
-    from trace_tools.report.render import write_report
 
     with storage.local_run(storage.location(run), write_back=True) as path:
         summary = load_summary(path)

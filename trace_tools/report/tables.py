@@ -8,12 +8,15 @@ dropped turns by tool, and one legend for the strategy labels. Every table goes 
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 
 from trace_tools.io import storage
+from trace_tools.io.rundir import load_run_info, read_table
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.strategies.declarations import counter_applies
@@ -181,7 +184,6 @@ def _per_tool(summary: dict[str, Any], width: int, cell) -> list[Any]:
 def next_steps(run_dir: Path | str) -> list[str]:
     """The commands worth running after a replay, each under a line saying why: open the report,
     explain the session that drifted most (from the run's drift table), gate the run in CI."""
-    from trace_tools.io.rundir import load_run_info, read_table
 
     run = storage.location(run_dir)
     lines = ["next:", f"  open {storage.join(run, 'report.html')} in a browser"]
@@ -204,8 +206,6 @@ def next_steps(run_dir: Path | str) -> list[str]:
 def _shown(location: Path | str) -> str:
     """A path as short as it can be typed from here (relative below the working directory), quoted
     for the shell where needed."""
-    import os
-    import shlex
 
     text = str(location)
     if not storage.is_uri(text) and os.path.isabs(text):

@@ -22,7 +22,7 @@ from typing import Any
 
 _EXPORTS = {
     "rescore": "api",
-    "RescoreResult": "api",
+    "RescoreResult": "output",
     "load_sessions": "api",
     "fill_logprobs": "fill",
     "teacher_forced": "fill",

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -24,6 +23,8 @@ from trace_tools.errors import TraceToolsError
 from trace_tools.rescore import metrics, plan, require_torch
 from trace_tools.rescore.fill import logprobs_source
 from trace_tools.rescore.metrics import DEFAULT_MAX_THRESHOLD, DEFAULT_THRESHOLD
+from trace_tools.rescore.output import RescoreResult
+from trace_tools.rescore.prompts import PromptSource
 
 DEFAULT_TOP_K = 20
 CONTEXT_BEFORE, CONTEXT_AFTER = 24, 6  # tokens of decoded context around a flagged turn's worst token
@@ -53,32 +54,6 @@ SESSION_COLUMNS = [
     "flagged_turns",
     *metrics.STAT_KEYS,
 ]
-
-
-@dataclass
-class RescoreResult:
-    """Tables (pandas) and the run summary of one rescore; `save` writes them as a run directory."""
-
-    tokens: pd.DataFrame
-    turns: pd.DataFrame
-    sessions: pd.DataFrame
-    summary: dict[str, Any]
-    threshold: float = DEFAULT_THRESHOLD
-    out_dir: Path | None = None
-    written: list[Path] = field(default_factory=list)
-
-    @property
-    def flagged(self) -> pd.DataFrame:
-        """Flagged turns, worst first (by max |Δ|)."""
-        return self.turns[self.turns["flagged"]].sort_values("max_abs_delta", ascending=False)
-
-    def save(self, directory: str | os.PathLike, write_tokens: bool = True) -> list[Path]:
-        """tokens.parquet (optional), turns.parquet, sessions.parquet, summary.json, plots/rescore_delta_hist.png."""
-        from trace_tools.rescore.output import write_run
-
-        self.out_dir = Path(directory)
-        self.written = write_run(self, self.out_dir, write_tokens)
-        return self.written
 
 
 def rescore(
@@ -187,74 +162,6 @@ def load_sessions(
             raise TraceToolsError("rescore takes a dump path, a loaded dump or a list of Session objects")
         return sessions, (sessions[0].meta if sessions else DumpMeta()), []
     raise TraceToolsError(f"cannot rescore a {type(dump).__name__}; pass a dump path, a loaded dump or sessions")
-
-
-class PromptSource:
-    """Prompt ids per turn: recorded when present, else rendered with the session's own renderer
-    (the pipeline's `RendererPool`: options, then the session's file metadata, then the model's
-    tokenizer), built on first need.
-
-    A renderer that cannot be built (no tokenizer or template known) makes every unrecorded
-    prompt of its sessions `prompt_unavailable`, with the reason in the turn's `detail`.
-    """
-
-    def __init__(
-        self, tokenizer: str | None, chat_template: str | None, default_tokenizer: str | None, canonicalization: str
-    ):
-        from trace_tools.pipeline import RendererPool
-
-        self.pool = RendererPool(tokenizer or None, chat_template)
-        self.tokenizer, self.default_tokenizer, self.canonicalization = tokenizer, default_tokenizer, canonicalization
-        self._used: Any = None
-        self._translators: dict[str, Any] = {}
-
-    def renderer(self, session: Session) -> Any:
-        if not (self.tokenizer or session.meta.tokenizer) and self.default_tokenizer:
-            from dataclasses import replace
-
-            session = Session(
-                session.session_id, session.turns, replace(session.meta, tokenizer=self.default_tokenizer)
-            )
-        renderer = self.pool.for_session(session)
-        if renderer is None:
-            raise TraceToolsError("no tokenizer: the dump names none; pass --tokenizer")
-        self._used = self._used or renderer
-        return renderer
-
-    def prompt(self, turn: Turn, session: Session) -> tuple[list[int] | None, str | None, str | None]:
-        """(ids, origin, problem): origin is `recorded` or `rendered`; problem explains a None."""
-        if turn.prompt_ids is not None:
-            return list(turn.prompt_ids), "recorded", None
-        if not turn.messages:
-            return None, None, "no prompt_ids recorded and no messages to render"
-        from trace_tools.pipeline.prepared import Canonicalizer, render_prompt
-
-        translate = self._translators.setdefault(session.session_id, Canonicalizer(self.canonicalization))
-        try:
-            return (
-                render_prompt(self.renderer(session), translate.messages(turn.messages), turn.tools or None, turn),
-                "rendered",
-                None,
-            )
-        except TraceToolsError as exc:
-            return None, None, str(exc)
-
-    def identity(self) -> Any:
-        return dict(getattr(self._used, "identity", {}) or {}) if self._used is not None else None
-
-    def decoder(self) -> Callable[[Sequence[int]], str] | None:
-        """A decode function for flagged contexts: a renderer's, else the tokenizer's, else None."""
-        if self._used is not None:
-            return self._used.decode
-        name = self.tokenizer or self.default_tokenizer
-        if not name:
-            return None
-        from trace_tools.render.tokenizer import load_tokenizer
-
-        try:
-            return load_tokenizer(name).decode
-        except TraceToolsError:
-            return None
 
 
 def rescore_input(turn: Turn, session: Session, prompts: PromptSource, vocab_size: int) -> plan.TurnInput:

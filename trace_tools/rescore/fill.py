@@ -60,8 +60,8 @@ def teacher_forced(
 ) -> list[list[float] | None]:
     """Per turn, the model's logprobs of its output tokens given its prompt (None when unscorable)."""
     require_torch()
-    from trace_tools.rescore.api import PromptSource
     from trace_tools.rescore.models import ScoringModel, load_model
+    from trace_tools.rescore.prompts import PromptSource
     from trace_tools.rescore.scoring import score_turns
 
     model = model_spec if isinstance(model_spec, ScoringModel) else load_model(model_spec, device, dtype)

@@ -1,21 +1,46 @@
-"""The rescore run directory: Parquet tables, summary.json and the Δ histogram (no torch here)."""
+"""A rescore's result and its run directory: Parquet tables, summary.json and the Δ histogram (no torch here)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
-if TYPE_CHECKING:
-    from trace_tools.rescore.api import RescoreResult
+from trace_tools.rescore.metrics import DEFAULT_THRESHOLD
 
 PLOT_NAME = "rescore_delta_hist.png"
 
 
-def write_run(result: "RescoreResult", directory: Path, write_tokens: bool = True) -> list[Path]:
+@dataclass
+class RescoreResult:
+    """Tables (pandas) and the run summary of one rescore; `save` writes them as a run directory."""
+
+    tokens: pd.DataFrame
+    turns: pd.DataFrame
+    sessions: pd.DataFrame
+    summary: dict[str, Any]
+    threshold: float = DEFAULT_THRESHOLD
+    out_dir: Path | None = None
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> pd.DataFrame:
+        """Flagged turns, worst first (by max |Δ|)."""
+        return self.turns[self.turns["flagged"]].sort_values("max_abs_delta", ascending=False)
+
+    def save(self, directory: str | os.PathLike, write_tokens: bool = True) -> list[Path]:
+        """tokens.parquet (optional), turns.parquet, sessions.parquet, summary.json, plots/rescore_delta_hist.png."""
+        self.out_dir = Path(directory)
+        self.written = write_run(self, self.out_dir, write_tokens)
+        return self.written
+
+
+def write_run(result: RescoreResult, directory: Path, write_tokens: bool = True) -> list[Path]:
     """Write every output atomically; returns the paths written."""
     from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 

@@ -23,12 +23,17 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from trace_tools.data import SIMULATED_HARNESS
-from trace_tools.errors import TraceToolsError, UnknownName
-from trace_tools.simulate.behaviours import BEHAVIOURS, parse_recipes
+from trace_tools.data import SIMULATED_HARNESS, DumpMeta, Session, Turn
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError
+from trace_tools.io.write import sessions_to_table, write_parquet_atomic
+from trace_tools.render.families import stamps_date
+from trace_tools.render.harness_echo import HarnessEcho, load_profile
+from trace_tools.render.renderer import Renderer
+from trace_tools.simulate.behaviours import BEHAVIOURS, harness_echo, parse_recipes
 from trace_tools.simulate.formats import FAMILIES
 from trace_tools.simulate.gateway import RECORDINGS
 from trace_tools.simulate.profiles import PROFILES, get_profile
+from trace_tools.simulate.session import SessionBuilder, SimContext
 
 __all__ = ["BEHAVIOURS", "FAMILIES", "PROFILES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
 
@@ -74,7 +79,6 @@ def simulate(
         harness_profile: a harness profile (a profile.json from `trace-tools probe`, or a shipped
             name) that the `harness-profile` behaviour plays; alone, every session plays it.
     """
-    from trace_tools.io.write import sessions_to_table, write_parquet_atomic
 
     if harness_profile is not None and not behaviours:
         behaviours = ["harness-profile"]
@@ -116,10 +120,6 @@ def simulate_sessions(
     harness_profile: str | None = None,
 ) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
-    from trace_tools.data import DumpMeta, Session
-    from trace_tools.render.families import stamps_date
-    from trace_tools.render.renderer import Renderer
-    from trace_tools.simulate.session import SessionBuilder, SimContext
 
     played = playable_profile(harness_profile) if harness_profile is not None else None
     family = _family(template)
@@ -160,8 +160,6 @@ def simulate_sessions(
 
 def playable_profile(spec: str) -> Any:
     """A harness profile the simulator can play (usage error naming what it cannot replay)."""
-    from trace_tools.errors import UsageError
-    from trace_tools.render.harness_echo import HarnessEcho, load_profile
 
     echo = HarnessEcho(load_profile(spec))
     if echo.unsupported:
@@ -174,7 +172,6 @@ def playable_profile(spec: str) -> Any:
 
 def _played_harnesses(recipes: list[tuple[str, ...]], played: Any) -> dict[str, str]:
     """{behaviour: "<harness> <version>"} for the measured harnesses the recipes play."""
-    from trace_tools.simulate.behaviours import harness_echo
 
     out: dict[str, str] = {}
     for recipe in recipes:
@@ -214,8 +211,6 @@ def summarize(table: Any) -> list[dict[str, Any]]:
 
 
 def _turn(row: dict[str, Any]) -> Any:
-    from trace_tools.data import Turn
-
     fields = dict(row)
     fields["started_at"] = _EPOCH + timedelta(microseconds=row["started_at"])
     fields["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])

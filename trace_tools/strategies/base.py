@@ -1,4 +1,4 @@
-"""Strategy interface and registry.
+"""The strategy interface: what a strategy is given (`ReplayContext`) and what it implements (`Strategy`).
 
 A strategy turns one recorded session into training samples the way one trajectory manager
 does. The pipeline (`trace_tools.pipeline`) prepares each session once (canonical messages,
@@ -8,39 +8,22 @@ and the run directory; a strategy only implements `replay_session(prepared) -> R
 What a strategy is (name, label, parameters, template facts, counterfactual or not) is its
 `declaration` (`strategies.declarations`); the class copies those facts into its attributes. Options are
 read with `self.setting(name)`: typed, defaulted and checked against the declaration, never
-parsed by hand. The built-in classes are listed in `strategies.builtin`; `register` adds another
-at run time (a plugin, a test).
+parsed by hand. Finding a strategy by its name is `strategies.registry`'s job; what several
+strategies share (failure reasons, releasing a tree) is in `strategies.helpers`.
 """
 
 from __future__ import annotations
 
-import re
 from abc import ABC
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
-from trace_tools.data import ReplayResult, Session, Turn
-from trace_tools.errors import UnknownName
-from trace_tools.options import Param, check_known
+from trace_tools.data import ReplayResult, Session
+from trace_tools.options import Param
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
 from trace_tools.render.base import RendererLike
 from trace_tools.render.upstream import upstream_render
-from trace_tools.strategies.declarations import NAMES, Declaration, builtin_params
-
-# Strategies registered at run time, besides the built-in ones.
-REGISTRY: dict[str, type["Strategy"]] = {}
-_NUMBER = re.compile(r"\d+")
-
-
-def register(cls: type["Strategy"]) -> type["Strategy"]:
-    """Make a strategy that is not built in available by its name (its own `declaration`'s)."""
-    if "declaration" not in cls.__dict__:
-        raise TypeError(f"{cls.__name__} has no declaration of its own; set `declaration = Declaration(...)`")
-    if cls.name in NAMES:
-        raise ValueError(f"strategy {cls.name!r} is built in")
-    REGISTRY[cls.name] = cls
-    return cls
+from trace_tools.strategies.declarations import Declaration
 
 
 @dataclass
@@ -122,71 +105,3 @@ class Strategy(ABC):
 def prepare(session: Session, ctx: ReplayContext) -> PreparedSession:
     """A session prepared the way the engine prepares it, for this context."""
     return prepare_session(session, ctx.renderer, ctx.canonicalization, ctx.prompt_source)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """How a request the upstream system answers with an error is counted and shown: the error's
-    own `reason` where it names one, else its first line with every number written N (so that
-    the same failure at different positions counts once)."""
-    reason = getattr(exc, "reason", None)
-    if isinstance(reason, str) and reason:
-        return reason
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return _NUMBER.sub("N", first_line)[:200]
-
-
-def release_tree(roots: Iterable[Any]) -> None:
-    """Unlink a finished tree's `parent`/`children` references so that reference counting frees it.
-
-    A linked tree is a reference cycle, and only the cyclic garbage collector frees cycles, after
-    walking every token-id list they hold: on long sessions that walk cost more than some strategies.
-    """
-    stack = list(roots)
-    while stack:
-        node = stack.pop()
-        stack += node.children
-        node.children = []
-        node.parent = None
-
-
-def get_strategy(name: str) -> type[Strategy]:
-    try:
-        return _classes()[name]
-    except KeyError:
-        raise UnknownName("strategy", name, sorted(_classes())) from None
-
-
-def available_strategies() -> list[str]:
-    """Every strategy name: the built-in ones in column order
-    (docs/strategies.md#the-eight-strategies), then the registered ones."""
-    return [*NAMES, *sorted(REGISTRY)]
-
-
-def declared_params() -> dict[str, Param]:
-    """Every option any strategy declares, by name (strategies that share one share its declaration)."""
-    return {**builtin_params(), **{param.name: param for cls in REGISTRY.values() for param in cls.params}}
-
-
-def check_params(strategies: list[str], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate options before any work: the typed values of `params` (None values dropped).
-
-    Raises `UnknownName` for an unknown strategy, `UsageError` for an option no strategy declares
-    and `InvalidOption` for a value outside its declaration; each message lists the valid choices.
-    """
-    for name in strategies:
-        get_strategy(name)
-    given = {key: value for key, value in params.items() if value is not None}
-    declared = declared_params()
-    check_known(given, declared, "strategy parameter")
-    return {key: declared[key].parse(value) for key, value in given.items()}
-
-
-def _classes() -> dict[str, type[Strategy]]:
-    """The built-in classes (imported on first use: `--help` needs only their declarations) and the registered ones."""
-    from trace_tools.strategies.builtin import BUILTIN
-
-    return {**BUILTIN, **REGISTRY}
-
-
-def turn_tools(turn: Turn) -> list[dict] | None:
-    return turn.tools or None

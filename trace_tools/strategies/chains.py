@@ -31,12 +31,13 @@ from trace_tools.data import ReplayResult, Sample, Session, Turn
 from trace_tools.errors import ReplayError
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.render.upstream import took_lenient
-from trace_tools.strategies.base import ReplayContext, Strategy, failure_reason
+from trace_tools.strategies.base import ReplayContext, Strategy
 from trace_tools.strategies.chains_core.codec import ChainCodec
 from trace_tools.strategies.chains_core.errors import RequestRejected, ServerError
 from trace_tools.strategies.chains_core.session import ChainSession
 from trace_tools.strategies.chains_core.state import CONTEXT, StepOutcome, Trajectory
 from trace_tools.strategies.declarations import CHAINS
+from trace_tools.strategies.helpers import failure_reason
 
 
 class ChainsStrategy(Strategy):

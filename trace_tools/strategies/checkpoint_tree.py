@@ -28,7 +28,7 @@ from trace_tools.errors import ReplayError
 from trace_tools.ids import common_prefix_len
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
 from trace_tools.render.harness_echo import HarnessEcho, load_profile, shipped_echoes, working_directory
-from trace_tools.strategies.base import ReplayContext, Strategy, prepare, release_tree
+from trace_tools.strategies.base import ReplayContext, Strategy, prepare
 from trace_tools.strategies.checkpoint_core import (
     Assembly,
     AssemblyFailed,
@@ -39,6 +39,7 @@ from trace_tools.strategies.checkpoint_core import (
     build_samples,
 )
 from trace_tools.strategies.declarations import CHECKPOINT_TREE
+from trace_tools.strategies.helpers import release_tree
 
 
 @lru_cache(maxsize=8)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
-from trace_tools.strategies.base import Strategy, release_tree
+from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import SESSION_V2
+from trace_tools.strategies.helpers import release_tree
 from trace_tools.strategies.session_core.errors import AssemblyError
 from trace_tools.strategies.session_core.matchers import resolve_matcher
 from trace_tools.strategies.session_core.recording import record_outcomes, session_requests, tito_from_context

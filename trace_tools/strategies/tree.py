@@ -16,8 +16,9 @@ from typing import Any, Sequence
 from trace_tools.data import ReplayResult
 from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.render.upstream import ArgumentFormError, check_render, took_lenient
-from trace_tools.strategies.base import Strategy, failure_reason, release_tree
+from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import TREE
+from trace_tools.strategies.helpers import failure_reason, release_tree
 from trace_tools.strategies.tree_core import (
     BaseSample,
     TrajectoryManager,

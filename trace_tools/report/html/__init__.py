@@ -12,8 +12,16 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_tools.io.rundir import require_run
+from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import BIDI, visible_bidi
+from trace_tools.report.explain_view import CAUSE_TEXT
+from trace_tools.report.harness_profile import page_rows, title
+from trace_tools.report.html import overview
+from trace_tools.report.html.sessions import build_sessions
 from trace_tools.report.layout import ABSENT, count, signed_pct
+from trace_tools.report.metrics import upstream_lines
+from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
 REPORT_NAME = "report.html"
 
@@ -29,8 +37,6 @@ def write_html_report(
     `plots_drawn` is called, when given, just before RUN/plots are read: the page's other parts
     are built while the plots are still being drawn elsewhere. `summary` is the run's summary
     when the caller has it and summary.json is not written yet (replay writes it last)."""
-    from trace_tools.io.rundir import require_run
-    from trace_tools.io.write import write_text_atomic
 
     run = Path(run_dir)
     if summary is None:
@@ -45,12 +51,6 @@ def render_html(
 ) -> str:
     """The page's HTML text for a finished run directory."""
     import pandas as pd
-
-    from trace_tools.report.explain_view import CAUSE_TEXT
-    from trace_tools.report.html import overview
-    from trace_tools.report.html.sessions import build_sessions
-    from trace_tools.report.metrics import upstream_lines
-    from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
 
     if summary is None:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -90,7 +90,6 @@ def _harness_profile(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "profile.json"
     if not path.exists():
         return None
-    from trace_tools.report.harness_profile import page_rows, title
 
     profile = json.loads(path.read_text(encoding="utf-8"))
     return {"title": title(profile), "rows": page_rows(profile)}

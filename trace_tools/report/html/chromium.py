@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -207,8 +208,6 @@ class Chromium:
         raise TraceToolsError(f"timed out waiting for {method}")
 
     def _read(self) -> dict[str, Any]:
-        import select
-
         while b"\0" not in self._buffer:
             if not select.select([self._from_browser], [], [], self.timeout)[0]:
                 raise TraceToolsError(f"Chromium did not answer within {self.timeout:.0f} s")

@@ -6,6 +6,9 @@ import base64
 from pathlib import Path
 from typing import Any
 
+from trace_tools.report.layout import legend
+from trace_tools.strategies.declarations import counter_applies, label
+
 PLOT_TITLES = {
     "coverage_by_tool": "Loss-mask coverage by tool",
     "samples_per_session": "Samples per session",
@@ -70,8 +73,6 @@ def tool_rows(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict
 def counter_table(summary: dict[str, Any]) -> dict[str, Any]:
     """Counters as rows and strategies (short labels) as columns, so the table stays narrow: the
     counters some strategy counted, None where a strategy has no such step, and the all-zero ones."""
-    from trace_tools.report.layout import legend
-    from trace_tools.strategies.declarations import counter_applies, label
 
     blocks = summary["strategies"]
     every = list(dict.fromkeys(c for s in blocks.values() for c in s.get("counters", {})))

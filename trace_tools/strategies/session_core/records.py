@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from trace_tools.ids import common_prefix_len
 from trace_tools.render.upstream import took_lenient
-from trace_tools.strategies.base import failure_reason
+from trace_tools.strategies.helpers import failure_reason
 from trace_tools.strategies.session_core.errors import (
     RequestRejected,
     ServerError,
@@ -73,7 +73,7 @@ class TurnOutcome:
     turn_index: int
     status: str = "ok"
     detail: str = ""
-    reason: str = ""  # how a rejected or failed request is counted (`strategies.base.failure_reason`)
+    reason: str = ""  # how a rejected or failed request is counted (`strategies.helpers.failure_reason`)
     lenient: bool = False  # rendered in the lenient text form where miles' render fails (`lenient_render`)
     prompt_ids: list[int] | None = None
     placement: str = ""

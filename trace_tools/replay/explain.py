@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trace_tools.errors import TraceToolsError
 from trace_tools.io.schema import COLUMNS
-from trace_tools.pipeline.drift import DriftFinding
+from trace_tools.pipeline import Pipeline
+from trace_tools.pipeline.drift import DriftFinding, find_drift
+from trace_tools.pipeline.facts import token_window
 
 
 @dataclass
@@ -32,8 +34,6 @@ class Explanation:
     verify: dict[str, Any] | None = None  # with render_path="verify": `render.renderer.verify_summary`
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return {
             "session_id": self.session_id,
             "findings": [asdict(f) for f in self.findings],
@@ -67,7 +67,6 @@ def explain(
     one), plus (with `strategy`) what that strategy made of the focused turn. `render_path`:
     fast | reference | verify (`render.spec.RENDER_PATHS`); with verify, `Explanation.verify`
     counts the renders checked and those that differed."""
-    from trace_tools.pipeline import Pipeline
 
     pipeline = Pipeline(
         dump,
@@ -97,7 +96,6 @@ def explain(
 
 def explain_prepared(prepared: Any, *, turn: int | None = None, context: int = 8) -> Explanation:
     """`explain` for an already prepared session (`trace_tools.pipeline.PreparedSession`)."""
-    from trace_tools.pipeline.drift import find_drift
 
     findings = find_drift(prepared)
     focus = _focus(findings, turn)
@@ -117,8 +115,6 @@ def _focus(findings: list[DriftFinding], turn: int | None) -> DriftFinding | Non
 
 
 def _window(focus: DriftFinding, prepared: Any, context: int) -> TokenWindow:
-    from trace_tools.pipeline.facts import token_window
-
     turns = {p.turn.turn_index: p for p in prepared.turns}
     window = token_window(
         turns[focus.turn_index], turns[focus.echo_turn], focus, prepared.renderer, before=context, after=context
