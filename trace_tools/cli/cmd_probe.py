@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from trace_tools.cli._output import TEMPLATE_HELP, TOKENIZER_HELP
+from trace_tools.record.checks import DEFAULT_MAX_BODY
 
 FAMILY_HELP = (
     "Model family whose template, tokenizer and tool-call format the model uses: "
@@ -40,6 +41,9 @@ def record_cmd(
     harness: Annotated[str, typer.Option(help="Label the dump with the harness that recorded it.")] = "",
     reasoning: Annotated[str, typer.Option(help=REASONING_HELP)] = "separate",
     allow_remote: Annotated[bool, typer.Option(help="Allow binding a non-loopback address.")] = False,
+    max_body: Annotated[
+        float, typer.Option("--max-body", help="Largest request body in MiB; a larger one is answered 413.")
+    ] = DEFAULT_MAX_BODY / 2**20,
 ) -> None:
     """Run a recording gateway: Anthropic Messages and OpenAI Chat Completions in, trace schema v1 out.
 
@@ -68,8 +72,9 @@ def record_cmd(
         harness=harness,
         reasoning=reasoning,
         allow_remote=allow_remote,
+        max_body=int(max_body * 2**20),
     )
-    counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows"
+    counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows, {stats.abandoned} abandoned"
     note(f"recorded {stats.turns} turns ({counts}) in {out}/dump")
 
 
