@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pickle
 import secrets
 import threading
 import time
@@ -108,6 +107,9 @@ class Recorder:
         self.renderer, self.model, self.reasoning = renderer, model, reasoning
         self.max_body, self.body_seconds = max_body, body_seconds
         self._lock = OutLock(self.out_dir)
+        # A one-message render now: a template that cannot serve fails at start, and the shared
+        # tokenizer's encoder is built before the first client waits on it.
+        renderer.render([{"role": "user", "content": "warm-up"}], None, True)
         source = "upstream" if isinstance(model, UpstreamModel) else "script"
         self.meta = recording_meta(renderer, harness, source, reasoning)
         self.sink = TurnSink(self.out_dir / "dump", self.meta, renderer.vocab_size)
@@ -341,11 +343,13 @@ class Recorder:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _renderer(self) -> Any:
-        """This thread's renderer: a copy built from the recording's (its pickling recipe: same template
-        and tokenizer files, its own caches and encoder memo, which are not safe to share between threads)."""
+        """This thread's renderer: one built from the recording's recipe (`Renderer.__reduce__`: the
+        same template, the same tokenizer object) with render caches of its own, which are not
+        safe to share between threads."""
         renderer = getattr(self._per_thread, "renderer", None)
         if renderer is None:
-            renderer = self._per_thread.renderer = pickle.loads(pickle.dumps(self.renderer))
+            factory, arguments = self.renderer.__reduce__()[:2]
+            renderer = self._per_thread.renderer = factory(*arguments)
         return renderer
 
     def _render(self, messages: list[dict], tools: Any) -> list[int]:

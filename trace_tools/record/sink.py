@@ -31,6 +31,7 @@ import os
 import re
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,20 @@ class TurnSink:
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
         self._rejected_before = _highest_rejected(self.rejected_path)
+        # What the first write imports (pyarrow converts datetimes through pandas: a second or two)
+        # is loaded now, not inside a client's request.
+        self._checked_table(Turn("warm-up", 0, [{"role": "user", "content": ""}], [0], started_at=_now()))
+
+    def _checked_table(self, turn: Turn) -> Any:
+        """The turn as a one-row table, after the row gate (raises `io.rows.BadRow`)."""
+        import pyarrow as pa
+
+        from trace_tools.io.rows import records, turn_from_record
+        from trace_tools.io.write import turn_row
+
+        table = pa.Table.from_pylist([turn_row(turn)], schema=self._schema)
+        turn_from_record(records(table.to_batches()[0])[0], self.vocab_size)
+        return table
 
     def reserve(self, session: str) -> int:
         """The next turn index of `session` (one past its highest turn on disk or rejected, the
@@ -87,14 +102,11 @@ class TurnSink:
     def write(self, turn: Turn) -> str | None:
         """Write `turn` (never over an existing file); returns None, or the reason it went to
         `rejected.jsonl` instead (it failed validation, or could not be written)."""
-        import pyarrow as pa
+        from trace_tools.io.rows import BadRow
+        from trace_tools.io.write import write_parquet_atomic
 
-        from trace_tools.io.rows import BadRow, records, turn_from_record
-        from trace_tools.io.write import turn_row, write_parquet_atomic
-
-        table = pa.Table.from_pylist([turn_row(turn)], schema=self._schema)
         try:
-            turn_from_record(records(table.to_batches()[0])[0], self.vocab_size)
+            table = self._checked_table(turn)
         except BadRow as bad:
             return self._reject(turn, bad.reason, bad.detail)
         target = self.dump_dir / safe_name(turn.session_id) / f"turn-{turn.turn_index:06d}.parquet"
@@ -115,6 +127,10 @@ class TurnSink:
             with open(self.rejected_path, "a", encoding="utf-8", errors="backslashreplace") as out:
                 out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         return reason
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 def _highest_rejected(path: Path) -> dict[str, int]:
