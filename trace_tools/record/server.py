@@ -35,6 +35,7 @@ render caches are per thread), so one huge prompt does not hold up other session
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
@@ -43,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
 from trace_tools.errors import TraceToolsError, UnknownName, UsageError
@@ -119,6 +120,7 @@ class Recorder:
         self._per_thread = threading.local()
         self._model_lock = threading.Lock()  # the scripted model encodes with the shared renderer
         self._sessions: dict[str, asyncio.Lock] = {}
+        self._budget = _ByteBudget(render_threads * max_body)
         self._client: Any = None
 
     # -- the application ---------------------------------------------------------------------
@@ -198,16 +200,27 @@ class Recorder:
 
     # -- count_tokens ----------------------------------------------------------------------------
     async def _count_tokens(self, request: Any, session: str | None) -> Any:
-        body = await self._body(request)
-        check_anthropic(body, count_tokens=True)
-        messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
-        ids = await self._run(self._render, messages, tools)
+        async with self._budget.hold(self._declared_size(request)):
+            body = await self._body(request)
+            check_anthropic(body, count_tokens=True)
+            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
+            ids = await self._run(self._render, messages, tools)
         return self._answer(request, session, "count_tokens", {"input_tokens": len(ids)}, body=body)
 
     # -- one turn -------------------------------------------------------------------------------
     async def _turn(self, request: Any, session: str | None, protocol: str) -> Any:
+        """A session's requests one at a time; each body is read only when its turn comes and
+        its bytes fit the recorder's budget (so waiting requests hold no memory)."""
         session = session or _header_session(request) or "default"
-        body = await self._body(request)
+        async with self._sessions.setdefault(session, asyncio.Lock()):
+            if _client_gone(request):  # it left while an earlier request of its session was served
+                self.stats.abandoned += 1
+                return self._answer(request, session, "abandoned", {}, status=499)
+            async with self._budget.hold(self._declared_size(request)):
+                body = await self._body(request)
+                return await self._serve(request, session, protocol, body)
+
+    async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
         if protocol == "anthropic":
             check_anthropic(body)
         else:
@@ -226,11 +239,12 @@ class Recorder:
             messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
         else:
             messages, tools = body["messages"], body.get("tools") or None
-        async with self._sessions.setdefault(session, asyncio.Lock()):
-            if _client_gone(request):  # it left while an earlier turn of its session was served
-                self.stats.abandoned += 1
-                return self._answer(request, session, "abandoned", {}, status=499, body=body)
-            return await self._serve_turn(request, session, protocol, body, messages, tools)
+        return await self._serve_turn(request, session, protocol, body, messages, tools)
+
+    def _declared_size(self, request: Any) -> int:
+        """The bytes a request's body will take (a chunked one: the limit); a larger one is refused unread."""
+        length = request.content_length
+        return self.max_body if length is None else min(length, self.max_body)
 
     async def _serve_turn(
         self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any
@@ -484,6 +498,28 @@ def _id(prefix: str) -> str:
 
 def _model_entry() -> dict:
     return {"id": "trace-tools-recorder", "object": "model", "type": "model", "display_name": "trace-tools recorder"}
+
+
+class _ByteBudget:
+    """At most `limit` bytes of request bodies being served at once (a request's parsed body,
+    prompt and row follow its size, so this bounds the recorder's memory); a request waits, its
+    body unread, until it fits. One request always fits when none is served."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used == 0 or self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.used -= size
+                self._changed.notify_all()
 
 
 class RecorderThread:
