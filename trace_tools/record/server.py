@@ -70,6 +70,7 @@ SIDE_TITLE = "Scripted session"
 # `content`). Either way the row's `response` is the gateway's parse, reasoning kept apart.
 REASONING_MODES = ("separate", "text")
 RENDER_THREADS = 4  # requests of this many sessions render at once; more wait for a thread
+BODIES_AT_THE_LIMIT = 2  # bodies served at once, in bytes: this many at --max-body (docs/probe.md)
 
 
 @dataclass
@@ -120,7 +121,7 @@ class Recorder:
         self._per_thread = threading.local()
         self._model_lock = threading.Lock()  # the scripted model encodes with the shared renderer
         self._sessions: dict[str, asyncio.Lock] = {}
-        self._budget = _ByteBudget(render_threads * max_body)
+        self._budget = _ByteBudget(BODIES_AT_THE_LIMIT * max_body)
         self._client: Any = None
 
     # -- the application ---------------------------------------------------------------------
