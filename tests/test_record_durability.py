@@ -238,6 +238,7 @@ MALFORMED = [
     (CHAT, _chat(stream="yes", stream_options="x"), {}, "stream"),
     (CHAT, _chat(stream=True, stream_options="x"), {}, "stream_options"),
     (CHAT, _chat(), {"X-Session-Id": b"caf\xe9 \xff"}, "header X-Session-Id"),
+    (MESSAGES, {"messages": [{"role": "user", "content": "hi"}]}, {"X-Claude-Code-Session-Id": b"\xff"}, "header"),
     (MESSAGES, {"model": "m", "max_tokens": 10}, {}, "messages"),
     (MESSAGES, {"messages": [{"role": "user", "content": 5}]}, {}, "messages[0].content"),
     (MESSAGES, {"messages": [{"role": "user", "content": [{"type": "tool_use", "input": 1}]}]}, {}, "content[0].name"),
@@ -252,7 +253,7 @@ MALFORMED = [
 def test_a_malformed_request_is_a_400_naming_the_field_in_the_apis_shape(
     recorder, tmp_path, path, body, headers, field
 ):
-    status, reply = _post(_port(recorder), path if headers else "/s/m" + path, body, headers)
+    status, reply = _post(_port(recorder), "/s/m" + path, body, headers)
     assert status == 400, reply
     message = _error_message(path, reply)
     assert field in message and "template" not in message

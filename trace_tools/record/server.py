@@ -40,6 +40,7 @@ import json
 import secrets
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -157,8 +158,6 @@ class Recorder:
             payload = error_body(protocol, "invalid_request_error", str(bad), bad.param)
             return self._answer(request, session, "bad_request", payload, status=bad.status)
         except Exception as exc:  # a recorder bug: the client gets its API's error, the log the cause
-            import traceback
-
             self.stats.errors += 1
             self.log.write(
                 {
@@ -212,7 +211,8 @@ class Recorder:
     async def _turn(self, request: Any, session: str | None, protocol: str) -> Any:
         """A session's requests one at a time; each body is read only when its turn comes and
         its bytes fit the recorder's budget (so waiting requests hold no memory)."""
-        session = session or _header_session(request) or "default"
+        named = _header_session(request)  # checked even when the path names the session
+        session = session or named or "default"
         async with self._sessions.setdefault(session, asyncio.Lock()):
             if _client_gone(request):  # it left while an earlier request of its session was served
                 self.stats.abandoned += 1
@@ -429,7 +429,9 @@ def split_session(path: str) -> tuple[str | None, str]:
 
 
 def _header_session(request: Any) -> str | None:
-    return _text_header(request, "X-Session-Id") or _text_header(request, "X-Claude-Code-Session-Id")
+    """The session the headers name (both are checked: the Claude Code one is also kept in each row)."""
+    named, claude_code = _text_header(request, "X-Session-Id"), _text_header(request, "X-Claude-Code-Session-Id")
+    return named or claude_code
 
 
 def _text_header(request: Any, name: str) -> str | None:
@@ -471,7 +473,7 @@ async def _write_frames(request: Any, response: Any, frames: list[bytes], why: s
             await response.write(frame)
         if eof:
             await response.write_eof()
-    except (ConnectionError, RuntimeError):  # aiohttp: ClientConnectionResetError, or "closing transport"
+    except ConnectionError:  # aiohttp's ClientConnectionResetError: the client has gone
         return why
     return None
 
