@@ -1,9 +1,9 @@
 """What the recorder writes as it goes: one Parquet file per turn, and the raw request log.
 
 The dump is a directory (the loader reads a directory of Parquet files as one dump, DESIGN §2):
-`DUMP/<session folder>/turn-000007.parquet`, each a one-row schema-v1 file carrying the
-recording's `trace_tools.*` metadata. A session's folder is its key escaped for a file name plus a
-short hash of the exact key (`safe_name`), so two keys that escape alike never share a folder.
+`DUMP/<session>/turn-000007.parquet`, each a one-row schema-v1 file carrying the recording's
+`trace_tools.*` metadata. The `<session>` folder is the key escaped for a file name plus a short
+hash of the exact key (`safe_name`), so two keys that escape alike never share a folder.
 A turn file is written to a dot-named temporary file (the loader skips those) and linked into
 place only if no file has that name: a reader never sees a half-written file, and no turn ever
 replaces another. A session's numbering continues from the highest turn on disk (and in
