@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
-from trace_tools.errors import TraceToolsError, UnknownName, UsageError
+from trace_tools.errors import ReplayError, TraceToolsError, UnknownName, UsageError
 from trace_tools.record import anthropic, openai_chat
 from trace_tools.record.checks import (
     BODY_SECONDS,
@@ -368,8 +368,6 @@ class Recorder:
         return renderer
 
     def _render(self, messages: list[dict], tools: Any) -> list[int]:
-        from trace_tools.errors import ReplayError
-
         try:
             return self._renderer().render(canonicalize_messages(messages, "slime"), tools, True)
         except ReplayError as exc:
