@@ -90,7 +90,7 @@ def _rows(out: Path) -> list:
 
 
 def _wait_rows(out: Path, count: int) -> list:
-    """The recorder writes a turn after its reply is sent: wait for the file (bounded)."""
+    """The turn is on disk before its reply completes; a bounded wait keeps these tests independent of that."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if len(list((out / "dump").rglob("*.parquet"))) >= count:

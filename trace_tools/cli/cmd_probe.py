@@ -10,6 +10,7 @@ import typer
 from trace_tools.cli._options import json_option, out_option, template_option, tokenizer_option
 from trace_tools.cli._output import FAMILY_CHOICES, TEMPLATE_HELP, TOKENIZER_HELP
 from trace_tools.probe.harnesses import HARNESSES
+from trace_tools.record.checks import DEFAULT_MAX_BODY
 
 HARNESS_HELP = " | ".join(HARNESSES)
 
@@ -39,6 +40,9 @@ def record_cmd(
     harness: Annotated[str, typer.Option(help="Label the dump with the harness that recorded it.")] = "",
     reasoning: Annotated[str, typer.Option(help=REASONING_HELP)] = "separate",
     allow_remote: Annotated[bool, typer.Option(help="Allow binding a non-loopback address.")] = False,
+    max_body: Annotated[
+        float, typer.Option("--max-body", help="Largest request body in MiB; a larger one is answered 413.")
+    ] = DEFAULT_MAX_BODY / 2**20,
 ) -> None:
     """Run a recording gateway: Anthropic Messages and OpenAI Chat Completions in, trace schema v1 out.
 
@@ -67,8 +71,9 @@ def record_cmd(
         harness=harness,
         reasoning=reasoning,
         allow_remote=allow_remote,
+        max_body=int(max_body * 2**20),
     )
-    counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows"
+    counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows, {stats.abandoned} abandoned"
     note(f"recorded {stats.turns} turns ({counts}) in {out}/dump")
 
 

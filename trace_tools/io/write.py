@@ -56,8 +56,11 @@ def writing(path: Path) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
-    """Open a temp file next to `path`; on success fsync and rename it onto `path`, else delete it."""
+def atomic_open(path: str | Path, mode: str, *, exclusive: bool = False) -> Iterator[IO]:
+    """Open a temp file next to `path`; on success fsync and rename it onto `path`, else delete it.
+
+    `exclusive` never replaces an existing `path`: the complete file is hard-linked into place
+    (FileExistsError when `path` exists) and the temporary name removed."""
     target = Path(path)
     with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +71,11 @@ def atomic_open(path: str | Path, mode: str) -> Iterator[IO]:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temp, target)
+            if exclusive:
+                os.link(temp, target)
+                os.unlink(temp)
+            else:
+                os.replace(temp, target)
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
@@ -127,8 +134,11 @@ def plain_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
-    """Write a pyarrow Table (or pandas DataFrame, index dropped) as Parquet, atomically.
+def write_parquet_atomic(
+    table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None, *, exclusive: bool = False
+) -> Path:
+    """Write a pyarrow Table (or pandas DataFrame, index dropped) as Parquet, atomically
+    (`exclusive`: never over an existing file, `atomic_open`).
 
     `metadata` is added to the file's key-value metadata (keeping what the table already has),
     e.g. `{"trace_tools.tokenizer": "qwen3"}`.
@@ -140,7 +150,7 @@ def write_parquet_atomic(table_or_df: Any, path: str | Path, metadata: dict[str,
         merged = dict(table.schema.metadata or {})
         merged.update({str(k).encode(): str(v).encode() for k, v in metadata.items()})
         table = table.replace_schema_metadata(merged)
-    with atomic_open(path, "wb") as handle:
+    with atomic_open(path, "wb", exclusive=exclusive) as handle:
         pq.write_table(table, handle)
     return Path(path)
 

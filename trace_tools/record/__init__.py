@@ -62,13 +62,15 @@ def open_recorder(
     reasoning: str = "separate",
     tcp: tuple[str, int] | None = ("127.0.0.1", 0),
     unix: str | Path | None = None,
+    **limits: Any,
 ) -> Any:
-    """A started-on-enter `RecorderThread` serving a new Recorder into `out`."""
+    """A started-on-enter `RecorderThread` serving a new Recorder into `out` (`limits`: the
+    Recorder's `max_body`, `body_seconds`, `render_threads`)."""
     from trace_tools.record.server import Recorder, RecorderThread
 
     renderer = make_renderer(template, tokenizer, chat_template)
     model = make_model(renderer, script=script, upstream=upstream)
-    recorder = Recorder(out, renderer, model, harness=harness, reasoning=reasoning)
+    recorder = Recorder(out, renderer, model, harness=harness, reasoning=reasoning, **limits)
     return RecorderThread(recorder, tcp=tcp, unix=unix)
 
 

@@ -16,32 +16,53 @@ Routes (an optional `/s/<session>` prefix names the session: a harness pointed a
 
 One turn: convert the request (`anthropic.py` / `openai_chat.py`), canonicalize it (slime's
 translate, `render/canonical.py`), render it with the chat template and tokenizer (prompt ids),
-generate (`model.py`), parse the output ids with the family's parser, answer in the client's
-protocol, then write the turn (`sink.py`). A session's requests are served one at a time, in
+generate (`model.py`), parse the output ids with the family's parser, write the turn
+(`sink.py`), answer in the client's protocol. A session's requests are served one at a time, in
 arrival order. Claude Code's conversation-title request is answered (a short title) and logged as
 a side request, never recorded as a turn, as slime's adapter does.
+
+What the recorder promises (docs/probe.md, "What the recorder keeps"): a reply a client received
+is in the dump. A turn is persisted before the bytes that complete its reply are sent (a JSON
+reply: before any; a stream: before the events that carry the stop reason), whether the client
+is still there or not; a turn whose client left first is written with what was produced and
+`metadata.abandoned` saying so; a request whose client left while it waited for its session's
+earlier turn is logged `abandoned` and never numbered. Requests are checked first (`checks.py`):
+a malformed one is a 4xx in its API's error shape, never a traceback. Renders, generations and
+writes run in a pool of `RENDER_THREADS` threads, each with its own renderer (the incremental
+render caches are per thread), so one huge prompt does not hold up other sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
 import time
-from collections import defaultdict
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
-from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.errors import ReplayError, TraceToolsError, UnknownName, UsageError
 from trace_tools.record import anthropic, openai_chat
+from trace_tools.record.checks import (
+    BODY_SECONDS,
+    DEFAULT_MAX_BODY,
+    BadRequest,
+    check_anthropic,
+    check_openai,
+    error_body,
+    parse_body,
+)
 from trace_tools.record.model import Generation, Request, ScriptedModel, UpstreamModel
-from trace_tools.record.sink import RequestLog, TurnSink, redact
+from trace_tools.record.sink import OutLock, RequestLog, TurnSink, redact
 from trace_tools.render.canonical import canonicalize_messages
+from trace_tools.render.limits import TemplateLimitHit
 
 SIDE_TITLE = "Scripted session"
 # How a reply carries the model's reasoning: `separate` (Anthropic thinking blocks, OpenAI
@@ -49,6 +70,8 @@ SIDE_TITLE = "Scripted session"
 # place of the thinking block, which a gateway in front of an open model cannot sign; OpenAI
 # `content`). Either way the row's `response` is the gateway's parse, reasoning kept apart.
 REASONING_MODES = ("separate", "text")
+RENDER_THREADS = 4  # requests of this many sessions render at once; more wait for a thread
+BODIES_AT_THE_LIMIT = 2  # bodies served at once, in bytes: this many at --max-body (docs/probe.md)
 
 
 @dataclass
@@ -57,10 +80,15 @@ class RecorderStats:
     side_requests: int = 0
     rejected: int = 0
     errors: int = 0
+    abandoned: int = 0  # turns written, or requests logged, after their client had left
 
 
 class Recorder:
-    """Serves one recording into `out_dir` (`dump/`, `requests.jsonl`, `rejected.jsonl`)."""
+    """Serves one recording into `out_dir` (`dump/`, `requests.jsonl`, `rejected.jsonl`), which it
+    locks (`sink.OutLock`) until `close`.
+
+    `max_body` (bytes) and `body_seconds` bound what one request may send and how long it may take
+    to send it (`checks.py`); `render_threads` is the size of the render pool."""
 
     def __init__(
         self,
@@ -70,26 +98,38 @@ class Recorder:
         *,
         harness: str = "",
         reasoning: str = "separate",
+        max_body: int = DEFAULT_MAX_BODY,
+        body_seconds: float = BODY_SECONDS,
+        render_threads: int = RENDER_THREADS,
     ):
         if reasoning not in REASONING_MODES:
             raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
+        if not max_body > 0 or not body_seconds > 0 or render_threads < 1:
+            raise UsageError("--max-body, the body read time and the render threads must be positive")
         self.out_dir = Path(out_dir)
         self.renderer, self.model, self.reasoning = renderer, model, reasoning
+        self.max_body, self.body_seconds = max_body, body_seconds
+        self._lock = OutLock(self.out_dir)
+        # A one-message render now: a template that cannot serve fails at start, and the shared
+        # tokenizer's encoder is built before the first client waits on it.
+        renderer.render([{"role": "user", "content": "warm-up"}], None, True)
         source = "upstream" if isinstance(model, UpstreamModel) else "script"
         self.meta = recording_meta(renderer, harness, source, reasoning)
         self.sink = TurnSink(self.out_dir / "dump", self.meta, renderer.vocab_size)
         self.log = RequestLog(self.out_dir / "requests.jsonl")
         self.stats = RecorderStats()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="recorder-render")
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._next_turn: dict[str, int] = defaultdict(int)
+        self._executor = ThreadPoolExecutor(render_threads, thread_name_prefix="recorder-render")
+        self._per_thread = threading.local()
+        self._model_lock = threading.Lock()  # the scripted model encodes with the shared renderer
+        self._sessions: dict[str, asyncio.Lock] = {}
+        self._budget = _ByteBudget(BODIES_AT_THE_LIMIT * max_body)
         self._client: Any = None
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> Any:
         from aiohttp import web
 
-        app = web.Application(client_max_size=256 * 2**20)
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -100,6 +140,7 @@ class Recorder:
 
     async def _dispatch(self, request: Any) -> Any:
         session, path = split_session(request.path)
+        protocol = "openai" if path.endswith("/chat/completions") else "anthropic"
         try:
             if request.method == "POST" and path == "/v1/messages":
                 return await self._turn(request, session, "anthropic")
@@ -111,9 +152,24 @@ class Recorder:
                 return self._answer(request, session, "other", {"object": "list", "data": [_model_entry()]})
             if request.method in ("GET", "HEAD") and path in ("/", "/health", "/healthz"):
                 return self._answer(request, session, "other", {"status": "ok"})
-            return self._answer(request, session, "unknown", _error("not_found", f"no route {path}"), status=404)
-        except _BadRequest as bad:
-            return self._answer(request, session, "bad_request", _error("invalid_request_error", str(bad)), status=400)
+            payload = error_body(protocol, "not_found_error", f"no route {path}")
+            return self._answer(request, session, "unknown", payload, status=404)
+        except BadRequest as bad:
+            payload = error_body(protocol, "invalid_request_error", str(bad), bad.param)
+            return self._answer(request, session, "bad_request", payload, status=bad.status)
+        except Exception as exc:  # a recorder bug: the client gets its API's error, the log the cause
+            self.stats.errors += 1
+            self.log.write(
+                {
+                    "kind": "error",
+                    "session": session,
+                    "path": request.path_qs,
+                    "error": repr(exc),
+                    "traceback": traceback.format_exc(),
+                }
+            )
+            payload = error_body(protocol, "api_error", f"the recorder failed on this request: {exc!r}")
+            return self._answer(request, session, "error", payload, status=500)
 
     def _answer(
         self, request: Any, session: str | None, kind: str, payload: dict, *, status: int = 200, **log: Any
@@ -124,17 +180,52 @@ class Recorder:
         self.log.write({**entry, "headers": redact(request.headers), "status": status, "reply": payload, **log})
         return web.json_response(payload, status=status)
 
+    async def _body(self, request: Any) -> dict:
+        """The request's JSON body, within `max_body` bytes and `body_seconds` (checks.parse_body)."""
+        from aiohttp import web
+
+        too_large = BadRequest(
+            f"the request body is larger than the recorder's limit of {self.max_body} bytes (record --max-body)",
+            status=413,
+        )
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise too_large
+        try:
+            raw = await asyncio.wait_for(request.read(), self.body_seconds)
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large from None
+        except asyncio.TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {self.body_seconds:g} s", status=408) from None
+        return await self._run(parse_body, raw)
+
     # -- count_tokens ----------------------------------------------------------------------------
     async def _count_tokens(self, request: Any, session: str | None) -> Any:
-        body = await _json_body(request)
-        messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
-        ids = await self._run(self._render, messages, tools)
+        async with self._budget.hold(self._declared_size(request)):
+            body = await self._body(request)
+            check_anthropic(body, count_tokens=True)
+            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
+            ids = await self._run(self._render, messages, tools)
         return self._answer(request, session, "count_tokens", {"input_tokens": len(ids)}, body=body)
 
     # -- one turn -------------------------------------------------------------------------------
     async def _turn(self, request: Any, session: str | None, protocol: str) -> Any:
-        body = await _json_body(request)
-        session = session or _header_session(request) or "default"
+        """A session's requests one at a time; each body is read only when its turn comes and
+        its bytes fit the recorder's budget (so waiting requests hold no memory)."""
+        named = _header_session(request)  # checked even when the path names the session
+        session = session or named or "default"
+        async with self._sessions.setdefault(session, asyncio.Lock()):
+            if _client_gone(request):  # it left while an earlier request of its session was served
+                self.stats.abandoned += 1
+                return self._answer(request, session, "abandoned", {}, status=499)
+            async with self._budget.hold(self._declared_size(request)):
+                body = await self._body(request)
+                return await self._serve(request, session, protocol, body)
+
+    async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
+        if protocol == "anthropic":
+            check_anthropic(body)
+        else:
+            check_openai(body)
         if protocol == "anthropic" and anthropic.is_title_request(body):
             self.stats.side_requests += 1
             reply = anthropic.message_body(
@@ -144,34 +235,40 @@ class Recorder:
                 "end_turn",
                 {"input_tokens": 0, "output_tokens": 0},
             )
-            return await self._send(request, protocol, body, reply, session=session, kind="side", body_log=body)
+            return await self._send(request, protocol, body, reply, session=session, kind="side")
         if protocol == "anthropic":
             messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
         else:
-            messages, tools = _openai_request(body)
-        async with self._locks[session]:
-            return await self._serve_turn(request, session, protocol, body, messages, tools)
+            messages, tools = body["messages"], body.get("tools") or None
+        return await self._serve_turn(request, session, protocol, body, messages, tools)
+
+    def _declared_size(self, request: Any) -> int:
+        """The bytes a request's body will take (a chunked one: the limit); a larger one is refused unread."""
+        length = request.content_length
+        return self.max_body if length is None else min(length, self.max_body)
 
     async def _serve_turn(
         self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any
     ) -> Any:
+        from aiohttp import web
+
         started = datetime.now(timezone.utc)
         try:
             prompt_ids = await self._run(self._render, messages, tools)
             generation = await self._generate(
                 Request(session, messages, tools, prompt_ids, _max_tokens(body, protocol))
             )
-            parsed = await self._run(lambda: self.renderer.parse_response(generation.output_ids, tools).message)
+            parsed = await self._run(lambda: self._renderer().parse_response(generation.output_ids, tools).message)
+        except BadRequest:
+            raise
         except TraceToolsError as exc:
             self.stats.errors += 1
             self.log.write(
                 {"kind": "error", "session": session, "path": request.path_qs, "error": str(exc), "body": body}
             )
-            from aiohttp import web
-
-            return web.json_response(_error("api_error", str(exc)), status=502 if "upstream" in str(exc) else 400)
-        turn_index = self._next_turn[session]
-        self._next_turn[session] += 1
+            status = 502 if "upstream" in str(exc) else 400
+            return web.json_response(error_body(protocol, "api_error", str(exc)), status=status)
+        turn_index = self.sink.reserve(session)
         seed = f"{session}/{turn_index}"
         usage_in, usage_out = len(prompt_ids), len(generation.output_ids)
         if protocol == "anthropic":
@@ -193,9 +290,6 @@ class Recorder:
             reply = openai_chat.completion_body(
                 _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
             )
-        sent = await self._send(
-            request, protocol, body, reply, session=session, kind="turn", turn_index=turn_index, body_log=body
-        )
         turn = Turn(
             session_id=session,
             turn_index=turn_index,
@@ -211,64 +305,83 @@ class Recorder:
             finished_at=datetime.now(timezone.utc),
             metadata=_turn_metadata(request, body, protocol, generation),
         )
-        reason = await self._run(self.sink.write, turn)
-        if reason is None:
-            self.stats.turns += 1
-        else:
-            self.stats.rejected += 1
-        return sent
+        return await self._send(request, protocol, body, reply, session=session, kind="turn", turn=turn)
 
     async def _send(
-        self,
-        request: Any,
-        protocol: str,
-        body: dict,
-        reply: dict,
-        *,
-        session: str,
-        kind: str,
-        body_log: dict,
-        turn_index: int | None = None,
+        self, request: Any, protocol: str, body: dict, reply: dict, *, session: str, kind: str, turn: Turn | None = None
     ) -> Any:
+        """Log and answer; a turn is persisted before the bytes that complete its reply are sent."""
         from aiohttp import web
 
-        stream = bool(body.get("stream"))
+        stream = body.get("stream") is True
         entry = {
             "kind": kind,
             "session": session,
             "method": request.method,
             "path": request.path_qs,
             "headers": redact(request.headers),
-            "body": body_log,
+            "body": body,
             "stream": stream,
             "reply": reply,
         }
-        if turn_index is not None:
-            entry["turn_index"] = turn_index
-        self.log.write(entry)
+        if turn is not None:
+            entry["turn_index"] = turn.turn_index
+        await self._run(self.log.write, entry)
         if not stream:
+            gone = "the client left before the reply was sent" if _client_gone(request) else None
+            await self._persist(turn, gone)
             return web.json_response(reply)
+        opening, closing = _stream_frames(protocol, body, reply)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        if protocol == "anthropic":
-            for event, data in anthropic.sse_events(reply):
-                await response.write(anthropic.sse_frame(event, data))
-        else:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            for chunk in openai_chat.chunks(reply, include_usage):
-                await response.write(openai_chat.sse_frame(chunk))
-            await response.write(openai_chat.sse_frame("[DONE]"))
-        await response.write_eof()
+        cut = await _write_frames(request, response, opening, "the client left mid-stream, before the stop reason")
+        await self._persist(turn, cut)
+        if cut is None:
+            cut = await _write_frames(request, response, closing, "the client left during the last events", eof=True)
+            if cut is not None:
+                self.log.write(
+                    {"kind": "delivery", "session": session, "turn_index": entry.get("turn_index"), "error": cut}
+                )
         return response
 
-    # -- helpers ------------------------------------------------------------------------------------
-    def _render(self, messages: list[dict], tools: Any) -> list[int]:
-        from trace_tools.errors import ReplayError
+    async def _persist(self, turn: Turn | None, abandoned: str | None) -> None:
+        """Write `turn` (marked when its client left first); it completes even if this request is cancelled."""
+        if turn is None:
+            return
+        if abandoned:
+            turn.metadata = {**(turn.metadata or {}), "abandoned": abandoned}
+            self.stats.abandoned += 1
+        reason = await asyncio.shield(self._run(self.sink.write, turn))
+        if reason is None:
+            self.stats.turns += 1
+        else:
+            self.stats.rejected += 1
 
+    # -- helpers ------------------------------------------------------------------------------------
+    def _renderer(self) -> Any:
+        """This thread's renderer: one built from the recording's recipe (`Renderer.__reduce__`: the
+        same template, the same tokenizer object) with render caches of its own, which are not
+        safe to share between threads."""
+        renderer = getattr(self._per_thread, "renderer", None)
+        if renderer is None:
+            factory, arguments = self.renderer.__reduce__()[:2]
+            renderer = self._per_thread.renderer = factory(*arguments)
+        return renderer
+
+    def _render(self, messages: list[dict], tools: Any) -> list[int]:
         try:
-            return self.renderer.render(canonicalize_messages(messages, "slime"), tools, True)
+            return self._renderer().render(canonicalize_messages(messages, "slime"), tools, True)
         except ReplayError as exc:
-            raise _BadRequest(str(exc)) from exc
+            raise BadRequest(str(exc)) from exc
+        except TemplateLimitHit as hit:  # this request's prompt, not the recording: refuse it alone
+            raise BadRequest(
+                f"this request's prompt {hit.what} when rendered with the chat template; send a shorter "
+                "conversation (the limits: $TRACE_TOOLS_TEMPLATE_SECONDS, $TRACE_TOOLS_TEMPLATE_OUTPUT)",
+                param="messages",
+            ) from None
+
+    def _generate_scripted(self, request: Request) -> Generation:
+        with self._model_lock:
+            return self.model.generate(request)  # type: ignore[union-attr]
 
     async def _generate(self, request: Request) -> Generation:
         if isinstance(self.model, UpstreamModel):
@@ -277,18 +390,15 @@ class Recorder:
             if self._client is None:
                 self._client = aiohttp.ClientSession()
             return await self.model.agenerate(request, self._client)
-        return await self._run(self.model.generate, request)
+        return await self._run(self._generate_scripted, request)
 
     async def _run(self, function: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     def close(self) -> None:
-        self.log.close()
         self._executor.shutdown(wait=True)
-
-
-class _BadRequest(TraceToolsError):
-    pass
+        self.log.close()
+        self._lock.release()
 
 
 def recording_meta(renderer: Any, harness: str, source: str, reasoning: str = "separate") -> DumpMeta:
@@ -317,24 +427,53 @@ def split_session(path: str) -> tuple[str | None, str]:
 
 
 def _header_session(request: Any) -> str | None:
-    return request.headers.get("X-Session-Id") or request.headers.get("X-Claude-Code-Session-Id")
+    """The session the headers name (both are checked: the Claude Code one is also kept in each row)."""
+    named, claude_code = _text_header(request, "X-Session-Id"), _text_header(request, "X-Claude-Code-Session-Id")
+    return named or claude_code
 
 
-async def _json_body(request: Any) -> dict:
+def _text_header(request: Any, name: str) -> str | None:
+    """A header the recorder keeps (a session key): refused unless it is UTF-8 (aiohttp hands other
+    bytes over as lone surrogates, which no Parquet file or JSON line can hold)."""
+    value = request.headers.get(name)
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("is not UTF-8 text; send the session key as UTF-8", param=f"header {name}") from None
+    return value
+
+
+def _client_gone(request: Any) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+def _stream_frames(protocol: str, body: dict, reply: dict) -> tuple[list[bytes], list[bytes]]:
+    """A streamed reply's frames, split before the first that tells the client the reply is complete
+    (Anthropic `message_delta` with the stop reason; OpenAI the chunk with `finish_reason`): the
+    turn is persisted in between."""
+    if protocol == "anthropic":
+        frames = [anthropic.sse_frame(event, data) for event, data in anthropic.sse_events(reply)]
+        return frames[:-2], frames[-2:]
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    chunks = list(openai_chat.chunks(reply, include_usage))
+    finish = next(i for i, chunk in enumerate(chunks) if chunk["choices"] and chunk["choices"][0]["finish_reason"])
+    frames = [openai_chat.sse_frame(chunk) for chunk in chunks] + [openai_chat.sse_frame("[DONE]")]
+    return frames[:finish], frames[finish:]
+
+
+async def _write_frames(request: Any, response: Any, frames: list[bytes], why: str, *, eof: bool = False) -> str | None:
+    """Send `frames` (starting the response first); None, or `why` when the client had left."""
     try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError as exc:
-        raise _BadRequest(f"request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object")
-    return body
-
-
-def _openai_request(body: dict) -> tuple[list[dict], list[dict] | None]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("'messages' must be a non-empty array")
-    return messages, body.get("tools") or None
+        if not response.prepared:
+            await response.prepare(request)
+        for frame in frames:
+            await response.write(frame)
+        if eof:
+            await response.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError: the client has gone
+        return why
+    return None
 
 
 def _max_tokens(body: dict, protocol: str) -> int | None:
@@ -345,7 +484,7 @@ def _max_tokens(body: dict, protocol: str) -> int | None:
 
 
 def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation) -> dict:
-    meta = {"protocol": protocol, "stream": bool(body.get("stream")), "model": body.get("model")}
+    meta = {"protocol": protocol, "stream": body.get("stream") is True, "model": body.get("model")}
     client_session = request.headers.get("X-Claude-Code-Session-Id")
     if client_session:
         meta["client_session"] = client_session
@@ -362,8 +501,26 @@ def _model_entry() -> dict:
     return {"id": "trace-tools-recorder", "object": "model", "type": "model", "display_name": "trace-tools recorder"}
 
 
-def _error(kind: str, message: str) -> dict:
-    return {"type": "error", "error": {"type": kind, "message": message}}
+class _ByteBudget:
+    """At most `limit` bytes of request bodies being served at once (a request's parsed body,
+    prompt and row follow its size, so this bounds the recorder's memory); a request waits, its
+    body unread, until it fits. One request always fits when none is served."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used == 0 or self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.used -= size
+                self._changed.notify_all()
 
 
 class RecorderThread:
@@ -385,6 +542,7 @@ class RecorderThread:
         self._thread.start()
         self._ready.wait(60)
         if self._error is not None:
+            self.recorder.close()  # lets go of the output folder's lock
             raise self._error
         return self
 

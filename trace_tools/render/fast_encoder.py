@@ -5,6 +5,7 @@ tokens, exactly as the `tokenizers` backend encodes, several times faster on lon
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from pathlib import Path
 from typing import Sequence
@@ -45,6 +46,7 @@ class FastEncoder:
         self._split = re.compile("(" + "|".join(re.escape(token) for token in alternatives) + ")")
         self._memo: dict[str, list[int]] = {}
         self._memo_chars = 0
+        self._memo_lock = threading.Lock()  # the recorder's render threads share one encoder
 
     def encode(self, text: str) -> list[int]:
         """Ids as the shared int objects (`ids.shared_ints`); memoised pieces are stored that way,
@@ -65,12 +67,14 @@ class FastEncoder:
             return self._bpe_piece(piece)
         ids = self._memo.get(piece)
         if ids is None:
-            ids = self._memo[piece] = self._bpe_piece(piece)
-            self._memo_chars += len(piece)
-            while self._memo_chars > _MEMO_CHARS:  # oldest first
-                oldest = next(iter(self._memo))
-                del self._memo[oldest]
-                self._memo_chars -= len(oldest)
+            ids = self._bpe_piece(piece)
+            with self._memo_lock:
+                if self._memo.setdefault(piece, ids) is ids:
+                    self._memo_chars += len(piece)
+                while self._memo_chars > _MEMO_CHARS:  # oldest first
+                    oldest = next(iter(self._memo))
+                    del self._memo[oldest]
+                    self._memo_chars -= len(oldest)
         return ids
 
     def _bpe_piece(self, piece: str) -> list[int]:
