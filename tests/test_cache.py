@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.io import cache, shards
+from trace_tools.render import tokenizer_files
+from trace_tools.replay.engine import default_dump
 
 runner = CliRunner()
 
@@ -65,12 +74,6 @@ def test_tokenizer_files_are_keyed_by_recipe_and_ranks(cache_root, monkeypatch):
 
 def test_every_cached_artefact_of_a_replay_is_listed_and_cleared_by_kind(cache_root, tmp_path):
     """A fresh process (this one keeps its tokenizers loaded) replays into an empty cache."""
-    import os
-    import subprocess
-    import sys
-
-    from trace_tools.replay.engine import default_dump
-
     dump, out = default_dump() / "qwen3.parquet", tmp_path / "run"
     argv = [sys.executable, "-m", "trace_tools.cli.main", "replay", str(dump), "-s", "tree", "--workers", "1"]
     env = {**os.environ, "TRACE_TOOLS_CACHE": str(cache_root)}
@@ -113,8 +116,6 @@ def test_cache_commands(cache_root):
 def test_only_the_cache_module_knows_where_the_cache_is():
     """Every artefact goes through `io.cache` (its location, its keys): no other module reads the
     environment variable or builds a path of its own under the cache folder."""
-    from pathlib import Path
-
     import trace_tools
 
     root = Path(trace_tools.__file__).parent
@@ -166,14 +167,6 @@ def _one_warning(stderr: str, folder) -> None:
 def _validate_and_replay(folder, tmp_path, wrap=(), workers=1, env=None) -> None:
     """`validate` and `replay` on the bundled sample with the cache at `folder` (an unusable one):
     both succeed, each warning once (worker processes included) that the cache is not kept."""
-    import os
-    import subprocess
-    import sys
-
-    import pyarrow.parquet as pq
-
-    from trace_tools.replay.engine import default_dump
-
     sample = default_dump()
     env = {**os.environ, "TRACE_TOOLS_CACHE": str(folder), **(env or {})}
     env.pop("TRACE_TOOLS_CACHE_WARNED", None)
@@ -190,6 +183,7 @@ def _validate_and_replay(folder, tmp_path, wrap=(), workers=1, env=None) -> None
     assert json.loads((out / "summary.json").read_text())["strategies"]["tree"]["sessions"] == len(sessions)
 
 
+@pytest.mark.slow  # a replay with nothing cached: every process builds its tokenizers
 def test_a_cache_path_that_is_a_file_costs_only_recomputation(tmp_path):
     folder = tmp_path / "cache-file"
     folder.write_text("not a folder")
@@ -197,9 +191,8 @@ def test_a_cache_path_that_is_a_file_costs_only_recomputation(tmp_path):
     assert folder.read_text() == "not a folder"
 
 
+@pytest.mark.slow  # a replay with nothing cached: every process builds its tokenizers
 def test_a_tokenizer_json_that_is_a_folder_costs_only_recomputation(tmp_path, monkeypatch):
-    from trace_tools.render import tokenizer_files
-
     folder = tmp_path / "cache"
     monkeypatch.setenv("TRACE_TOOLS_CACHE", str(folder))
     for name in tokenizer_files.RECIPES:
@@ -209,12 +202,10 @@ def test_a_tokenizer_json_that_is_a_folder_costs_only_recomputation(tmp_path, mo
     _validate_and_replay(folder, tmp_path)
 
 
+@pytest.mark.slow  # a replay with nothing cached: every process builds its tokenizers
 def test_a_read_only_cache_costs_only_recomputation(tmp_path):
     """An empty cache folder on a read-only mount (a bind mount in a user namespace: tests run as
     root, whom file permissions do not stop)."""
-    import shutil
-    import subprocess
-
     folder = tmp_path / "cache"
     folder.mkdir()
     remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
@@ -227,14 +218,9 @@ def test_a_read_only_cache_costs_only_recomputation(tmp_path):
     assert not any(folder.iterdir())
 
 
+@pytest.mark.slow  # a replay with nothing cached: every process builds its tokenizers
 def test_a_cache_folder_the_user_cannot_write_costs_only_recomputation():
     """The same as a user other than root (`setpriv`), for whom the folder's mode 0555 holds."""
-    import os
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
     if shutil.which("setpriv") is None or os.geteuid() != 0:
         pytest.skip("needs root and setpriv to run as another user")
     home = Path(tempfile.mkdtemp(prefix="trace-tools-nobody-"))  # outside pytest's private tmp folders

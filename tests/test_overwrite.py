@@ -105,4 +105,3 @@ def test_gate_never_passes_on_the_previous_run_of_an_interrupted_overwrite_in_s3
     assert storage.is_file(f"{out}/shards/FINGERPRINT") and not storage.exists(f"{out}/summary.json")
     gated = runner.invoke(app, ["gate", out, "--rules", str(rules)])
     assert gated.exit_code == 2 and "not a finished run directory" in gated.output, gated.output
-

@@ -109,7 +109,11 @@ def _samples_file(run: Location) -> Location:
     if storage.is_file(samples):
         return samples
     info = load_run_info(run)
-    why = "was replayed with --no-samples" if info.get("options", {}).get("write_samples") is False else "has no samples.parquet"
+    why = (
+        "was replayed with --no-samples"
+        if info.get("options", {}).get("write_samples") is False
+        else "has no samples.parquet"
+    )
     dump = info.get("inputs", {}).get("dump", "DUMP")
     raise UnusableInput(
         f"{run} {why}, so it holds no samples to export; replay again without --no-samples "

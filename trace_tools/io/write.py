@@ -112,6 +112,7 @@ def read_cached(path: Path | None, key: str, default: Any) -> Any:
 def write_cached(path: Path | None, key: str, value: Any) -> None:
     """Cache `{key: value}` at `path`, atomically (worker processes race to write it); a read-only
     cache only costs computing the value again."""
+
     def write(target: Path) -> None:
         with atomic_open(target, "w") as out:
             json.dump({key: value}, out)
