@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -255,8 +256,6 @@ def remove_outputs(run_dir: Path) -> None:
     there: nothing of the previous run may be read as this one's (a `--no-samples` run writes no
     samples.parquet to replace the old one). Only the names a run owns go; `plots/` and `export/`
     only when the directory held a run, so a user's own folders of those names are left alone."""
-    import shutil
-
     owned = [*OUTPUT_FILES, *(f"{name}.parquet" for name in TABLES)]
     folders = ["plots", "export"] if directory_kind(run_dir) == "run" else []
     for name in owned:

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.io import cache
 
 TINY_QWEN3 = "tiny-qwen3"
 SMOLLM2 = "smollm2"
@@ -209,8 +210,6 @@ def tiny_qwen3_dir() -> Path:
 
 def ensure_tiny_qwen3() -> Path:
     """Build and save tiny-qwen3 on first use; later calls (in any process) load the saved file."""
-    from trace_tools.io import cache
-
     target = tiny_qwen3_dir()
     if (target / "model.safetensors").is_file() or cache.store(target, _save_tiny_qwen3):
         return target
