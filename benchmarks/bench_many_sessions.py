@@ -25,11 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def dump_of(sessions: int) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from run_support import one_turn_dump
-    from trace_tools.io.cache import cache_dir
+    from trace_tools.io.cache import CacheKey
 
-    folder = cache_dir() / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"one-turn-{sessions}.parquet"
+    path = CacheKey("bench", f"one-turn-{sessions}").path(".parquet")  # a name `cache clear` knows as its own
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         one_turn_dump(path, sessions)
     return path

@@ -165,12 +165,13 @@ def dumps(sessions: int, seed: int) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trace_tools.io.cache import cache_dir
+    from trace_tools.io.cache import CacheKey
     from trace_tools.simulate import simulate
 
-    folder = cache_dir() / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    single, double = folder / f"swe-long-{sessions}-s{seed}.parquet", folder / f"swe-long-{sessions}x2-s{seed}.parquet"
+    # Names `cache clear` knows as its own.
+    single = CacheKey("bench", f"swe-long-{sessions}-s{seed}").path(".parquet")
+    double = CacheKey("bench", f"swe-long-{sessions}x2-s{seed}").path(".parquet")
+    single.parent.mkdir(parents=True, exist_ok=True)
     if not single.exists():
         simulate(
             sessions,

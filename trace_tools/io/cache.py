@@ -13,21 +13,31 @@ A change to any input, to the digested source, or to a named library's version g
 digest, so a stale artefact is never read (it stays on disk until `clear`). The run
 fingerprint of a run directory (`io.shards.fingerprint`) digests the code that computes results
 with the same `code_digest`. `info()` and `clear()` back `trace-tools cache info|clear`.
+
+The cache owns only what it wrote: an entry is recognised by that naming scheme (`is_artefact`),
+so `clear` never deletes anything else a shared folder holds. A cache that cannot be written (a
+read-only folder, a file where a folder should be) costs only recomputation: `store` warns once
+naming the folder and reports failure, and an artefact that must be a file goes to a private
+temporary folder instead (`scratch_for`).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
 import os
 import platform
+import re
 import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from trace_tools.errors import UnknownName
+from trace_tools.errors import OutputFailed, UnknownName
 
 # Subfolder -> what it holds (shown by `trace-tools cache info`).
 KINDS = {
@@ -37,6 +47,10 @@ KINDS = {
     "bench": "benchmark dumps (benchmarks/)",
 }
 ENV_VAR = "TRACE_TOOLS_CACHE"
+# Set once the unusable cache was reported: worker processes started later inherit it and stay quiet.
+_WARNED_VAR = "TRACE_TOOLS_CACHE_WARNED"
+# `CacheKey.path`'s names (`NAME-DIGEST` plus a suffix), and the writers' dot-prefixed temporaries of them.
+_ARTEFACT = re.compile(r"\.?[\w.+-]+-[0-9a-f]{16}(?:[.-].*)?")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
@@ -105,6 +119,54 @@ class CacheKey:
         return cache_dir() / self.kind / f"{self.name}-{self.digest()}{suffix}"
 
 
+def is_artefact(name: str) -> bool:
+    """True for a name `CacheKey.path` makes (or a temporary file of one being written)."""
+    return _ARTEFACT.fullmatch(name) is not None
+
+
+def store(target: Path, write: Callable[[Path], None]) -> bool:
+    """Put an artefact at `target` with `write(target)` (an atomic writer). False when the cache
+    cannot hold it (read-only, full, a file where a folder should be), after one warning naming
+    the folder: the caller uses what it computed, and computes it again next time."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write(target)
+        return True
+    except (OSError, OutputFailed) as error:
+        _warn_unusable(error)
+        return False
+
+
+def _warn_unusable(error: Exception) -> None:
+    root = str(cache_dir())
+    if os.environ.get(_WARNED_VAR) == root:
+        return
+    os.environ[_WARNED_VAR] = root
+    reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
+    sys.stderr.write(
+        f"warning: the trace-tools cache {root} cannot be written ({reason}); what it would keep is "
+        f"computed again in every process. Set {ENV_VAR} to a writable folder to keep it\n"
+    )
+
+
+def scratch_for(target: Path) -> Path:
+    """Where an artefact that must be a file goes when the cache cannot hold it: the same
+    relative path in a folder private to this process, removed when it exits."""
+    return _scratch_dir() / target.relative_to(cache_dir())
+
+
+@functools.cache
+def _scratch_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="trace-tools-cache-"))
+    atexit.register(_remove_scratch, folder, os.getpid())
+    return folder
+
+
+def _remove_scratch(folder: Path, owner: int) -> None:
+    if os.getpid() == owner:  # never from a forked child that inherited the handler
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @dataclass(frozen=True)
 class KindInfo:
     kind: str
@@ -144,23 +206,45 @@ def info() -> CacheInfo:
 
 def clear(kinds: Iterable[str] | None = None) -> CacheInfo:
     """Delete the artefacts of `kinds` (default: every kind); returns what was there before.
-    Only the kinds' own subfolders are removed, never the cache folder itself or anything else in
-    it (`$TRACE_TOOLS_CACHE` may point at a folder that holds other things)."""
+    Only artefacts trace-tools wrote go (`is_artefact`), and a kind's subfolder once it is empty;
+    anything else in it or in the cache folder stays (`$TRACE_TOOLS_CACHE` may point at a folder
+    that holds other things, even subfolders named like a kind)."""
     chosen = list(kinds or KINDS)
     for kind in chosen:
         if kind not in KINDS:
             raise UnknownName("cache kind", kind, list(KINDS))
     before = info()
     for kind in chosen:
-        shutil.rmtree(before.location / kind, ignore_errors=True)
+        folder = before.location / kind
+        for entry in _artefacts(folder):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        try:
+            folder.rmdir()  # only when nothing else is left in it
+        except OSError:
+            pass
     return CacheInfo(before.location, before.from_env, tuple(k for k in before.kinds if k.kind in chosen))
+
+
+def _artefacts(folder: Path) -> list[Path]:
+    """The entries of `folder` that trace-tools wrote (none when it is not a readable folder)."""
+    try:
+        return [child for child in folder.iterdir() if is_artefact(child.name)]
+    except OSError:
+        return []
 
 
 def _entries_and_bytes(folder: Path) -> tuple[int, int]:
     """Artefacts directly in `folder` (a file or a folder each; temporary files left out) and the
-    bytes of every file below it."""
-    if not folder.is_dir():
-        return 0, 0
-    entries = sum(1 for child in folder.iterdir() if not child.name.startswith("."))
-    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    bytes of every file below them."""
+    artefacts = _artefacts(folder)
+    entries = sum(1 for child in artefacts if not child.name.startswith("."))
+    size = sum(_bytes(child) for child in artefacts)
     return entries, size
+
+
+def _bytes(entry: Path) -> int:
+    paths = entry.rglob("*") if entry.is_dir() else [entry]
+    return sum(path.stat().st_size for path in paths if path.is_file())

@@ -106,9 +106,19 @@ def _samples_file(run: Location) -> Location:
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
     require_run(run)  # finished, and a replay run (not a rescore output)
     samples = storage.join(run, "samples.parquet")
-    if not storage.is_file(samples):
-        raise UnusableInput(f"{run} has no samples.parquet; replay again without --no-samples")
-    return samples
+    if storage.is_file(samples):
+        return samples
+    info = load_run_info(run)
+    why = (
+        "was replayed with --no-samples"
+        if info.get("options", {}).get("write_samples") is False
+        else "has no samples.parquet"
+    )
+    dump = info.get("inputs", {}).get("dump", "DUMP")
+    raise UnusableInput(
+        f"{run} {why}, so it holds no samples to export; replay again without --no-samples "
+        f"(`trace-tools replay {dump} --out {run} --overwrite`, with the run's other options)"
+    )
 
 
 def _check_target(target: Location, inputs: list[Location], overwrite: bool) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,6 +38,7 @@ SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
 _REBUILD = "replay again into it to rebuild it (`trace-tools replay DUMP --out {run}` resumes from its shards)"
 TABLES = (*SMALL_TABLES, "samples")
+OUTPUT_FILES = ("summary.json", "run.json", "report.md", "report.html")  # besides the tables, plots/ and export/
 SAMPLES_SCHEMA = pa.schema(
     [
         ("strategy", pa.string()),
@@ -246,6 +248,21 @@ class SamplesFile:
         except (OSError, pa.ArrowException):
             pass
         self._tmp.unlink(missing_ok=True)
+
+
+def remove_outputs(run_dir: Path) -> None:
+    """Remove every file a previous run wrote into `run_dir` (its tables, summary, reports, plots,
+    exports; `io.shards.prepare` removes its shards), before a run with another fingerprint writes
+    there: nothing of the previous run may be read as this one's (a `--no-samples` run writes no
+    samples.parquet to replace the old one). Only the names a run owns go; `plots/` and `export/`
+    only when the directory held a run, so a user's own folders of those names are left alone."""
+    owned = [*OUTPUT_FILES, *(f"{name}.parquet" for name in TABLES)]
+    folders = ["plots", "export"] if directory_kind(run_dir) == "run" else []
+    for name in owned:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in folders:
+        if (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name)
 
 
 def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -> Any:

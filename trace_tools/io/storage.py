@@ -229,10 +229,11 @@ class StagedRun:
 
     On entry the remote run's `shards/` (what a resume needs) and `run.json` are copied in and
     every other remote file becomes an empty placeholder (so the usual checks see a non-empty
-    directory). `shards_reset()` deletes the remote shards the run dropped (a changed
-    fingerprint) and uploads the fingerprint; `shard_written(name)` uploads that shard; both in a
-    background thread, in order. On a clean exit every other file written or changed locally is
-    uploaded; the staging directory is removed in any case.
+    directory). `reset()` deletes every remote file the run removed locally (a previous run's
+    outputs and shards, on an overwrite; its summary.json in any case), then uploads the
+    fingerprint; `shard_written(name)` uploads that shard; both in a background thread, in order,
+    so once the new fingerprint is there nothing of the previous run is. On a clean exit every
+    other file written or changed locally is uploaded; the staging directory is removed in any case.
     """
 
     uri: str
@@ -249,11 +250,20 @@ class StagedRun:
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="trace-tools-upload")
         return self
 
-    def shards_reset(self) -> None:
-        """The local `shards/` now says which shards count (after `shards.prepare`): mirror it remotely."""
-        dropped = [r for r in self._before if r.startswith("shards/") and not (self.local / r).exists()]
-        self._submit(lambda: delete(self.uri, dropped))
+    def reset(self) -> None:
+        """The local directory now holds only what this run keeps of the remote one (after
+        `rundir.remove_outputs` and `shards.prepare`): delete the rest remotely, then upload the
+        fingerprint."""
+        self._submit(self._delete_removed())
         self._upload(["shards/FINGERPRINT"])
+
+    def _delete_removed(self) -> Callable[[], None]:
+        """A job deleting the remote files that were downloaded (or are placeholders) and are gone
+        locally now; they are forgotten at once, so a later file of that name is uploaded."""
+        removed = [relative for relative in self._before if not (self.local / relative).exists()]
+        for relative in removed:
+            del self._before[relative]
+        return lambda: delete(self.uri, removed)
 
     def shard_written(self, name: str) -> None:
         self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{name}.*")])
@@ -275,6 +285,7 @@ class StagedRun:
             for job in self._pending:
                 job.result()  # an upload that failed fails the command
             if kind is None:
+                self._delete_removed()()
                 upload_changes(self.local, self.uri, self._before)
         finally:
             shutil.rmtree(self.local, ignore_errors=True)

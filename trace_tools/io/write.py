@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.errors import OutputFailed, UsageError
+from trace_tools.io import cache
 from trace_tools.io.rundir import directory_kind
 from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
 
@@ -117,13 +118,13 @@ def read_cached(path: Path | None, key: str, default: Any) -> Any:
 def write_cached(path: Path | None, key: str, value: Any) -> None:
     """Cache `{key: value}` at `path`, atomically (worker processes race to write it); a read-only
     cache only costs computing the value again."""
-    if path is None:
-        return
-    try:
-        with atomic_open(path, "w") as out:
+
+    def write(target: Path) -> None:
+        with atomic_open(target, "w") as out:
             json.dump({key: value}, out)
-    except OSError:
-        pass
+
+    if path is not None:
+        cache.store(path, write)
 
 
 def plain_file_mode() -> int:

@@ -1,5 +1,6 @@
 """What every tool-call parser shares: the reasoning tags, collecting call blocks, the OpenAI form
-of a call, and typing a parameter value from the request's tool schemas (docs/rendering.md#chat-templates-and-the-response-parser)."""
+of a call, and typing a parameter value from the request's tool schemas
+(docs/rendering.md#chat-templates-and-the-response-parser)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trace_tools.errors import UnknownName
+from trace_tools.io import cache
 from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render.tokenizer_recipes import PACKAGE_HINTS, PACKAGED, RECIPES, Recipe
 
@@ -61,11 +62,11 @@ def mergeable_ranks(ranks: Path) -> dict[bytes, int]:
     }
     from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
 
-    try:
-        with atomic_open(cached, "wb") as out:
+    def write(path: Path) -> None:
+        with atomic_open(path, "wb") as out:
             out.write(marshal.dumps(mergeable))
-    except OSError:
-        pass  # a read-only cache only costs the decoding again
+
+    cache.store(cached, write)  # a read-only cache only costs the decoding again
     return mergeable
 
 
@@ -104,9 +105,13 @@ def ensure_tokenizer_json(name: str) -> Path:
     """Path to the cached tokenizer.json of a built-in name, converting it on first use."""
     ranks = ranks_path(name)
     target = tokenizer_json_key(name, ranks).path("/tokenizer.json")
-    if not target.is_file():
+    if target.is_file():
+        return target
+    backend = build_backend(name, ranks)
+    if not cache.store(target, lambda path: _write_atomic(backend, path)):
+        target = cache.scratch_for(target)  # the tokenizer is loaded from a file; the cache cannot hold it
         target.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(build_backend(name, ranks), target)
+        _write_atomic(backend, target)
     return target
 
 

@@ -123,10 +123,13 @@ def run(
     check_run_dir(run_dir, current, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     with shards.RunLock(run_dir):
+        recorded = shards.recorded_fingerprint(run_dir)
+        if recorded is None or recorded.get("stamp") != current["stamp"]:
+            rundir.remove_outputs(run_dir)  # another run's (`--overwrite`): none of it may pass for this one's
         (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
         verdict = shards.prepare(run_dir, current)
         if mirror is not None:
-            mirror.shards_reset()
+            mirror.reset()
         result = EngineResult(
             run_dir,
             dump_path,

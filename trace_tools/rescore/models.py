@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from trace_tools.errors import TraceToolsError, UnknownName
+from trace_tools.io import cache
 
 TINY_QWEN3 = "tiny-qwen3"
 SMOLLM2 = "smollm2"
@@ -210,9 +211,16 @@ def tiny_qwen3_dir() -> Path:
 def ensure_tiny_qwen3() -> Path:
     """Build and save tiny-qwen3 on first use; later calls (in any process) load the saved file."""
     target = tiny_qwen3_dir()
-    if (target / "model.safetensors").is_file():
+    if (target / "model.safetensors").is_file() or cache.store(target, _save_tiny_qwen3):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = cache.scratch_for(target)  # the cache cannot hold it: built for this process only
+    if not (target / "model.safetensors").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _save_tiny_qwen3(target)
+    return target
+
+
+def _save_tiny_qwen3(target: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         build_tiny_qwen3().save_pretrained(str(staging), safe_serialization=True)
@@ -224,7 +232,6 @@ def ensure_tiny_qwen3() -> Path:
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 # -- smollm2 --------------------------------------------------------------------------------------
