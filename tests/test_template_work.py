@@ -144,3 +144,30 @@ def test_a_short_conversation_cannot_render_megabytes_a_turn(tmp_path):
     assert code == 2, error
     assert "the growth limit: 8 × input + 262,144" in error and "$TRACE_TOOLS_TEMPLATE_GROWTH" in error, error
     assert time.monotonic() - started < 60
+
+
+def test_work_that_is_not_the_templates_is_not_counted_and_a_render_inside_it_keeps_its_own_limit():
+    """Building a runner inside a render (imports, compilation, probe renders) adds nothing to
+    the render's CPU time; the probe renders it arms keep their own limit, and the outer render
+    is limited again once they are done."""
+    from trace_tools.render.limits import TemplateLimitHit, TemplateLimits, limited, not_counted
+
+    def spin(seconds: float) -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < seconds:
+            pass
+
+    limits = TemplateLimits(seconds=0.5)
+    probe = limited(lambda *call: "probe", limits, "probe")
+
+    def render(*call):
+        with not_counted():
+            spin(0.8)  # over the limit, but not the template's work
+            assert probe([], None, False, {}) == "probe"
+        spin(3)  # the template's own work: stopped at 0.5 s
+        return "rendered"
+
+    started = time.thread_time()
+    with pytest.raises(TemplateLimitHit, match="ran past the 0.5 s CPU-time limit"):
+        limited(render, limits, "outer")([], None, False, {})
+    assert 1.3 <= time.thread_time() - started < 2.5

@@ -159,8 +159,8 @@ class RenderTimeout(BaseException):
 def _thread_clock() -> int | None:
     """The CPU-time clock of the calling thread (None where the platform has none: the wall
     clock is used instead)."""
-    clock = getattr(_LOCAL, "clock", -1)
-    if clock == -1:
+    clock = getattr(_LOCAL, "clock", _UNKNOWN)
+    if clock is _UNKNOWN:
         try:
             clock = time.pthread_getcpuclockid(threading.get_ident())
             time.clock_gettime(clock)
@@ -175,6 +175,7 @@ def _read(clock: int | None) -> float:
 
 
 _LOCAL = threading.local()  # per thread: its CPU clock, and the output cap of its render
+_UNKNOWN = object()
 
 
 @dataclass
@@ -183,6 +184,7 @@ class _Render:
     deadline: float  # on `clock`
     token: int
     paused_at: float | None = None  # on `clock`, while `not_counted` work runs
+    outer: "_Render | None" = None  # the render this one runs inside (a probe while a runner is built)
 
 
 class _Watchdog:
@@ -209,9 +211,10 @@ class _Watchdog:
             self._start()
         clock = _thread_clock()
         deadline = _read(clock) + seconds
+        thread = threading.get_ident()
         with self._lock:
             self._token += 1
-            self._renders[threading.get_ident()] = _Render(clock, deadline, self._token)
+            self._renders[thread] = _Render(clock, deadline, self._token, outer=self._renders.get(thread))
             self._wake_by(time.monotonic() + seconds)
             return self._token
 
@@ -219,7 +222,9 @@ class _Watchdog:
         """End a render; True when the watchdog fired into it (a pending exception is cleared)."""
         thread = threading.get_ident()
         with self._lock:
-            self._renders.pop(thread, None)
+            render = self._renders.pop(thread, None)
+            if render is not None and render.outer is not None:
+                self._renders[thread] = render.outer
             fired = token in self._fired
             self._fired.discard(token)
         if fired:
