@@ -159,15 +159,13 @@ class RenderTimeout(BaseException):
 def _thread_clock() -> int | None:
     """The CPU-time clock of the calling thread (None where the platform has none: the wall
     clock is used instead)."""
-    clock = getattr(_LOCAL, "clock", _UNKNOWN)
-    if clock is _UNKNOWN:
+    if not hasattr(_LOCAL, "clock"):
         try:
-            clock = time.pthread_getcpuclockid(threading.get_ident())
-            time.clock_gettime(clock)
+            _LOCAL.clock = time.pthread_getcpuclockid(threading.get_ident())
+            time.clock_gettime(_LOCAL.clock)
         except (AttributeError, OSError):
-            clock = None
-        _LOCAL.clock = clock
-    return clock
+            _LOCAL.clock = None
+    return _LOCAL.clock
 
 
 def _read(clock: int | None) -> float:
@@ -175,7 +173,6 @@ def _read(clock: int | None) -> float:
 
 
 _LOCAL = threading.local()  # per thread: its CPU clock, and the output cap of its render
-_UNKNOWN = object()
 
 
 @dataclass
