@@ -81,11 +81,20 @@ def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
         raise unreadable_file(path, error) from None
 
 
+STREAM_BUFFER_BYTES = 2**20
+
+
 def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput."""
+    """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput.
+
+    Memory stays flat in the file's size: each column chunk is read through a buffer of
+    STREAM_BUFFER_BYTES, page by page, rather than whole (by default Arrow reads a row group's
+    column chunks whole, so one large row group costs its size), and the columns are decoded
+    one after another, not by threads that each hold a batch's worth at once."""
     try:
         with storage.open_input(path) as handle:
-            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=columns)
+            parquet = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER_BYTES, pre_buffer=False)
+            yield from parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as error:
         raise unreadable_file(path, error) from None
 

@@ -1,27 +1,36 @@
 """Chat templates are untrusted code (docs/run_directory.md#untrusted-input-bounded): every render
-runs under a time and a size limit.
+runs under limits on its own work.
 
 A dump carries its own template, and Jinja is a programming language: a loop of 10¹⁰ steps or
-`'x' * 10**10` is one line. Three things bound a render:
+`'x' * 10**10` is one line. Four things bound a render:
 
-* **time**: a watchdog thread per process raises `RenderTimeout` inside the rendering thread
-  once a render has run `seconds` (Python checks for it between bytecodes, so any loop, macro
-  recursion or long chain of filters stops); arming it costs two dictionary writes per render;
+* **time**: the CPU time of the rendering thread itself (its own clock, `pthread_getcpuclockid`),
+  not the wall clock: a process paused by SIGSTOP, a throttled container or a busy machine does
+  not spend a template's time, and imports, tokenizer loading and Jinja compilation happen
+  outside the measured region (`not_counted`). A watchdog thread per process raises
+  `RenderTimeout` inside the rendering thread once the render has used `seconds` (Python checks
+  for it between bytecodes, so any loop, macro recursion or long chain of filters stops);
+  arming it costs two clock reads and two dictionary writes per render;
 * **output**: the text a render (or a macro, or a `{% set %}` block) produces is joined in
   slices and refused past `output` characters, before it is built;
-* **single operations**: in our own template environment (`template_runner`) the operations
-  that make a value many times larger than their inputs are checked before they run: `*`,
-  `**`, `%` and `+`, `~`, `str.format`, the padding, `replace` and `join` string methods, and the
-  filters `center`, `indent`, `format`, `wordwrap`, `join`, `replace`, `tojson`, `batch`,
-  `slice` and the `lipsum` global. (Templates that only transformers itself can render keep the
-  time and output limits.)
+* **growth**: a render may write at most `growth` × the characters of its input (messages,
+  tools, options) plus `allowance`: real long contexts pass, while a short conversation cannot
+  be made to render megabytes thousands of times (each render under `output`, their sum not);
+* **single operations**: the operations that make a value many times larger than their inputs
+  are checked before they run: `*`, `**`, `%` and `+`, `~`, `str.format`, the padding,
+  `replace` and `join` string methods, and the filters `center`, `indent`, `format`,
+  `wordwrap`, `join`, `replace`, `tojson`, `batch`, `slice` and the `lipsum` global. This holds
+  on every render path: our own template environment (`template_runner`), and transformers' own
+  rendering (`--reference`, `--verify`, and templates our runner cannot reproduce), whose
+  template is compiled in the same size-checked environment (`template_runner.sized_transformers`).
 
 Exceeding a limit raises `TemplateLimitHit`, a `BaseException`: no `except Exception` on its way
 (a template refusing a window, a strategy counting a server error) can take it for the
 template's own error. The replay engine and the CLI turn it into `TemplateLimitExceeded` (exit 2,
-naming the template). The defaults are two orders of magnitude above what real templates need on
-real data (`docs/run_directory.md`); `$TRACE_TOOLS_TEMPLATE_SECONDS` and
-`$TRACE_TOOLS_TEMPLATE_OUTPUT` (characters) change them.
+naming the template and the limit). The defaults are two orders of magnitude above what real
+templates need on real data (`docs/run_directory.md`); `$TRACE_TOOLS_TEMPLATE_SECONDS`,
+`$TRACE_TOOLS_TEMPLATE_OUTPUT` (characters), `$TRACE_TOOLS_TEMPLATE_GROWTH` and
+`$TRACE_TOOLS_TEMPLATE_ALLOWANCE` (characters) change them.
 """
 
 from __future__ import annotations
@@ -32,30 +41,71 @@ import os
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
-DEFAULT_SECONDS = 20.0
+DEFAULT_SECONDS = 20.0  # CPU seconds of the rendering thread, per render
 DEFAULT_OUTPUT = 16 * 2**20  # characters of one render's text
+DEFAULT_GROWTH = 8.0  # a render writes at most this many times its input's characters…
+DEFAULT_ALLOWANCE = 2**18  # …plus this many
 MAX_INT_BITS = 2**20  # an integer a template computes (`**`, `*`)
 MAX_JSON_INDENT = 1024
+_NODE_CHARS = 8  # what a key, number or container of the input counts for (its JSON syntax)
 
 
 @dataclass(frozen=True)
 class TemplateLimits:
     seconds: float = DEFAULT_SECONDS
     output: int = DEFAULT_OUTPUT
+    growth: float = DEFAULT_GROWTH
+    allowance: int = DEFAULT_ALLOWANCE
 
     @classmethod
     def from_env(cls) -> "TemplateLimits":
         return cls(
             _env_number("TRACE_TOOLS_TEMPLATE_SECONDS", DEFAULT_SECONDS),
             int(_env_number("TRACE_TOOLS_TEMPLATE_OUTPUT", DEFAULT_OUTPUT)),
+            _env_number("TRACE_TOOLS_TEMPLATE_GROWTH", DEFAULT_GROWTH),
+            int(_env_number("TRACE_TOOLS_TEMPLATE_ALLOWANCE", DEFAULT_ALLOWANCE)),
         )
 
     def identity(self) -> dict[str, float]:
-        return {"seconds": self.seconds, "output_chars": self.output}
+        return {
+            "seconds": self.seconds,
+            "output_chars": self.output,
+            "growth": self.growth,
+            "allowance_chars": self.allowance,
+        }
+
+    def output_cap(self, input_chars: int) -> "OutputCap":
+        """How much a render of `input_chars` characters of input may write."""
+        grown = int(self.growth * input_chars) + self.allowance
+        if grown < self.output:
+            return OutputCap(
+                grown,
+                f"wrote more than {grown:,} characters from {input_chars:,} characters of input (the growth "
+                f"limit: {self.growth:g} × input + {self.allowance:,})",
+                "$TRACE_TOOLS_TEMPLATE_GROWTH / $TRACE_TOOLS_TEMPLATE_ALLOWANCE",
+            )
+        return OutputCap(self.output, _over_output(self.output), "$TRACE_TOOLS_TEMPLATE_OUTPUT")
+
+
+def _over_output(limit: int) -> str:
+    return f"wrote more than {limit:,} characters (the output limit)"
+
+
+@dataclass(frozen=True)
+class OutputCap:
+    """The most characters one render may write, and how to say it was hit."""
+
+    chars: int
+    what: str
+    setting: str
+
+    def refusal(self) -> "TemplateLimitHit":
+        return TemplateLimitHit(self.what, setting=self.setting)
 
 
 def _env_number(name: str, default: float) -> float:
@@ -71,19 +121,33 @@ def _env_number(name: str, default: float) -> float:
     return value
 
 
-class TemplateLimitHit(BaseException):
-    """A render went past a limit. `what` says which ("ran past the 20 s limit")."""
+def input_chars(value: Any) -> int:
+    """The size of a render's input in characters: its strings' lengths, and `_NODE_CHARS` for
+    every key, number and container (the JSON syntax a template may write around them)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return _NODE_CHARS + sum(_NODE_CHARS + len(key) + input_chars(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return _NODE_CHARS + sum(map(input_chars, value))
+    return _NODE_CHARS
 
-    def __init__(self, what: str, template: str = "") -> None:
-        super().__init__(what, template)
+
+class TemplateLimitHit(BaseException):
+    """A render went past a limit. `what` says which ("ran past the 20 s CPU-time limit"),
+    `setting` the environment variable that raises it."""
+
+    def __init__(self, what: str, template: str = "", setting: str = "") -> None:
+        super().__init__(what, template, setting)
         self.what, self.template = what, template
+        self.setting = setting or "$TRACE_TOOLS_TEMPLATE_OUTPUT"
 
     def __str__(self) -> str:
         where = f"chat template {self.template}" if self.template else "a chat template"
         return (
             f"{where} {self.what} in one render; it is not run further (templates are untrusted code). "
-            "Fix or replace the template (--chat-template), or raise the limit with "
-            "$TRACE_TOOLS_TEMPLATE_SECONDS / $TRACE_TOOLS_TEMPLATE_OUTPUT if the template is trusted"
+            f"Fix or replace the template (--chat-template), or raise the limit with {self.setting} "
+            "if the template is trusted"
         )
 
 
@@ -93,44 +157,103 @@ class RenderTimeout(BaseException):
 
 
 # -- time -----------------------------------------------------------------------------------------
+def _thread_clock() -> int | None:
+    """The CPU-time clock of the calling thread (None where the platform has none: the wall
+    clock is used instead)."""
+    if not hasattr(_LOCAL, "clock"):
+        try:
+            _LOCAL.clock = time.pthread_getcpuclockid(threading.get_ident())
+            time.clock_gettime(_LOCAL.clock)
+        except (AttributeError, OSError):
+            _LOCAL.clock = None
+    return _LOCAL.clock
+
+
+def _read(clock: int | None) -> float:
+    return time.monotonic() if clock is None else time.clock_gettime(clock)
+
+
+_LOCAL = threading.local()  # per thread: its CPU clock, and the output cap of its render
+
+
+@dataclass
+class _Render:
+    clock: int | None
+    deadline: float  # on `clock`
+    token: int
+    paused_at: float | None = None  # on `clock`, while `not_counted` work runs
+    outer: "_Render | None" = None  # the render this one runs inside (a probe while a runner is built)
+
+
 class _Watchdog:
     """One daemon thread per process; `arm` and `disarm` bracket each render of each thread.
 
-    The thread sleeps until the earliest deadline (or until a render is armed, when none is): a
-    process that renders thousands of times a second wakes it about once per time limit, not on
-    a polling interval, which would take the GIL from the renders and cost the Ray driver CPU."""
+    A render's budget is CPU time of its own thread, which can never pass faster than the wall
+    clock: the watchdog sleeps until the earliest moment a budget could be spent (or until a
+    render is armed, when none is), then reads each thread's clock and sleeps again for what is
+    left. A process that renders thousands of times a second wakes it about once per time limit,
+    not on a polling interval, which would take the GIL from the renders and cost the Ray driver
+    CPU."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self._deadlines: dict[int, tuple[float, int]] = {}  # thread id → (deadline, token)
+        self._renders: dict[int, _Render] = {}  # thread id → its render
         self._fired: set[int] = set()  # tokens the watchdog raised into
         self._token = 0
-        self._wakes_at = math.inf  # when the watchdog thread will look next (inf: when notified)
+        self._wakes_at = math.inf  # wall time the watchdog thread will look next (inf: when notified)
         self.wakeups = 0
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float) -> int:
         if self._thread is None:
             self._start()
-        deadline = time.monotonic() + seconds
+        clock = _thread_clock()
+        deadline = _read(clock) + seconds
+        thread = threading.get_ident()
         with self._lock:
             self._token += 1
-            self._deadlines[threading.get_ident()] = (deadline, self._token)
-            if deadline < self._wakes_at:
-                self._wakes_at = deadline
-                self._lock.notify()
+            self._renders[thread] = _Render(clock, deadline, self._token, outer=self._renders.get(thread))
+            self._wake_by(time.monotonic() + seconds)
             return self._token
 
     def disarm(self, token: int) -> bool:
         """End a render; True when the watchdog fired into it (a pending exception is cleared)."""
         thread = threading.get_ident()
         with self._lock:
-            self._deadlines.pop(thread, None)
+            render = self._renders.pop(thread, None)
+            if render is not None and render.outer is not None:
+                self._renders[thread] = render.outer
             fired = token in self._fired
             self._fired.discard(token)
         if fired:
             _raise_in(thread, None)
         return fired
+
+    @contextmanager
+    def not_counted(self) -> Iterator[None]:
+        """Work inside a render that is not the template's (an import, loading a tokenizer,
+        compiling a template): its CPU time is added back to the render's budget."""
+        thread = threading.get_ident()
+        with self._lock:
+            render = self._renders.get(thread)
+            if render is not None and render.paused_at is None:
+                render.paused_at = _read(render.clock)
+            else:
+                render = None  # not armed, or already paused by an outer `not_counted`
+        try:
+            yield
+        finally:
+            if render is not None:
+                with self._lock:
+                    spent = _read(render.clock) - (render.paused_at or 0.0)
+                    render.deadline += spent
+                    render.paused_at = None
+                    self._wake_by(time.monotonic() + max(render.deadline - _read(render.clock), 0.0))
+
+    def _wake_by(self, moment: float) -> None:
+        if moment < self._wakes_at:
+            self._wakes_at = moment
+            self._lock.notify()
 
     def _start(self) -> None:
         with self._lock:
@@ -143,12 +266,20 @@ class _Watchdog:
             while True:
                 self.wakeups += 1
                 now = time.monotonic()
-                for thread, (deadline, token) in self._deadlines.items():
-                    if now >= deadline and token not in self._fired:
-                        self._fired.add(token)
+                self._wakes_at = math.inf
+                for thread, render in list(self._renders.items()):
+                    if render.token in self._fired or render.paused_at is not None:
+                        continue  # a paused render wakes the watchdog when it resumes
+                    try:
+                        left = render.deadline - _read(render.clock)
+                    except OSError:  # the thread is gone
+                        del self._renders[thread]
+                        continue
+                    if left <= 0:
+                        self._fired.add(render.token)
                         _raise_in(thread, RenderTimeout)
-                pending = [deadline for deadline, token in self._deadlines.values() if token not in self._fired]
-                self._wakes_at = min(pending, default=math.inf)
+                    else:
+                        self._wakes_at = min(self._wakes_at, now + left)
                 self._lock.wait(None if self._wakes_at == math.inf else max(self._wakes_at - now, 0.0))
 
 
@@ -162,26 +293,36 @@ def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
 
 
 WATCHDOG = _Watchdog()
+not_counted = WATCHDOG.not_counted
 
 
 def limited(render: Callable[..., str], limits: TemplateLimits, template: str) -> Callable[..., str]:
-    """`render` under the time limit, its text checked against the output limit."""
+    """`render(messages, tools, generation, kwargs)` under the time limit, its text checked against
+    the output and growth limits while it is joined (`bounded_concat`) and once written."""
 
     def guarded(*args: Any) -> str:
+        cap = limits.output_cap(input_chars([args[0], args[1], args[3]]) if len(args) > 3 else 0)
+        outer = getattr(_LOCAL, "cap", None)
+        _LOCAL.cap = cap
         token = WATCHDOG.arm(limits.seconds)
         try:
             try:
                 text = render(*args)
             finally:
                 fired = WATCHDOG.disarm(token)
+                _LOCAL.cap = outer
         except RenderTimeout:
             fired = True
         except TemplateLimitHit as hit:
-            raise TemplateLimitHit(hit.what, template) from None
+            raise TemplateLimitHit(hit.what, template, hit.setting) from None
+        except MemoryError:
+            raise TemplateLimitHit("ran out of memory", template) from None
         if fired:
-            raise TemplateLimitHit(f"ran past the {limits.seconds:g} s limit", template)
-        if len(text) > limits.output:
-            raise TemplateLimitHit(f"wrote more than {limits.output:,} characters", template)
+            raise TemplateLimitHit(
+                f"ran past the {limits.seconds:g} s CPU-time limit", template, "$TRACE_TOOLS_TEMPLATE_SECONDS"
+            )
+        if len(text) > cap.chars:
+            raise TemplateLimitHit(cap.what, template, cap.setting)
         return text
 
     return guarded
@@ -193,16 +334,21 @@ def too_big(what: str) -> TemplateLimitHit:
 
 
 def bounded_concat(limit: int) -> Callable[[Iterable[str]], str]:
-    """`Environment.concat` that refuses a text longer than `limit` before joining it."""
+    """`Environment.concat` that refuses a text longer than `limit`, or than the output cap of the
+    render under way (`limited`), before joining it."""
+    absolute = OutputCap(limit, _over_output(limit), "$TRACE_TOOLS_TEMPLATE_OUTPUT")
 
     def concat(pieces: Iterable[str]) -> str:
+        cap: OutputCap | None = getattr(_LOCAL, "cap", None)
+        if cap is None or cap.chars > limit:
+            cap = absolute
         iterator = iter(pieces)
         parts: list[str] = []
         total = 0
         while batch := list(islice(iterator, 512)):
             total += sum(map(len, batch))
-            if total > limit:
-                raise too_big(f"wrote more than {limit:,} characters")
+            if total > cap.chars:
+                raise cap.refusal()
             parts += batch
         return "".join(parts)
 

@@ -30,10 +30,10 @@ from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
 from trace_tools.render.incremental import IncrementalRenderer
-from trace_tools.render.limits import TemplateLimitHit, TemplateLimits, limited
+from trace_tools.render.limits import TemplateLimitHit, TemplateLimits, limited, not_counted
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.spec import RENDER_PATHS, RenderSpec
-from trace_tools.render.template_runner import TemplateRunner, build_runner
+from trace_tools.render.template_runner import TemplateRunner, build_runner, sized_transformers
 from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
 _PROBE = [{"role": "user", "content": "probe"}]
@@ -337,7 +337,12 @@ class Renderer:
 
     def _reference_fn(self) -> Any:
         if self._reference is None:
-            self._reference = self._guard(transformers_template(self.tokenizer, self._rendered_template))
+            template = self._rendered_template
+            with not_counted():  # loading transformers' tokenizer is not the template's work
+                self.tokenizer.hf
+                render = transformers_template(self.tokenizer, template)
+                render = sized_transformers(render, template, self.limits.output)
+            self._reference = self._guard(render)
         return self._reference
 
     def _apply_template(
@@ -439,11 +444,18 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
 
     @functools.cache
     def transformers_render():
+        # Built inside a render when our runner hands it data that is not plain JSON: importing
+        # and compiling are not the template's work.
+        with not_counted():
+            return _transformers_render()
+
+    def _transformers_render():
         import_transformers()
+        sized_reference = sized_transformers(reference, chat_template, size_limit)
         try:
             from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
         except ImportError:
-            return reference
+            return sized_reference
 
         def direct(messages, tools, generation, kwargs):
             rendered, _ = render_jinja_template(
@@ -458,14 +470,19 @@ def _jinja_renderer(tokenizer: Tokenizer, chat_template: str, verdict: Path | No
             )
             return rendered[0]
 
+        sized_direct = sized_transformers(direct, chat_template, size_limit)
         if tokenizer.builtin:
-            return direct
+            return sized_direct
+        tokenizer.hf  # loaded before the probes are timed
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None}]
         try:
-            same = all(guard(direct)(probe, None, g, {}) == guard(reference)(probe, None, g, {}) for g in (False, True))
+            same = all(
+                guard(sized_direct)(probe, None, g, {}) == guard(sized_reference)(probe, None, g, {})
+                for g in (False, True)
+            )
         except Exception:
             same = False
-        return direct if same else reference
+        return sized_direct if same else sized_reference
 
     return (
         build_runner(chat_template, specials, transformers_render, verdict, size_limit, guard) or transformers_render()

@@ -30,8 +30,9 @@ conversations render exactly as `render_jinja_template` renders them:
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
-from functools import partial
+from functools import lru_cache, partial, wraps
 from pathlib import Path
 from types import BuiltinMethodType
 from typing import Any, Callable, Sequence
@@ -103,31 +104,18 @@ class _SizedCodeGenerator(CodeGenerator):
         self.write(")")
 
 
-class _CheapSandbox(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with its per-attribute verdicts memoised per type, and the
-    operations that can make a value far larger than their inputs checked against `size_limit`
-    before they run (`render.limits`).
+class _SizedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with the operations that can make a value far larger than their
+    inputs checked against `size_limit` before they run, and the text a render joins checked
+    against the output limits (`render.limits`). Templates compiled in it render exactly what
+    the plain sandbox renders, or stop at a limit."""
 
-    The sandbox decides from `isinstance` checks on the object and the attribute's name alone,
-    so the verdict is a function of (type, name) for any object that does not claim another class.
-    """
-
-    _verdicts: dict[tuple[type, str], bool] = {}
     code_generator_class = _SizedCodeGenerator
     intercepted_binops = frozenset({"*", "**", "%", "+"})
     size_limit = limits.DEFAULT_OUTPUT
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            # A plain dict has no instance attributes: the sandbox's attribute lookup would fail
-            # and it would subscript, exactly as here.
-            try:
-                return obj[attribute]
-            except LookupError:
-                return self.undefined(obj=obj, name=attribute)
         if type(obj) is str:
-            if attribute in _STR_METHODS:  # `content.startswith`: always safe
-                return getattr(obj, attribute)
             estimate = limits.SIZED_STR_METHODS.get(attribute)
             if estimate is not None:
                 return limits.sized(getattr(obj, attribute), partial(estimate, obj), attribute, self.size_limit)
@@ -157,7 +145,7 @@ class _CheapSandbox(ImmutableSandboxedEnvironment):
 
     def configure_limits(self, limit: int) -> None:
         """The output and value size limit; the size-checked filters and globals. Called before a
-        template is compiled (its module binds `environment.concat` once)."""
+        template is compiled (its code reads `intercepted_binops` and the code generator then)."""
         self.size_limit = limit
         self.concat = limits.bounded_concat(limit)  # type: ignore[method-assign]
         self.filters = dict(self.filters)
@@ -170,6 +158,28 @@ class _CheapSandbox(ImmutableSandboxedEnvironment):
         if callable(lipsum):
             words = lambda n=5, html=True, min=20, max=100: int(n) * int(max) * 12  # noqa: E731 - lipsum's signature
             self.globals["lipsum"] = limits.sized(lipsum, words, "lipsum", limit)
+
+
+class _CheapSandbox(_SizedSandbox):
+    """The size-checked sandbox, with its per-attribute verdicts memoised per type.
+
+    The sandbox decides from `isinstance` checks on the object and the attribute's name alone,
+    so the verdict is a function of (type, name) for any object that does not claim another class.
+    """
+
+    _verdicts: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            # A plain dict has no instance attributes: the sandbox's attribute lookup would fail
+            # and it would subscript, exactly as here.
+            try:
+                return obj[attribute]
+            except LookupError:
+                return self.undefined(obj=obj, name=attribute)
+        if type(obj) is str and attribute in _STR_METHODS:  # `content.startswith`: always safe
+            return getattr(obj, attribute)
+        return super().getattr(obj, attribute)
 
     def is_safe_callable(self, obj: Any) -> bool:
         # A builtin method cannot carry the `unsafe_callable`/`alters_data` marks the sandbox looks for.
@@ -309,17 +319,84 @@ class TransformersSteps:
             getattr(ctu, name)  # an AttributeError here: this transformers renders another way
 
     def environment(self, chat_template: str) -> Any:
-        env = self._ctu._compile_jinja_template(chat_template).environment
-        if type(env) is not ImmutableSandboxedEnvironment:
-            raise AttributeError("transformers' chat template environment is not the one expected")
-        overlay = env.overlay()
-        overlay.__class__ = _CheapSandbox
-        overlay.filters = dict(env.filters)  # an overlay shares the dict; the runner replaces tojson
-        return overlay
+        return _overlay(self._ctu, _CheapSandbox)
 
     def message(self, message: Any) -> dict:
         ctu = self._ctu
         return ctu._alias_reasoning_fields([ctu._plain_template_data(ctu._normalize_chat_messages([message])[0])])[0]
+
+
+def _overlay(ctu: Any, kind: type[_SizedSandbox]) -> Any:
+    """An overlay of the environment transformers compiles chat templates in, of class `kind`.
+
+    transformers' environment is the same for every template; it is taken from an empty one,
+    since compiling the template itself there would fold its constant expressions unchecked
+    (`'x' * 10**9` is computed at compile time where `*` is not intercepted)."""
+    env = ctu._compile_jinja_template("").environment
+    if type(env) is not ImmutableSandboxedEnvironment:
+        raise AttributeError("transformers' chat template environment is not the one expected")
+    overlay = env.overlay()
+    overlay.__class__ = kind
+    overlay.filters = dict(env.filters)  # an overlay shares the dict; the runner replaces tojson
+    return overlay
+
+
+# -- transformers' own rendering, size-checked -------------------------------------------------
+_SIZED = threading.local()  # per thread: {template text: its size-checked compiled template}
+
+
+def sized_transformers(render: Callable[..., str], chat_template: str, size_limit: int) -> Callable[..., str]:
+    """`render`, a call into transformers' chat-template rendering (`apply_chat_template`,
+    `render_jinja_template`), with the template it compiles for `chat_template` compiled instead
+    in an overlay of transformers' own environment that checks sizes (`_SizedSandbox`): the same
+    text, and every value-size check of our own runner, on `--reference`, `--verify` and for
+    templates only transformers renders.
+
+    transformers looks its compiled template up through `_compile_jinja_template` on every call:
+    that function is wrapped once per process to return ours while `render` runs in this thread
+    (and transformers' own otherwise, so other callers in the process see no change). The import
+    and the compilation happen here, outside any render's measured time."""
+    from transformers.utils import chat_template_utils as ctu
+
+    try:
+        _hook_compilation(ctu)
+        compiled = _sized_template(chat_template, size_limit)
+    except AttributeError:  # a transformers that renders another way: its own rendering, time-limited only
+        return render
+
+    def sized(*args: Any) -> str:
+        outer = getattr(_SIZED, "templates", None)
+        _SIZED.templates = {chat_template: compiled}
+        try:
+            return render(*args)
+        finally:
+            _SIZED.templates = outer
+
+    return sized
+
+
+@lru_cache(maxsize=16)
+def _sized_template(chat_template: str, size_limit: int) -> Any:
+    from transformers.utils import chat_template_utils as ctu
+
+    env = _overlay(ctu, _SizedSandbox)
+    env.configure_limits(size_limit)
+    return env.from_string(chat_template)
+
+
+def _hook_compilation(ctu: Any) -> None:
+    original = ctu._compile_jinja_template
+    if getattr(original, "trace_tools_sized", False):
+        return
+
+    @wraps(original)
+    def compile_template(chat_template: str) -> Any:
+        templates = getattr(_SIZED, "templates", None)
+        sized = templates.get(chat_template) if templates else None
+        return original(chat_template) if sized is None else sized
+
+    compile_template.trace_tools_sized = True  # type: ignore[attr-defined]
+    ctu._compile_jinja_template = compile_template
 
 
 class TemplateRunner:
