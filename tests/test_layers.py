@@ -145,11 +145,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(sorted(circle) for circle in circles)
 
 
-# Circles in folders that other work of issue 38 is reshaping: each entry must still be a circle,
-# so the list only shrinks (remove an entry with the change that breaks it).
-KNOWN_CIRCLES = {
-    "trace_tools.io": [["rundir", "write"]],  # write.check_output_file asks rundir.directory_kind
-}
 
 
 def test_no_folder_holds_an_import_circle():
@@ -158,7 +153,7 @@ def test_no_folder_holds_an_import_circle():
     imports = {module: _targets(module, path.read_text()) for module, path in paths.items()}
     folders = {module.rsplit(".", 1)[0] for module in paths}
     found = {folder: _circles(_folder_graph(folder, imports)) for folder in sorted(folders)}
-    assert {folder: circles for folder, circles in found.items() if circles} == KNOWN_CIRCLES
+    assert {folder: circles for folder, circles in found.items() if circles} == {}
 
 
 def test_the_circle_finder_sees_function_level_and_relative_imports():

@@ -39,7 +39,8 @@ from trace_tools.importers.base import (
     source_files,
 )
 from trace_tools.importers.formats import get_format
-from trace_tools.io.write import atomic_open, check_output_file, dump_writer
+from trace_tools.io.rundir import check_output_file
+from trace_tools.io.write import atomic_open, dump_writer
 
 META_KEY = "import"  # trace_tools.import: the JSON census below
 MAX_LISTED_FILES = 50

@@ -34,9 +34,9 @@ import pyarrow.parquet as pq
 
 from trace_tools.errors import UnknownName, UnusableInput, UsageError
 from trace_tools.io import storage
-from trace_tools.io.rundir import load_run_info, require_run
+from trace_tools.io.rundir import check_output_file, load_run_info, require_run
 from trace_tools.io.storage import Location
-from trace_tools.io.write import atomic_open, check_output_file
+from trace_tools.io.write import atomic_open
 
 FORMATS = ("parquet", "jsonl")
 SAMPLE_COLUMNS = [
@@ -122,7 +122,7 @@ def _samples_file(run: Location) -> Location:
 
 
 def _check_target(target: Location, inputs: list[Location], overwrite: bool) -> None:
-    """Never write over an input, a run's own file or an existing file unless asked (`write.check_output_file`)."""
+    """Never write over an input, a run's own file or an existing file unless asked (`rundir.check_output_file`)."""
     if isinstance(target, Path):
         check_output_file(target, [source for source in inputs if isinstance(source, Path)], overwrite)
     elif target in inputs:

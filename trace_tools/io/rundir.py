@@ -30,9 +30,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
 from trace_tools.io import storage
 from trace_tools.io.storage import Location
+from trace_tools.io.write import plain_file_mode, writing
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
@@ -210,8 +211,6 @@ class SamplesFile:
 
     def add(self, rows: SessionRows) -> None:
         if self._error is not None:
-            from trace_tools.io.write import writing
-
             with writing(self.target):
                 raise self._error
         self._queue.put(rows)
@@ -226,8 +225,6 @@ class SamplesFile:
                 self._error = error
 
     def commit(self) -> None:
-        from trace_tools.io.write import plain_file_mode, writing
-
         self._queue.put(None)
         self._thread.join()
         with writing(self.target):
@@ -379,3 +376,26 @@ def _list_column(values: list[Any], kind: pa.ListType) -> pa.Array:
         offsets.append(offsets[-1] + len(value))
     flat = pa.concat_arrays(pieces) if pieces else pa.array([], kind.value_type)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=kind)
+
+
+def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
+    """Refuse an output file that would destroy something the user did not ask to replace: a
+    directory, one of the command's own inputs (always), a file directly in a run directory, or
+    any existing file (those two unless `overwrite`)."""
+
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a directory; pass a file path")
+    target = out.resolve()
+    for source in inputs:
+        if source.exists() and source.resolve() == target:
+            raise UsageError(f"{option} {out} is one of this command's inputs; choose another path")
+    if overwrite:
+        return
+    kind = directory_kind(target.parent)
+    if kind is not None:
+        raise UsageError(
+            f"{option} {out} is inside the {kind} directory {out.parent}, whose files trace-tools manages; "
+            "choose a path outside it (or pass --overwrite)"
+        )
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"{option} {out} exists; pass --overwrite to replace it, or choose another path")

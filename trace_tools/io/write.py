@@ -23,9 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
-from trace_tools.errors import OutputFailed, UsageError
+from trace_tools.errors import OutputFailed
 from trace_tools.io import cache
-from trace_tools.io.rundir import directory_kind
 from trace_tools.io.schema import ARROW_SCHEMA, JSON_COLUMNS, META_FIELDS, META_PREFIX, SCHEMA_VERSION
 
 QUARANTINE_SCHEMA = pa.schema(
@@ -80,29 +79,6 @@ def atomic_open(path: str | Path, mode: str, *, exclusive: bool = False) -> Iter
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
-
-
-def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
-    """Refuse an output file that would destroy something the user did not ask to replace: a
-    directory, one of the command's own inputs (always), a file directly in a run directory, or
-    any existing file (those two unless `overwrite`)."""
-
-    if out.is_dir():
-        raise UsageError(f"{option} {out} is a directory; pass a file path")
-    target = out.resolve()
-    for source in inputs:
-        if source.exists() and source.resolve() == target:
-            raise UsageError(f"{option} {out} is one of this command's inputs; choose another path")
-    if overwrite:
-        return
-    kind = directory_kind(target.parent)
-    if kind is not None:
-        raise UsageError(
-            f"{option} {out} is inside the {kind} directory {out.parent}, whose files trace-tools manages; "
-            "choose a path outside it (or pass --overwrite)"
-        )
-    if out.exists() or out.is_symlink():
-        raise UsageError(f"{option} {out} exists; pass --overwrite to replace it, or choose another path")
 
 
 def read_cached(path: Path | None, key: str, default: Any) -> Any:
