@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_tools.data import Turn
+from trace_tools.errors import UnusableInput
 
 # Why a source record did not become a turn. Most mirror the loader's row reasons
 # (docs/trace_schema.md#loading-validation-and-quarantine) for the same faults; the rest exist only before schema v1.
@@ -78,8 +79,6 @@ class Options:
 
 def source_files(sources: Sequence[str | Path], suffixes: Sequence[str]) -> list[Path]:
     """The files to read, in the order given; a directory contributes its files with the format's suffixes, sorted."""
-    from trace_tools.errors import UnusableInput
-
     files: list[Path] = []
     for source in sources:
         path = Path(source).expanduser()

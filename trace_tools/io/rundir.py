@@ -22,7 +22,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import shutil
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -194,10 +197,6 @@ class SamplesFile:
     not held up by it. The queue between them is bounded."""
 
     def __init__(self, run_dir: Path):
-        import queue
-        import tempfile
-        import threading
-
         self.target = run_dir / "samples.parquet"
         fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")  # unique to this writer
         os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trace_tools.errors import UnknownName
 from trace_tools.families import TOKENIZERS
 
 # Full size including added tokens: one past the largest id.
@@ -24,8 +25,6 @@ def is_local_tokenizer(name_or_path: str) -> bool:
 
 def check_tokenizer_known(name_or_path: str) -> None:
     """Raise `UnknownName` (exit 2) unless the name is a built-in tokenizer or a local one."""
-    from trace_tools.errors import UnknownName
-
     if name_or_path not in BUILTIN_VOCAB_SIZES and not is_local_tokenizer(name_or_path):
         raise UnknownName(
             "tokenizer",

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
+from trace_tools.errors import UsageError
+
 DEFAULT_SECONDS = 20.0  # CPU seconds of the rendering thread, per render
 DEFAULT_OUTPUT = 16 * 2**20  # characters of one render's text
 DEFAULT_GROWTH = 8.0  # a render writes at most this many times its input's characters…
@@ -109,8 +111,6 @@ class OutputCap:
 
 
 def _env_number(name: str, default: float) -> float:
-    from trace_tools.errors import UsageError
-
     text = os.environ.get(name, "")
     try:
         value = float(text) if text else default
