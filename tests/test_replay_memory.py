@@ -127,7 +127,7 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
     with pytest.raises(TypeError, match="materialize"):
         SessionReplayer(options)(shipped)
 
-    executors._init_worker(options)
+    executors._init_worker(options, None)
     try:
         rows = executors._replay_in_worker(shipped)
     finally:
