@@ -106,7 +106,7 @@ def probe_cmd(
     Example: trace-tools probe claude-code --sessions 12 --out runs/probe-cc
     """  # noqa: E501 (typer prints docstring lines as written: one line per paragraph)
     from trace_tools.cli._output import console, note, print_all, print_json
-    from trace_tools.probe import probe
+    from trace_tools.probe.run import probe
     from trace_tools.report.harness_profile import profile_table
 
     result = probe(
