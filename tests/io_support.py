@@ -7,6 +7,7 @@ through Parquet compares equal). Variants change one cell or one column of its A
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# A child's peak RSS (`ru_maxrss`) starts at the size of the process it was forked from, and a
+# test process late in the suite holds gigabytes: run the command from this small launcher, which
+# prints the command's exit code and its own peak RSS (KiB) on stdout and passes stderr through.
+PEAK_RSS_LAUNCHER = """
+import os, subprocess, sys
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_pid, status, usage = os.wait4(process.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def measured(command: list[str]) -> list[str]:
+    """`command` run by `PEAK_RSS_LAUNCHER` (whose stdout reads "EXIT_CODE PEAK_KIB")."""
+    return [sys.executable, "-c", PEAK_RSS_LAUNCHER, *command]

@@ -145,8 +145,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(sorted(circle) for circle in circles)
 
 
-
-
 def test_no_folder_holds_an_import_circle():
     """A circle works only by the order modules happen to load in, and hides which one is the base."""
     paths = {_module_name(path): path for path in ROOT.rglob("*.py")}

@@ -12,10 +12,11 @@ import importlib
 import pytest
 from typer.testing import CliRunner
 
+import trace_tools.pipeline as pipeline_module
 import trace_tools.render.spec as spec_module
 import trace_tools.render.templates as templates
 import trace_tools.render.tokenizer as tokenizer_module
-import trace_tools.strategies.base as strategies_base
+import trace_tools.strategies.registry as registry
 from trace_tools.cli.main import app
 from trace_tools.io.bundled import sample_dir
 
@@ -39,11 +40,13 @@ def calls(monkeypatch):
 
         monkeypatch.setattr(module, name, counted)
 
-    count(strategies_base, "get_strategy", "strategy checked")
+    count(registry, "get_strategy", "strategy checked")
     count(session_module, "get_strategy", "strategy looked up by the replayer")
-    count(tokenizer_module, "check_tokenizer_name", "tokenizer resolved")
-    count(templates, "resolve_template", "template resolved")
-    count(spec_module, "check_template", "template probed")
+    for module in (tokenizer_module, spec_module):  # modules that import the resolvers by name
+        count(module, "check_tokenizer_name", "tokenizer resolved")
+    for module in (templates, spec_module):
+        count(module, "resolve_template", "template resolved")
+    count(pipeline_module, "check_template", "template probed")
     return counts
 
 

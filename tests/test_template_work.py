@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from io_support import run_contents
+from io_support import measured, run_contents
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "qwen3.parquet"
 TWO_SESSIONS = ["sim-qwen3-s7-0001", "sim-qwen3-s7-0004"]  # 5 and 6 turns, up to 12 messages
@@ -55,10 +55,10 @@ def _trace_tools(*args: str, seconds: str = "20", timeout: float = 300, pauses: 
     `wait4`). With `pauses`, the whole group is stopped (SIGSTOP) for 4 s that many times, the
     first after 3 s."""
     env = {**os.environ, "TRACE_TOOLS_TEMPLATE_SECONDS": seconds, "COLUMNS": "400"}
-    with tempfile.TemporaryFile() as errors:
+    with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as outcome:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trace_tools.cli.main", *args],
-            stdout=subprocess.DEVNULL,
+            measured([sys.executable, "-m", "trace_tools.cli.main", *args]),
+            stdout=outcome,
             stderr=errors,
             env=env,
             cwd=tempfile.gettempdir(),  # `python -m` imports from the working directory first: $PYTHONPATH decides
@@ -73,19 +73,18 @@ def _trace_tools(*args: str, seconds: str = "20", timeout: float = 300, pauses: 
             os.killpg(process.pid, signal.SIGSTOP)
             time.sleep(4)
             os.killpg(process.pid, signal.SIGCONT)
-        finished, status, usage = os.wait4(process.pid, os.WNOHANG)
-        while not finished and time.monotonic() < deadline:
+        while process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            finished, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if not finished:
+        if process.returncode is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             pytest.fail(f"trace-tools {' '.join(args)} still ran after {timeout:.0f} s")
-        process.returncode = os.waitstatus_to_exitcode(status)
         errors.seek(0)
         error = errors.read().decode()
+        outcome.seek(0)
+        code, peak_kib = outcome.read().split()
     assert paused == pauses, f"the command ended after {paused} of {pauses} pauses: {error}"
-    return process.returncode, " ".join(error.split()), usage.ru_maxrss
+    return int(code), " ".join(error.split()), int(peak_kib)
 
 
 def test_a_replay_paused_longer_than_the_time_limit_gives_the_tables_of_an_unpaused_one(tmp_path):

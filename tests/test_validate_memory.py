@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from io_support import measured
+
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "qwen3.parquet"
 
 
@@ -37,28 +39,17 @@ def replicated_dump(path: Path, copies: int, blob_bytes: int) -> Path:
     return path
 
 
-# Run from a small process: a child's peak RSS counts the image it was forked from, and this
-# test process holds the tables it just wrote.
-_MEASURE = """
-import os, subprocess, sys
-process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-error = process.stderr.read().decode()
-_pid, status, usage = os.wait4(process.pid, 0)
-print(os.waitstatus_to_exitcode(status), usage.ru_maxrss, error.replace(chr(10), " "))
-"""
-
-
 def validate_peak_rss_kib(dump: Path) -> int:
     """Peak RSS of `trace-tools validate DUMP` in its own process (`wait4`)."""
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, sys.executable, "-m", "trace_tools.cli.main", "validate", str(dump)],
+        measured([sys.executable, "-m", "trace_tools.cli.main", "validate", str(dump)]),
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),  # `python -m` imports from the working directory first: $PYTHONPATH decides
         timeout=300,
     )
-    code, peak, error = done.stdout.split(" ", 2)
-    assert code == "0", error + done.stderr
+    code, peak = done.stdout.split()
+    assert code == "0", done.stderr
     return int(peak)
 
 
