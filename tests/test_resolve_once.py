@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import trace_tools.pipeline as pipeline_module
+import trace_tools.render.families as render_families
 import trace_tools.render.spec as spec_module
 import trace_tools.render.templates as templates
 import trace_tools.render.tokenizer as tokenizer_module
@@ -47,6 +48,7 @@ def calls(monkeypatch):
     for module in (templates, spec_module):
         count(module, "resolve_template", "template resolved")
     count(pipeline_module, "check_template", "template probed")
+    count(render_families, "detect_family", "family detected")
     return counts
 
 
@@ -63,6 +65,7 @@ def test_a_replay_resolves_each_strategy_tokenizer_and_template_once(calls, tmp_
         "tokenizer resolved": 1,
         "template resolved": 1,
         "template probed": 1,
+        "family detected": 1,  # by the spec, which the renderers built from it reuse
     }
 
 

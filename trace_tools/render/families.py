@@ -49,6 +49,15 @@ def family_for_format(tool_format: str | None) -> ModelFamily | None:
     return next((family for family in FAMILIES.values() if family.tool_format == tool_format), None)
 
 
+def resolve_family(template: str, tool_format: str | None) -> ModelFamily | None:
+    """The family a renderer of `template` follows: the one detected from the text, unless
+    `tool_format` (`--tool-format`) names another family's format, then that family."""
+    detected = detect_family(template)
+    if tool_format is None or (detected is not None and detected.tool_format == tool_format):
+        return detected
+    return family_for_format(tool_format)
+
+
 def concatenates_arguments(template: str) -> bool:
     """True when the template joins tool-call arguments to text with `+` (they must be strings)."""
     return bool(_CONCATENATED_ARGUMENTS.search(template))

@@ -37,6 +37,7 @@ from trace_tools.render.template_runner import TemplateRunner, build_runner, siz
 from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
 _PROBE = [{"role": "user", "content": "probe"}]
+_DETECT = object()  # Renderer(family=...) not given: detect it from the template
 
 
 class TemplateFailed(ReplayError):
@@ -62,7 +63,10 @@ class Renderer:
         render_date: str | None = None,
         limits: TemplateLimits | None = None,
         path: str = "fast",
+        family: Any = _DETECT,
     ):
+        """`family`: the model family when the caller resolved it already (`RenderSpec.family`);
+        by default it is detected from the template."""
         if parser is not None and parser not in families.TOOL_FORMATS:
             raise UnknownName("tool-call format", parser, families.TOOL_FORMATS)
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
@@ -71,11 +75,9 @@ class Renderer:
         self.template_identity = template_identity
         self._parser, self.render_date = parser, render_date
         self.limits = limits or TemplateLimits.from_env()
-        detected = families.detect_family(chat_template)
-        self.tool_format = parser or (detected.tool_format if detected else None)
-        # the detected family, unless --tool-format names another's format
-        known = detected if detected and detected.tool_format == self.tool_format else None
-        known = known or families.family_for_format(self.tool_format)
+        known = families.resolve_family(chat_template, parser) if family is _DETECT else family
+        self.tool_format = parser or (known.tool_format if known else None)
+        self._family = known
         self.family = known.name if known else "unknown"
         self.stop_tokens = known.stop_tokens if known else families.DEFAULT_STOP_TOKENS
         self._rendered_template = families.pin_clock(chat_template, render_date)
@@ -137,12 +139,14 @@ class Renderer:
             render_date=spec.render_date,
             limits=spec.limits,
             path=spec.path,
+            family=spec.family,
         )
 
     @property
     def spec(self) -> RenderSpec:
-        """Every input this renderer reads (`render.spec`)."""
-        return RenderSpec(
+        """Every input this renderer reads (`render.spec`), with the family this renderer already
+        resolved (the spec's cached `family`), so run.json's identity does not detect it again."""
+        spec = RenderSpec(
             self.tokenizer.name,
             self.chat_template,
             self.template_identity,
@@ -152,6 +156,8 @@ class Renderer:
             self.limits,
             self.path,
         )
+        spec.__dict__["family"] = self._family  # functools.cached_property's own slot
+        return spec
 
     # -- RendererLike -------------------------------------------------------------------------
     @property

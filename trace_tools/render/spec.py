@@ -14,6 +14,7 @@ result compared.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -87,6 +88,16 @@ class RenderSpec:
         kwargs = json.dumps(template_kwargs or {}, sort_keys=True, default=repr)
         return cls(name, text, identity, kwargs, tool_format, render_date, path=path)
 
+    @functools.cached_property
+    def family(self) -> families.ModelFamily | None:
+        """The model family this spec renders for, detected once (`families.resolve_family`): the
+        renderer built from the spec and run.json's identity both read it."""
+        return families.resolve_family(self.template, self.tool_format)
+
+    @property
+    def effective_tool_format(self) -> str | None:
+        return self.tool_format or (self.family.tool_format if self.family else None)
+
     def identity(self) -> dict[str, Any]:
         """What run.json records of a renderer: every input except the template text (its source
         and digest stand for it), the effective tool-call format and the library versions; the render
@@ -96,7 +107,7 @@ class RenderSpec:
             "tokenizer": self.tokenizer,
             "template": self.template_identity,
             "template_kwargs": json.loads(self.template_kwargs),
-            "tool_format": self.tool_format or detect_tool_format(self.template),
+            "tool_format": self.effective_tool_format,
             "render_date": self.render_date,
             "limits": self.limits.identity(),
             "transformers": library_version("transformers"),
