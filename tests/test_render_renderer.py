@@ -10,8 +10,8 @@ import pytest
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TraceToolsError
+from trace_tools.render.families import resolve_family
 from trace_tools.render.renderer import Renderer
-from trace_tools.render.spec import detect_tool_format
 from trace_tools.render.templates import resolve_template
 from trace_tools.render.tokenizer import load_tokenizer
 
@@ -244,8 +244,9 @@ def test_family_reasoning_and_stop_tokens():
     qwen3, qwen35 = _renderer("qwen3"), _renderer("qwen3.5")
     assert (qwen3.family, qwen3.tool_format) == ("qwen3", "json")
     assert (qwen35.family, qwen35.tool_format) == ("qwen3.5", "xml")
-    assert detect_tool_format(resolve_template("trl:llama3_1")[0]) == "llama"
-    assert detect_tool_format(resolve_template("trl:llama3")[0]) is None  # Llama 3.0: no tool calls
+    llama31 = resolve_family(resolve_template("trl:llama3_1")[0], None)
+    assert llama31 is not None and llama31.tool_format == "llama"
+    assert resolve_family(resolve_template("trl:llama3")[0], None) is None  # Llama 3.0: no tool calls
     assert qwen35.reasoning_open() and not qwen35.reasoning_open(enable_thinking=False)
     assert not qwen3.reasoning_open()
     assert qwen3.eos_token_id == 151645 and qwen35.eos_token_id == 248046

@@ -116,15 +116,6 @@ class RenderSpec:
         return identity if self.path == "fast" else {**identity, "path": self.path}
 
 
-def detect_tool_format(template: str) -> str | None:
-    """The tool-call format of a template, from its text (`families.detect_family`); None if unknown.
-
-    `json` (Qwen3), `xml` (Qwen3-Coder/3.5), `glm`, `deepseek`, `harmony` (gpt-oss), `llama`.
-    """
-    family = families.detect_family(template)
-    return family.tool_format if family else None
-
-
 def _check_date(render_date: str | None) -> None:
     if render_date is None:
         return
