@@ -45,6 +45,8 @@ class Turn:
     chat_template_kwargs: dict[str, Any] | None = None
     reward: float | None = None
     metadata: dict[str, Any] | None = None
+    step: int | None = None  # the rollout / training step the call belongs to, when the source has one
+    weight_version: str | None = None  # the policy weights that served the call, when recorded
 
     @property
     def generated_tokens(self) -> int:
@@ -58,6 +60,11 @@ class Session:
     session_id: str
     turns: list[Turn]
     meta: DumpMeta = field(default_factory=DumpMeta)
+
+    @property
+    def step(self) -> int | None:
+        """The session's step (docs/trace_schema.md#columns): that of its first turn that has one."""
+        return next((turn.step for turn in self.turns if turn.step is not None), None)
 
     @property
     def reward(self) -> float:

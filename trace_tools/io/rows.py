@@ -232,7 +232,14 @@ def turn_from_record(
         chat_template_kwargs=values["chat_template_kwargs"],
         reward=None if reward is None else float(reward),
         metadata=values["metadata"],
+        step=_step(record),
+        weight_version=record.get("weight_version"),
     )
+
+
+def _step(record: dict[str, Any]) -> int | None:
+    step = record.get("step")
+    return None if step is None else int(step)
 
 
 def _check_text(record: dict[str, Any]) -> None:

@@ -51,6 +51,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("chat_template_kwargs", JSON_OBJECT, False, pa.string()),
     Column("reward", FLOAT, False, pa.float64()),
     Column("metadata", JSON_OBJECT, False, pa.string()),
+    Column("step", INT, False, pa.int64()),
+    Column("weight_version", STRING, False, pa.string()),
 )
 COLUMNS_BY_NAME = {column.name: column for column in COLUMNS}
 REQUIRED = tuple(column.name for column in COLUMNS if column.required)
