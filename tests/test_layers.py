@@ -27,6 +27,7 @@ LAYERS = [
     "report",
     "replay",
     "importers",
+    "trainer",
     "rescore",
     "simulate",
     "record",
