@@ -436,3 +436,25 @@ def test_record_refuses_a_non_loopback_address_and_a_bad_script(tmp_path):
     )
     malformed = CliRunner().invoke(app, ["record", "--script", str(script), "--out", str(tmp_path / "r2")])
     assert malformed.exit_code == 2 and "needs a 'name'" in malformed.output
+
+
+def test_step_and_weight_version_come_from_the_recorder_or_each_request(tmp_path):
+    """`--step` / `--weight-version` label every turn; a gateway's X-Trace-Tools-Step header wins,
+    and a step that is not a whole number is refused (400) and recorded nowhere."""
+    with open_recorder(
+        tmp_path / "rec", script=ScriptBook({"*": SCRIPT}), step=7, weight_version="ckpt-7"
+    ) as running:
+        def ask(session: str, headers: dict[str, str]) -> None:
+            client = openai.OpenAI(
+                base_url=f"{running.url}/s/{session}/v1", api_key="dummy", max_retries=0, default_headers=headers
+            )
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS)
+
+        ask("plain", {})
+        ask("named", {"X-Trace-Tools-Step": "12", "X-Trace-Tools-Weight-Version": "ckpt-12"})
+        with pytest.raises(openai.BadRequestError, match="X-Trace-Tools-Step"):
+            ask("bad", {"X-Trace-Tools-Step": "twelve"})
+        rows = {row.session_id: row for row in _wait_rows(tmp_path / "rec", 2)}
+    assert set(rows) == {"plain", "named"}
+    assert (rows["plain"].step, rows["plain"].weight_version) == (7, "ckpt-7")
+    assert (rows["named"].step, rows["named"].weight_version) == (12, "ckpt-12")

@@ -43,6 +43,16 @@ def record_cmd(
     max_body: Annotated[
         float, typer.Option("--max-body", help="Largest request body in MiB; a larger one is answered 413.")
     ] = DEFAULT_MAX_BODY / 2**20,
+    step: Annotated[
+        Optional[int],
+        typer.Option("--step", help="Training step written on every turn (a request's X-Trace-Tools-Step header wins)."),
+    ] = None,
+    weight_version: Annotated[
+        Optional[str],
+        typer.Option(
+            "--weight-version", help="Policy weights written on every turn (X-Trace-Tools-Weight-Version wins)."
+        ),
+    ] = None,
 ) -> None:
     """Run a recording gateway: Anthropic Messages and OpenAI Chat Completions in, trace schema v1 out.
 
@@ -72,6 +82,8 @@ def record_cmd(
         reasoning=reasoning,
         allow_remote=allow_remote,
         max_body=int(max_body * 2**20),
+        step=step,
+        weight_version=weight_version,
     )
     counts = f"{stats.side_requests} side requests, {stats.rejected} rejected rows, {stats.abandoned} abandoned"
     note(f"recorded {stats.turns} turns ({counts}) in {out}/dump")

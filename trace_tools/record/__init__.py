@@ -65,7 +65,7 @@ def open_recorder(
     **limits: Any,
 ) -> Any:
     """A started-on-enter `RecorderThread` serving a new Recorder into `out` (`limits`: the
-    Recorder's `max_body`, `body_seconds`, `render_threads`)."""
+    Recorder's `max_body`, `body_seconds`, `render_threads`, `step`, `weight_version`)."""
     from trace_tools.record.server import Recorder, RecorderThread
 
     renderer = make_renderer(template, tokenizer, chat_template)

@@ -65,6 +65,8 @@ from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.render.limits import TemplateLimitHit
 
 SIDE_TITLE = "Scripted session"
+# Headers a gateway in front of the recorder may send to place a call in training (docs/probe.md).
+STEP_HEADER, WEIGHT_VERSION_HEADER = "X-Trace-Tools-Step", "X-Trace-Tools-Weight-Version"
 # How a reply carries the model's reasoning: `separate` (Anthropic thinking blocks, OpenAI
 # `reasoning_content`) or `text` (as plain text ahead of the visible text: an Anthropic text block in
 # place of the thinking block, which a gateway in front of an open model cannot sign; OpenAI
@@ -101,6 +103,8 @@ class Recorder:
         max_body: int = DEFAULT_MAX_BODY,
         body_seconds: float = BODY_SECONDS,
         render_threads: int = RENDER_THREADS,
+        step: int | None = None,
+        weight_version: str | None = None,
     ):
         if reasoning not in REASONING_MODES:
             raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
@@ -109,6 +113,7 @@ class Recorder:
         self.out_dir = Path(out_dir)
         self.renderer, self.model, self.reasoning = renderer, model, reasoning
         self.max_body, self.body_seconds = max_body, body_seconds
+        self.step, self.weight_version = step, weight_version  # a request's headers may name its own
         self._lock = OutLock(self.out_dir)
         # A one-message render now: a template that cannot serve fails at start, and the shared
         # tokenizer's encoder is built before the first client waits on it.
@@ -253,6 +258,7 @@ class Recorder:
         from aiohttp import web
 
         started = datetime.now(timezone.utc)
+        step, weight_version = _header_step(request, self.step), _text_header(request, WEIGHT_VERSION_HEADER)
         try:
             prompt_ids = await self._run(self._render, messages, tools)
             generation = await self._generate(
@@ -304,6 +310,8 @@ class Recorder:
             started_at=started,
             finished_at=datetime.now(timezone.utc),
             metadata=_turn_metadata(request, body, protocol, generation),
+            step=step,
+            weight_version=weight_version or self.weight_version,
         )
         return await self._send(request, protocol, body, reply, session=session, kind="turn", turn=turn)
 
@@ -430,6 +438,16 @@ def _header_session(request: Any) -> str | None:
     """The session the headers name (both are checked: the Claude Code one is also kept in each row)."""
     named, claude_code = _text_header(request, "X-Session-Id"), _text_header(request, "X-Claude-Code-Session-Id")
     return named or claude_code
+
+
+def _header_step(request: Any, default: int | None) -> int | None:
+    """The training step a request names (`X-Trace-Tools-Step`, a whole number), else the recorder's `--step`."""
+    text = _text_header(request, STEP_HEADER)
+    if text is None:
+        return default
+    if not text.strip().lstrip("-").isdigit():
+        raise BadRequest(f"is {text!r}; send the step as a whole number", param=f"header {STEP_HEADER}")
+    return int(text)
 
 
 def _text_header(request: Any, name: str) -> str | None:
