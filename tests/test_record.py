@@ -441,9 +441,8 @@ def test_record_refuses_a_non_loopback_address_and_a_bad_script(tmp_path):
 def test_step_and_weight_version_come_from_the_recorder_or_each_request(tmp_path):
     """`--step` / `--weight-version` label every turn; a gateway's X-Trace-Tools-Step header wins,
     and a step that is not a whole number is refused (400) and recorded nowhere."""
-    with open_recorder(
-        tmp_path / "rec", script=ScriptBook({"*": SCRIPT}), step=7, weight_version="ckpt-7"
-    ) as running:
+    with open_recorder(tmp_path / "rec", script=ScriptBook({"*": SCRIPT}), step=7, weight_version="ckpt-7") as running:
+
         def ask(session: str, headers: dict[str, str]) -> None:
             client = openai.OpenAI(
                 base_url=f"{running.url}/s/{session}/v1", api_key="dummy", max_retries=0, default_headers=headers

@@ -45,7 +45,7 @@ def record_cmd(
     ] = DEFAULT_MAX_BODY / 2**20,
     step: Annotated[
         Optional[int],
-        typer.Option("--step", help="Training step written on every turn (a request's X-Trace-Tools-Step header wins)."),
+        typer.Option("--step", help="Training step written on every turn (an X-Trace-Tools-Step header wins)."),
     ] = None,
     weight_version: Annotated[
         Optional[str],
