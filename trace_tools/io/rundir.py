@@ -55,6 +55,7 @@ SAMPLES_SCHEMA = pa.schema(
         ("source_turn", pa.list_(pa.int32())),
         ("reward", pa.float64()),
         ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
+        ("step", pa.int64()),  # the session's step (docs/trace_schema.md#columns), null without one
     ]
 )
 # Samples hold every token of every sample: dictionary-encoding those columns costs time and
