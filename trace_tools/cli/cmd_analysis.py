@@ -110,6 +110,7 @@ def gate_cmd(
                     "expected": r.expected,
                     "passed": r.passed,
                     "message": r.message,
+                    **({"steps": r.steps} if r.steps else {}),
                 }
                 for r in results
             ]
