@@ -255,9 +255,7 @@ class Run:
         where a step does not measure it (a tool no turn of that step calls)."""
         from trace_tools.report.gate import lookup
 
-        rows = {
-            item["step"]: {name: lookup(item, metric, name) for name in self.strategies} for item in self._steps()
-        }
+        rows = {item["step"]: {name: lookup(item, metric, name) for name in self.strategies} for item in self._steps()}
         frame = pd.DataFrame.from_dict(rows, orient="index", columns=self.strategies).astype(float)
         frame.index.name = "step"
         return frame

@@ -35,7 +35,9 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
     """Two runs strategy by strategy, or (with one run and two strategy names) two strategies of it."""
 
     summary_a, sessions_a = load_summary(run_a), read_table(run_a, "sessions")
-    summary_b, sessions_b = (summary_a, sessions_a) if run_b is None else (load_summary(run_b), read_table(run_b, "sessions"))
+    summary_b, sessions_b = (
+        (summary_a, sessions_a) if run_b is None else (load_summary(run_b), read_table(run_b, "sessions"))
+    )
     pairs, labels, only_a, only_b = _pairs(run_a, run_b, summary_a, summary_b, strategies)
     return Comparison(
         labels[0],
@@ -184,7 +186,9 @@ def compare_by_step(
                 va, vb = fa.get(metric), fb.get(metric)
                 delta = vb - va if va is not None and vb is not None else None
                 rows.append({"step": step, "pair": _pair(sa, sb), "metric": metric, "a": va, "b": vb, "delta": delta})
-    return StepComparison(labels[0], labels[1], pd.DataFrame(rows, columns=["step", "pair", "metric", "a", "b", "delta"]))
+    return StepComparison(
+        labels[0], labels[1], pd.DataFrame(rows, columns=["step", "pair", "metric", "a", "b", "delta"])
+    )
 
 
 def _steps_of(run: str | Path, summary: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -57,7 +57,18 @@ TOP_LEVEL = (
     "quarantined_by_reason",
     "warnings",
 )
-RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name", "max_change", "window", "each_step"}
+RULE_KEYS = {
+    "metric",
+    "strategy",
+    "op",
+    "value",
+    "max_regression",
+    "better",
+    "name",
+    "max_change",
+    "window",
+    "each_step",
+}
 DEFAULT_WINDOW = 0.1
 STEP_TOP_LEVEL = ("sessions_replayed", "turns_replayed")  # the top-level metrics a step's block holds
 # Every metric path summary.json can hold (docs/run_directory.md#what-the-files-hold); `*` is one
@@ -379,7 +390,13 @@ def _each_step(rule: Rule, strategy: str | None, points: list[tuple[int, float]]
     shown = worst if not failing else failing[0]
     message = f"fails at {_steps_text(failing)}" if failing else f"{len(points)} steps"
     return RuleResult(
-        rule, strategy, shown[1], f"{rule.op} {rule.value:g} at every step", not failing, message, [s for s, _ in failing]
+        rule,
+        strategy,
+        shown[1],
+        f"{rule.op} {rule.value:g} at every step",
+        not failing,
+        message,
+        [s for s, _ in failing],
     )
 
 

@@ -151,7 +151,11 @@ def _step_table(summary: dict[str, Any]) -> list[str]:
     """One row per step (at most `STEP_ROWS`): sessions, turns, drifted turns and, per strategy,
     coverage with forks per session."""
     items, names = summary["by_step"], list(summary["strategies"])
-    shown = [items[round(i * (len(items) - 1) / (STEP_ROWS - 1))] for i in range(STEP_ROWS)] if len(items) > STEP_ROWS else items
+    shown = (
+        [items[round(i * (len(items) - 1) / (STEP_ROWS - 1))] for i in range(STEP_ROWS)]
+        if len(items) > STEP_ROWS
+        else items
+    )
     rows = [
         "| step | sessions | turns | drifted turns | " + " | ".join(map(markdown_cell, names)) + " |",
         "|---:|---:|---:|---:|" + "---:|" * len(names),
