@@ -180,7 +180,7 @@ def _step_table(summary: dict[str, Any]) -> list[str]:
 
 def _drifted(item: dict[str, Any]) -> int:
     """Drifted turns of a step: the drift is the dump's, the same under every strategy, so the first one's count."""
-    causes = next(iter(item["drift_causes"].values()), {})
+    causes: dict[str, dict[str, int]] = next(iter(item["drift_causes"].values()), {})
     return sum(v["turns"] for v in causes.values())
 
 
