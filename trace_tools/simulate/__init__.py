@@ -15,6 +15,10 @@ docs/simulator.md):
   row), `ideal_forwarded_tokens`: their token sequences' total length, each forwarded once;
 * and per turn `kind`, `echo_of`, `rewritten_echoes`, `template_rewrite`,
   `noncanonical_splits`, `superseded_by` / `retry_of`.
+
+With `steps` (a `StepSchedule`, `simulate --steps N`) the sessions are spread over training steps
+whose harness changes as the schedule says; rows carry `step` and `weight_version`, and the file
+metadata `trace_tools.steps` the ground truth per step (`step_truth`).
 """
 
 from __future__ import annotations
@@ -166,17 +170,17 @@ def simulate_sessions(
     harnesses = _played_harnesses(played_recipes if steps else recipes, played)
     if harnesses:
         arguments["harness_profiles"] = harnesses
-    step_truth = {}
+    per_step: dict[str, str] = {}
     if steps:  # a dump without steps keeps its arguments and metadata (and the bundled sample) unchanged
         arguments["schedule"] = steps.arguments()
-        step_truth = {"steps": json.dumps(steps.truth(sessions))}
+        per_step = {"steps": json.dumps(steps.truth(sessions))}
     meta = DumpMeta(
         schema_version="1",
         tokenizer=family.tokenizer,
         chat_template=renderer.chat_template,
         history_mode="linear" if recording == "linear" else "tree",
         harness=SIMULATED_HARNESS,
-        extra={"simulator": json.dumps(arguments), "recording": recording, **dated, **step_truth},
+        extra={"simulator": json.dumps(arguments), "recording": recording, **dated, **per_step},
     )
     for session in built:
         session.meta = meta
