@@ -208,6 +208,7 @@ def test_samples_table_converts_shared_lists_once_and_equals_a_plain_conversion(
             "source_turn": [-1] * (len(tokens) - 1) + [3],
             "reward": 0.0,
             "metadata": "{}",
+            "step": 3 if s == "x" else None,
         }
         for i, (s, tokens) in enumerate([("tree", ids), ("linear", list(ids)), ("chains", ids[:-1] + [7]), ("x", [])])
     ]

@@ -31,6 +31,7 @@ _LAZY = {
     "write_html_report": ("trace_tools.report.html", "write_html_report"),
     "compare": ("trace_tools.report.compare", "compare"),
     "compare_by_behaviour": ("trace_tools.report.compare", "compare_by_behaviour"),
+    "compare_by_step": ("trace_tools.report.compare", "compare_by_step"),
     "gate": ("trace_tools.report.gate", "gate"),
     "reconstruct": ("trace_tools.reconstruct", "reconstruct"),
     "simulate": ("trace_tools.simulate", "simulate"),

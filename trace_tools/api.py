@@ -5,6 +5,7 @@
     run = tt.open_run("runs/r1")
     run.coverage_by_tool()          # tool × strategy token coverage
     run.drift_causes()              # strategy × cause: turns and tokens lost
+    run.step_metric("coverage_by_tool.Edit")  # a dump with steps: step × strategy curves
     run.session("sim-qwen3-s7-0003")  # one session's turns under every strategy
     run.html()                      # path of the run's report.html (written when missing)
 
@@ -231,21 +232,51 @@ class Run:
 
     def strategy_table(self) -> pd.DataFrame:
         """One row per strategy: samples, forks, coverage and token totals."""
-        rows = []
-        for name, s in self.summary["strategies"].items():
-            rows.append(
-                {
-                    "strategy": name,
-                    "sessions": s["sessions"],
-                    "samples": s["samples"],
-                    "forks_mean": s["forks"]["mean"],
-                    "coverage": s["coverage"],
-                    "trained_tokens": s["trained_tokens"],
-                    "forwarded_tokens": s["forwarded_tokens"],
-                    "context_tokens": s["context_tokens"],
-                }
-            )
+        rows = [_strategy_row(name, s) for name, s in self.summary["strategies"].items()]
         return pd.DataFrame(rows).set_index("strategy")
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether the run's dump carried steps (summary.json `by_step`, docs/metrics.md#per-step)."""
+        return bool(self.summary.get("by_step"))
+
+    def by_step(self) -> pd.DataFrame:
+        """`strategy_table` per step: one row per (step, strategy), in step order."""
+        rows = [
+            {"step": item["step"], **_strategy_row(name, s)}
+            for item in self._steps()
+            for name, s in item["strategies"].items()
+        ]
+        return pd.DataFrame(rows).set_index(["step", "strategy"])
+
+    def step_metric(self, metric: str) -> pd.DataFrame:
+        """One curve per strategy: a summary metric's dotted path (`coverage`, `forks.mean`,
+        `coverage_by_tool.Edit`, `counters.<name>`) per step (rows) and strategy (columns); NaN
+        where a step does not measure it (a tool no turn of that step calls)."""
+        from trace_tools.report.gate import lookup
+
+        rows = {item["step"]: {name: lookup(item, metric, name) for name in self.strategies} for item in self._steps()}
+        frame = pd.DataFrame.from_dict(rows, orient="index", columns=self.strategies).astype(float)
+        frame.index.name = "step"
+        return frame
+
+    def drift_causes_by_step(self) -> pd.DataFrame:
+        """`drift_causes` per step: (step, strategy, drift cause) → drifted turns and tokens lost."""
+        self._steps()
+        turns = self.turns.dropna(subset=["drift_cause", "step"])
+        lost = (turns["generated_tokens"] - turns["trained_tokens"]).rename("tokens_lost")
+        frame = turns.assign(tokens_lost=lost, step=turns["step"].astype(int))
+        return frame.groupby(["step", "strategy", "drift_cause"]).agg(
+            turns=("turn_index", "size"), tokens_lost=("tokens_lost", "sum")
+        )
+
+    def _steps(self) -> list[dict[str, Any]]:
+        if not self.has_steps:
+            raise UsageError(
+                f"run {self.path} has no steps: its dump has no step column (docs/trace_schema.md#columns), "
+                "so there is nothing per step; `strategy_table()` gives the run's totals"
+            )
+        return self.summary["by_step"]
 
     def coverage_by_tool(self) -> pd.DataFrame:
         """Token coverage (trained / generated) per tool (rows) and strategy (columns)."""
@@ -293,6 +324,19 @@ class Run:
         return frame.pivot_table(
             index=["turn_index", "tool"], columns="strategy", values="trained_tokens", aggfunc="sum"
         )[self.strategies]
+
+
+def _strategy_row(name: str, s: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "strategy": name,
+        "sessions": s["sessions"],
+        "samples": s["samples"],
+        "forks_mean": s["forks"]["mean"],
+        "coverage": s["coverage"],
+        "trained_tokens": s["trained_tokens"],
+        "forwarded_tokens": s["forwarded_tokens"],
+        "context_tokens": s["context_tokens"],
+    }
 
 
 def open_run(path: str | Path) -> Run:

@@ -34,7 +34,11 @@ def compare_cmd(
         strategy_option(f"Strategies to compare (two, with one run): {NAMES}."),
     ] = None,
     by: Annotated[
-        Optional[str], typer.Option(help="`behaviour`: behaviour × strategy table from simulator ground truth.")
+        Optional[str],
+        typer.Option(
+            help="`behaviour`: behaviour × strategy table from simulator ground truth; `step`: the pair "
+            "(two strategies of RUN_A, or RUN_A and RUN_B) step by step, for runs of dumps with steps."
+        ),
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -47,10 +51,17 @@ def compare_cmd(
     from trace_tools.cli._output import console, print_all, print_json
     from trace_tools.options import parse_choice
     from trace_tools.report import compare as lib
-    from trace_tools.report.compare_tables import behaviour_view, comparison_view
+    from trace_tools.report.compare_tables import behaviour_view, comparison_view, step_view
 
+    if by == "step":
+        steps = lib.compare_by_step(run_a, run_b, strategy)
+        if json_out:
+            print_json({"a": steps.label_a, "b": steps.label_b, "steps": steps.steps.to_dict("records")})
+        else:
+            print_all(step_view(steps, console.width))
+        return
     if by is not None:
-        parse_choice(by, ["behaviour"], "--by")
+        parse_choice(by, ["behaviour", "step"], "--by")
         frame = lib.compare_by_behaviour(run_a)
         if json_out:
             print_json(frame.to_dict("records"))
@@ -110,6 +121,7 @@ def gate_cmd(
                     "expected": r.expected,
                     "passed": r.passed,
                     "message": r.message,
+                    **({"steps": r.steps} if r.steps else {}),
                 }
                 for r in results
             ]

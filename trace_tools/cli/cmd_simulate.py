@@ -66,6 +66,29 @@ def simulate_cmd(
             help="Fill output_logprobs by teacher-forcing this model (needs torch) instead of seeded values.",
         ),
     ] = None,
+    steps: Annotated[
+        Optional[int],
+        typer.Option(
+            "--steps",
+            help="Spread the sessions over N training steps (rows get step and weight_version) whose "
+            "behaviour mix changes as --growth and --change say; ground truth per step in the file metadata.",
+        ),
+    ] = None,
+    growth: Annotated[
+        str,
+        typer.Option(
+            "--growth",
+            help="With --steps: echo behaviour played by a share of each step's sessions growing linearly "
+            "from none (first step) to all (last), or none.",
+        ),
+    ] = "json-reserialize",
+    change: Annotated[
+        str,
+        typer.Option("--change", help="With --change-at: echo behaviour every session plays from that step on."),
+    ] = "claude-code",
+    change_at: Annotated[
+        Optional[int], typer.Option("--change-at", help="With --steps: the step at which --change lands.")
+    ] = None,
     json_out: Annotated[bool, json_option("Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate SWE-agent sessions under chosen harness behaviours, with ground truth in each row's metadata.
@@ -73,9 +96,12 @@ def simulate_cmd(
     Behaviours: byte-exact, claude-code (the shipped Claude Code 2.1.332 profile), harness-profile (--harness-profile FILE), json-reserialize, reasoning-dropped, reasoning-rekeyed, streaming, retry, subagent, compaction, truncation, history-edit, noncanonical-tokenization.
 
     Example: trace-tools simulate --sessions 24 --seed 7 --template qwen3.5 --out sim.parquet
+
+    Over training: trace-tools simulate --sessions 40 --steps 10 --behaviour byte-exact --change-at 6 --out run.parquet
     """  # noqa: E501 (typer prints docstring lines as written: the behaviour list stays one line)
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.simulate import simulate, summarize
+    from trace_tools.simulate.steps import schedule_from_options
 
     table = simulate(
         sessions,
@@ -89,6 +115,7 @@ def simulate_cmd(
         profile=profile,
         chat_template=chat_template,
         harness_profile=harness_profile,
+        steps=schedule_from_options(steps, growth, change, change_at),
     )
     rows = summarize(table)
     if json_out:

@@ -55,6 +55,7 @@ SAMPLES_SCHEMA = pa.schema(
         ("source_turn", pa.list_(pa.int32())),
         ("reward", pa.float64()),
         ("metadata", pa.string()),  # the strategy's per-sample metadata, JSON
+        ("step", pa.int64()),  # the session's step (docs/trace_schema.md#columns), null without one
     ]
 )
 # Samples hold every token of every sample: dictionary-encoding those columns costs time and
@@ -345,6 +346,7 @@ def load_run_info(run_dir: Location) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
+_OPTIONAL_SAMPLE_COLUMNS = ("step",)  # null when a row leaves it out
 _LIST_COLUMNS = {field_.name: field_.type for field_ in SAMPLES_SCHEMA if pa.types.is_list(field_.type)}
 
 
@@ -356,9 +358,10 @@ def samples_table(rows: list[dict[str, Any]]) -> pa.Table:
     lists of shared ints is cheap, so equal lists share one converted array."""
     columns: dict[str, Any] = {}
     for field_ in SAMPLES_SCHEMA:
-        values = [row[field_.name] for row in rows]
-        kind = _LIST_COLUMNS.get(field_.name)
-        columns[field_.name] = pa.array(values, field_.type) if kind is None else _list_column(values, kind)
+        name = field_.name
+        values = [row.get(name) for row in rows] if name in _OPTIONAL_SAMPLE_COLUMNS else [row[name] for row in rows]
+        kind = _LIST_COLUMNS.get(name)
+        columns[name] = pa.array(values, field_.type) if kind is None else _list_column(values, kind)
     return pa.Table.from_pydict(columns, schema=SAMPLES_SCHEMA)
 
 

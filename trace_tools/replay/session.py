@@ -138,7 +138,7 @@ class SessionReplayer:
         row = session_row(name, session, result, elapsed)
         row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
         rows.sessions.append(row)
-        return sample_rows(name, session.session_id, result) if self.options.write_samples else []
+        return sample_rows(name, session.session_id, result, session.step) if self.options.write_samples else []
 
     @staticmethod
     def _render_stats(renderer: Any) -> dict[str, int]:

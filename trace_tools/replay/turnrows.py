@@ -100,6 +100,7 @@ def turn_rows(
 ) -> list[dict[str, Any]]:
     trained = trained_by_turn(result)
     behaviour = behaviour_label(_ground_truth(session.turns[0].metadata, "behaviours") if session.turns else None)
+    step = session.step
     rows = []
     for turn in session.turns:
         names = tool_names.get(turn.turn_index, [])
@@ -122,6 +123,7 @@ def turn_rows(
                 "prompt_tokens": prompt_lengths.get(turn.turn_index),
                 "genuine": _ground_truth(turn.metadata, "genuine"),
                 "behaviour": behaviour,
+                "step": step,
             }
         )
     return rows
@@ -143,6 +145,7 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
         "context_tokens": forwarded - trained,
         "reward": session.reward,
         "elapsed_s": elapsed_s,
+        "step": session.step,
     }
     row.update({name: int(result.counters.get(name, 0)) for name in COUNTERS})
     first_meta = session.turns[0].metadata if session.turns else None
@@ -152,8 +155,8 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
     return row
 
 
-def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[dict[str, Any]]:
-    """`samples.parquet` rows (`io.rundir.SAMPLES_SCHEMA`); metadata as JSON."""
+def sample_rows(strategy: str, session_id: str, result: ReplayResult, step: int | None = None) -> list[dict[str, Any]]:
+    """`samples.parquet` rows (`io.rundir.SAMPLES_SCHEMA`); metadata as JSON, `step` the session's."""
     return [
         {
             "strategy": strategy,
@@ -166,6 +169,7 @@ def sample_rows(strategy: str, session_id: str, result: ReplayResult) -> list[di
             "source_turn": s.source_turn,
             "reward": s.reward,
             "metadata": json.dumps(s.metadata, sort_keys=True, default=str),
+            "step": step,
         }
         for i, s in enumerate(result.samples)
     ]

@@ -35,26 +35,10 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
     """Two runs strategy by strategy, or (with one run and two strategy names) two strategies of it."""
 
     summary_a, sessions_a = load_summary(run_a), read_table(run_a, "sessions")
-    only_a: list[str] = []
-    only_b: list[str] = []
-    if run_b is None:
-        if not strategies or len(strategies) != 2:
-            raise UsageError("compare one run by naming two strategies: --strategy A --strategy B")
-        _require_strategies(run_a, summary_a, strategies)
-        pairs = [(strategies[0], strategies[1])]
-        summary_b, sessions_b, labels = summary_a, sessions_a, (strategies[0], strategies[1])
-    else:
-        summary_b, sessions_b = load_summary(run_b), read_table(run_b, "sessions")
-        for run, summary in ((run_a, summary_a), (run_b, summary_b)):
-            _require_strategies(run, summary, strategies or [])
-        common = [s for s in summary_a["strategies"] if s in summary_b["strategies"]]
-        names = [s for s in common if not strategies or s in strategies]
-        if not names:
-            raise TraceToolsError("the two runs share no strategy; replay both with a common --strategy")
-        pairs, labels = [(s, s) for s in names], (str(run_a), str(run_b))
-        if not strategies:
-            only_a = [s for s in summary_a["strategies"] if s not in summary_b["strategies"]]
-            only_b = [s for s in summary_b["strategies"] if s not in summary_a["strategies"]]
+    summary_b, sessions_b = (
+        (summary_a, sessions_a) if run_b is None else (load_summary(run_b), read_table(run_b, "sessions"))
+    )
+    pairs, labels, only_a, only_b = _pairs(run_a, run_b, summary_a, summary_b, strategies)
     return Comparison(
         labels[0],
         labels[1],
@@ -64,6 +48,27 @@ def compare(run_a: str | Path, run_b: str | Path | None = None, strategies: list
         only_a,
         only_b,
     )
+
+
+def _pairs(
+    run_a: str | Path, run_b: str | Path | None, summary_a: dict, summary_b: dict, strategies: list[str] | None
+) -> tuple[list[tuple[str, str]], tuple[str, str], list[str], list[str]]:
+    """(strategy pairs compared, the two sides' labels, strategies only in A, only in B): two named
+    strategies of one run, or the strategies two runs share (those named, when named)."""
+    if run_b is None:
+        if not strategies or len(strategies) != 2:
+            raise UsageError("compare one run by naming two strategies: --strategy A --strategy B")
+        _require_strategies(run_a, summary_a, strategies)
+        return [(strategies[0], strategies[1])], (strategies[0], strategies[1]), [], []
+    for run, summary in ((run_a, summary_a), (run_b, summary_b)):
+        _require_strategies(run, summary, strategies or [])
+    common = [s for s in summary_a["strategies"] if s in summary_b["strategies"]]
+    names = [s for s in common if not strategies or s in strategies]
+    if not names:
+        raise TraceToolsError("the two runs share no strategy; replay both with a common --strategy")
+    only_a = [] if strategies else [s for s in summary_a["strategies"] if s not in summary_b["strategies"]]
+    only_b = [] if strategies else [s for s in summary_b["strategies"] if s not in summary_a["strategies"]]
+    return [(s, s) for s in names], (str(run_a), str(run_b)), only_a, only_b
 
 
 def _require_strategies(run: str | Path, summary: dict[str, Any], names: list[str]) -> None:
@@ -147,6 +152,57 @@ def _changed_sessions(a: pd.DataFrame, b: pd.DataFrame, pairs: list[tuple[str, s
 
 def _pair(a: str, b: str) -> str:
     return a if a == b else f"{a} → {b}"
+
+
+@dataclass
+class StepComparison:
+    """`steps`: per step and compared pair, each metric of `STEP_METRICS` (and coverage by tool)
+    for A and B and `delta` (B − A); steps one side lacks have `a` or `b` missing."""
+
+    label_a: str
+    label_b: str
+    steps: pd.DataFrame
+
+
+STEP_METRICS = ("sessions", "samples", "forks.mean", "coverage", "trained_tokens", "forwarded_tokens")
+
+
+def compare_by_step(
+    run_a: str | Path, run_b: str | Path | None = None, strategies: list[str] | None = None
+) -> StepComparison:
+    """Two strategies of one run, or two runs strategy by strategy, step by step (runs of dumps with steps)."""
+    summary_a = load_summary(run_a)
+    summary_b = summary_a if run_b is None else load_summary(run_b)
+    pairs, labels, _, _ = _pairs(run_a, run_b, summary_a, summary_b, strategies)
+    steps_a, steps_b = _steps_of(run_a, summary_a), _steps_of(run_b or run_a, summary_b)
+    rows = []
+    for step in sorted(set(steps_a) | set(steps_b)):
+        for sa, sb in pairs:
+            fa = _step_metrics(steps_a.get(step), sa)
+            fb = _step_metrics(steps_b.get(step), sb)
+            for metric in [m for m in STEP_METRICS if m in fa or m in fb] + sorted(
+                m for m in set(fa) | set(fb) if m.startswith("coverage_by_tool.")
+            ):
+                va, vb = fa.get(metric), fb.get(metric)
+                delta = vb - va if va is not None and vb is not None else None
+                rows.append({"step": step, "pair": _pair(sa, sb), "metric": metric, "a": va, "b": vb, "delta": delta})
+    return StepComparison(
+        labels[0], labels[1], pd.DataFrame(rows, columns=["step", "pair", "metric", "a", "b", "delta"])
+    )
+
+
+def _steps_of(run: str | Path, summary: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    if not summary.get("by_step"):
+        raise UsageError(
+            f"run {run} has no steps (its dump has no step column); --by step needs a run replayed "
+            "from a dump with steps (docs/trace_schema.md#columns)"
+        )
+    return {item["step"]: item for item in summary["by_step"]}
+
+
+def _step_metrics(item: dict[str, Any] | None, strategy: str) -> dict[str, float]:
+    block = ((item or {}).get("strategies") or {}).get(strategy)
+    return flatten(block) if block else {}
 
 
 def compare_by_behaviour(run: str | Path) -> pd.DataFrame:

@@ -79,6 +79,73 @@ def _sessions(frame: pd.DataFrame, width: int) -> list[Any]:
     )
 
 
+def step_view(result: Any, width: int) -> list[Any]:
+    """Per compared pair, one row per step: coverage of A and B, the deltas of coverage and forks
+    per session, and the tool whose coverage differs most; headed by the first step they diverge."""
+    out: list[Any] = [Text(f"A = {result.label_a}, B = {result.label_b}", style="bold")]
+    frame = result.steps
+    for pair in frame["pair"].drop_duplicates():
+        wide = frame[frame["pair"] == pair].pivot_table(index="step", columns="metric", values=["a", "b", "delta"])
+        steps = list(wide.index)
+        out += [Text(""), Text(f"Per step: {pair}", style="bold"), Text(_divergence(wide))]
+        shown = steps[:STEPS_SHOWN]
+        rows = wide.loc[shown]
+        out += fit(
+            [Column("step", [str(step) for step in shown])],
+            [
+                Column("sessions", [_num(v) for v in _cell(rows, "a", "sessions")]),
+                Column("cov A", [_pct(v) for v in _cell(rows, "a", "coverage")]),
+                Column("cov B", [_pct(v) for v in _cell(rows, "b", "coverage")]),
+                Column("Δ cov (pts)", [_pct(v, signed=True) for v in _cell(rows, "delta", "coverage")]),
+                Column("Δ forks/sess", [_num(v, signed=True) for v in _cell(rows, "delta", "forks.mean")]),
+                Column("widest tool Δ", [_tool_gap(rows.loc[step]) for step in shown], justify="left"),
+            ],
+            width,
+        )
+        if len(steps) > len(shown):
+            out.append(Text(f"{len(steps) - len(shown)} more steps: --json prints every step"))
+    return out
+
+
+STEPS_SHOWN = 60
+
+
+def _divergence(wide: pd.DataFrame) -> str:
+    """`first differ at step K; widest at step M (coverage Δ x)`, or that they never differ."""
+    if "delta" not in wide:
+        return "no step measured on both sides"
+    deltas = wide["delta"].drop(columns=["sessions"], errors="ignore").fillna(0)
+    differs = deltas.abs().sum(axis=1) > 1e-12
+    if not differs.any():
+        return "A and B agree at every step"
+    first = differs.idxmax()
+    coverage = wide["delta"]["coverage"].abs() if "coverage" in wide["delta"] else None
+    widest = "" if coverage is None or coverage.isna().all() else f"; widest coverage gap at step {coverage.idxmax()}"
+    return f"A and B first differ at step {first}{widest}"
+
+
+def _cell(rows: pd.DataFrame, side: str, metric: str) -> list[Any]:
+    return list(rows[side][metric]) if side in rows and metric in rows[side] else [None] * len(rows)
+
+
+def _tool_gap(row: pd.Series) -> str:
+    gaps = {
+        metric.split(".", 1)[1]: value
+        for (side, metric), value in row.items()
+        if side == "delta" and metric.startswith("coverage_by_tool.") and not pd.isna(value) and value
+    }
+    if not gaps:
+        return ABSENT
+    tool = max(gaps, key=lambda name: abs(gaps[name]))
+    return f"{tool} {_pct(gaps[tool], signed=True)}"
+
+
+def _pct(x: Any, signed: bool = False) -> str:
+    if x is None or pd.isna(x):
+        return ABSENT
+    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}%"
+
+
 def behaviour_view(frame: pd.DataFrame, width: int) -> list[Any]:
     """Behaviour × strategy: % of genuine generated tokens trained / forwarded tokens ÷ ideal."""
     strategies = in_column_order(dict.fromkeys(frame["strategy"]))

@@ -13,6 +13,23 @@ Rules file (TOML), one `[[rule]]` table per rule:
     strategy = "linear"
     max_regression = 0.02              # needs --baseline RUN; fails when the metric got worse by more
     better = "higher"                  # which direction is better (default "higher")
+
+Trend rules read a run's steps (`by_step` in summary.json, a dump with a step column):
+
+    [[rule]]
+    metric = "coverage_by_tool.Edit"
+    strategy = "checkpoint-tree"
+    max_change = 0.05                  # the last `window` of steps against the first: worse by at most this
+    window = 0.1                       # share of the steps at each end (default 0.1, at least one step)
+
+    [[rule]]
+    metric = "coverage"
+    strategy = "tree"
+    each_step = true                   # the threshold holds at every step
+    op = ">="
+    value = 0.9
+
+Either names the failing steps.
 """
 
 from __future__ import annotations
@@ -20,9 +37,9 @@ from __future__ import annotations
 import operator
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Callable, TypeGuard
 from xml.sax.saxutils import escape, quoteattr
 
 from trace_tools.data import COUNTERS
@@ -40,7 +57,20 @@ TOP_LEVEL = (
     "quarantined_by_reason",
     "warnings",
 )
-RULE_KEYS = {"metric", "strategy", "op", "value", "max_regression", "better", "name"}
+RULE_KEYS = {
+    "metric",
+    "strategy",
+    "op",
+    "value",
+    "max_regression",
+    "better",
+    "name",
+    "max_change",
+    "window",
+    "each_step",
+}
+DEFAULT_WINDOW = 0.1
+STEP_TOP_LEVEL = ("sessions_replayed", "turns_replayed")  # the top-level metrics a step's block holds
 # Every metric path summary.json can hold (docs/run_directory.md#what-the-files-hold); `*` is one
 # tool, event, reason or count.
 STRATEGY_METRICS = (
@@ -91,10 +121,17 @@ class Rule:
     path: str = "rules"  # the file and the lines its errors name
     strategy_line: int = 0
     metric_line: int = 0
+    max_change: float | None = None
+    window: float = DEFAULT_WINDOW
+    each_step: bool = False
 
     @property
     def is_regression(self) -> bool:
         return self.max_regression is not None
+
+    @property
+    def is_trend(self) -> bool:
+        return self.max_change is not None
 
 
 @dataclass
@@ -105,6 +142,7 @@ class RuleResult:
     expected: str
     passed: bool
     message: str
+    steps: list[int] = field(default_factory=list)  # the failing steps of a per-step or trend rule
 
     @property
     def label(self) -> str:
@@ -183,8 +221,15 @@ def _rule(path: Path, table: dict[str, Any], lines: dict[str, int]) -> Rule:
         path=str(path),
         strategy_line=lines.get("strategy", header),
         metric_line=lines.get("metric", header),
+        max_change=table.get("max_change"),
+        window=table.get("window", DEFAULT_WINDOW),
+        each_step=table.get("each_step", False),
     )
     _check_metric(rule.metric, where("metric"))
+    if rule.is_trend or rule.each_step:
+        _check_step_rule(rule, where)
+    if rule.is_trend:
+        return rule
     if rule.is_regression and (rule.value is not None or rule.op is not None):
         raise MalformedRules(
             f"{where()}: a rule has either `op` and `value` (a threshold) or `max_regression` (against --baseline), "
@@ -201,6 +246,31 @@ def _rule(path: Path, table: dict[str, Any], lines: dict[str, int]) -> Rule:
     if not _is_number(rule.value):
         raise MalformedRules(f"{where('value')}: value must be a number (got {rule.value!r})")
     return rule
+
+
+def _check_step_rule(rule: Rule, where: Callable[..., str]) -> None:
+    """A trend rule has `max_change` (and maybe `window`), a per-step rule `each_step` with a threshold."""
+    if not isinstance(rule.each_step, bool):
+        raise MalformedRules(f"{where('each_step')}: each_step must be true or false")
+    if rule.is_trend and (rule.each_step or rule.is_regression or rule.op is not None or rule.value is not None):
+        raise MalformedRules(
+            f"{where()}: a trend rule has `max_change` (and `window`) only, not `op`/`value`, `each_step` or "
+            "`max_regression`; split it into two rules"
+        )
+    if rule.is_trend and (not _is_number(rule.max_change) or rule.max_change < 0):
+        raise MalformedRules(f"{where('max_change')}: max_change must be a non-negative number")
+    if not _is_number(rule.window) or not 0 < rule.window <= 0.5:
+        raise MalformedRules(f"{where('window')}: window must be a share of the steps in (0, 0.5], e.g. 0.1")
+    if rule.is_trend and rule.better not in ("higher", "lower"):
+        raise MalformedRules(f'{where("better")}: better must be "higher" or "lower"')
+    if rule.each_step and rule.is_regression:
+        raise MalformedRules(f"{where()}: each_step takes `op` and `value`, not max_regression")
+    head = rule.metric.split(".")[0]
+    if head in TOP_LEVEL and head not in STEP_TOP_LEVEL:
+        raise MalformedRules(
+            f"{where('metric')}: {rule.metric} is not measured per step; per-step top-level metrics: "
+            f"{', '.join(STEP_TOP_LEVEL)}, or any strategy metric"
+        )
 
 
 def _check_metric(metric: str, where: str) -> None:
@@ -267,7 +337,10 @@ def evaluate(rules: list[Rule], summary: dict[str, Any], baseline: dict[str, Any
                 f"{rule.path}:{rule.line}: rule {rule.metric} uses max_regression; pass --baseline RUN"
             )
         for strategy in _scopes(rule, summary):
-            results.append(_check(rule, strategy, summary, baseline))
+            if rule.is_trend or rule.each_step:
+                results.append(_check_steps(rule, strategy, summary.get("by_step") or []))
+            else:
+                results.append(_check(rule, strategy, summary, baseline))
     return results
 
 
@@ -296,6 +369,67 @@ def _check(rule: Rule, strategy: str | None, summary: dict, baseline: dict | Non
     expected = f"{'≥' if higher else '≤'} {base:g} {'-' if higher else '+'} {rule.max_regression:g}"
     change = f"worse by {worse_by:g}" if worse_by > 0 else f"better by {-worse_by:g}" if worse_by < 0 else "unchanged"
     return RuleResult(rule, strategy, actual, expected, ok, f"baseline {base:g}, {change}")
+
+
+def _check_steps(rule: Rule, strategy: str | None, by_step: list[dict[str, Any]]) -> RuleResult:
+    """A per-step threshold or a trend over the run's steps; the failing steps named."""
+    series = [(item["step"], lookup(item, rule.metric, strategy)) for item in by_step]
+    points = [(step, value) for step, value in series if value is not None]
+    if not points:
+        why = "this run has no steps (replay a dump with a step column)" if not by_step else "no step measures it"
+        return RuleResult(rule, strategy, None, "per step", False, f"{rule.metric}: {why}")
+    if rule.each_step:
+        return _each_step(rule, strategy, points)
+    return _trend(rule, strategy, points)
+
+
+def _each_step(rule: Rule, strategy: str | None, points: list[tuple[int, float]]) -> RuleResult:
+    assert rule.op is not None and rule.value is not None, "parse_rules gives a per-step rule op and value"
+    failing = [(step, value) for step, value in points if not OPS[rule.op](value, rule.value)]
+    worst = min(points, key=lambda p: p[1]) if rule.op in (">=", ">") else max(points, key=lambda p: p[1])
+    shown = worst if not failing else failing[0]
+    message = f"fails at {_steps_text(failing)}" if failing else f"{len(points)} steps"
+    return RuleResult(
+        rule,
+        strategy,
+        shown[1],
+        f"{rule.op} {rule.value:g} at every step",
+        not failing,
+        message,
+        [s for s, _ in failing],
+    )
+
+
+def _trend(rule: Rule, strategy: str | None, points: list[tuple[int, float]]) -> RuleResult:
+    """The mean of the last `window` of steps against the mean of the first: worse by at most
+    `max_change`. Failing steps: every step worse than the first window's mean by more than it."""
+    assert rule.max_change is not None, "a trend rule has max_change"
+    size = max(1, round(rule.window * len(points)))
+    first, last = points[:size], points[-size:]
+    start, end = _mean(first), _mean(last)
+    higher = rule.better == "higher"
+    worse = (lambda v: start - v) if higher else (lambda v: v - start)
+    failing = [step for step, value in points if worse(value) > rule.max_change + 1e-12]
+    ok = worse(end) <= rule.max_change + 1e-12
+    expected = f"{'≥' if higher else '≤'} {start:g} {'-' if higher else '+'} {rule.max_change:g}"
+    message = f"{_span(first)}: {start:.4g} → {_span(last)}: {end:.4g}"
+    if failing:
+        message += f"; beyond the bound at {_steps_text([(s, dict(points)[s]) for s in failing])}"
+    return RuleResult(rule, strategy, end, expected, ok, message, failing if not ok else [])
+
+
+def _mean(points: list[tuple[int, float]]) -> float:
+    return sum(value for _, value in points) / len(points)
+
+
+def _span(points: list[tuple[int, float]]) -> str:
+    return f"step {points[0][0]}" if len(points) == 1 else f"steps {points[0][0]}–{points[-1][0]}"
+
+
+def _steps_text(points: list[tuple[int, float]], shown: int = 8) -> str:
+    """`step 3 (0.41), step 4 (0.38), … (12 steps)`: the failing steps a user reads first."""
+    text = ", ".join(f"step {step} ({value:.4g})" for step, value in points[:shown])
+    return text + (f", … ({len(points)} steps)" if len(points) > shown else "")
 
 
 def lookup(summary: dict[str, Any] | None, metric: str, strategy: str | None) -> float | None:

@@ -1,4 +1,5 @@
-"""Run-level metrics (docs/metrics.md#per-run) computed from the run tables; `summary.json` is their JSON form."""
+"""Run-level metrics (docs/metrics.md#per-run), and per step when the dump has steps
+(docs/metrics.md#per-step), computed from the run tables; `summary.json` is their JSON form."""
 
 from __future__ import annotations
 
@@ -31,7 +32,40 @@ def summarize(tables: dict[str, pd.DataFrame], loaded, strategies: list[str]) ->
         summary["strategies"][name] = strategy_summary(tables["turns"], tables["sessions"], name)
     summary["token_savings"] = token_savings(summary["strategies"])
     summary["drift_causes"] = drift_causes(tables["turns"])
+    summary.update(step_summaries(tables["turns"], tables["sessions"], strategies))
     return summary
+
+
+def step_summaries(turns: pd.DataFrame, sessions: pd.DataFrame, strategies: list[str]) -> dict[str, Any]:
+    """`{"by_step": [...], "sessions_without_step": n}` when the run's sessions carry steps, else {}.
+
+    Each item holds, for the sessions of one step, what the top level holds for the run: sessions
+    and turns replayed, `strategies` (`strategy_summary`), `token_savings` and `drift_causes`
+    (docs/metrics.md#per-step)."""
+    if not has_steps(sessions):
+        return {}
+    turns_by_step = dict(tuple(turns.groupby("step", sort=False))) if len(turns) else {}
+    by_step = []
+    for step, s in sessions.groupby("step", sort=True):
+        t = turns_by_step.get(step, turns.iloc[:0])
+        per_strategy = {name: strategy_summary(t, s, name) for name in strategies}
+        by_step.append(
+            {
+                "step": int(step),
+                "sessions_replayed": _distinct(s, ["session_id"]),
+                "turns_replayed": _distinct(t, ["session_id", "turn_index"]),
+                "strategies": per_strategy,
+                "token_savings": token_savings(per_strategy),
+                "drift_causes": drift_causes(t),
+            }
+        )
+    without = sessions[sessions["step"].isna()]
+    return {"by_step": by_step, "sessions_without_step": _distinct(without, ["session_id"])}
+
+
+def has_steps(table: pd.DataFrame) -> bool:
+    """Whether a run table's rows carry a step (runs of dumps without steps, and older runs, do not)."""
+    return bool(len(table)) and "step" in table and bool(table["step"].notna().any())
 
 
 def _distinct(table: pd.DataFrame, columns: list[str]) -> int:

@@ -44,6 +44,8 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
     causes = summary.get("drift_causes")
     if causes:
         lines += ["## Drift causes", "", *_causes_table(causes), ""]
+    if summary.get("by_step"):
+        lines += ["## Per step (coverage; forks per session in parentheses)", "", *_step_table(summary), ""]
     lines += [
         "## Counterfactual replay",
         "",
@@ -140,6 +142,46 @@ def _counter_table(summary: dict[str, Any]) -> list[str]:
         rows.append(f"Zero in every strategy: {', '.join(f'`{c}`' for c in zero)}.")
     rows.append(f"{ABSENT}: the strategy has no such step.")
     return rows
+
+
+STEP_ROWS = 40  # more steps than this: evenly spaced ones, the first and last among them
+
+
+def _step_table(summary: dict[str, Any]) -> list[str]:
+    """One row per step (at most `STEP_ROWS`): sessions, turns, drifted turns and, per strategy,
+    coverage with forks per session."""
+    items, names = summary["by_step"], list(summary["strategies"])
+    shown = (
+        [items[round(i * (len(items) - 1) / (STEP_ROWS - 1))] for i in range(STEP_ROWS)]
+        if len(items) > STEP_ROWS
+        else items
+    )
+    rows = [
+        "| step | sessions | turns | drifted turns | " + " | ".join(map(markdown_cell, names)) + " |",
+        "|---:|---:|---:|---:|" + "---:|" * len(names),
+    ]
+    for item in shown:
+        cells = []
+        for name in names:
+            s = item["strategies"].get(name)
+            cells.append(f"{s['coverage']:.1%} ({s['forks']['mean']:.2f})" if s and s["sessions"] else ABSENT)
+        rows.append(
+            f"| {item['step']} | {item['sessions_replayed']} | {item['turns_replayed']} | {_drifted(item)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    notes = []
+    if len(items) > len(shown):
+        notes.append(f"{len(shown)} of {len(items)} steps, evenly spaced; every step is in summary.json `by_step`.")
+    if summary.get("sessions_without_step"):
+        notes.append(f"{summary['sessions_without_step']} sessions have no step and are in no row.")
+    return rows + ([""] + notes if notes else [])
+
+
+def _drifted(item: dict[str, Any]) -> int:
+    """Drifted turns of a step: the drift is the dump's, the same under every strategy, so the first one's count."""
+    causes: dict[str, dict[str, int]] = next(iter(item["drift_causes"].values()), {})
+    return sum(v["turns"] for v in causes.values())
 
 
 def _causes_table(causes: dict[str, dict[str, dict[str, int]]]) -> list[str]:

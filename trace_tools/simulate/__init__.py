@@ -15,6 +15,10 @@ docs/simulator.md):
   row), `ideal_forwarded_tokens`: their token sequences' total length, each forwarded once;
 * and per turn `kind`, `echo_of`, `rewritten_echoes`, `template_rewrite`,
   `noncanonical_splits`, `superseded_by` / `retry_of`.
+
+With `steps` (a `StepSchedule`, `simulate --steps N`) the sessions are spread over training steps
+whose harness changes as the schedule says; rows carry `step` and `weight_version`, and the file
+metadata `trace_tools.steps` the ground truth per step (`step_truth`).
 """
 
 from __future__ import annotations
@@ -34,8 +38,19 @@ from trace_tools.simulate.formats import FAMILIES
 from trace_tools.simulate.gateway import RECORDINGS
 from trace_tools.simulate.profiles import PROFILES, get_profile
 from trace_tools.simulate.session import SessionBuilder, SimContext
+from trace_tools.simulate.steps import StepSchedule, weight_version
 
-__all__ = ["BEHAVIOURS", "FAMILIES", "PROFILES", "RECORDINGS", "simulate", "simulate_sessions", "summarize"]
+__all__ = [
+    "BEHAVIOURS",
+    "FAMILIES",
+    "PROFILES",
+    "RECORDINGS",
+    "StepSchedule",
+    "simulate",
+    "simulate_sessions",
+    "step_truth",
+    "summarize",
+]
 
 # The day the simulated gateway renders on; a dump whose template stamps the date into its prompts
 # (gpt-oss) names it in `trace_tools.render_date`, so replay renders the same day.
@@ -56,6 +71,7 @@ def simulate(
     profile: str = "swe",
     chat_template: str | None = None,
     harness_profile: str | None = None,
+    steps: StepSchedule | None = None,
 ) -> Any:
     """Simulate `sessions` sessions and return them as a schema-v1 `pyarrow.Table`.
 
@@ -78,6 +94,8 @@ def simulate(
             TRL's file, else the bundled sample's copy of it); it must use the family's tool-call format.
         harness_profile: a harness profile (a profile.json from `trace-tools probe`, or a shipped
             name) that the `harness-profile` behaviour plays; alone, every session plays it.
+        steps: spread the sessions over training steps whose behaviour mix changes as the
+            schedule says (`simulate/steps.py`); None writes no step.
     """
 
     if harness_profile is not None and not behaviours:
@@ -96,6 +114,7 @@ def simulate(
         profile,
         chat_template=chat_template,
         harness_profile=harness_profile,
+        steps=steps,
     )
     table = sessions_to_table(session_objects, meta)
     if logprobs_model:
@@ -118,6 +137,7 @@ def simulate_sessions(
     *,
     chat_template: str | None = None,
     harness_profile: str | None = None,
+    steps: StepSchedule | None = None,
 ) -> tuple[list[Any], Any]:
     """(Session objects, DumpMeta): the library form behind `simulate`, without writing anything."""
 
@@ -128,9 +148,14 @@ def simulate_sessions(
     )
     dated = {"render_date": RENDER_DATE} if stamps_date(renderer.chat_template) else {}
     ctx = SimContext(seed, family, renderer, recording, max_turns, get_profile(profile), played)
+    played_recipes = steps.recipes(recipes, sessions) if steps else [recipes[i % len(recipes)] for i in range(sessions)]
     built = []
-    for index in range(sessions):
-        rows = SessionBuilder(ctx, index, recipes[index % len(recipes)]).build()
+    for index, recipe in enumerate(played_recipes):
+        rows = SessionBuilder(ctx, index, recipe).build()
+        if steps:
+            step = steps.step_of(index, sessions)
+            for row in rows:
+                row.update(step=step, weight_version=weight_version(step))
         built.append(Session(rows[0]["session_id"], [_turn(row) for row in rows]))
     arguments = {
         "sessions": sessions,
@@ -142,16 +167,20 @@ def simulate_sessions(
     }
     if profile != "swe":  # the default leaves the recorded arguments (and the bundled sample) unchanged
         arguments["profile"] = profile
-    harnesses = _played_harnesses(recipes, played)
+    harnesses = _played_harnesses(played_recipes if steps else recipes, played)
     if harnesses:
         arguments["harness_profiles"] = harnesses
+    per_step: dict[str, str] = {}
+    if steps:  # a dump without steps keeps its arguments and metadata (and the bundled sample) unchanged
+        arguments["schedule"] = steps.arguments()
+        per_step = {"steps": json.dumps(steps.truth(sessions))}
     meta = DumpMeta(
         schema_version="1",
         tokenizer=family.tokenizer,
         chat_template=renderer.chat_template,
         history_mode="linear" if recording == "linear" else "tree",
         harness=SIMULATED_HARNESS,
-        extra={"simulator": json.dumps(arguments), "recording": recording, **dated},
+        extra={"simulator": json.dumps(arguments), "recording": recording, **dated, **per_step},
     )
     for session in built:
         session.meta = meta
@@ -208,6 +237,12 @@ def summarize(table: Any) -> list[dict[str, Any]]:
             row["ideal_samples"] += truth["ideal_samples"]
             row["ideal_forwarded_tokens"] += truth["ideal_forwarded_tokens"]
     return list(out.values())
+
+
+def step_truth(table: Any) -> list[dict[str, Any]]:
+    """The ground truth per step a `simulate --steps` dump carries (`trace_tools.steps`); [] without steps."""
+    text = (table.schema.metadata or {}).get(b"trace_tools.steps")
+    return json.loads(text) if text else []
 
 
 def _turn(row: dict[str, Any]) -> Any:
