@@ -28,7 +28,12 @@ def stepped_run(run_dir: Path, dest: Path, sessions_per_step: int = 4) -> Path:
     order = sorted(sessions["session_id"].unique())
     step_of = {sid: (i // sessions_per_step) * STEP_GAP for i, sid in enumerate(order)}
     summary["by_step"] = [
-        _step_block(step, sessions[sessions["session_id"].map(step_of) == step], turns[turns["session_id"].map(step_of) == step], list(summary["strategies"]))
+        _step_block(
+            step,
+            sessions[sessions["session_id"].map(step_of) == step],
+            turns[turns["session_id"].map(step_of) == step],
+            list(summary["strategies"]),
+        )
         for step in sorted(set(step_of.values()))
     ]
     summary["sessions_without_step"] = 0

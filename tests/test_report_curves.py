@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from step_runs import stepped_run
 
+from step_runs import stepped_run
 from trace_tools.report.html import write_html_report
 from trace_tools.report.html.chromium import Chromium
 from trace_tools.report.html.curves import PANELS, WATCHED_TOOLS, nice_ticks
@@ -61,7 +61,9 @@ def test_every_point_is_its_steps_value(stepped, tree):
             expected = _expected(summary, key.removeprefix("curve-"), strategy)
             assert drawn == [(step, value) for step, value in expected if value is not None], (key, strategy)
             # one polyline per unbroken run of steps with a value
-            runs = sum(1 for i, (_, v) in enumerate(expected) if v is not None and (i == 0 or expected[i - 1][1] is None))
+            runs = sum(
+                1 for i, (_, v) in enumerate(expected) if v is not None and (i == 0 or expected[i - 1][1] is None)
+            )
             assert len(list(line.iter(SVG + "polyline"))) == runs, (key, strategy)
     assert any(v is None for _, v in _expected(summary, "coverage-Write", "tree")), "the sample has steps without Write"
 

@@ -10,9 +10,9 @@ import struct
 from pathlib import Path
 
 import pytest
-from step_runs import STEP_GAP, stepped_run
 from typer.testing import CliRunner
 
+from step_runs import STEP_GAP, stepped_run
 from trace_tools.cli.main import app
 from trace_tools.report.trackers import FRAMEWORK_NAMES, export_metrics, step_metrics
 
@@ -233,4 +233,3 @@ def _wandb_records(path: Path):
 def _history_row(record) -> dict:
     row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
     return {key: value for key, value in row.items() if key not in ("_runtime", "_timestamp")}
-

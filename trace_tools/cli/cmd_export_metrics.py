@@ -26,12 +26,12 @@ def export_metrics_cmd(
     overwrite: Annotated[bool, overwrite_option("Replace an existing JSONL file or TensorBoard event files.")] = False,
     json_out: Annotated[bool, json_option("Print what was written as JSON.")] = False,
 ) -> None:
-    """Write every metric of a run, per strategy and per step, as scalar series named trace_tools/<strategy>/<metric> (docs/trackers.md).
+    """Write every metric of a run, per strategy and per step, as tracker series (docs/trackers.md).
 
-    A run whose dump has no steps is one point at step 0. W&B runs offline and never calls the network: upload later with `wandb sync OUT/wandb/offline-run-*`. TensorBoard and W&B need the tensorboard or wandb extra of trace-tools (pip install, docs/trackers.md).
+    Series are named trace_tools/<strategy>/<metric>; a run whose dump has no steps is one point at step 0. W&B runs offline and never calls the network: upload later with `wandb sync OUT/wandb/offline-run-*`. TensorBoard and W&B need the tensorboard or wandb extra of trace-tools (pip install, docs/trackers.md).
 
     Example: trace-tools export-metrics runs/r1 --to tensorboard --out tb && tensorboard --logdir tb
-    """
+    """  # noqa: E501 (typer prints docstring lines as written: one line per paragraph)
     from trace_tools.cli._output import console, print_json
     from trace_tools.report.trackers import export_metrics
 
@@ -52,6 +52,10 @@ def export_metrics_cmd(
     span = f"step {steps[0]}" if len(steps) == 1 else f"{len(steps)} steps ({steps[0]}..{steps[-1]})"
     console.print(f"wrote {report.series:,} series over {span} to {report.out}", highlight=False, soft_wrap=True)
     if report.sessions_without_step:
-        console.print(f"  {report.sessions_without_step:,} sessions without a step are in no series", highlight=False, soft_wrap=True)
+        console.print(
+            f"  {report.sessions_without_step:,} sessions without a step are in no series",
+            highlight=False,
+            soft_wrap=True,
+        )
     if report.target == "wandb":
         console.print(f"  upload it with: wandb sync {report.out}", highlight=False, soft_wrap=True)

@@ -221,16 +221,18 @@ def _write_wandb(
     with _environment(WANDB_ENV):
         import wandb
 
-        quiet = {"x_disable_stats": True, "x_disable_meta": True, "x_save_requirements": False}  # no system probes
-        settings = wandb.Settings(
-            mode="offline",
-            console="off",
-            silent=True,
-            disable_git=True,
-            save_code=False,
-            disable_job_creation=True,
-            **{key: value for key, value in quiet.items() if key in wandb.Settings.model_fields},
-        )
+        options: dict[str, Any] = {
+            "mode": "offline",
+            "console": "off",
+            "silent": True,
+            "disable_git": True,
+            "save_code": False,
+            "disable_job_creation": True,
+        }
+        # wandb's private switches for its system probes, where this wandb version has them
+        probes = {"x_disable_stats": True, "x_disable_meta": True, "x_save_requirements": False}
+        options |= {key: value for key, value in probes.items() if key in wandb.Settings.model_fields}
+        settings = wandb.Settings(**options)
         run = wandb.init(
             project=project,
             name=label,

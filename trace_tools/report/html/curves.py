@@ -49,7 +49,10 @@ def _forks(s: dict[str, Any]) -> float | None:
 
 PANELS = [
     Panel("coverage", "Coverage (trained / generated tokens)", _coverage, percent=True),
-    *(Panel(f"coverage-{tool}", f"Coverage of {tool} turns", _tool_coverage(tool), percent=True) for tool in WATCHED_TOOLS),
+    *(
+        Panel(f"coverage-{tool}", f"Coverage of {tool} turns", _tool_coverage(tool), percent=True)
+        for tool in WATCHED_TOOLS
+    ),
     Panel("samples", "Samples per session", _per_session),
     Panel("forks", "Forks per session", _forks),
 ]
@@ -93,21 +96,31 @@ def _svg(panel: Panel, lines: dict[str, list[tuple[int, float | None]]], colours
     ys = [value for line in lines.values() for _, value in line if value is not None]
     first, last = min(xs), max(xs)
     # The x axis spans exactly the run's steps (its ticks fall inside); y rounds out to its ticks.
-    x_ticks = [tick for tick in nice_ticks(first, last) if first <= tick <= last] if last > first else [first]
+    x_ticks = [tick for tick in nice_ticks(first, last) if first <= tick <= last] if last > first else [float(first)]
     y_ticks = nice_ticks(min(ys), max(ys), floor=0.0 if panel.percent else None)
-    to_x = _scale(first - 0.5, last + 0.5, LEFT, WIDTH - RIGHT) if last == first else _scale(first, last, LEFT, WIDTH - RIGHT)
+    to_x = (
+        _scale(first - 0.5, last + 0.5, LEFT, WIDTH - RIGHT)
+        if last == first
+        else _scale(first, last, LEFT, WIDTH - RIGHT)
+    )
     to_y = _scale(y_ticks[0], y_ticks[-1], HEIGHT - BOTTOM, TOP)
     fmt = _percent if panel.percent else _number
     parts = [
-        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(panel.title)} by step, one line per strategy">'
+        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(panel.title)} by step, one line per strategy">'
     ]
     for tick in y_ticks:
         y = to_y(tick)
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick" x="{LEFT - 5}" y="{y + 3.5:.1f}" text-anchor="end">{fmt(tick, y_ticks)}</text>')
+        parts.append(
+            f'<text class="tick" x="{LEFT - 5}" y="{y + 3.5:.1f}" text-anchor="end">{fmt(tick, y_ticks)}</text>'
+        )
     for tick in x_ticks:
         x = to_x(tick)
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">{_number(tick, x_ticks)}</text>')
+        parts.append(
+            f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">'
+            f"{_number(tick, x_ticks)}</text>"
+        )
     parts.append(f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 3}" text-anchor="end">step</text>')
     markers = len({step for step in xs}) <= POINTS_UP_TO
     for name, line in lines.items():
@@ -120,7 +133,8 @@ def _svg(panel: Panel, lines: dict[str, list[tuple[int, float | None]]], colours
                 if value is not None:
                     parts.append(
                         f'<circle cx="{to_x(step):.1f}" cy="{to_y(value):.1f}" r="2.6" data-step="{step}" '
-                        f'data-value="{value!r}"><title>{escape(name)} · step {step}: {fmt(value, None)}</title></circle>'
+                        f'data-value="{value!r}"><title>{escape(name)} · step {step}: {fmt(value, None)}</title>'
+                        "</circle>"
                     )
         parts.append("</g>")
     parts.append("</svg>")
