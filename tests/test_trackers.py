@@ -166,6 +166,24 @@ def test_wandb_offline_run_history_holds_the_same_values(stepped, tmp_path, monk
     assert "127.0.0.1:9" not in logs
 
 
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
+def test_a_wandb_run_the_caller_has_open_stays_open(stepped, tmp_path, monkeypatch):
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    training = wandb.init(project="training", dir=str(tmp_path / "training"))
+    try:
+        export_metrics(stepped, "wandb", tmp_path / "export", name="beside")
+        training.log({"loss": 0.5}, step=3)  # still open: an ended run refuses to log
+    finally:
+        training.finish()
+    [log] = (tmp_path / "training" / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = [_history_row(r) for r in _wandb_records(log) if r.WhichOneof("record_type") == "history"]
+    assert rows == [{"_step": 3, "loss": 0.5}]
+
+
 def test_a_missing_extra_is_one_line_naming_it(stepped, tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

@@ -228,11 +228,13 @@ def _write_wandb(
             "disable_git": True,
             "save_code": False,
             "disable_job_creation": True,
+            "reinit": "create_new",  # beside a run the caller has open (a training script's), never ending it
         }
         # wandb's private switches for its system probes, where this wandb version has them
         probes = {"x_disable_stats": True, "x_disable_meta": True, "x_save_requirements": False}
         options |= {key: value for key, value in probes.items() if key in wandb.Settings.model_fields}
         settings = wandb.Settings(**options)
+        caller_run = wandb.run
         run = wandb.init(
             project=project,
             name=label,
@@ -245,6 +247,10 @@ def _write_wandb(
                 run.log(values, step=step)
         finally:
             run.finish()
+            if caller_run is None:
+                # finish() returns before wandb's service has written the run's last record;
+                # stopping the service waits for it (a caller's open run keeps it running)
+                wandb.teardown()
     return Path(run.dir).parent
 
 
