@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from step_runs import STEP_GAP, stepped_run
 from trace_tools.cli.main import app
+from trace_tools.errors import UnknownName
 from trace_tools.report.trackers import FRAMEWORK_NAMES, export_metrics, step_metrics
 
 runner = CliRunner()
@@ -103,6 +104,14 @@ def test_mismatch_metrics_also_carry_verl_and_slime_names():
     assert values["trace_tools/tree/mismatch/by_tool/Edit/k3_kl"] == 0.2
     assert not any("undefined" in key for key in values)  # NaN is no point on a curve
     assert not any(verl is None and slime is None for verl, slime in FRAMEWORK_NAMES.values())
+    assert not any(key.startswith(("rollout_corr/", "train/")) for key in values)
+    [(_, trained)] = step_metrics(summary, trained_with="tree")
+    assert trained["rollout_corr/k3_kl"] == trained["train/mismatch_k3_kl"] == 0.02
+    assert set(trained) - set(values) == {
+        name for pair in FRAMEWORK_NAMES.values() for name in pair if name and f"trace_tools/tree/{name}" in values
+    }
+    with pytest.raises(UnknownName, match="did you mean 'tree'"):
+        step_metrics(summary, trained_with="tre")
 
 
 # ---- the files, read back by each tracker's own reader ----

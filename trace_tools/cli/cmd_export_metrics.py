@@ -23,6 +23,14 @@ def export_metrics_cmd(
         Optional[str], typer.Option("--name", help="Run name in the tracker; default: the run directory's name.")
     ] = None,
     project: Annotated[str, typer.Option("--project", help="W&B project of the offline run.")] = "trace-tools",
+    trained_with: Annotated[
+        Optional[str],
+        typer.Option(
+            "--trained-with",
+            help="The strategy your trainer runs: its mismatch metrics also go under verl's and slime's names "
+            "alone (rollout_corr/k3_kl), in the same panels as the trainer's own.",
+        ),
+    ] = None,
     overwrite: Annotated[bool, overwrite_option("Replace an existing JSONL file or TensorBoard event files.")] = False,
     json_out: Annotated[bool, json_option("Print what was written as JSON.")] = False,
 ) -> None:
@@ -35,7 +43,7 @@ def export_metrics_cmd(
     from trace_tools.cli._output import console, print_json
     from trace_tools.report.trackers import export_metrics
 
-    report = export_metrics(run, to, out, name=name, project=project, overwrite=overwrite)
+    report = export_metrics(run, to, out, name=name, project=project, trained_with=trained_with, overwrite=overwrite)
     if json_out:
         print_json(
             {

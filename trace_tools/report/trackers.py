@@ -5,7 +5,8 @@ Every numeric metric of a strategy's summary block becomes one series named
 `trace_tools/<strategy>/<metric>`, indexed by training step (`summary["by_step"]`); a run whose
 dump has no steps is one point at step 0. Mismatch metrics are written a second time under
 the names verl and slime log them by (`FRAMEWORK_NAMES`), so a search for the trainer's own
-name finds trace-tools' curve beside it. The tracker clients are optional extras, imported only
+name finds trace-tools' curve beside it; the strategy a trainer runs may have them under those
+names alone, in the trainer's own panels (`trained_with`). The tracker clients are optional extras, imported only
 when their target is chosen.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_tools.errors import TraceToolsError, UsageError, did_you_mean
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError, did_you_mean
 from trace_tools.io.rundir import check_output_file, load_summary
 from trace_tools.io.write import write_text_atomic
 
@@ -65,14 +66,17 @@ class MetricsExport:
 # ---- the series ------------------------------------------------------------------------------
 
 
-def step_metrics(summary: dict[str, Any]) -> list[tuple[int, dict[str, float]]]:
+def step_metrics(summary: dict[str, Any], trained_with: str | None = None) -> list[tuple[int, dict[str, float]]]:
     """(step, {series name: value}) in step order: one entry per `by_step` item, or step 0 for
-    the whole run when the summary has no steps."""
+    the whole run when the summary has no steps. `trained_with`: the strategy whose mismatch
+    metrics also go under the trainers' names alone (`rollout_corr/k3_kl`), as a trainer logs them."""
+    if trained_with is not None and trained_with not in summary.get("strategies", {}):
+        raise UnknownName("strategy (--trained-with)", trained_with, list(summary.get("strategies", {})))
     blocks = summary.get("by_step") or [{**summary, "step": 0}]
-    return [(int(block["step"]), scalars(block)) for block in blocks]
+    return [(int(block["step"]), scalars(block, trained_with)) for block in blocks]
 
 
-def scalars(block: dict[str, Any]) -> dict[str, float]:
+def scalars(block: dict[str, Any], trained_with: str | None = None) -> dict[str, float]:
     """The named scalars of one summary block (the whole run, or one step of it)."""
     out: dict[str, float] = {}
     for key in ("sessions_replayed", "turns_replayed"):
@@ -85,7 +89,9 @@ def scalars(block: dict[str, Any]) -> dict[str, float]:
         out.update(_flatten(base, _strategy_metrics(strategy)))
         out.update(_flatten(f"{base}/token_savings", savings.get(name) or {}))
         out.update(_flatten(f"{base}/drift_causes", causes.get(name) or {}))
-        out.update(_framework_aliases(base, strategy.get("mismatch") or {}))
+        out.update(_framework_aliases(f"{base}/", strategy.get("mismatch") or {}))
+        if name == trained_with:
+            out.update(_framework_aliases("", strategy.get("mismatch") or {}))
     return out
 
 
@@ -99,11 +105,11 @@ def _strategy_metrics(strategy: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def _framework_aliases(base: str, mismatch: dict[str, Any]) -> dict[str, float]:
+def _framework_aliases(prefix: str, mismatch: dict[str, Any]) -> dict[str, float]:
     out = {}
     for key, names in FRAMEWORK_NAMES.items():
         if _is_number(mismatch.get(key)):
-            out.update({f"{base}/{name}": mismatch[key] for name in names if name})
+            out.update({prefix + name: mismatch[key] for name in names if name})
     return out
 
 
@@ -136,6 +142,7 @@ def export_metrics(
     *,
     name: str | None = None,
     project: str = "trace-tools",
+    trained_with: str | None = None,
     overwrite: bool = False,
 ) -> MetricsExport:
     """Write a run's per-step series to `target` (docs/trackers.md#where-the-files-go).
@@ -150,7 +157,7 @@ def export_metrics(
     run = Path(run_dir)
     summary = load_summary(run)
     _require_extra(target)
-    series = step_metrics(summary)
+    series = step_metrics(summary, trained_with)
     label = name or run.resolve().name
     if target == "tensorboard":
         written = _write_tensorboard(series, Path(str(out)) / label, overwrite)
