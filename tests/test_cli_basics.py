@@ -19,7 +19,7 @@ def test_help_imports_no_heavy_modules():
     code = (
         "import sys; from trace_tools.cli.main import app; from typer.testing import CliRunner; "
         "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
-        "heavy = [m for m in ('torch', 'transformers', 'ray', 'pandas', 'matplotlib', 'pyarrow', 'numpy', 'aiohttp', 'jinja2') if m in sys.modules]; "
+        "heavy = [m for m in ('torch', 'transformers', 'ray', 'pandas', 'matplotlib', 'pyarrow', 'numpy', 'aiohttp', 'jinja2', 'tensorboard', 'wandb') if m in sys.modules]; "
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

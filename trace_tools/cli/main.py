@@ -53,6 +53,7 @@ COMMANDS = [
     ("validate", "cmd_validate", "validate_cmd"),
     ("import", "cmd_import", "import_cmd"),
     ("export", "cmd_export", "export_cmd"),
+    ("export-metrics", "cmd_export_metrics", "export_metrics_cmd"),
     ("audit-template", "cmd_audit", "audit_template_cmd"),
     ("simulate", "cmd_simulate", "simulate_cmd"),
     ("record", "cmd_probe", "record_cmd"),

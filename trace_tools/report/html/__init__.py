@@ -17,7 +17,7 @@ from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import BIDI, visible_bidi
 from trace_tools.report.explain_view import CAUSE_TEXT
 from trace_tools.report.harness_profile import page_rows, title
-from trace_tools.report.html import overview
+from trace_tools.report.html import curves, overview
 from trace_tools.report.html.sessions import build_sessions
 from trace_tools.report.layout import ABSENT, count, signed_pct
 from trace_tools.report.metrics import upstream_lines
@@ -66,6 +66,7 @@ def render_html(
         "summary": summary,
         "strategies": strategies,
         "strategy_rows": overview.strategy_rows(summary, counterfactual_names(summary)),
+        "curves": curves.step_curves(summary),
         "tools": tools,
         "tool_rows": overview.tool_rows(summary, tools),
         "counters": overview.counter_table(summary),

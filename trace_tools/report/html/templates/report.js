@@ -386,7 +386,21 @@
     if (target) target.scrollIntoView();
   }
 
+  // Per-step curves: pointing at a strategy in the legend picks its line out in every panel.
+  function setupCurves() {
+    const curves = document.querySelector(".curves");
+    document.querySelectorAll(".curve-legend li").forEach((li) => {
+      const pick = (on) => {
+        curves.classList.toggle("picking", on);
+        curves.querySelectorAll(".line").forEach((g) => g.classList.toggle("picked", on && g.dataset.strategy === li.dataset.strategy));
+      };
+      li.addEventListener("mouseenter", () => pick(true));
+      li.addEventListener("mouseleave", () => pick(false));
+    });
+  }
+
   document.querySelectorAll("table.sortable").forEach(makeSortable);
+  setupCurves();
   setupSessionList();
   setupDriftList();
   window.addEventListener("hashchange", route);
