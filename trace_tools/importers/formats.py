@@ -31,7 +31,8 @@ class ImportFormat:
     reads: str  # what a source holds (CLI help, docs/importers.md)
     written_by: str  # the servers and gateways that write it
     needs_session_key: bool = False  # its records name no session of their own: --session-key is required
-    suffixes: tuple[str, ...] = JSON_SUFFIXES  # the files a source directory contributes
+    suffixes: tuple[str, ...] = JSON_SUFFIXES  # the files a source directory contributes (name endings)
+    ordered_by_start: bool = False  # records arrive out of order: turn_index is the rank by start time
 
     def load(self) -> ModuleType:
         return importlib.import_module(f"trace_tools.importers.{self.reader}")
@@ -58,6 +59,27 @@ FORMATS = {
             reader="gateway",
             reads="per-call traces with prompt and output ids, one a line",
             written_by="slime, agentcore-rl-toolkit or rllm gateways",
+        ),
+        ImportFormat(
+            "harbor-atif",
+            reader="atif",
+            reads="ATIF trajectory.json files (v1.4+, token ids per agent step), one trial each",
+            written_by="Harbor and other ATIF writers",
+            suffixes=("trajectory.json",),
+        ),
+        ImportFormat(
+            "nemo-gym",
+            reader="nemo_gym",
+            reads="rollouts whose output items carry token ids, one a line",
+            written_by="NeMo Gym",
+        ),
+        ImportFormat(
+            "otel",
+            reader="otel",
+            reads="OpenTelemetry GenAI spans with token ids (OTLP/JSON or one span a line)",
+            written_by="Agent Lightning or LiteLLM",
+            needs_session_key=True,
+            ordered_by_start=True,
         ),
     )
 }
