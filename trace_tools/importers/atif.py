@@ -57,12 +57,11 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
         yield Outcome(None, where, reason="no_session", detail="trajectory has no session_id; pass --session-key")
         return
     try:
-        steps = _steps(value)
+        steps, tools = _steps(value), _tools(value.get("agent"))
     except BadRecord as bad:
         yield Outcome(session_id, where, reason=bad.reason, detail=bad.detail)
         return
     history: list[dict] = []
-    tools = _tools(value.get("agent"))
     for position, step in enumerate(steps):
         here = f"{where} steps[{position}]"
         try:
@@ -145,12 +144,15 @@ def _messages(step: dict, where: str) -> list[dict]:
     source = step.get("source")
     if source == "agent":
         added = [_reply(step)]
-    elif source in ROLES:
+    elif isinstance(source, str) and source in ROLES:
         added = [{"role": ROLES[source], "content": _content(step.get("message"), "message")}]
     else:
         raise BadRecord("wrong_type", f"source is {source!r}, expected system, user or agent")
     observation = optional(step, "observation", dict)
-    for result in (observation or {}).get("results") or []:
+    results = (observation or {}).get("results") or []
+    if not isinstance(results, list):
+        raise BadRecord("wrong_type", "observation.results is not an array")
+    for result in results:
         if not isinstance(result, dict):
             raise BadRecord("wrong_type", "an observation result is not an object")
         content = _content(result.get("content") or "", "observation content")

@@ -235,7 +235,10 @@ def timestamp(value: Any, label: str) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), tz=UTC)
+        try:
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        except (ValueError, OverflowError, OSError):  # NaN, infinite, or beyond the calendar
+            raise BadRecord("wrong_type", f"{label} is {value!r}, not a timestamp") from None
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)

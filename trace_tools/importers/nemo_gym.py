@@ -135,7 +135,6 @@ def _turn(
         prompt_ids=token_ids(closing["prompt_token_ids"], "prompt_token_ids", options.vocab_size),
         tools=tools,
         response=_reply([item for item in items if _is_model_item(item)]),
-        request_id=closing.get("id") if isinstance(closing.get("id"), str) else None,
         metadata={"import": {"format": options.format, "source": where}},
         **facts,
     )
@@ -143,7 +142,7 @@ def _turn(
 
 def _reply(items: list[dict]) -> dict:
     reasoning = [
-        part.get("text", "") for item in items if item.get("type") == "reasoning" for part in item.get("summary") or []
+        _text(item.get("summary") or [], "reasoning summary") for item in items if item.get("type") == "reasoning"
     ]
     text = [_text(item.get("content"), "output message content") for item in items if item.get("type") == "message"]
     reply: dict[str, Any] = {"role": "assistant", "content": "".join(text)}

@@ -40,8 +40,8 @@ rejected request. Token-id attributes may be arrays or JSON text; anything else 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 from trace_tools.data import Turn
@@ -53,6 +53,7 @@ from trace_tools.importers.base import (
     make_turn,
     messages,
     step_fields,
+    timestamp,
     token_ids,
 )
 
@@ -62,7 +63,12 @@ CALL_OPERATIONS = ("chat", "text_completion")
 
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
-    for span, resource, here in _spans(value, where):
+    try:
+        spans = list(_spans(value, where))
+    except BadRecord as bad:  # the line's structure is broken: which spans it held is unknown
+        yield Outcome(None, where, reason=bad.reason, detail=bad.detail)
+        return
+    for span, resource, here in spans:
         if _is_call(span["attributes"]):
             yield _outcome(span, resource, here, options)
 
@@ -72,17 +78,29 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
 
 def _spans(value: dict, where: str) -> Iterator[tuple[dict, dict, str]]:
     if "resourceSpans" not in value:
-        resource = value.get("resource")
-        attributes = resource.get("attributes") if isinstance(resource, dict) else None
-        span = {**value, "attributes": value.get("attributes") or {}}
-        yield span, attributes if isinstance(attributes, dict) else {}, where
+        span = {**value, "attributes": _object(value.get("attributes") or {}, "span attributes")}
+        resource = _object(value.get("resource") or {}, "span resource")
+        yield span, _object(resource.get("attributes") or {}, "resource attributes"), where
         return
-    for r, block in enumerate(value["resourceSpans"] if isinstance(value["resourceSpans"], list) else []):
-        resource = _attributes((block.get("resource") or {}).get("attributes")) if isinstance(block, dict) else {}
-        for s, scope in enumerate(block.get("scopeSpans") or [] if isinstance(block, dict) else []):
-            for n, span in enumerate(scope.get("spans") or [] if isinstance(scope, dict) else []):
-                if isinstance(span, dict):
-                    yield _otlp_span(span), resource, f"{where} resourceSpans[{r}].scopeSpans[{s}].spans[{n}]"
+    for r, block in enumerate(_array(value["resourceSpans"], "resourceSpans")):
+        block = _object(block, "a resourceSpans entry")
+        resource = _attributes(_object(block.get("resource") or {}, "resource").get("attributes"))
+        for s, scope in enumerate(_array(block.get("scopeSpans") or [], "scopeSpans")):
+            for n, span in enumerate(_array(_object(scope, "a scopeSpans entry").get("spans") or [], "spans")):
+                here = f"{where} resourceSpans[{r}].scopeSpans[{s}].spans[{n}]"
+                yield _otlp_span(_object(span, "a span")), resource, here
+
+
+def _object(value: Any, label: str) -> dict:
+    if not isinstance(value, dict):
+        raise BadRecord("bad_json", f"{label} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _array(value: Any, label: str) -> list:
+    if not isinstance(value, list):
+        raise BadRecord("bad_json", f"{label} is a {type(value).__name__}, not an array")
+    return value
 
 
 def _otlp_span(span: dict) -> dict:
@@ -95,8 +113,9 @@ def _otlp_span(span: dict) -> dict:
 
 def _attributes(pairs: Any) -> dict[str, Any]:
     """OTLP `[{"key", "value": AnyValue}]` as a flat dict (a malformed pair is left out)."""
-    if not isinstance(pairs, list):
+    if pairs is None:
         return {}
+    _array(pairs, "attributes")
     return {
         p["key"]: _any_value(p.get("value")) for p in pairs if isinstance(p, dict) and isinstance(p.get("key"), str)
     }
@@ -140,7 +159,8 @@ def _is_call(attributes: dict) -> bool:
 def _outcome(span: dict, resource: dict, where: str, options: Options) -> Outcome:
     session_id = _session(span, resource, options.session_key or "")
     start = span.get("start_time")
-    order = float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) else None
+    finite = isinstance(start, (int, float)) and not isinstance(start, bool) and math.isfinite(start)
+    order = float(start) if finite else None
     if session_id is None:
         detail = f"span has no attribute or field {options.session_key!r}; pass --session-key naming the session"
         return Outcome(None, where, reason="no_session", detail=detail, order=order)
@@ -192,8 +212,8 @@ def _turn(span: dict, resource: dict, session_id: str, where: str, options: Opti
         request_id=attributes.get("gen_ai.response.id")
         if isinstance(attributes.get("gen_ai.response.id"), str)
         else None,
-        started_at=_moment(span.get("start_time")),
-        finished_at=_moment(span.get("end_time")),
+        started_at=timestamp(span.get("start_time"), "span start"),
+        finished_at=timestamp(span.get("end_time"), "span end"),
         metadata={
             "import": {"format": options.format, "source": where},
             "span": {k: span.get(k) for k in ("name", "trace_id", "traceId", "span_id", "spanId") if span.get(k)},
@@ -237,12 +257,6 @@ def _json_text(value: Any, label: str) -> Any:
         raise BadRecord("wrong_type", f"{label} is text that is not JSON") from None
 
 
-def _moment(seconds: Any) -> datetime | None:
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-        return None
-    return datetime.fromtimestamp(float(seconds), tz=UTC)
-
-
 # -- messages: the semantic conventions' parts, or the flattened prompt/completion attributes ---------
 
 
@@ -269,7 +283,12 @@ def _reply(attributes: dict) -> dict | None:
             reply["finish_reason"] = outputs[0]["finish_reason"]
         return reply
     flat = _unflatten(attributes, "gen_ai.completion.")
-    return _from_flat(flat[0]) if flat else None
+    if not flat or not isinstance(flat[0], dict):
+        return None
+    reply = _from_flat(flat[0])
+    if isinstance(flat[0].get("finish_reason"), str):
+        reply["finish_reason"] = flat[0]["finish_reason"]
+    return reply
 
 
 def _json_list(value: Any, label: str) -> list:
@@ -308,6 +327,8 @@ def _parts_text(parts: Any) -> str:
 
 def _from_flat(message: dict) -> dict:
     """A flattened `gen_ai.prompt.<i>.*` message as a chat message."""
+    if not isinstance(message, dict):
+        raise BadRecord("wrong_type", "gen_ai.prompt.<i> / gen_ai.completion.<i> is a plain value, not a message")
     chat: dict[str, Any] = {
         k: v for k, v in message.items() if k in ("role", "content", "reasoning_content", "tool_call_id", "name")
     }
