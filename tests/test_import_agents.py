@@ -347,3 +347,19 @@ def test_every_field_of_the_wrong_type_is_an_outcome_never_an_exception(fmt):
                         assert "\n" not in outcome.detail
                     mutations += 1
     assert mutations > 500  # every place of the fixture tried
+
+
+def test_a_gym_call_without_token_ids_between_two_with_them_quarantines_the_rollout(tmp_path):
+    """The second call of fix-flaky-test recorded without ids: the rollout cannot be replayed whole."""
+    records = [json.loads(line) for line in (FIXTURES / "nemo_gym_rollouts.jsonl").read_text().splitlines()]
+    last = [item for item in records[0]["response"]["output"] if "generation_token_ids" in item][-1]
+    for name in ("prompt_token_ids", "generation_token_ids", "generation_log_probs"):
+        del last[name]
+    source = tmp_path / "rollouts.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result, out = _cli(tmp_path, "nemo-gym", source, None, "--json")
+    assert json.loads(result.output)["by_reason"] == {"missing_field": 1}
+    [entry] = _quarantine(out)
+    assert (
+        entry["session_id"] == "0:0" and "a model call's output items carry no generation_token_ids" in entry["detail"]
+    )

@@ -68,7 +68,7 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
             if step.get("source") == "agent":
                 turn = _turn(step, value, session_id, list(history), tools, here, options)
                 yield Outcome(session_id, here, turn=turn)
-            history.extend(_messages(step, here))
+            history.extend(_messages(step))
         except BadRecord as bad:  # the chat after a bad step is unknown: the rest of the trial is one record
             yield Outcome(session_id, here, reason=bad.reason, detail=bad.detail)
             return
@@ -117,7 +117,7 @@ def _turn(
     prompt = metrics.get("prompt_token_ids")
     if not history:
         raise BadRecord("empty_messages", f"step {step.get('step_id')} is an agent step with no message before it")
-    agent = trajectory.get("agent") if isinstance(trajectory.get("agent"), dict) else {}
+    agent: dict = trajectory["agent"] if isinstance(trajectory.get("agent"), dict) else {}
     return make_turn(
         session_id,
         messages=history,
@@ -139,7 +139,7 @@ def _turn(
     )
 
 
-def _messages(step: dict, where: str) -> list[dict]:
+def _messages(step: dict) -> list[dict]:
     """The chat messages a step adds: its own message (or reply), then its observation's results."""
     source = step.get("source")
     if source == "agent":

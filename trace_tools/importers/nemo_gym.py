@@ -56,31 +56,22 @@ def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
     try:
         params = need(value, "responses_create_params", dict)
         output = need(need(value, "response", dict), "output", list, "response")
-        history = _input(params)
         tools = _tools(params.get("tools"))
         facts = step_fields(params.get("metadata"))
         reward = optional(value, "reward", (int, float))
-        if any(not isinstance(item, dict) for item in output):
-            raise BadRecord("wrong_type", "response.output holds an item that is not an object")
-        if not any(item.get("generation_token_ids") is not None for item in output):
-            raise BadRecord(
-                "missing_field",
-                "no output item carries generation_token_ids: the rollout was recorded without token ids "
-                "(set return_token_id_information on the model server)",
-            )
+        lead, calls = _calls(output)
+        history = _input(params) + [_chat_item(item) for item in lead]
     except BadRecord as bad:
         yield Outcome(session_id, where, reason=bad.reason, detail=bad.detail)
         return
-    calls = _calls(output)
     for number, (items, added) in enumerate(calls):
         here = f"{where} call {number}"
         try:
-            last = number == len(calls) - 1
             turn = _turn(items, list(history), session_id, tools, facts, here, options)
-            if last and reward is not None:
+            if number == len(calls) - 1 and reward is not None:
                 turn.reward = float(reward)
             yield Outcome(session_id, here, turn=turn)
-            history.append(turn.response)
+            history.append(turn.response or {})
             history.extend(_chat_item(item) for item in added)
         except BadRecord as bad:  # the chat after a bad call is unknown: the rest of the rollout is one record
             yield Outcome(session_id, here, reason=bad.reason, detail=bad.detail)
@@ -94,22 +85,33 @@ def _session(rollout: dict, key: str | None) -> str | None:
     return None if task is None or attempt is None else f"{task}:{attempt}"
 
 
-def _calls(output: list) -> list[tuple[list[dict], list[dict]]]:
-    """Per model call: (its items, the non-model items that follow it). Trailing items after the last
-    call that carries ids (a call recorded without them) are left out: they answer no recorded call."""
+def _calls(output: list) -> tuple[list[dict], list[tuple[list[dict], list[dict]]]]:
+    """(the items before the first model call, then per call: its items and the items that follow it).
+
+    A call's items end with the one carrying `generation_token_ids`; model items that no such item
+    closes were generated without token ids, and the rollout cannot be imported faithfully."""
+    lead: list[dict] = []
     calls: list[tuple[list[dict], list[dict]]] = []
     pending: list[dict] = []
-    for item in output:
+    for position, item in enumerate(output):
+        if not isinstance(item, dict):
+            raise BadRecord("wrong_type", f"response.output[{position}] is a {type(item).__name__}, not an item")
         if _is_model_item(item):
             pending.append(item)
             if item.get("generation_token_ids") is not None:
-                calls.append((pending, []))
-                pending = []
-        elif calls and not pending:
-            calls[-1][1].append(item)
+                calls, pending = [*calls, (pending, [])], []
+        elif pending:
+            break
         else:
-            pending.append(item)
-    return calls
+            (calls[-1][1] if calls else lead).append(item)
+    if pending or not calls:
+        which = "a model call's output items carry no" if calls else "no output item carries"
+        raise BadRecord(
+            "missing_field",
+            f"{which} generation_token_ids: the rollout was recorded without token ids "
+            "(set return_token_id_information on the model server)",
+        )
+    return lead, calls
 
 
 def _is_model_item(item: dict) -> bool:
@@ -187,8 +189,8 @@ def _chat_item(item: Any) -> dict:
     kind = item.get("type", "message")
     if kind == "function_call_output":
         output = item.get("output")
-        content = output if isinstance(output, str) else _text(output, "function_call_output.output")
-        return {"role": "tool", "tool_call_id": need(item, "call_id", str, "function_call_output"), "content": content}
+        text = output if isinstance(output, str) else _text(output, "function_call_output.output")
+        return {"role": "tool", "tool_call_id": need(item, "call_id", str, "function_call_output"), "content": text}
     if kind == "message" and isinstance(item.get("role"), str):
         content = item.get("content")
         return {"role": item["role"], "content": content if isinstance(content, str) else _text(content, "content")}

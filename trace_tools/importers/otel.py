@@ -159,8 +159,8 @@ def _is_call(attributes: dict) -> bool:
 def _outcome(span: dict, resource: dict, where: str, options: Options) -> Outcome:
     session_id = _session(span, resource, options.session_key or "")
     start = span.get("start_time")
-    finite = isinstance(start, (int, float)) and not isinstance(start, bool) and math.isfinite(start)
-    order = float(start) if finite else None
+    order = float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) else None
+    order = order if order is not None and math.isfinite(order) else None
     if session_id is None:
         detail = f"span has no attribute or field {options.session_key!r}; pass --session-key naming the session"
         return Outcome(None, where, reason="no_session", detail=detail, order=order)

@@ -112,12 +112,11 @@ class _SessionCount:
         return arrival if self.ranks is None else self.ranks[arrival]
 
     def rank_by_start(self) -> None:
-        if self.starts is not None:
-            order = sorted(range(len(self.starts)), key=lambda i: (self.starts[i], i))  # type: ignore[index]
-            self.ranks = [0] * len(order)
-            for rank, arrival in enumerate(order):
+        starts, self.starts = self.starts, None
+        if starts is not None:
+            self.ranks = [0] * len(starts)
+            for rank, arrival in enumerate(sorted(range(len(starts)), key=lambda i: (starts[i], i))):
                 self.ranks[arrival] = rank
-            self.starts = None
 
     @property
     def sound(self) -> bool:
