@@ -1,9 +1,9 @@
 """Harbor's Agent Trajectory Interchange Format (ATIF) trajectories (docs/importers.md#formats).
 
 Follows the ATIF RFC (harbor `docs/rfcs/0001-trajectory-format.md`) at schema v1.4, the first
-version whose steps carry the prompt ids next to the completion ids; later versions (v1.5 adds
-`agent.tool_definitions`, v1.6-v1.7 add optional step fields) read the same way. One
-`trajectory.json` is one trial, hence one session:
+version whose steps carry the prompt ids next to the completion ids; later versions read the same
+way (`agent.tool_definitions` is read when present; optional fields added since are ignored).
+One `trajectory.json` is one trial, hence one session:
 
     {"schema_version": "ATIF-v1.4", "session_id", "agent": {"name", "version", "model_name",
      "tool_definitions"?, "extra"?}, "steps": [step, ...], "extra"?}
@@ -96,7 +96,7 @@ def _steps(trajectory: dict) -> list[dict]:
 
 
 def _tools(agent: Any) -> list[dict] | None:
-    """`agent.tool_definitions` (v1.5+) as chat-completion tools: OpenAI's shape is kept as written."""
+    """`agent.tool_definitions` (OpenAI function-calling tools), kept as written."""
     definitions = agent.get("tool_definitions") if isinstance(agent, dict) else None
     if definitions is None:
         return None
@@ -185,7 +185,7 @@ def _tool_call(call: Any) -> dict:
 
 
 def _content(value: Any, label: str) -> str | list:
-    """Text, or (v1.6 multimodal) a list of content parts, kept as written."""
+    """Text, or a list of (multimodal) content parts, kept as written."""
     if value is None:
         raise BadRecord("missing_field", f"{label} is missing")
     if not isinstance(value, (str, list)):
