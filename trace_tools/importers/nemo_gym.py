@@ -149,7 +149,7 @@ def _reply(items: list[dict]) -> dict:
     text = [_text(item.get("content"), "output message content") for item in items if item.get("type") == "message"]
     reply: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
     if reasoning:
-        reply["reasoning_content"] = "\n".join(str(r) for r in reasoning)
+        reply["reasoning_content"] = "\n".join(reasoning)
     calls = [item for item in items if item.get("type") == "function_call"]
     if calls:
         reply["tool_calls"] = [
