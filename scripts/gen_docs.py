@@ -277,6 +277,22 @@ def import_formats_table(runs: Runs) -> str:
     return markdown(header, ["---"] * 6, rows)
 
 
+def import_mapping_table(runs: Runs) -> str:
+    """docs/importers.md: per format, the producer and version followed, what maps to what, what is lost."""
+    from trace_tools.importers.formats import FORMATS
+
+    header = ["format", "producer and version", "a session is", "a turn is", "not carried"]
+    rows = [[f"`{f.name}`", f"{f.written_by}: {f.follows}", f.session, f.turn, f.lost] for f in FORMATS.values()]
+    return markdown(header, ["---"] * 5, rows)
+
+
+def import_list(runs: Runs) -> str:
+    """README: the import formats, one line each."""
+    from trace_tools.importers.formats import FORMATS
+
+    return "\n".join(f"- `{f.name}` — {f.written_by}: {f.reads}" for f in FORMATS.values())
+
+
 @dataclass(frozen=True)
 class Table:
     page: str
@@ -291,6 +307,8 @@ TABLES: dict[str, Table] = {
     "templates-trl": Table("docs/templates.md", templates_table),
     "harnesses": Table("docs/probe.md", harnesses_table),
     "import-formats": Table("docs/importers.md", import_formats_table),
+    "import-mapping": Table("docs/importers.md", import_mapping_table),
+    "import-list": Table("README.md", import_list),
 }
 
 

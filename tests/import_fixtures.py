@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from agent_fixtures import write_agent_fixtures
 from trace_tools.data import Session, Turn
 
 FIXTURES = Path(__file__).parent / "fixtures" / "import"
@@ -261,7 +262,7 @@ def write_fixtures(directory: Path, renderer) -> list[Path]:
     for name, records in lines.items():
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in records))
         written.append(directory / name)
-    return written
+    return written + write_agent_fixtures(directory, sessions)
 
 
 if __name__ == "__main__":

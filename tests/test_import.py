@@ -52,7 +52,7 @@ def _quarantine(out: Path) -> list[dict]:
 
 def test_committed_fixtures_are_what_the_writers_produce(tmp_path, renderer):
     for path in write_fixtures(tmp_path, renderer):
-        committed = FIXTURES / path.name
+        committed = FIXTURES / path.relative_to(tmp_path)
         assert committed.read_text().splitlines() == path.read_text().splitlines(), path.name
 
 

@@ -59,6 +59,7 @@ class Outcome:
     rejected: str | None = None
     reason: str | None = None
     detail: str = ""
+    order: float | None = None  # where the call falls in its session when arrival is not its order (a span's start)
 
     @property
     def malformed(self) -> bool:
@@ -78,12 +79,13 @@ class Options:
 
 
 def source_files(sources: Sequence[str | Path], suffixes: Sequence[str]) -> list[Path]:
-    """The files to read, in the order given; a directory contributes its files with the format's suffixes, sorted."""
+    """The files to read, in the order given; a directory contributes its files whose names end in one of
+    the format's suffixes (`.jsonl`, or a whole name such as `trajectory.json`), sorted."""
     files: list[Path] = []
     for source in sources:
         path = Path(source).expanduser()
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(tuple(suffixes)))
             if not found:
                 raise UnusableInput(
                     f"no {'/'.join(suffixes)} files under {source}; pass log files or a directory of them"
@@ -233,7 +235,10 @@ def timestamp(value: Any, label: str) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), tz=UTC)
+        try:
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        except (ValueError, OverflowError, OSError):  # NaN, infinite, or beyond the calendar
+            raise BadRecord("wrong_type", f"{label} is {value!r}, not a timestamp") from None
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
@@ -266,6 +271,24 @@ def finish_reason(value: Any) -> str | None:
 def scalars(record: dict, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The plain (string, number, boolean) entries of an object: small facts worth keeping in metadata."""
     return {k: v for k, v in record.items() if k not in skip and isinstance(v, (str, int, float, bool))}
+
+
+def step_fields(*places: Any) -> dict[str, Any]:
+    """`step` (an integer, or digits) and `weight_version` (text, or a number written as text) from the
+    first of `places` (objects; others are skipped) that holds each, as `make_turn` keywords."""
+    found: dict[str, Any] = {"step": None, "weight_version": None}
+    for place in (p for p in places if isinstance(p, dict)):
+        for name in found:
+            if found[name] is None and place.get(name) is not None:
+                found[name] = place[name]
+    step, version = found["step"], found["weight_version"]
+    if isinstance(step, str) and step.strip().isdigit():
+        step = int(step)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise BadRecord("wrong_type", f"step is {step!r}, expected a non-negative integer")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, (str, int, float))):
+        raise BadRecord("wrong_type", f"weight_version is a {type(version).__name__}, expected text")
+    return {"step": step, "weight_version": None if version is None else str(version)}
 
 
 def make_turn(session_id: str, *, messages: list[dict], output_ids: list[int], **fields: Any) -> Turn:

@@ -8,6 +8,9 @@ and a few integers per session:
    `trace_tools.import` metadata, which Parquet fixes when the file is opened.
 2. **Write.** Convert again (conversion is deterministic) and write each turn of a sound session
    as a row, a row group at a time, `turn_index` = the record's arrival position in its session.
+   A format whose records arrive out of order (`ImportFormat.ordered_by_start`: OTel spans are
+   exported in batches as they end) keeps one start time per record in pass 1 instead, and
+   `turn_index` is the record's rank by start time (arrival breaks ties).
 
 A malformed record quarantines its whole session, as a bad row does in `load` (a session with a
 hole cannot be replayed faithfully): its sound records are listed as `session_quarantined`. A
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -101,6 +105,18 @@ class _SessionCount:
     malformed: int = 0
     first_problem: str = ""  # where and why its first malformed record failed
     seen: int = 0  # pass 2: records met so far, i.e. the next record's arrival position
+    starts: list[float] | None = None  # pass 1, formats ordered by start: each record's start, in arrival order
+    ranks: list[int] | None = None  # ... and each record's position by start time, in arrival order
+
+    def position(self, arrival: int) -> int:
+        return arrival if self.ranks is None else self.ranks[arrival]
+
+    def rank_by_start(self) -> None:
+        starts, self.starts = self.starts, None
+        if starts is not None:
+            self.ranks = [0] * len(starts)
+            for rank, arrival in enumerate(sorted(range(len(starts)), key=lambda i: (starts[i], i))):
+                self.ranks[arrival] = rank
 
     @property
     def sound(self) -> bool:
@@ -143,7 +159,7 @@ def import_traces(
     meta = _recording_meta(report, tokenizer, chat_template)
     options = Options(fmt, session_key=session_key, vocab_size=report.vocab_size)
     reader = record.load()
-    sessions = _census(_outcomes(reader, files, options), report)
+    sessions = _census(_outcomes(reader, files, options), report, record.ordered_by_start)
     if not sessions and report.by_reason.get("no_session"):
         looked = f"--session-key {session_key!r} finds nothing" if session_key else "the format's own fields hold none"
         raise UnusableInput(
@@ -196,8 +212,8 @@ def _outcomes(module: Any, files: list[Path], options: Options) -> Iterator[Outc
                 yield from module.outcomes(value, where, options)
 
 
-def _census(outcomes: Iterator[Outcome], report: ImportReport) -> dict[str, _SessionCount]:
-    """Pass 1: per-session counts, and the report's totals derived from them."""
+def _census(outcomes: Iterator[Outcome], report: ImportReport, ordered: bool = False) -> dict[str, _SessionCount]:
+    """Pass 1: per-session counts (and, when `ordered`, each record's start), and the report's totals."""
     sessions: dict[str, _SessionCount] = {}
     reasons: Counter = Counter()
     for outcome in outcomes:
@@ -206,12 +222,16 @@ def _census(outcomes: Iterator[Outcome], report: ImportReport) -> dict[str, _Ses
             reasons[outcome.reason] += 1
         if outcome.session_id is None:
             continue
-        count = sessions.setdefault(outcome.session_id, _SessionCount())
+        count = sessions.setdefault(outcome.session_id, _SessionCount(starts=[] if ordered else None))
         count.records += 1
+        if count.starts is not None:  # a record without a start goes after those with one
+            count.starts.append(math.inf if outcome.order is None else outcome.order)
         count.rejected += outcome.rejected is not None
         if outcome.malformed:
             count.malformed += 1
             count.first_problem = count.first_problem or f"{outcome.where}: {outcome.reason}"
+    for count in sessions.values():
+        count.rank_by_start()
     sound = [count for count in sessions.values() if count.sound]
     bad = [count for count in sessions.values() if not count.sound]
     reasons["session_quarantined"] = sum(count.records - count.malformed for count in bad)
@@ -259,7 +279,7 @@ def _write(
             count = None if outcome.session_id is None else sessions.get(outcome.session_id)
             position = None
             if count is not None:
-                position, count.seen = count.seen, count.seen + 1
+                position, count.seen = count.position(count.seen), count.seen + 1
             if outcome.turn is not None and count is not None and position is not None and count.sound:
                 outcome.turn.turn_index = position
                 dump.write(outcome.turn)
