@@ -269,3 +269,36 @@ def test_a_clean_import_writes_no_empty_quarantine_file(tmp_path):
     assert not quarantine_path(out).exists()  # the earlier import's list no longer describes the dump
     census = json.loads(pq.ParquetFile(out).schema_arrow.metadata[b"trace_tools.import"])
     assert census["quarantine_file"] is None and census["quarantined_records"] == 0
+
+
+def test_steps_come_from_the_format_or_the_field_step_key_names(tmp_path):
+    """A gateway trace's own `step` / `weight_version` fill the schema's columns; `--step-key` names
+    another field (here a miles session document's metadata), and a value that is not a step
+    quarantines the records it would label."""
+    records = _lines("gateway_traces.jsonl")
+    for number, record in enumerate(records):
+        record.update(step=number // 2, weight_version=f"v{number // 2}")
+    source = tmp_path / "steps.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _, out = _import(tmp_path, "gateway-traces", [source])
+    turns = [t for s in load(out).sessions for t in s.turns]
+    assert sorted((t.step, t.weight_version) for t in turns) == sorted(
+        (n // 2, f"v{n // 2}") for n in range(len(records))
+    )
+    assert all("step" not in t.metadata for t in turns)
+
+    documents = json.loads((FIXTURES / "miles_sessions.json").read_text())
+    for number, document in enumerate(documents):
+        document.setdefault("metadata", {})["rollout_id"] = 40 + number
+    named = tmp_path / "named" / "sessions.json"
+    named.parent.mkdir()
+    named.write_text(json.dumps(documents))
+    _, out = _import(tmp_path / "named", "miles", [named], step_key="metadata.rollout_id")
+    steps = {s.session_id: s.step for s in load(out).sessions}
+    assert steps == {d["session_id"]: 40 + n for n, d in enumerate(documents)}
+
+    documents[0]["metadata"]["rollout_id"] = "forty"
+    named.write_text(json.dumps(documents))
+    report, out = _import(tmp_path / "named", "miles", [named], step_key="metadata.rollout_id", overwrite=True)
+    assert report.by_reason == {"wrong_type": len(documents[0]["records"])}
+    assert "--step-key metadata.rollout_id" in _quarantine(out)[0]["detail"]

@@ -45,6 +45,14 @@ def import_cmd(
             "request.metadata.session_id.",
         ),
     ] = None,
+    step_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--step-key",
+            help="Field holding the training step of each record or document, e.g. metadata.rollout_id "
+            "(default: the format's own step field, if any).",
+        ),
+    ] = None,
     strict: Annotated[bool, strict_option("Exit 1 when any record was quarantined.")] = False,
     overwrite: Annotated[bool, overwrite_option("Replace an existing --out dump and its quarantine file.")] = False,
     json_out: Annotated[bool, json_option("Print the import report as JSON.")] = False,
@@ -71,6 +79,7 @@ def import_cmd(
             tokenizer=tokenizer,
             chat_template=chat_template,
             session_key=session_key,
+            step_key=step_key,
             progress=advance,
             overwrite=overwrite,
         )

@@ -73,6 +73,7 @@ class Options:
     format: str  # the format's name, for each row's `metadata.import.format`
     session_key: str | None = None
     vocab_size: int | None = None
+    step_key: str | None = None  # a dotted path to the training step in each source value (--step-key)
 
 
 # -- reading sources -------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ FORMATS = {
             follows="miles `31f1ca96` (`SessionRecord`)",
             session="a session document, or the records naming one `session_id`",
             turn="a record (`request` + `response`)",
-            lost="reward, `step`; `meta_info.weight_version` is kept in `metadata`, not the column",
+            lost="reward; `step` only through `--step-key` (e.g. `metadata.rollout_id`)",
         ),
         ImportFormat(
             "openai",
@@ -66,7 +66,7 @@ FORMATS = {
             follows="OpenAI chat completions with SGLang `return_meta_info` or vLLM `return_token_ids`",
             session="the exchanges whose `--session-key` header or field agrees",
             turn="an exchange",
-            lost="reward, `step`, `weight_version`",
+            lost="reward; `step` unless the request's `metadata.step` or `--step-key` holds it",
         ),
         ImportFormat(
             "gateway-traces",
@@ -76,7 +76,7 @@ FORMATS = {
             follows="slime `624b824`, agentcore-rl-toolkit `1e75c535` (`TurnRecord`)",
             session="the traces naming one `session_id` (or `gateway_session_id`)",
             turn="a trace",
-            lost="the `step`, `weight_version` columns (plain fields go to `metadata`)",
+            lost="nothing the schema has a column for (other plain fields go to `metadata`)",
         ),
         ImportFormat(
             "harbor-atif",

@@ -18,7 +18,7 @@ ids the engine sampled: agentcore's and slime's `TurnRecord` (`prompt_ids`, `out
 | `finish_reason` | `finish_reason`, `finish` |
 
 `tools`, `chat_template_kwargs`, `reward`, `request_id`, `started_at`, `finished_at` (or
-`timestamp`) keep their names; every other plain field (`ill_formed`, `task_index`, …) goes to the
+`timestamp`), `step` and `weight_version` keep their names; every other plain field (`ill_formed`, `task_index`, …) goes to the
 row's metadata. An empty `output_log_probs` means "not recorded" (TurnRecord's default). A call
 without `messages` cannot be replayed (the strategies route on messages) and is malformed.
 """
@@ -39,6 +39,7 @@ from trace_tools.importers.base import (
     messages,
     optional,
     scalars,
+    step_fields,
     timestamp,
     token_ids,
 )
@@ -52,7 +53,17 @@ FIELDS = {
     "response": ("response_message", "response"),
     "finish_reason": ("finish_reason", "finish"),
 }
-_KEPT = ("tools", "chat_template_kwargs", "reward", "request_id", "started_at", "finished_at", "timestamp")
+_KEPT = (
+    "tools",
+    "chat_template_kwargs",
+    "reward",
+    "request_id",
+    "started_at",
+    "finished_at",
+    "timestamp",
+    "step",
+    "weight_version",
+)
 
 
 def outcomes(value: dict, where: str, options: Options) -> Iterator[Outcome]:
@@ -88,5 +99,6 @@ def _turn(call: dict, session_id: str, where: str, options: Options):
         finished_at=timestamp(first_of(call, ("finished_at", "timestamp"))[1], "finished_at"),
         chat_template_kwargs=optional(call, "chat_template_kwargs", dict),
         reward=None if reward is None else float(reward),
+        **step_fields(call),
         metadata={"import": {"format": options.format, "source": where}, **scalars(call, skip=tuple(used) + SESSION)},
     )

@@ -39,6 +39,7 @@ from trace_tools.importers.base import (
     optional,
     scalars,
     timestamp,
+    step_fields,
     token_ids,
 )
 
@@ -88,6 +89,8 @@ def exchange_turn(
         finished_at=timestamp(finished, "finished_at"),
         chat_template_kwargs=optional(request, "chat_template_kwargs", dict, "request"),
         metadata=output.metadata(options.format, where),
+        # SGLang reports the weights that served a call in meta_info; a request's metadata may carry the step.
+        **step_fields(request.get("metadata"), {"weight_version": output.facts.get("weight_version")}),
     )
 
 

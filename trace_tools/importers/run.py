@@ -39,8 +39,10 @@ from trace_tools.importers.base import (
     BadRecord,
     Options,
     Outcome,
+    dotted,
     json_values,
     source_files,
+    step_fields,
 )
 from trace_tools.importers.formats import get_format
 from trace_tools.io.rundir import check_output_file
@@ -131,6 +133,7 @@ def import_traces(
     tokenizer: str | None = None,
     chat_template: str | None = None,
     session_key: str | None = None,
+    step_key: str | None = None,
     row_group_rows: int = 256,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
@@ -157,7 +160,7 @@ def import_traces(
     check_output_file(quarantine_path(out), files, overwrite)
     report = ImportReport(fmt, str(out), str(quarantine_path(out)), len(files), tokenizer=tokenizer)
     meta = _recording_meta(report, tokenizer, chat_template)
-    options = Options(fmt, session_key=session_key, vocab_size=report.vocab_size)
+    options = Options(fmt, session_key=session_key, vocab_size=report.vocab_size, step_key=step_key)
     reader = record.load()
     sessions = _census(_outcomes(reader, files, options), report, record.ordered_by_start)
     if not sessions and report.by_reason.get("no_session"):
@@ -208,8 +211,28 @@ def _outcomes(module: Any, files: list[Path], options: Options) -> Iterator[Outc
                 yield Outcome(None, where, reason=value.reason, detail=value.detail)
             elif not isinstance(value, dict):
                 yield Outcome(None, where, reason="bad_json", detail=f"a JSON {type(value).__name__}, not an object")
-            else:
+            elif options.step_key is None:
                 yield from module.outcomes(value, where, options)
+            else:
+                yield from _with_named_step(module.outcomes(value, where, options), value, options.step_key)
+
+
+def _with_named_step(outcomes: Iterator[Outcome], value: dict, step_key: str) -> Iterator[Outcome]:
+    """`--step-key`: the step the user names in a source value goes on every turn it describes
+    (a per-call record's one turn, a session document's all); a value that is not a step quarantines them."""
+    try:
+        step = step_fields({"step": dotted(value, step_key)})["step"]
+    except BadRecord as bad:
+        for outcome in outcomes:
+            if outcome.turn is not None:
+                outcome.turn, outcome.reason = None, bad.reason
+                outcome.detail = f"--step-key {step_key}: {bad.detail}"
+            yield outcome
+        return
+    for outcome in outcomes:
+        if outcome.turn is not None and step is not None:
+            outcome.turn.step = step
+        yield outcome
 
 
 def _census(outcomes: Iterator[Outcome], report: ImportReport, ordered: bool = False) -> dict[str, _SessionCount]:
