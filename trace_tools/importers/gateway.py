@@ -18,8 +18,8 @@ ids the engine sampled: agentcore's and slime's `TurnRecord` (`prompt_ids`, `out
 | `finish_reason` | `finish_reason`, `finish` |
 
 `tools`, `chat_template_kwargs`, `reward`, `request_id`, `started_at`, `finished_at` (or
-`timestamp`), `step` and `weight_version` keep their names; every other plain field (`ill_formed`, `task_index`, …) goes to the
-row's metadata. An empty `output_log_probs` means "not recorded" (TurnRecord's default). A call
+`timestamp`), `step` and `weight_version` keep their names; every other plain field (`ill_formed`,
+`task_index`, …) goes to the row's metadata. An empty `output_log_probs` means "not recorded" (TurnRecord's default). A call
 without `messages` cannot be replayed (the strategies route on messages) and is malformed.
 """
 

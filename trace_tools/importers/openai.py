@@ -38,8 +38,8 @@ from trace_tools.importers.base import (
     need,
     optional,
     scalars,
-    timestamp,
     step_fields,
+    timestamp,
     token_ids,
 )
 
