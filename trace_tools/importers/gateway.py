@@ -19,8 +19,9 @@ ids the engine sampled: agentcore's and slime's `TurnRecord` (`prompt_ids`, `out
 
 `tools`, `chat_template_kwargs`, `reward`, `request_id`, `started_at`, `finished_at` (or
 `timestamp`), `step` and `weight_version` keep their names; every other plain field (`ill_formed`,
-`task_index`, …) goes to the row's metadata. An empty `output_log_probs` means "not recorded" (TurnRecord's default). A call
-without `messages` cannot be replayed (the strategies route on messages) and is malformed.
+`task_index`, …) goes to the row's metadata. An empty `output_log_probs` means "not recorded"
+(TurnRecord's default). A call without `messages` cannot be replayed (the strategies route on
+messages) and is malformed.
 """
 
 from __future__ import annotations
