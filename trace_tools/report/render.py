@@ -12,6 +12,7 @@ from trace_tools.report.escape import markdown_cell
 from trace_tools.report.layout import ABSENT, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.plots import write_plots
+from trace_tools.report.samples_audit import audit_markdown
 from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (
@@ -32,7 +33,8 @@ def write_report(
 
 
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
-    lines = ["# trace-tools replay report", ""]
+    audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples
+    lines = [f"# trace-tools {'audit-samples' if audit else 'replay'} report", ""]
     lines += _overview(summary)
     upstream = upstream_lines(summary)
     if upstream:
@@ -52,6 +54,8 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
         "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".",
         "",
     ]
+    if audit:
+        lines += [audit_markdown(audit)]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
     return "\n".join(lines)

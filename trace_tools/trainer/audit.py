@@ -33,6 +33,7 @@ from trace_tools.trainer.audit_session import (
 from trace_tools.trainer.audit_tokens import TokenMarkers
 from trace_tools.trainer.records import TrainerSample
 
+
 @dataclass
 class Totals:
     """What one rollout step (or the whole run) gave the trainer."""
@@ -134,7 +135,12 @@ def _step_key(step: int | None) -> str:
 
 
 def _quarantine_row(sample: TrainerSample, bad: BadSample) -> dict[str, Any]:
-    return {"session_id": session_key(sample), "turn_index": None, "reason": bad.reason, "detail": f"{sample.source}: {bad}"}
+    return {
+        "session_id": session_key(sample),
+        "turn_index": None,
+        "reason": bad.reason,
+        "detail": f"{sample.source}: {bad}",
+    }
 
 
 @dataclass
@@ -198,7 +204,7 @@ def audit_samples(
 
         comparison = compare_with_strategy(audit, calls, strategy, tokenizer, chat_template)
     summary = build_summary(audit, comparison)
-    run_dir = write_run(Path(out), audit, summary, comparison) if out is not None else None
+    run_dir = write_run(Path(out), audit, summary) if out is not None else None
     return AuditResult(summary, run_dir)
 
 

@@ -104,8 +104,12 @@ class _Comparison:
         equal = not (c["differ"] or c["missing"] or extra) and c["strategy_samples"] > 0
         if self.first is None and extra:
             key = next(k for k, n in surplus.items() if n > 0)
-            self.first = {"session_id": key, "sample": self.expected.get(key, 0), "text": f"session {key}: "
-                          "the trainer has samples the strategy does not make (or a session the dump lacks)"}
+            self.first = {
+                "session_id": key,
+                "sample": self.expected.get(key, 0),
+                "text": f"session {key}: "
+                "the trainer has samples the strategy does not make (or a session the dump lacks)",
+            }
         return {
             "strategy": self.strategy,
             "equal": equal,

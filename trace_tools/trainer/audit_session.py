@@ -52,7 +52,9 @@ def session_key(sample: TrainerSample) -> str:
     (each such sample is a session of its own)."""
     if sample.session_id:
         return str(sample.session_id)
-    parts = [f"{name}{value}" for name, value in (("step", sample.step), ("group", sample.group_index)) if value is not None]
+    parts = [
+        f"{name}{value}" for name, value in (("step", sample.step), ("group", sample.group_index)) if value is not None
+    ]
     place = f"index{sample.index}" if sample.index is not None else sample.source
     return "/".join([*parts, place])
 

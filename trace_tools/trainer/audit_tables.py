@@ -23,7 +23,7 @@ import pandas as pd
 
 from trace_tools.errors import UsageError
 from trace_tools.io.rundir import QUARANTINE_COLUMNS, directory_kind, remove_outputs
-from trace_tools.io.write import write_json_atomic, write_parquet_atomic, write_text_atomic
+from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 from trace_tools.report.metrics import summarize
 from trace_tools.trainer.audit_rules import TRAINER
 
@@ -61,8 +61,18 @@ def tables(audit: Any) -> dict[str, pd.DataFrame]:
             for index, span in _numbered(audit.spans)
         ],
         columns=[
-            "strategy", "session_id", "turn_index", "tool", "tool_names", "generated_tokens", "trained_tokens",
-            "event", "prompt_event", "step", "sample_index", "span_start",
+            "strategy",
+            "session_id",
+            "turn_index",
+            "tool",
+            "tool_names",
+            "generated_tokens",
+            "trained_tokens",
+            "event",
+            "prompt_event",
+            "step",
+            "sample_index",
+            "span_start",
         ],  # fmt: skip
     )
     sessions = pd.DataFrame(
@@ -110,7 +120,9 @@ def build_summary(audit: Any, comparison: dict[str, Any] | None) -> dict[str, An
         reemitted_tokens=run["reemitted_tokens"],
         one_sample_tokens=run["one_sample_tokens"],
         trained_tokens_by_tool=run["trained_tokens_by_tool"],
-        loss_mask_rules={name: {"checked": r.checked, "violations": r.violations} for name, r in audit.tally.rules.items()},
+        loss_mask_rules={
+            name: {"checked": r.checked, "violations": r.violations} for name, r in audit.tally.rules.items()
+        },
     )
     if comparison is not None:
         _coverage_from_calls(trainer, comparison["generated_by_tool"])
@@ -135,7 +147,9 @@ def _coverage_from_calls(trainer: dict[str, Any], generated_by_tool: dict[str, d
     """Coverage against the output the per-call dump records: what the trainer trained of it, by tool."""
     tool_turns = trainer["tool_turns"]
     for tool, recorded in generated_by_tool.items():
-        entry = tool_turns.setdefault(tool, {"turns": 0, "dropped_turns": 0, "generated_tokens": 0, "trained_tokens": 0})
+        entry = tool_turns.setdefault(
+            tool, {"turns": 0, "dropped_turns": 0, "generated_tokens": 0, "trained_tokens": 0}
+        )
         entry["dropped_turns"] = max(recorded["turns"] - entry["turns"], 0)
         entry["turns"] = max(recorded["turns"], entry["turns"])
         entry["generated_tokens"] = recorded["generated_tokens"]
@@ -148,17 +162,18 @@ def _coverage_from_calls(trainer: dict[str, Any], generated_by_tool: dict[str, d
     }
 
 
-def write_run(out: Path, audit: Any, summary: dict[str, Any], comparison: dict[str, Any] | None) -> Path:
+def write_run(out: Path, audit: Any, summary: dict[str, Any]) -> Path:
     """The run directory: tables, run.json, report.md, report.html, summary.json last."""
     from trace_tools.report.html import write_html_report
-    from trace_tools.report.render import markdown_report
-    from trace_tools.trainer.audit_view import audit_markdown
+    from trace_tools.report.render import write_report
 
-    for name, frame in tables(audit).items():
+    frames = tables(audit)
+    for name, frame in frames.items():
         write_parquet_atomic(frame, out / f"{name}.parquet")
-    write_json_atomic({"kind": "audit-samples", "family": audit.markers.family, "strategies": [TRAINER]}, out / "run.json")
-    report = markdown_report(summary).replace("# trace-tools replay report", "# trace-tools audit-samples report", 1)
-    write_text_atomic(report + "\n" + audit_markdown(summary["audit"]), out / "report.md")
+    write_json_atomic(
+        {"kind": "audit-samples", "family": audit.markers.family, "strategies": [TRAINER]}, out / "run.json"
+    )
+    write_report(out, summary, frames)
     write_html_report(out, summary=summary)
     write_json_atomic(summary, out / "summary.json")
     return out

@@ -83,8 +83,10 @@ class TokenMarkers:
 
     def starts_with_empty_reasoning(self, tokens: np.ndarray, region: Region) -> bool:
         n = len(self.empty_reasoning)
-        return bool(n) and region.end - region.start >= n and bool(
-            np.array_equal(tokens[region.start : region.start + n], self.empty_reasoning)
+        return (
+            bool(n)
+            and region.end - region.start >= n
+            and bool(np.array_equal(tokens[region.start : region.start + n], self.empty_reasoning))
         )
 
     def parse(self, ids: Sequence[int]) -> tuple[str, list[str], bool]:
