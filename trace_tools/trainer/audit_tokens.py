@@ -107,9 +107,9 @@ def find_all(tokens: np.ndarray, pattern: np.ndarray) -> np.ndarray:
     n = len(pattern)
     candidates = np.flatnonzero(tokens[: len(tokens) - n + 1] == pattern[0])
     found, last_end = [], -1
-    for at in candidates:
+    for at in candidates.tolist():
         if at >= last_end and np.array_equal(tokens[at : at + n], pattern):
-            found.append(int(at))
+            found.append(at)
             last_end = at + n
     return np.array(found, dtype=np.int64)
 
