@@ -33,7 +33,7 @@ def write_report(
 
 
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
-    audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples
+    audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples, nothing replayed
     lines = [f"# trace-tools {'audit-samples' if audit else 'replay'} report", ""]
     lines += _overview(summary)
     upstream = upstream_lines(summary)
@@ -41,12 +41,20 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
         lines += ["", *(f"> {line}" for line in upstream)]
     lines += ["", "## Strategies", "", *_strategy_table(summary), ""]
     lines += ["## Coverage by tool (token coverage; dropped turns in parentheses)", "", *_tool_table(summary), ""]
-    lines += ["## Token savings against `tree`", "", *_savings_table(summary), ""]
+    lines += [audit_markdown(audit)] if audit else _replay_sections(summary)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def _replay_sections(summary: dict[str, Any]) -> list[str]:
+    """What only a replay has: savings against `tree`, the strategies' counters, drift causes."""
+    lines = ["## Token savings against `tree`", "", *_savings_table(summary), ""]
     lines += ["## Counters", "", *_counter_table(summary), ""]
     causes = summary.get("drift_causes")
     if causes:
         lines += ["## Drift causes", "", *_causes_table(causes), ""]
-    lines += [
+    return lines + [
         "## Counterfactual replay",
         "",
         COUNTERFACTUAL_NOTE,
@@ -54,11 +62,6 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
         "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".",
         "",
     ]
-    if audit:
-        lines += [audit_markdown(audit)]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
-    return "\n".join(lines)
 
 
 def counterfactual_names(summary: dict[str, Any]) -> list[str]:
