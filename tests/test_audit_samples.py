@@ -189,3 +189,29 @@ def test_cli_reads_a_slime_dump(tree_run, tmp_path):
     )
     report = json.loads(result.stdout)
     assert report["run"]["samples"] == len(rows) and "0" in report["steps"]
+
+
+def test_usage_errors_stop_before_any_work(tree_run, tmp_path):
+    from trace_tools.errors import UnknownName, UnusableInput, UsageError
+
+    samples = trainer_samples(tree_run)[:2]
+    with pytest.raises(UnknownName, match="strategy"):
+        audit_samples(samples, calls=SAMPLE, strategy="tre", **FAMILY)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        audit_samples(samples, out=tmp_path / "file", **FAMILY)
+    audit_samples(samples, out=tmp_path / "run", **FAMILY)
+    with pytest.raises(UsageError, match="--overwrite"):
+        audit_samples(samples, out=tmp_path / "run", **FAMILY)
+    with pytest.raises(UnusableInput, match="no samples"):
+        audit_samples([], **FAMILY)
+
+
+def test_numpy_lengths_and_boolean_masks_are_samples(tree_run):
+    import numpy as np
+
+    sample = trainer_samples(tree_run)[0]
+    sample.response_length = np.int64(sample.response_length)
+    sample.loss_mask = [bool(v) for v in sample.loss_mask]
+    report = audit_samples([sample], **FAMILY).to_json()
+    assert report["quarantined_samples"] == 0 and report["run"]["trained_tokens"] == int(np.sum(sample.loss_mask))

@@ -189,8 +189,12 @@ def audit_samples(
         from trace_tools.trainer.audit_tables import prepare_run_dir
 
         prepare_run_dir(Path(out), overwrite)
-    # Without --tokenizer, the per-call dump of the same run names the tokenizer and template.
-    meta = _dump_meta(calls) if calls is not None else None
+    meta = None
+    if calls is not None:
+        from trace_tools.strategies.registry import get_strategy
+
+        get_strategy(strategy)  # a mistyped name stops before any work, listing the strategies
+        meta = _dump_meta(calls)  # without --tokenizer, the per-call dump names tokenizer and template
     renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=meta)
     audit = Audit(TokenMarkers(renderer), keep_samples=calls is not None)
     for sample in samples:

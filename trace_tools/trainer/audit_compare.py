@@ -27,9 +27,7 @@ def compare_with_strategy(
     from trace_tools.io.load import iter_sessions
     from trace_tools.replay.executors import run_sessions
     from trace_tools.replay.session import ReplayOptions
-    from trace_tools.strategies.registry import get_strategy
 
-    get_strategy(strategy)  # an unknown name is a usage error naming the strategies, before any work
     options = ReplayOptions(strategies=[strategy], tokenizer=tokenizer, chat_template=chat_template)
     stream = iter_sessions(calls, tokenizer=tokenizer, chat_template=chat_template)
     result = _Comparison(strategy, audit)

@@ -63,9 +63,9 @@ def check_sample(sample: TrainerSample, vocab_size: int | None) -> SampleView:
     """The sample as arrays, or `BadSample` for one whose lists disagree or hold what no tokenizer has."""
     tokens = _int_array(sample.tokens, "tokens", "bad_tokens")
     length = sample.response_length
-    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(tokens):
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= len(tokens):
         raise BadSample("bad_response_length", f"response_length {length!r} is not within 0..{len(tokens)} tokens")
-    mask = _int_array(sample.loss_mask, "loss_mask", "bad_loss_mask")
+    mask = _int_array(sample.loss_mask, "loss_mask", "bad_loss_mask", kinds="iub")
     if len(mask) != length:
         raise BadSample("mask_length_mismatch", f"loss_mask has {len(mask)} values for a {length}-token response")
     if len(mask) and not np.isin(mask, (0, 1)).all():
@@ -75,15 +75,16 @@ def check_sample(sample: TrainerSample, vocab_size: int | None) -> SampleView:
         raise BadSample("out_of_vocab", f"token id {bad} is outside the tokenizer's 0..{vocab_size} ids")
     trained = np.zeros(len(tokens), dtype=bool)
     trained[len(tokens) - length :] = mask.astype(bool)
-    return SampleView(sample.source, session_key(sample), sample.step, tokens, trained, length)
+    return SampleView(sample.source, session_key(sample), sample.step, tokens, trained, int(length))
 
 
-def _int_array(values: Any, name: str, reason: str) -> np.ndarray:
+def _int_array(values: Any, name: str, reason: str, kinds: str = "iu") -> np.ndarray:
+    """`values` as int64, or `BadSample` naming what they hold instead (`kinds`: numpy kinds taken)."""
     try:
         raw = np.asarray(values if values is not None else [])
     except (TypeError, ValueError):
         raise BadSample(reason, f"{name} is not a list of integers") from None
-    if raw.ndim != 1 or (len(raw) and raw.dtype.kind not in "iu"):
+    if raw.ndim != 1 or (len(raw) and raw.dtype.kind not in kinds):
         kind = "nested lists" if raw.ndim != 1 else f"{raw.dtype.name} values"
         raise BadSample(reason, f"{name} holds {kind}, not integers")
     return raw.astype(np.int64)

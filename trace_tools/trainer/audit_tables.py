@@ -15,6 +15,7 @@ tool's generated tokens are the per-call dump's and coverage is what the trainer
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +38,8 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
         if not overwrite:
             what = "a run directory" if directory_kind(out) == "run" else "not empty"
             raise UsageError(f"--out {out} is {what}; pass --overwrite to replace it, or choose another directory")
+        if directory_kind(out) == "run":
+            shutil.rmtree(out / "shards", ignore_errors=True)  # a replay's shards must not resume into an audit
         remove_outputs(out)
     out.mkdir(parents=True, exist_ok=True)
 
