@@ -183,12 +183,16 @@ def test_cli_reads_a_slime_dump(tree_run, tmp_path):
         {"tokens": s.tokens, "response_length": s.response_length, "loss_mask": s.loss_mask, "index": i}
         for i, s in enumerate(trainer_samples(tree_run))
     ]
-    torch.save({"rollout_id": 0, "samples": rows}, tmp_path / "rollout_0.pt")
-    result = CliRunner().invoke(
-        app, ["audit-samples", str(tmp_path / "rollout_0.pt"), "--tokenizer", "qwen3", "--json"]
-    )
+    rows[2]["loss_mask"] = rows[2]["loss_mask"][:-1]  # the reader refuses it; the audit counts it
+    torch.save({"rollout_id": 3, "samples": rows}, tmp_path / "rollout_3.pt")
+    command = ["audit-samples", str(tmp_path / "rollout_3.pt"), "--tokenizer", "qwen3", "--json"]
+    result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "run")])
     report = json.loads(result.stdout)
-    assert report["run"]["samples"] == len(rows) and "0" in report["steps"]
+    assert report["run"]["samples"] == len(rows) - 1 and set(report["steps"]) == {"3"}
+    assert report["quarantined_samples"] == 1
+    assert result.exit_code == (0 if report["ok"] else 1)
+    quarantine = pq.read_table(tmp_path / "run" / "quarantine.parquet").to_pylist()
+    assert [row["detail"].split(":")[0] for row in quarantine] == ["rollout_3.pt#samples[2]"]
 
 
 def test_usage_errors_stop_before_any_work(tree_run, tmp_path):

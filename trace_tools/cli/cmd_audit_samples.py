@@ -43,12 +43,11 @@ def audit_samples_cmd(
     from rich.text import Text
 
     from trace_tools.cli._output import print_all, print_json
-    from trace_tools.trainer.audit import audit_samples
+    from trace_tools.trainer.audit import audit_dumps
     from trace_tools.trainer.audit_view import audit_lines
-    from trace_tools.trainer.read import read_samples
 
-    result = audit_samples(
-        read_samples(dump),
+    result = audit_dumps(
+        dump,
         tokenizer=tokenizer,
         chat_template=chat_template,
         calls=calls,

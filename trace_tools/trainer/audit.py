@@ -15,9 +15,10 @@ samples compared with the trainer's (`audit_compare`). `out` writes a run direct
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from trace_tools.errors import UnusableInput
 from trace_tools.trainer.audit_rules import Tally
@@ -89,6 +90,7 @@ class Audit:
     spans: list[Span] = field(default_factory=list)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     sessions: dict[str, SessionAudit] = field(default_factory=dict)
+    set_aside: int = 0  # samples quarantined: by the audit's checks, and by the dump reader's
     _open_step: Any = None
 
     def add(self, sample: TrainerSample) -> None:
@@ -96,6 +98,7 @@ class Audit:
             view = check_sample(sample, self.markers.renderer.vocab_size)
         except BadSample as bad:
             self.quarantine.append(_quarantine_row(sample, bad))
+            self.set_aside += 1
             return
         if not view.response_length:
             self.tally.note("empty_responses", 1, view.source)
@@ -122,6 +125,15 @@ class Audit:
             self.close()
             self.sessions.clear()
         self._open_step = step
+
+    def refused_by_reader(self, report: Any) -> None:
+        """The reader's refused samples: a quarantine row for each it kept an example of, and
+        `set_aside` counting them all."""
+        self.set_aside += int(report.quarantined)
+        self.quarantine += [
+            {"session_id": None, "turn_index": None, "reason": item.reason, "detail": f"{item.source}: {item.detail}"}
+            for item in report.examples
+        ]
 
     def close(self) -> None:
         for session in self.sessions.values():
@@ -170,6 +182,15 @@ class AuditResult:
         }
 
 
+def audit_dumps(paths: Sequence[str | Path], **options: Any) -> AuditResult:
+    """Read a trainer's sample dumps (`trainer.read.read_samples`: slime / miles `.pt`, miles
+    dashboards, prime-rl exports) and audit them; the samples the reader refused join the audit's
+    quarantine. `options` are `audit_samples`'."""
+    read = importlib.import_module("trace_tools.trainer.read")
+    report = read.ReadReport()
+    return audit_samples(read.read_samples(paths, report=report), reader_report=report, **options)
+
+
 def audit_samples(
     samples: Iterable[TrainerSample],
     *,
@@ -179,9 +200,11 @@ def audit_samples(
     strategy: str = "tree",
     out: str | Path | None = None,
     overwrite: bool = False,
+    reader_report: Any = None,
 ) -> AuditResult:
     """Audit `samples` (module docstring); `calls`: a per-call dump of the same run to replay
-    `strategy` on and compare with; `out`: the run directory to write."""
+    `strategy` on and compare with; `out`: the run directory to write; `reader_report`: the
+    reader's accounting (`trainer.read.ReadReport`), whose refused samples are quarantined too."""
     from trace_tools.render.renderer import Renderer
     from trace_tools.trainer.audit_tables import build_summary, write_run
 
@@ -200,6 +223,8 @@ def audit_samples(
     for sample in samples:
         audit.add(sample)
     audit.close()
+    if reader_report is not None:
+        audit.refused_by_reader(reader_report)
     if not audit.run.samples and not audit.quarantine:
         raise UnusableInput("the dump holds no samples; pass the files a trainer read (rollout_data/*.pt, ...)")
     comparison = None

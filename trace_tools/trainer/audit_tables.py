@@ -135,7 +135,7 @@ def build_summary(audit: Any, comparison: dict[str, Any] | None) -> dict[str, An
         "run": run,
         "steps": {step: totals.to_dict() for step, totals in sorted(audit.steps.items(), key=_step_order)},
         **audit.tally.to_dict(),
-        "quarantined_samples": len(audit.quarantine),
+        "quarantined_samples": audit.set_aside,
         "comparison": comparison,
     }
     return summary
