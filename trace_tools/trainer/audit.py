@@ -1,6 +1,7 @@
 """`audit-samples`: what a trainer was actually given, read from its own sample dump.
 
-    result = audit_samples(read_samples(["rollout_data/"]), tokenizer="qwen3", out="runs/audit")
+    result = audit_dumps(["rollout_data/"], tokenizer="qwen3", out="runs/audit")   # files a trainer read
+    result = audit_samples(samples, tokenizer="qwen3")                             # any TrainerSamples
     result.to_json()["run"]["trained_tokens_by_tool"]
 
 Every `TrainerSample` is checked (`audit_session.check_sample`; a sample whose lists disagree is
@@ -76,6 +77,12 @@ class SessionTotals:
     trained_tokens: int = 0
     reemitted_tokens: int = 0
 
+    def add(self, stats: SampleStats) -> None:
+        self.samples += 1
+        self.forwarded_tokens += stats.forwarded
+        self.trained_tokens += stats.trained
+        self.reemitted_tokens += stats.reemitted
+
 
 @dataclass
 class Audit:
@@ -105,18 +112,14 @@ class Audit:
         if not logprobs_cover(sample):
             self.tally.note("logprobs_mismatch", 1, view.source)
         self._enter_step(view.step)
-        session = self.sessions.get(view.session) or self.sessions.setdefault(
-            view.session, SessionAudit(view.session, self.markers, self.tally)
-        )
+        session = self.sessions.get(view.session)
+        if session is None:
+            session = self.sessions[view.session] = SessionAudit(view.session, self.markers, self.tally)
         stats = session.add(view)
         self.spans += stats.spans
         self.run.add(view.session, stats)
         self.steps.setdefault(_step_key(view.step), Totals()).add(view.session, stats)
-        totals = self.session_totals.setdefault(view.session, SessionTotals(view.step))
-        totals.samples += 1
-        totals.forwarded_tokens += stats.forwarded
-        totals.trained_tokens += stats.trained
-        totals.reemitted_tokens += stats.reemitted
+        self.session_totals.setdefault(view.session, SessionTotals(view.step)).add(stats)
 
     def _enter_step(self, step: int | None) -> None:
         """A new rollout step closes the sessions of the earlier ones (a dump lists a step's samples
@@ -205,20 +208,17 @@ def audit_samples(
     """Audit `samples` (module docstring); `calls`: a per-call dump of the same run to replay
     `strategy` on and compare with; `out`: the run directory to write; `reader_report`: the
     reader's accounting (`trainer.read.ReadReport`), whose refused samples are quarantined too."""
+    from trace_tools.io.dump_files import read_dump_meta
     from trace_tools.render.renderer import Renderer
-    from trace_tools.trainer.audit_tables import build_summary, write_run
+    from trace_tools.strategies.registry import get_strategy
+    from trace_tools.trainer.audit_tables import build_summary, prepare_run_dir, write_run
 
-    if out is not None:
-        from trace_tools.trainer.audit_tables import prepare_run_dir
-
-        prepare_run_dir(Path(out), overwrite)
-    meta = None
     if calls is not None:
-        from trace_tools.strategies.registry import get_strategy
-
         get_strategy(strategy)  # a mistyped name stops before any work, listing the strategies
-        meta = _dump_meta(calls)  # without --tokenizer, the per-call dump names tokenizer and template
-    renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=meta)
+    # Without --tokenizer / --chat-template, the per-call dump of the same run names them.
+    renderer = Renderer.from_spec(tokenizer, chat_template, dump_meta=read_dump_meta(calls) if calls else None)
+    if out is not None:
+        prepare_run_dir(Path(out), overwrite)
     audit = Audit(TokenMarkers(renderer), keep_samples=calls is not None)
     for sample in samples:
         audit.add(sample)
@@ -235,9 +235,3 @@ def audit_samples(
     summary = build_summary(audit, comparison)
     run_dir = write_run(Path(out), audit, summary) if out is not None else None
     return AuditResult(summary, run_dir)
-
-
-def _dump_meta(calls: str | Path) -> Any:
-    from trace_tools.io.dump_files import read_dump_meta
-
-    return read_dump_meta(calls)
