@@ -219,3 +219,31 @@ def test_numpy_lengths_and_boolean_masks_are_samples(tree_run):
     sample.loss_mask = [bool(v) for v in sample.loss_mask]
     report = audit_samples([sample], **FAMILY).to_json()
     assert report["quarantined_samples"] == 0 and report["run"]["trained_tokens"] == int(np.sum(sample.loss_mask))
+
+
+def test_a_trained_empty_reasoning_block_is_caught():
+    from trace_tools.render.renderer import Renderer
+
+    renderer = Renderer.from_spec("qwen3", "qwen3")
+    prompt = renderer.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    stop = renderer.stop_token_ids
+
+    def sample(source: str, output: str, trained_from: int = 0) -> TrainerSample:
+        response = renderer.encode(output) + [stop[-1]]
+        mask = [0] * trained_from + [1] * (len(response) - trained_from)
+        return TrainerSample(source, [*prompt, *response], len(response), mask, session_id=source)
+
+    empty = renderer.encode("<think>\n\n</think>\n\n")
+    samples = [
+        sample("inserted-trained", "<think>\n\n</think>\n\nHello"),
+        sample("inserted-masked", "<think>\n\n</think>\n\nHello", trained_from=len(empty)),
+        sample("reasoned", "<think>\nsay hello\n</think>\n\nHello"),
+    ]
+    rules = audit_samples(samples, **FAMILY).to_json()["rules"]
+    assert rules["empty_reasoning_untrained"] == {
+        "checked": 2,
+        "violations": 1,
+        "what": rules["empty_reasoning_untrained"]["what"],
+        "examples": [f"inserted-trained: turn at {len(prompt)}"],
+    }
+    assert rules["stop_token_trained_once"]["violations"] == 0 and rules["spans_parse"]["checked"] == 3

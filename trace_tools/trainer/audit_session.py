@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from trace_tools.trainer.audit_rules import Tally
-from trace_tools.trainer.audit_tokens import TokenMarkers, common_prefix, spans
+from trace_tools.trainer.audit_tokens import Region, TokenMarkers, common_prefix, spans
 from trace_tools.trainer.records import TrainerSample
 
 
@@ -172,7 +172,7 @@ class SessionAudit:
             example = f"{view.source}: {len(hits)} tokens, first at {hits[0]}: {text!r}"
         self.tally.rule(rule, int(where.sum()), len(hits), example)
 
-    def _turn(self, view: SampleView, prefixes: list[int], region: Any) -> None:
+    def _turn(self, view: SampleView, prefixes: list[int], region: Region) -> None:
         trained = view.trained[region.start : region.end]
         if region.stop is None:
             if trained.any():
