@@ -247,3 +247,10 @@ def test_a_trained_empty_reasoning_block_is_caught():
         "examples": [f"inserted-trained: turn at {len(prompt)}"],
     }
     assert rules["stop_token_trained_once"]["violations"] == 0 and rules["spans_parse"]["checked"] == 3
+
+
+def test_samples_without_session_ids_say_why_they_match_nothing(tree_run):
+    samples = [dataclasses.replace(s, session_id=None) for s in trainer_samples(tree_run)]
+    comparison = audit_samples(samples, calls=SAMPLE, **FAMILY).to_json()["comparison"]
+    assert not comparison["equal"] and comparison["equal_samples"] == 0
+    assert "matched by session id" in comparison["first_difference"]["text"]

@@ -100,6 +100,13 @@ class _Comparison:
         extra = sum(n for n in surplus.values() if n > 0)
         c = self.counts
         equal = not (c["differ"] or c["missing"] or extra) and c["strategy_samples"] > 0
+        if not any(key in self.audit.sessions for key in self.expected):
+            self.first = {
+                "session_id": None,
+                "sample": None,
+                "text": "no session of the trainer's samples is in the per-call dump: samples are matched by "
+                "session id, so the trainer's samples must carry the per-call dump's session ids",
+            }
         if self.first is None and extra:
             key = next(k for k, n in surplus.items() if n > 0)
             self.first = {
