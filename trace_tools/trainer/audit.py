@@ -211,7 +211,7 @@ def audit_samples(
     from trace_tools.io.dump_files import read_dump_meta
     from trace_tools.render.renderer import Renderer
     from trace_tools.strategies.registry import get_strategy
-    from trace_tools.trainer.audit_tables import build_summary, prepare_run_dir, write_run
+    from trace_tools.trainer.audit_tables import build_summary, prepare_run_dir, tables, write_run
 
     if calls is not None:
         get_strategy(strategy)  # a mistyped name stops before any work, listing the strategies
@@ -232,6 +232,7 @@ def audit_samples(
         from trace_tools.trainer.audit_compare import compare_with_strategy
 
         comparison = compare_with_strategy(audit, calls, strategy, tokenizer, chat_template)
-    summary = build_summary(audit, comparison)
-    run_dir = write_run(Path(out), audit, summary) if out is not None else None
+    frames = tables(audit)
+    summary = build_summary(audit, frames, comparison)
+    run_dir = write_run(Path(out), frames, summary) if out is not None else None
     return AuditResult(summary, run_dir)

@@ -44,39 +44,22 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+# turns.parquet: replay's columns (docs/run_directory.md), then where each trained span sits
+TURN_COLUMNS = (
+    "strategy session_id turn_index tool tool_names generated_tokens trained_tokens event prompt_event "
+    "step sample_index span_start"
+).split()
+
+
 def tables(audit: Any) -> dict[str, pd.DataFrame]:
+    """turns, sessions and quarantine as the run directory holds them."""
     turns = pd.DataFrame(
         [
-            {
-                "strategy": TRAINER,
-                "session_id": span.session,
-                "turn_index": index,
-                "tool": span.tool,
-                "tool_names": span.tool_names,
-                "generated_tokens": span.tokens,
-                "trained_tokens": span.tokens,
-                "event": "trained",
-                "prompt_event": "trainer_sample",
-                "step": span.step,
-                "sample_index": span.sample,
-                "span_start": span.start,
-            }
+            (TRAINER, span.session, index, span.tool, span.tool_names, span.tokens, span.tokens)
+            + ("trained", "trainer_sample", span.step, span.sample, span.start)
             for index, span in _numbered(audit.spans)
         ],
-        columns=[
-            "strategy",
-            "session_id",
-            "turn_index",
-            "tool",
-            "tool_names",
-            "generated_tokens",
-            "trained_tokens",
-            "event",
-            "prompt_event",
-            "step",
-            "sample_index",
-            "span_start",
-        ],  # fmt: skip
+        columns=TURN_COLUMNS,
     )
     sessions = pd.DataFrame(
         [
@@ -110,8 +93,7 @@ def _numbered(spans: list[Any]) -> list[tuple[int, Any]]:
     return out
 
 
-def build_summary(audit: Any, comparison: dict[str, Any] | None) -> dict[str, Any]:
-    frames = tables(audit)
+def build_summary(audit: Any, frames: dict[str, pd.DataFrame], comparison: dict[str, Any] | None) -> dict[str, Any]:
     quarantined_only = set(frames["quarantine"]["session_id"]) - set(audit.session_totals)
     loaded = SimpleNamespace(
         session_count=len(audit.session_totals) + len(quarantined_only), rows=len(audit.spans), vocab_checked=True
@@ -165,17 +147,15 @@ def _coverage_from_calls(trainer: dict[str, Any], generated_by_tool: dict[str, d
     }
 
 
-def write_run(out: Path, audit: Any, summary: dict[str, Any]) -> Path:
+def write_run(out: Path, frames: dict[str, pd.DataFrame], summary: dict[str, Any]) -> Path:
     """The run directory: tables, run.json, report.md, report.html, summary.json last."""
     from trace_tools.report.html import write_html_report
     from trace_tools.report.render import write_report
 
-    frames = tables(audit)
     for name, frame in frames.items():
         write_parquet_atomic(frame, out / f"{name}.parquet")
-    write_json_atomic(
-        {"kind": "audit-samples", "family": audit.markers.family, "strategies": [TRAINER]}, out / "run.json"
-    )
+    run_info = {"kind": "audit-samples", "family": summary["audit"]["family"], "strategies": [TRAINER]}
+    write_json_atomic(run_info, out / "run.json")
     write_report(out, summary, frames)
     write_html_report(out, summary=summary)
     write_json_atomic(summary, out / "summary.json")
