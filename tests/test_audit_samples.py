@@ -254,3 +254,23 @@ def test_samples_without_session_ids_say_why_they_match_nothing(tree_run):
     comparison = audit_samples(samples, calls=SAMPLE, **FAMILY).to_json()["comparison"]
     assert not comparison["equal"] and comparison["equal_samples"] == 0
     assert "matched by session id" in comparison["first_difference"]["text"]
+
+
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "deepseek-v3", "gpt-oss", "llama3.1"])
+def test_every_family_reads_its_own_tree_samples(family, tmp_path):
+    """The family's turn openers, stop tokens and parser, read off its renderer: tree's samples of a
+    simulated dump break no rule, and the tools are replay's."""
+    from trace_tools.api import replay
+    from trace_tools.simulate import simulate
+
+    dump = tmp_path / "dump.parquet"
+    simulate(4, seed=3, template=family, out=str(dump))
+    replay(dump, out=tmp_path / "run", strategies=["tree"])
+    tree = json.loads((tmp_path / "run" / "summary.json").read_text())["strategies"]["tree"]
+    report = audit_samples(trainer_samples(tmp_path / "run"), calls=dump).to_json()
+    assert report["comparison"]["equal"]
+    assert report["run"]["trained_tokens_by_tool"] == {
+        tool: v["trained_tokens"] for tool, v in tree["tool_turns"].items() if v["trained_tokens"]
+    }
+    broken = {name: rule["examples"] for name, rule in report["rules"].items() if rule["violations"]}
+    assert broken == {} and report["rules"]["stop_token_trained_once"]["checked"] > 0

@@ -1,15 +1,21 @@
 """What a trainer sample's tokens are, read with the model family's own template and tokenizer.
 
 `TokenMarkers` derives everything the audit needs to know about a family from its renderer, never
-from per-family literals: the generation prompt (the ids the template appends before an assistant
-turn, e.g. a role header), the stop tokens (`families.ModelFamily.stop_tokens`), the empty
-reasoning block a template writes into an assistant message that has none, and the tool-call
-parser (`Renderer.parse_response`, keyed by the family's `tool_format`).
+from per-family literals: the *turn openers* (the ids after which the model's output starts), the
+stop tokens (`families.ModelFamily.stop_tokens`), the empty reasoning block a template writes into
+an assistant message that has none, and the tool-call parser (`Renderer.parse_response`, keyed by
+the family's `tool_format`).
 
-An *assistant region* of a sample is what follows one occurrence of the generation prompt, up to
-and including the first stop token after it (to the end of the sample when none follows). Every
-other token (system, user and tool messages, role headers, separators the template inserts) is
-context that the trainer must never train.
+A turn opener is the generation prompt the template appends after a user message and after a tool
+message (a role header, with `<think>` where the template opens reasoning); where the template
+appends none (DeepSeek V3 after tool outputs) it is the last token the template wrote (the tool
+block's closer). An *assistant region* of a sample runs from the end of an opener to the first
+stop token after it, inclusive (to the end of the sample when none follows); an opener inside a
+region is the model's own writing (gpt-oss writes `<|start|>assistant` before each message of one
+turn) and opens nothing. Every other token (system, user and tool messages, role headers,
+separators the template inserts) is context that the trainer must never train. A turn cut off
+without a stop token therefore runs on to the next stop token: the context between them is not
+checked.
 """
 
 from __future__ import annotations
@@ -20,15 +26,23 @@ from typing import Any, Sequence
 import numpy as np
 
 # A conversation the probes render; its words matter only in that they appear once.
-_ASKED, _ANSWERED = "audit probe question", "audit probe answer"
+_ASKED, _ANSWERED, _REASONED = "audit probe question", "audit probe answer", "audit probe reasoning"
+_TOOL = {"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {"type": "object"}}}
+_CALLED = {"type": "function", "function": {"name": "probe", "arguments": {}}}
+_ASKED_CHAT = [{"role": "user", "content": _ASKED}]
+_TOOL_CHAT = [
+    *_ASKED_CHAT,
+    {"role": "assistant", "content": "", "tool_calls": [_CALLED]},
+    {"role": "tool", "content": "x"},
+]
 
 
 @dataclass(frozen=True)
 class Region:
-    """An assistant region: `start` (first token after the generation prompt), `end` (one past its
-    last token), `stop` (the position of its stop token, or None when it was cut off)."""
+    """An assistant region: `header` (where its opener starts), `start` (first token after the
+    opener), `end` (one past its last token), `stop` (its stop token's position, None when cut off)."""
 
-    header: int  # the position of the generation prompt's first token
+    header: int
     start: int
     end: int
     stop: int | None
@@ -41,44 +55,44 @@ class TokenMarkers:
         self.renderer = renderer
         self.family = renderer.family
         self.stop_ids = np.array(sorted(set(renderer.stop_token_ids)), dtype=np.int64)
-        asked = [{"role": "user", "content": _ASKED}]
-        with_prompt = renderer.render(asked, add_generation_prompt=True)
-        without = renderer.render(asked, add_generation_prompt=False)
-        self.generation_prompt = np.array(with_prompt[len(without) :], dtype=np.int64)
-        self.empty_reasoning = self._empty_reasoning(asked)
+        self.openers = _openers(renderer)
+        self.generation_prompt = self.openers[0] if self.openers else np.array([], dtype=np.int64)
+        self.empty_reasoning = self._empty_reasoning()
 
-    def _empty_reasoning(self, asked: list[dict]) -> np.ndarray:
+    def _empty_reasoning(self) -> np.ndarray:
         """The ids the template writes between the generation prompt and the content of an
-        assistant message without reasoning (Qwen3's `<think>\\n\\n</think>\\n\\n`), empty when it
-        writes nothing there."""
-        answered = [*asked, {"role": "assistant", "content": _ANSWERED}]
+        assistant message without reasoning (Qwen3's `<think>\n\n</think>\n\n`), when they are a
+        reasoning block: the same message with reasoning has the reasoning there. Else empty."""
         try:
-            text = self.renderer.render_text(answered, add_generation_prompt=False)
             prompt_text = self.renderer.decode(self.generation_prompt.tolist())
-        except Exception:  # noqa: BLE001 - a template that cannot render it inserts nothing we can see
+            bare = self._before_answer(prompt_text, {})
+            reasoned = self._before_answer(prompt_text, {"reasoning_content": _REASONED})
+        except Exception:  # noqa: BLE001 - a template that cannot render these inserts nothing we can see
             return np.array([], dtype=np.int64)
-        at = text.rfind(prompt_text)
-        content = text.find(_ANSWERED, at)
-        if at < 0 or content < 0:
+        is_reasoning = bare is not None and reasoned is not None and bare.strip() and _REASONED in reasoned
+        if not is_reasoning or _squeeze(reasoned.replace(_REASONED, "")) != _squeeze(bare):
             return np.array([], dtype=np.int64)
-        inserted = text[at + len(prompt_text) : content]
-        return np.array(self.renderer.encode(inserted) if inserted.strip() else [], dtype=np.int64)
+        return np.array(self.renderer.encode(bare), dtype=np.int64)
+
+    def _before_answer(self, prompt_text: str, extra: dict[str, str]) -> str | None:
+        """What the template writes between the generation prompt and an assistant answer's content."""
+        answered = [*_ASKED_CHAT, {"role": "assistant", "content": _ANSWERED, **extra}]
+        text = self.renderer.render_text(answered, add_generation_prompt=False)
+        at = text.rfind(prompt_text, 0, text.find(_ANSWERED)) if prompt_text else -1
+        return text[at + len(prompt_text) : text.find(_ANSWERED)] if at >= 0 else None
 
     def regions(self, tokens: np.ndarray) -> list[Region]:
         """Every assistant region of `tokens`, in order."""
-        prompt = self.generation_prompt
-        if not len(prompt) or len(tokens) < len(prompt):
-            return []
-        starts = find_all(tokens, prompt)
-        is_stop = np.isin(tokens, self.stop_ids)
-        stops = np.flatnonzero(is_stop)
-        out = []
-        for i, header in enumerate(starts):
-            start = int(header + len(prompt))
-            limit = int(starts[i + 1]) if i + 1 < len(starts) else len(tokens)
+        openers = sorted((at, len(opener)) for opener in self.openers for at in find_all(tokens, opener).tolist())
+        stops = np.flatnonzero(np.isin(tokens, self.stop_ids))
+        out: list[Region] = []
+        for header, width in openers:
+            if out and header < out[-1].end:
+                continue  # inside the previous region: the model wrote it
+            start = header + width
             after = stops[np.searchsorted(stops, start) :]
-            stop = int(after[0]) if len(after) and after[0] < limit else None
-            out.append(Region(int(header), start, stop + 1 if stop is not None else limit, stop))
+            stop = int(after[0]) if len(after) else None
+            out.append(Region(header, start, stop + 1 if stop is not None else len(tokens), stop))
         return out
 
     def starts_with_empty_reasoning(self, tokens: np.ndarray, region: Region) -> bool:
@@ -125,3 +139,24 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
+
+
+def _openers(renderer: Any) -> list[np.ndarray]:
+    """The ids after which the model writes: the generation prompt after a user message and after
+    a tool message, or the last token the template wrote where it appends no prompt."""
+    found: list[np.ndarray] = []
+    for chat in (_ASKED_CHAT, _TOOL_CHAT):
+        try:
+            with_prompt = renderer.render(chat, [_TOOL], add_generation_prompt=True)
+            without = renderer.render(chat, [_TOOL], add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - a template without tool messages: the user probe decides
+            continue
+        opener = with_prompt[len(without) :] if with_prompt[: len(without)] == without else []
+        opener = opener or without[-1:]
+        if opener and not any(list(known) == opener for known in found):
+            found.append(np.array(opener, dtype=np.int64))
+    return found
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
