@@ -69,9 +69,10 @@ class TokenMarkers:
             reasoned = self._before_answer(prompt_text, {"reasoning_content": _REASONED})
         except Exception:  # noqa: BLE001 - a template that cannot render these inserts nothing we can see
             return np.array([], dtype=np.int64)
-        is_reasoning = bare is not None and reasoned is not None and bare.strip() and _REASONED in reasoned
-        if not is_reasoning or _squeeze(reasoned.replace(_REASONED, "")) != _squeeze(bare):
+        if not bare or not bare.strip() or not reasoned or _REASONED not in reasoned:
             return np.array([], dtype=np.int64)
+        if _squeeze(reasoned.replace(_REASONED, "")) != _squeeze(bare):
+            return np.array([], dtype=np.int64)  # not where reasoning goes: e.g. gpt-oss's channel header
         return np.array(self.renderer.encode(bare), dtype=np.int64)
 
     def _before_answer(self, prompt_text: str, extra: dict[str, str]) -> str | None:
