@@ -55,6 +55,7 @@ COMMANDS = [
     ("export", "cmd_export", "export_cmd"),
     ("export-metrics", "cmd_export_metrics", "export_metrics_cmd"),
     ("audit-template", "cmd_audit", "audit_template_cmd"),
+    ("audit-samples", "cmd_audit_samples", "audit_samples_cmd"),
     ("simulate", "cmd_simulate", "simulate_cmd"),
     ("record", "cmd_probe", "record_cmd"),
     ("probe", "cmd_probe", "probe_cmd"),

@@ -93,6 +93,12 @@ STRATEGY_METRICS = (
     "upstream_failures.requests",
     "upstream_failures.failed",
     "lenient_render.requests",
+    # an `audit-samples` run's strategy, `trainer` (docs/trainer_dumps.md#audit-samples)
+    "reemitted_tokens",
+    "one_sample_tokens",
+    "trained_tokens_by_tool.*",
+    "loss_mask_rules.*.checked",
+    "loss_mask_rules.*.violations",
 )
 TOP_METRICS = (
     "quarantined",

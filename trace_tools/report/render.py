@@ -12,6 +12,7 @@ from trace_tools.report.escape import markdown_cell
 from trace_tools.report.layout import ABSENT, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.plots import write_plots
+from trace_tools.report.samples_audit import audit_markdown
 from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (
@@ -32,21 +33,30 @@ def write_report(
 
 
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
-    lines = ["# trace-tools replay report", ""]
+    audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples, nothing replayed
+    lines = [f"# trace-tools {'audit-samples' if audit else 'replay'} report", ""]
     lines += _overview(summary)
     upstream = upstream_lines(summary)
     if upstream:
         lines += ["", *(f"> {line}" for line in upstream)]
     lines += ["", "## Strategies", "", *_strategy_table(summary), ""]
     lines += ["## Coverage by tool (token coverage; dropped turns in parentheses)", "", *_tool_table(summary), ""]
-    lines += ["## Token savings against `tree`", "", *_savings_table(summary), ""]
+    lines += [audit_markdown(audit)] if audit else _replay_sections(summary)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def _replay_sections(summary: dict[str, Any]) -> list[str]:
+    """What only a replay has: savings against `tree`, the strategies' counters, drift causes."""
+    lines = ["## Token savings against `tree`", "", *_savings_table(summary), ""]
     lines += ["## Counters", "", *_counter_table(summary), ""]
     causes = summary.get("drift_causes")
     if causes:
         lines += ["## Drift causes", "", *_causes_table(causes), ""]
     if summary.get("by_step"):
         lines += ["## Per step (coverage; forks per session in parentheses)", "", *_step_table(summary), ""]
-    lines += [
+    return lines + [
         "## Counterfactual replay",
         "",
         COUNTERFACTUAL_NOTE,
@@ -54,9 +64,6 @@ def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> 
         "Counterfactual here: " + (", ".join(f"`{n}`" for n in counterfactual_names(summary)) or "none") + ".",
         "",
     ]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
-    return "\n".join(lines)
 
 
 def counterfactual_names(summary: dict[str, Any]) -> list[str]:
