@@ -172,7 +172,11 @@ def write_miles_dump(
             ("rollout_log_probs", pa.list_(pa.float32())),
         ]
     )
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), root / "dashboard_columns" / f"rollout_{rollout_id}.parquet", row_group_size=8)
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=schema),
+        root / "dashboard_columns" / f"rollout_{rollout_id}.parquet",
+        row_group_size=8,
+    )
     if messages:
         (root / "trajectory").mkdir(exist_ok=True)
         lines = [
@@ -211,7 +215,7 @@ def prime_rl_record(
     trainer = trainer_logprobs if trainer_logprobs is not None else [-0.3 if m else -1.0 for m in loss_mask]
     return {
         "schema_version": 1,
-        "step": 0,  # write_prime_rl_exports sets the folder's step
+        "step": 0,  # write_prime_rl_exports sets the folder's step and rank
         "rank": 0,
         "micro_step": 0,
         "micro_sequence_idx": sequence,
@@ -241,7 +245,10 @@ def write_prime_rl_exports(root: Path, step: int, records: list[Any], *, rank: i
     """prime-rl's TokenExporter: `token_exports/step_<s>/rank_<r>.jsonl` (a record may be a str, written as is)."""
     folder = root / "token_exports" / f"step_{step}"
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [r if isinstance(r, str) else json.dumps({**r, "step": step}, separators=(",", ":")) for r in records]
+    lines = [
+        r if isinstance(r, str) else json.dumps({**r, "step": step, "rank": rank}, separators=(",", ":"))
+        for r in records
+    ]
     (folder / f"rank_{rank}.jsonl").write_text("".join(line + "\n" for line in lines))
     (folder / "STABLE").touch()
     return folder / f"rank_{rank}.jsonl"

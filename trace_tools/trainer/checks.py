@@ -118,7 +118,7 @@ def _flat_list(value: Any, label: str, what: str) -> list:
 
 def _shown(value: Any) -> str:
     text = repr(value)
-    return f"a {type(value).__name__} ({text[:40]}{'…' if len(text) > 40 else ''})"
+    return f"{text[:40]}{'…' if len(text) > 40 else ''} ({type(value).__name__})"
 
 
 def checked_sample(

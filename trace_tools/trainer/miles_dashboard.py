@@ -75,7 +75,9 @@ def _trajectory_rows(path: Path) -> dict[int, dict]:
     return rows
 
 
-def _sample(row: dict, trajectory: dict[int, dict], source: str, step: int | None, options: ReadOptions) -> TrainerSample:
+def _sample(
+    row: dict, trajectory: dict[int, dict], source: str, step: int | None, options: ReadOptions
+) -> TrainerSample:
     index = None if row.get("sample_index") is None else integer(row["sample_index"], "sample_index")
     extra = trajectory.get(index, {}) if index is not None else {}
     reward = extra.get("reward")

@@ -133,7 +133,9 @@ def _detect(path: Path, fmt: str | None) -> tuple[str, list[Path]]:
         files = _files_under(path, name)
         if files:
             return name, files
-    wanted = f"{FORMATS[fmt][1]} files" if fmt else "rollout_data/*.pt, dashboard_columns/*.parquet or step_*/rank_*.jsonl"
+    wanted = (
+        f"{FORMATS[fmt][1]} files" if fmt else "rollout_data/*.pt, dashboard_columns/*.parquet or step_*/rank_*.jsonl"
+    )
     raise UnusableInput(f"no sample dump under {path}: expected {wanted}; pass the dump folder or its files")
 
 

@@ -183,9 +183,14 @@ def _sample(
         raise Refused("wrong_type", f"the sample is a {type(raw).__name__}, expected Sample.to_dict()")
     tokens = token_ids(required(raw, "tokens"), "tokens", options.vocab_size)
     entry = index.find(position, plain(raw.get("index")))
-    if entry is not None and entry.token_count and (entry.token_count, entry.token_hash) != (
-        len(tokens),
-        hash(tuple(tokens)),
+    if (
+        entry is not None
+        and entry.token_count
+        and (entry.token_count, entry.token_hash)
+        != (
+            len(tokens),
+            hash(tuple(tokens)),
+        )
     ):
         raise Refused("train_mismatch", f"train data holds other tokens ({entry.token_count}) for this sample")
     metadata = dict(raw["metadata"]) if isinstance(raw.get("metadata"), dict) else {}
@@ -236,4 +241,3 @@ def _reward(value: Any) -> float | None:
 def _status(value: Any) -> str | None:
     value = getattr(value, "value", value)  # an Enum kept by a custom writer
     return value if isinstance(value, str) else None
-
