@@ -104,6 +104,7 @@ def _classify(files: list[Path], options: ReadOptions) -> tuple[list, dict, list
             continue
         payload = None
         if kind is None:  # a --save-debug-* path of the user's own naming: the content says which
+            # (a rollout file is loaded again when read, so that one file at a time is in memory)
             payload = load_pt(path, options.max_pickle_bytes)
             kind = "train" if isinstance(payload, dict) and _is_train(payload) else "rollout"
         if kind == "rollout":
