@@ -76,12 +76,24 @@ def test_tensors_and_a_null_loss_mask_are_accepted(tmp_path):
 
 
 def test_miles_dump_details_reads_pt_and_joins_rank_files(tmp_path):
+    import torch
+
     samples = _two_samples()
     write_miles_dump(tmp_path, 2, samples, log_probs=[[-0.1, -0.2, -0.3], [-0.4, -0.5]])
+    (tmp_path / "policy_loss_debug").mkdir()  # miles' loss debug dumps: `samples` too, but not rollout samples
+    torch.save({"rank": 0, "call": 0, "samples": [{"index": 0}]}, tmp_path / "policy_loss_debug" / "rank_0_call_0.pt")
     read, report = _read(tmp_path)
     assert report.formats == ["slime"] and report.files == 2  # the .pt files; the parquet mirrors are not read twice
     assert [s.trainer_logprobs is not None for s in read] == [True, True]
     assert read[1].trainer_logprobs == pytest.approx([-0.4, -0.5])
+
+
+def test_files_of_the_users_own_naming_are_told_apart_by_content(tmp_path):
+    samples = _two_samples()  # --save-debug-rollout-data rd_{rollout_id}.pt --save-debug-train-data td_{rollout_id}.pt
+    write_slime_train(tmp_path / "td_9.pt", 9, samples, [[-0.75] * 3, [-0.5] * 2])
+    write_slime_rollout(tmp_path / "rd_9.pt", 9, samples)
+    read, report = _read(tmp_path)
+    assert [s.trainer_logprobs for s in read] == [[-0.75] * 3, [-0.5] * 2] and report.notes == []
 
 
 def test_context_parallel_train_slices_are_not_joined(tmp_path):
