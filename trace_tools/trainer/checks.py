@@ -9,6 +9,7 @@ into a list here, once, so no reader needs torch for anything but loading.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +80,7 @@ def loss_mask(value: Any, label: str, response_length: int) -> list[int]:
     mask = [int(item) if isinstance(item, bool) else item for item in _flat_list(value, label, "0/1 values")]
     if len(mask) != response_length:
         raise Refused("length_mismatch", f"{label} has {len(mask)} values for response_length {response_length}")
-    if not all(item == 0 or item == 1 for item in mask) or not all(type(item) is int for item in mask):
+    if not all(type(item) is int and (item == 0 or item == 1) for item in mask):
         position, item = next((i, x) for i, x in enumerate(mask) if type(x) is not int or x not in (0, 1))
         raise Refused("bad_mask", f"{label}[{position}] is {_shown(item)}, not 0 or 1")
     return mask
@@ -88,6 +89,11 @@ def loss_mask(value: Any, label: str, response_length: int) -> list[int]:
 def logprobs(value: Any, label: str, response_length: int) -> list[float]:
     """Logprobs, finite and <= 0 (within LOGPROB_SLACK), one per response token; a null is a NaN."""
     values = _flat_list(value, label, "numbers")
+    if len(values) != response_length:
+        raise Refused("logprobs_length", f"{label} has {len(values)} values for response_length {response_length}")
+    # The common case in one pass (a NaN fails both comparisons); the loop below names the fault.
+    if all(type(item) is float and -math.inf < item <= LOGPROB_SLACK for item in values):
+        return values
     for position, item in enumerate(values):
         if item is None:
             raise Refused("bad_logprob", f"{label}[{position}] is null (a non-finite logprob the writer dropped)")
@@ -95,8 +101,6 @@ def logprobs(value: Any, label: str, response_length: int) -> list[float]:
             raise Refused("wrong_type", f"{label}[{position}] is {_shown(item)}, not a number")
         if not math.isfinite(item) or item > LOGPROB_SLACK:
             raise Refused("bad_logprob", f"{label}[{position}] = {item} is not a finite logprob <= 0")
-    if len(values) != response_length:
-        raise Refused("logprobs_length", f"{label} has {len(values)} values for response_length {response_length}")
     return [float(item) for item in values]
 
 
@@ -117,8 +121,7 @@ def _flat_list(value: Any, label: str, what: str) -> list:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return f"{text[:40]}{'…' if len(text) > 40 else ''} ({type(value).__name__})"
+    return f"{reprlib.repr(value)} ({type(value).__name__})"
 
 
 def checked_sample(
