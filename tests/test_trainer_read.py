@@ -139,6 +139,7 @@ HOSTILE = [
     ("mask of 2s", dict(loss_mask=[1, 2]), "bad_mask", "loss_mask[1] is 2 (int), not 0 or 1"),
     ("logprobs vs response", dict(rollout_log_probs=[-0.1]), "logprobs_length", "rollout logprobs has 1 values"),
     ("NaN logprob", dict(rollout_log_probs=[-0.1, math.nan]), "bad_logprob", "rollout logprobs[1] = nan"),
+    ("logprob as text", dict(rollout_log_probs=["-0.1", -0.1]), "wrong_type", "rollout logprobs[0] is '-0.1' (str)"),
     ("positive logprob", dict(rollout_log_probs=[0.5, -0.1]), "bad_logprob", "rollout logprobs[0] = 0.5"),
     ("id past the vocabulary", dict(tokens=[1, 2, 3, 700]), "out_of_vocab", "tokens[3] = 700 is outside [0, 500)"),
     ("no tokens", dict(tokens=None), "missing_field", "tokens is missing"),
