@@ -89,29 +89,30 @@ def read_slime(files: list[Path], options: ReadOptions) -> Iterator[Item]:
         if unused := index.unused():
             yield Note(f"{unused} train-data samples of rollout {step} match no rollout sample (not read)")
     for step, paths in trains.items():
-        yield Note(f"train data {', '.join(p.name for p, _ in paths)} (rollout {step}) has no rollout-data file")
+        yield Note(f"train data {', '.join(p.name for p in paths)} (rollout {step}) has no rollout-data file")
 
 
 def _classify(files: list[Path], options: ReadOptions) -> tuple[list, dict, list[Note]]:
     """Rollout files in order with their step (from the name, else the content), train files by step."""
     rollouts: list[tuple[Path, int | None]] = []
-    trains: dict[int | None, list[tuple[Path, Any]]] = {}
+    trains: dict[int | None, list[Path]] = {}
     notes = []
     for path in files:
         kind, numbers = _kind_by_name(path), [int(n) for n in re.findall(r"\d+", path.stem)]
         if kind == "eval":
             notes.append(Note(f"{path.name} holds evaluation samples, which are not trained: passed over"))
             continue
-        payload = None
+        step = numbers[-1 if kind == "rollout" else 0] if numbers else None
         if kind is None:  # a --save-debug-* path of the user's own naming: the content says which
-            # (a rollout file is loaded again when read, so that one file at a time is in memory)
+            # (and it is loaded again when read, so that one file at a time is in memory)
             payload = load_pt(path, options.max_pickle_bytes)
             kind = "train" if isinstance(payload, dict) and _is_train(payload) else "rollout"
+            step = payload["rollout_id"] if kind == "train" and isinstance(payload.get("rollout_id"), int) else step
+            del payload
         if kind == "rollout":
-            rollouts.append((path, numbers[-1] if numbers else None))
-            continue
-        step = payload.get("rollout_id") if isinstance(payload, dict) else (numbers[0] if numbers else None)
-        trains.setdefault(step, []).append((path, payload))
+            rollouts.append((path, step))
+        else:
+            trains.setdefault(step, []).append(path)
     return rollouts, trains, notes
 
 
@@ -140,11 +141,10 @@ def _rollout_samples(path: Path, payload: Any) -> list:
     return payload["samples"]
 
 
-def _train_index(paths: list[tuple[Path, Any]], options: ReadOptions) -> TrainIndex:
+def _train_index(paths: list[Path], options: ReadOptions) -> TrainIndex:
     index = TrainIndex()
-    for path, payload in paths:
-        payload = payload if payload is not None else load_pt(path, options.max_pickle_bytes)
-        for entry in _train_entries(path, payload):
+    for path in paths:
+        for entry in _train_entries(path, load_pt(path, options.max_pickle_bytes)):
             index.add(entry)
     return index
 
