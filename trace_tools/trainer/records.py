@@ -28,6 +28,9 @@ class TrainerSample:
     reward: float | None = None
     status: str | None = None  # completed / truncated / aborted, as the framework names it
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Further per-response-token columns a source dumped, each one value per response token
+    # (prime-rl: advantages, importance ratios, mask decisions); {} when the source has none.
+    columns: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def prompt_length(self) -> int:
