@@ -172,9 +172,47 @@ def test_the_run_directory_is_read_as_a_run(audit_run, tmp_path):
     assert "Trainer samples" in (run / "report.html").read_text()
 
 
+def test_slime_rollout_files_of_the_sample_audit_to_replays_tree_numbers(tree_run, tree_summary, tmp_path):
+    """The acceptance path end to end: tree's samples of the bundled sample written as slime
+    `rollout_{id}.pt` files (two rollout steps, half the samples as tensors), read back by the
+    CLI, give replay's own numbers for the run and the sum of the steps."""
+    from typer.testing import CliRunner
+
+    from trace_tools.cli.main import app
+    from trainer_fixtures import as_tensors, spec, write_slime_rollout
+
+    samples = trainer_samples(tree_run, steps=2)
+    for step in (0, 1):
+        rows = [
+            spec(
+                s.tokens,
+                s.response_length,
+                loss_mask=s.loss_mask,
+                rollout_log_probs=s.rollout_logprobs,
+                index=s.index,
+                session_id=s.session_id,
+            )
+            for s in samples
+            if s.step == step
+        ]
+        write_slime_rollout(
+            tmp_path / "dump" / f"rollout_{step}.pt", step, [as_tensors(r) if r["index"] % 2 else r for r in rows]
+        )
+    result = CliRunner().invoke(app, ["audit-samples", str(tmp_path / "dump"), "--tokenizer", "qwen3", "--json"])
+    report = json.loads(result.stdout)
+    run = report["run"]
+    for key in ("samples", "forwarded_tokens", "trained_tokens"):
+        assert run[key] == tree_summary[key], key
+        assert sum(step[key] for step in report["steps"].values()) == run[key], key
+    assert run["trained_tokens_by_tool"] == {
+        tool: v["trained_tokens"] for tool, v in tree_summary["tool_turns"].items() if v["trained_tokens"]
+    }
+    assert run["reemitted_tokens"] == audit_samples(samples, **FAMILY).to_json()["run"]["reemitted_tokens"] > 0
+    assert set(report["steps"]) == {"0", "1"} and report["quarantined_samples"] == 0
+
+
 def test_cli_reads_a_slime_dump(tree_run, tmp_path):
-    pytest.importorskip("trace_tools.trainer.read", reason="the trainer dump readers (i32-read) are not merged yet")
-    torch = pytest.importorskip("torch")
+    import torch
     from typer.testing import CliRunner
 
     from trace_tools.cli.main import app
