@@ -1,53 +1,33 @@
-"""A run directory whose summary has `by_step`, made from a real run for the tests of per-step views.
+"""A real run over training steps, for the tests of per-step views (trackers, report.html curves).
 
-The replayed sessions are split into steps (a few sessions each, in session-id order) and each
-step's block is computed by the run's own summary functions over that step's rows, in the
-`by_step` shape of docs/metrics.md: what a run of a dump with a `step` column holds, without
-depending on how the dump came to have one.
+`simulate` writes a dump over `steps` rollout steps whose share of re-serializing harnesses grows
+step by step; its step values are then spread out to 0, 10, 20, ... (so a view indexed by step
+position instead of step value fails) and the dump is replayed with every default strategy. The
+run's `by_step` is what replay itself computed.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-import pandas as pd
-
-from trace_tools.report.metrics import drift_causes, strategy_summary, token_savings
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 STEP_GAP = 10  # steps 0, 10, 20, ...: the series are indexed by the step's value, not its position
 
 
-def stepped_run(run_dir: Path, dest: Path, sessions_per_step: int = 4) -> Path:
-    """A copy of `run_dir` whose summary.json gains `by_step` (its sessions `sessions_per_step` to a step)."""
-    shutil.copytree(run_dir, dest)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    sessions = pd.read_parquet(run_dir / "sessions.parquet")
-    turns = pd.read_parquet(run_dir / "turns.parquet")
-    order = sorted(sessions["session_id"].unique())
-    step_of = {sid: (i // sessions_per_step) * STEP_GAP for i, sid in enumerate(order)}
-    summary["by_step"] = [
-        _step_block(
-            step,
-            sessions[sessions["session_id"].map(step_of) == step],
-            turns[turns["session_id"].map(step_of) == step],
-            list(summary["strategies"]),
-        )
-        for step in sorted(set(step_of.values()))
-    ]
-    summary["sessions_without_step"] = 0
-    (dest / "summary.json").write_text(json.dumps(summary))
+def stepped_run(dest: Path, sessions_per_step: int = 4, steps: int = 4) -> Path:
+    """The run directory `dest` of a simulated dump of `steps` steps, `sessions_per_step` sessions each."""
+    from trace_tools.api import replay
+    from trace_tools.simulate import StepSchedule, simulate
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    schedule = StepSchedule(steps, growth="json-reserialize", change=None)
+    table = simulate(sessions_per_step * steps, seed=6, behaviours=["byte-exact"], max_turns=12, steps=schedule)
+    index = table.schema.get_field_index("step")
+    spread = pc.multiply(table.column("step"), pa.scalar(STEP_GAP, pa.int64()))
+    dump = dest.parent / f"{dest.name}.parquet"
+    pq.write_table(table.set_column(index, table.schema.field(index), spread), dump)
+    replay(dump, out=dest, workers=1)
     return dest
-
-
-def _step_block(step: int, sessions: pd.DataFrame, turns: pd.DataFrame, strategies: list[str]) -> dict:
-    blocks = {name: strategy_summary(turns, sessions, name) for name in strategies}
-    return {
-        "step": step,
-        "sessions_replayed": int(sessions["session_id"].nunique()),
-        "turns_replayed": int(len(turns[["session_id", "turn_index"]].drop_duplicates())),
-        "strategies": blocks,
-        "token_savings": token_savings(blocks),
-        "drift_causes": drift_causes(turns),
-    }

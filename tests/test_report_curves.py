@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from step_runs import stepped_run
-from trace_tools.report.html import write_html_report
 from trace_tools.report.html.chromium import Chromium
 from trace_tools.report.html.curves import PANELS, WATCHED_TOOLS, nice_ticks
 
@@ -18,10 +17,8 @@ SVG = "{http://www.w3.org/2000/svg}"  # html5lib puts inline SVG elements in the
 
 
 @pytest.fixture(scope="module")
-def stepped(sample_run, tmp_path_factory) -> Path:
-    run = stepped_run(sample_run.run_dir, tmp_path_factory.mktemp("curves") / "run", sessions_per_step=2)
-    write_html_report(run)
-    return run
+def stepped(tmp_path_factory) -> Path:
+    return stepped_run(tmp_path_factory.mktemp("curves") / "run", sessions_per_step=2)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +48,7 @@ def _expected(summary: dict, panel_key: str, strategy: str) -> list[tuple[int, f
 def test_every_point_is_its_steps_value(stepped, tree):
     summary = json.loads((stepped / "summary.json").read_text())
     figures = {fig.get("id"): fig for fig in tree.iter("figure") if (fig.get("id") or "").startswith("curve-")}
-    assert set(figures) == {f"curve-{p.key}" for p in PANELS}  # every tool watched has turns in the sample
+    assert set(figures) == {f"curve-{p.key}" for p in PANELS}  # every tool watched has turns in this dump
     for key, figure in figures.items():
         lines = list(figure.iter(SVG + "g"))
         assert [g.get("data-strategy") for g in lines] == list(summary["strategies"]), key

@@ -26,8 +26,8 @@ def run(sample_run) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stepped(run, tmp_path_factory) -> Path:
-    return stepped_run(run, tmp_path_factory.mktemp("stepped") / "run")
+def stepped(tmp_path_factory) -> Path:
+    return stepped_run(tmp_path_factory.mktemp("stepped") / "run")
 
 
 def _summary(run: Path) -> dict:
@@ -131,7 +131,6 @@ def test_jsonl_holds_one_object_per_step(stepped, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="the tensorboard extra is not installed")
 def test_tensorboard_reads_back_the_same_values(stepped, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
@@ -149,7 +148,6 @@ def test_tensorboard_reads_back_the_same_values(stepped, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
 def test_wandb_offline_run_history_holds_the_same_values(stepped, tmp_path, monkeypatch):
     # Any attempt to reach a server would go to a closed local port and be logged: there must be none.
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
@@ -175,7 +173,6 @@ def test_wandb_offline_run_history_holds_the_same_values(stepped, tmp_path, monk
     assert "127.0.0.1:9" not in logs
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
 def test_a_wandb_run_the_caller_has_open_stays_open(stepped, tmp_path, monkeypatch):
     import wandb
 
