@@ -283,6 +283,45 @@ CHECKPOINT_TREE = Declaration(
     ),
 )
 
+# -- issue 36: the cumulative-token family and TRL's message mode -------------------------------------
+
+ON_BREAK = ("raise", "reset", "fork")
+CONTINUATION = Declaration(
+    "continuation",
+    "contin",
+    "cumulative tokens (slime PR #2287, verl Continuous Token, rLLM): served ids + rendered new messages",
+    (
+        Param(
+            "on_break",
+            str,
+            "raise",
+            "a request that does not append to the served history: fail it (slime, verl), start "
+            "afresh from its own prompt (rLLM), or continue from the latest turn it does extend",
+            choices=ON_BREAK,
+            flag=True,
+        ),
+        LENIENT_RENDER,
+    ),
+    (*INCREMENTAL, *CLOSER),
+    counterfactual=True,  # continued prompts are served ids + suffix renders, not what the gateway fed
+    upstream_system="slime",
+    counters=(*HEALER_COUNTERS, "restored_echoes", "server_errors"),
+)
+LINEAR_CHAIN = Declaration(
+    "linear-chain",
+    "lchain",
+    "TRL AsyncGRPO message mode: CLEAN/REALIGN/FORK on one chain of turns in arrival order, no routing",
+    (
+        TREE_PARAMS[0],  # fork_threshold: TRL's fork_threshold_tokens, the same default of 1024
+        Param("strict", bool, False, "CLEAN/FORK only: any drift forks (fork_threshold_tokens=0 upstream)"),
+        LENIENT_RENDER,
+    ),
+    SERVED_IDS,
+    renders_prompts=False,  # it reconciles the recorded prompt ids, as TRL re-tokenizes every turn
+    upstream_system="trl",
+    counters=("drift_clean", "drift_realign", "drift_fork", "server_errors"),
+)
+
 # The column order of every table (docs/strategies.md#the-eight-strategies).
 DECLARATIONS: tuple[Declaration, ...] = (
     TREE,
@@ -293,6 +332,8 @@ DECLARATIONS: tuple[Declaration, ...] = (
     SESSION_V1,
     SESSION_V2,
     CHECKPOINT_TREE,
+    CONTINUATION,
+    LINEAR_CHAIN,
 )
 BY_NAME = {declaration.name: declaration for declaration in DECLARATIONS}
 NAMES = tuple(BY_NAME)

@@ -1,0 +1,176 @@
+"""The cumulative-token family, offline: every later turn continues from the ids already served.
+
+slime PR #2287 (`preserve_reasoning_history`), verl's Continuous Token and rLLM's gateway
+`cumulative_token_mode` all feed turn N+1 the exact ids of turn N (its prompt and its output) and
+append only what the client added since, rendered as a suffix: render(history + new) with the
+generation prompt, minus render(history). The sampled tokens are never rendered again. Between
+the served output and that suffix sits the template's junction: the closer the output lacks
+(Qwen's newline after `<|im_end|>`, which verl inserts and rLLM's renderers synthesize) or a stop
+token the suffix would repeat (GLM's `<|observation|>`, which verl removes). The splice and its
+junction are agentcore's healer's (`linear_core.LinearHealer`), run on the history restored here.
+
+A request continues the served history when, after restoring the echoed assistants from the
+server's copies (slime), it is that history plus new messages:
+
+* `history`: a system, user or tool message of the history changed, went missing or moved, the
+  request is no longer than the history, or its tools or template kwargs changed;
+* `assistant`: the echo of the latest response differs in content or tool calls (slime's check;
+  earlier echoes are restored without one, as slime does);
+* `role`: an appended message is an assistant's (verl refuses it; rLLM's bridge refuses it too);
+* `template`: the render of the history is not a prefix of the extended render, or the closer
+  after the last assistant cannot be resolved (slime's "template rewrote messages", verl's
+  "suffix diff failed").
+
+What a break does is `on_break`: `raise` fails the request and keeps the served state (slime's
+adapter answers it with an error; verl's agent loop raises), `reset` starts afresh from the
+request's own prompt (rLLM's chat path), `fork` continues from the latest earlier turn the
+request does extend, else resets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from trace_tools.render.base import RendererLike
+from trace_tools.strategies.declarations import ON_BREAK
+from trace_tools.strategies.linear_core import LinearHealer
+
+BREAK_CAUSES = ("history", "assistant", "role", "template")
+# What the strategy takes from the healer's per-session counters (its breaks are counted here).
+HEALER_KEYS = ("healed_turns", "healed_prefix_tokens", "close_unresolved")
+
+
+@dataclass(slots=True)
+class Served:
+    """One turn the engine was fed: its history (request, echoes restored, then its response),
+    prompt and output ids, and the tools and template kwargs of its request."""
+
+    messages: list[dict]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    tools: list[dict] | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Step:
+    """How one request is served: `ids` to feed (None when it fails), the prompt event
+    (`rendered`, `continued`, `forked`, `reset`, `failed`), the break that caused a reset, fork or
+    failure, the junction the splice made, and the request's history as served."""
+
+    ids: list[int] | None
+    event: str
+    cause: str | None = None
+    junction: int = 0
+    messages: list[dict] = field(default_factory=list)
+
+
+def visible(message: dict) -> tuple[Any, Any]:
+    """What slime compares an echoed assistant on: its content and tool calls."""
+    return message.get("content"), message.get("tool_calls")
+
+
+def continued_messages(history: Sequence[dict], request: Sequence[dict]) -> tuple[list[dict], str | None, int]:
+    """(the request with echoed assistants restored, the break cause or None, echoes restored)."""
+    k = len(history)
+    if len(request) <= k:
+        return [], "history", 0
+    latest = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
+    restored, count = list(request), 0
+    for i in range(k):
+        served, echo = history[i], request[i]
+        if served.get("role") != echo.get("role"):
+            return [], "history", 0
+        if served.get("role") != "assistant":
+            if echo != served:
+                return [], "history", 0
+            continue
+        if i == latest and visible(echo) != visible(served):
+            return [], "assistant", 0
+        count += echo != served
+        restored[i] = served
+    if any(m.get("role") == "assistant" for m in request[k:]):
+        return [], "role", 0
+    return restored, None, count
+
+
+class Continuation:
+    """One session's cumulative-token state over `renderer` (an upstream view of the renderer)."""
+
+    def __init__(self, renderer: RendererLike, on_break: str, session_id: str):
+        if on_break not in ON_BREAK:
+            raise ValueError(f"on_break must be one of {', '.join(ON_BREAK)}, not {on_break!r}")
+        self.healer = LinearHealer(renderer, on_nonlinear="reset")
+        self.on_break, self.sid = on_break, session_id
+        self.served: list[Served] = []  # the latest turn only, unless `fork` needs every one
+        self.counters: Counter = Counter()
+
+    def step(self, prepared: Any) -> Step:
+        """The ids to feed for one prepared turn (`pipeline.PreparedTurn`), and how they were made."""
+        if not self.served:
+            return Step(list(prepared.prompt_ids), "rendered", messages=list(prepared.messages))
+        step = self._continue(self.served[-1], prepared)
+        if step.ids is not None:
+            return step
+        cause = step.cause
+        self._count_break(cause)
+        if self.on_break == "raise":
+            return Step(None, "failed", cause)
+        if self.on_break == "fork":
+            for base in reversed(self.served[:-1]):
+                forked = self._continue(base, prepared)
+                if forked.ids is not None:
+                    forked.event, forked.cause = "forked", cause
+                    return forked
+        self.counters["resets"] += 1
+        return Step(list(prepared.prompt_ids), "reset", cause, messages=list(prepared.messages))
+
+    def commit(self, prepared: Any, step: Step) -> None:
+        """Hold a served turn: the next request continues from its prompt and output ids."""
+        assert step.ids is not None, "a failed request is not served"
+        closing = prepared.response_message or {"role": "assistant", "content": ""}
+        served = Served(
+            [*step.messages, closing],
+            step.ids,
+            list(prepared.turn.output_ids),
+            list(prepared.tools) if prepared.tools else None,
+            prepared.template_kwargs,
+        )
+        self.served = [*self.served, served] if self.on_break == "fork" else [served]
+
+    def stats(self) -> Counter:
+        """This session's counters, the healer's splices included (zeros filled in)."""
+        healed = self.healer.pop_stats(self.sid)
+        self.healer.drop(self.sid)
+        counters = Counter({key: healed[key] for key in HEALER_KEYS})
+        for key in ("nonlinear", "nonlinear_history", "nonlinear_template", "resets", "restored_echoes"):
+            counters[key] += self.counters[key]
+        for key in (*(f"breaks_{cause}" for cause in BREAK_CAUSES), "junction_fixes"):
+            counters[key] += self.counters[key]
+        if self.counters["lenient_renders"]:
+            counters["lenient_renders"] += self.counters["lenient_renders"]
+        return counters
+
+    def _continue(self, base: Served, prepared: Any) -> Step:
+        """Continue `base` with the request's new messages, or a failed step naming the break."""
+        restored, cause, count = continued_messages(base.messages, prepared.messages)
+        tools = list(prepared.tools) if prepared.tools else None
+        if cause is None and (tools != base.tools or prepared.template_kwargs != base.kwargs):
+            cause = "history"
+        if cause is not None:
+            return Step(None, "failed", cause)
+        history, closing = base.messages[:-1], base.messages[-1]
+        self.healer.commit(self.sid, base.prompt_ids, base.output_ids, history, closing, base.tools, **base.kwargs)
+        outcome = self.healer.heal_turn(self.sid, restored, prepared.tools, **base.kwargs)
+        if outcome.event != "healed":
+            return Step(None, "failed", "template")
+        self.counters["restored_echoes"] += count
+        self.counters["junction_fixes"] += outcome.junction != 0
+        return Step(outcome.ids, "continued", None, outcome.junction, restored)
+
+    def _count_break(self, cause: str | None) -> None:
+        self.counters["nonlinear"] += 1
+        self.counters["nonlinear_template" if cause == "template" else "nonlinear_history"] += 1
+        self.counters[f"breaks_{cause}"] += 1
