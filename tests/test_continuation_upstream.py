@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_linear_fakes import A_CLOSE, A_OPEN, SERVED_BASE, FakeRenderer, assistant, tool_result, user
+from test_linear_fakes import A_OPEN, SERVED_BASE, FakeRenderer, assistant, tool_result, user
 from trace_tools.data import Session, Turn
 from trace_tools.errors import ReplayError, TraceToolsError
 from trace_tools.replay.turnrows import trained_by_turn
@@ -23,12 +23,11 @@ from trace_tools.strategies.registry import get_strategy
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
 
 
-def session_of(steps, *, closed: bool = False, sid: str = "cont") -> Session:
-    """steps: (request messages, response, output length); `closed` ends every output with the
-    assistant's closing id, as an engine that stops on it returns it."""
+def session_of(steps, sid: str = "cont") -> Session:
+    """steps: (request messages, response, output length)."""
     turns, next_id = [], SERVED_BASE
     for index, (messages, response, length) in enumerate(steps):
-        output = list(range(next_id, next_id + length)) + ([A_CLOSE] if closed else [])
+        output = list(range(next_id, next_id + length))
         next_id += length
         turns.append(Turn(sid, index, messages, output, tools=TOOLS, response=response, output_logprobs=None))
     return Session(sid, turns)
@@ -64,7 +63,11 @@ def test_an_append_only_session_is_one_sample_trained_once():
     assert len(result.samples) == 1
     assert dict(trained_by_turn(result)) == {t.turn_index: len(t.output_ids) for t in session.turns}
     assert result.prompt_events == {0: "rendered", 1: "continued", 2: "continued"}
-    assert (result.counters["healed_turns"], result.counters["nonlinear"], result.counters["server_errors"]) == (2, 0, 0)
+    assert (result.counters["healed_turns"], result.counters["nonlinear"], result.counters["server_errors"]) == (
+        2,
+        0,
+        0,
+    )
 
 
 def test_each_prompt_is_the_previous_prompt_and_output_then_the_rendered_suffix():
@@ -72,23 +75,64 @@ def test_each_prompt_is_the_previous_prompt_and_output_then_the_rendered_suffix(
     prompts = fed_prompts(session)
     renderer = FakeRenderer()
     for n in (1, 2):
-        previous = session.turns[n - 1]
-        served = prompts[n - 1] + previous.output_ids
+        served = prompts[n - 1] + session.turns[n - 1].output_ids
         request = session.turns[n].messages
         history = request[: len(session.turns[n - 1].messages) + 1]
         suffix = renderer.render(request, TOOLS, True)[len(renderer.render(history, TOOLS, False)) :]
-        # the junction: the served output stopped before the assistant's closing id, which the template renders
-        assert prompts[n] == served + [A_CLOSE] + suffix
+        # a family without junction rules (the toy's) joins the suffix to the served ids as they are
+        assert prompts[n] == served + suffix
         assert suffix[-1] == A_OPEN  # the generation prompt is appended once, at the end
 
 
-def test_the_junction_adds_nothing_when_the_output_ends_with_the_closer():
-    session = three_turns(closed=True)
-    prompts = fed_prompts(session)
-    assert prompts[1][: len(prompts[0]) + 4] == prompts[0] + session.turns[0].output_ids
-    assert prompts[1][len(prompts[0]) + 4] != A_CLOSE  # no second closing id
-    assert replay(session).counters["junction_fixes"] == 0
-    assert replay(three_turns()).counters["junction_fixes"] == 2
+# -- the junction: verl's per-family rules, on the real templates -------------------------------------------
+
+BASH = assistant("", ("Bash", {"cmd": "ls"}))
+
+
+def junction_case(tokenizer: str, template: str, output_text: str):
+    """Two turns with a tool call between them; the output ids are the text's encoding."""
+    from trace_tools.render.renderer import Renderer
+
+    renderer = Renderer.from_spec(tokenizer, template)
+    # the client echoes the call without its reasoning; the served copy (with it) is restored, so
+    # the template renders the last assistant the same with or without messages after it
+    first, second = [user("list")], [user("list"), BASH, tool_result("a.py")]
+    turns = [
+        Turn("j", 0, first, renderer.encode(output_text), response={**BASH, "reasoning_content": "look"}),
+        Turn("j", 1, second, renderer.encode("done"), response=assistant("done")),
+    ]
+    result = replay(Session("j", turns), renderer)
+    (sample,) = result.samples
+    prompt0 = sample.token_ids[: sample.source_turn.index(0)]
+    prompt1 = sample.token_ids[: sample.source_turn.index(1)]
+    history = [*first, turns[0].response]
+    suffix = renderer.render([*history, second[-1]], None, True)[len(renderer.render(history, None, False)) :]
+    return renderer, prompt0 + turns[0].output_ids, prompt1, suffix, result
+
+
+CALL_TEXT = '<tool_call>\n{"name": "Bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
+
+
+def test_qwen_inserts_the_newline_the_model_never_generates_after_im_end():
+    renderer, served, prompt, suffix, result = junction_case("qwen3", "qwen3", CALL_TEXT + "<|im_end|>")
+    assert prompt == served + renderer.encode("\n") + suffix
+    assert result.counters["junction_fixes"] == 1
+
+
+def test_a_truncated_qwen_output_is_joined_as_it_is():
+    renderer, served, prompt, suffix, result = junction_case("qwen3", "qwen3", CALL_TEXT[:20])
+    assert prompt == served + suffix  # verl adds no closer the model did not emit
+    assert result.counters["junction_fixes"] == 0
+
+
+def test_glm_drops_the_stop_token_the_suffix_opens_with():
+    tool_call = "<tool_call>Bash\n<arg_key>cmd</arg_key>\n<arg_value>ls</arg_value>\n</tool_call>"
+    renderer, served, prompt, suffix, result = junction_case(
+        "qwen3+glm4.5-specials", "glm4.5", tool_call + "<|observation|>"
+    )
+    assert suffix[0] == renderer.encode("<|observation|>")[0]
+    assert prompt == served[:-1] + suffix
+    assert result.counters["junction_fixes"] == 1
 
 
 def test_an_earlier_assistant_is_restored_never_rendered_again():
@@ -185,7 +229,12 @@ def test_rllm_resets_on_a_compacted_history_and_continues_from_there():
     compacted = [user("summary: two files listed"), user("and now count them")]
     fourth = [*compacted, assistant("2"), user("thanks")]
     session = session_of(
-        [(FIRST, CALL, 3), (SECOND, assistant("two files"), 2), (compacted, assistant("2"), 1), (fourth, assistant("ok"), 2)]
+        [
+            (FIRST, CALL, 3),
+            (SECOND, assistant("two files"), 2),
+            (compacted, assistant("2"), 1),
+            (fourth, assistant("ok"), 2),
+        ]
     )
     result = replay(session, on_break="reset")
     assert result.prompt_events == {0: "rendered", 1: "continued", 2: "reset", 3: "continued"}
@@ -209,7 +258,7 @@ def test_fork_continues_a_retry_from_the_turn_it_extends():
     assert len(result.samples) == 2
     first, forked = result.samples
     end = len(first.source_turn) - first.source_turn[::-1].index(0)
-    served = [*first.token_ids[:end], A_CLOSE]  # turn 0's prompt and output, closed
+    served = first.token_ids[:end]  # turn 0's prompt and output
     assert forked.token_ids[: len(served)] == served  # the fork holds turn 0's served ids ...
     assert sum(forked.loss_mask) == 2  # ... as context: only the retry's own output trains
     assert dict(trained_by_turn(result)) == {0: 3, 1: 2, 2: 2}  # every token trained once

@@ -8,11 +8,11 @@ glue, tool results and closers as context; a fork starts a new sample whose shar
 context.
 
 Prompt events: `rendered` (first turn), `continued`, `forked`, `reset`, `failed`. Counters:
-`healed_turns` (continued or forked turns), `healed_prefix_tokens`, `nonlinear` (= breaks, split
-into `nonlinear_history` and `nonlinear_template`), `resets`, `close_unresolved`,
-`restored_echoes`, `server_errors` (failed requests), and in `extra_counters` the breaks by cause
-(`breaks_history`, `breaks_assistant`, `breaks_role`, `breaks_template`) and `junction_fixes`
-(continued turns whose junction inserted or dropped ids).
+`healed_turns` (continued or forked turns), `healed_prefix_tokens` (served ids they reused, after
+the junction), `nonlinear` (= breaks, split into `nonlinear_history` and `nonlinear_template`),
+`resets`, `restored_echoes`, `server_errors` (failed requests), and in `extra_counters` the breaks
+by cause (`breaks_history`, `breaks_assistant`, `breaks_role`, `breaks_template`) and
+`junction_fixes` (continued turns whose junction inserted or dropped an id).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ContinuationStrategy(Strategy):
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
         if self.ctx.renderer is None:
             raise ReplayError(f"strategy {self.name} renders prompts; pass --tokenizer (and --chat-template)")
-        state = Continuation(self.upstream, self.setting("on_break"), prepared.session_id)
+        state = Continuation(self.upstream, self.setting("on_break"))
         builders: list[_SampleBuilder] = []
         result = ReplayResult()
         failures: dict[int, str] = {}
@@ -56,7 +56,7 @@ class ContinuationStrategy(Strategy):
                 builders.append(_SampleBuilder(0))
             builders[-1].append_turn(replace(turn_record(turn), prompt_ids=step.ids), DriftKind.CLEAN, source=index)
             state.commit(turn, step)
-        result.counters.update(state.stats())
+        result.counters.update(state.counters)
         result.samples = _samples(builders, prepared)
         record_failures(result, failures)
         return result
@@ -68,7 +68,8 @@ class ContinuationStrategy(Strategy):
             if step.event in ("rendered", "reset") and prepared.prompt_origin == "rendered":
                 check_request(self.upstream, prepared)
         finally:
-            state.counters["lenient_renders"] += took_lenient(self.upstream)
+            if took_lenient(self.upstream):
+                state.counters["lenient_renders"] += 1
         return step
 
 

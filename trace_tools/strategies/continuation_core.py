@@ -3,11 +3,12 @@
 slime PR #2287 (`preserve_reasoning_history`), verl's Continuous Token and rLLM's gateway
 `cumulative_token_mode` all feed turn N+1 the exact ids of turn N (its prompt and its output) and
 append only what the client added since, rendered as a suffix: render(history + new) with the
-generation prompt, minus render(history). The sampled tokens are never rendered again. Between
-the served output and that suffix sits the template's junction: the closer the output lacks
-(Qwen's newline after `<|im_end|>`, which verl inserts and rLLM's renderers synthesize) or a stop
-token the suffix would repeat (GLM's `<|observation|>`, which verl removes). The splice and its
-junction are agentcore's healer's (`linear_core.LinearHealer`), run on the history restored here.
+generation prompt, minus render(history) (slime's token diff over the real history). Sampled
+tokens are never rendered again. Between the served output and that suffix sits the family's
+junction (verl's per-family builders; the same rules as miles' TITO table, `families.TitoFamily`):
+Qwen's newline after a final `<|im_end|>`, which the model never generates, is inserted; GLM's
+stop token that opens the next message (`<|observation|>`, `<|user|>`) is dropped, as the suffix
+renders it again; every other family joins as it is.
 
 A request continues the served history when, after restoring the echoed assistants from the
 server's copies (slime), it is that history plus new messages:
@@ -17,9 +18,8 @@ server's copies (slime), it is that history plus new messages:
 * `assistant`: the echo of the latest response differs in content or tool calls (slime's check;
   earlier echoes are restored without one, as slime does);
 * `role`: an appended message is an assistant's (verl refuses it; rLLM's bridge refuses it too);
-* `template`: the render of the history is not a prefix of the extended render, or the closer
-  after the last assistant cannot be resolved (slime's "template rewrote messages", verl's
-  "suffix diff failed").
+* `template`: the render of the history is not a prefix of the extended render (slime's "chat
+  template rewrote messages", verl's "suffix diff failed").
 
 What a break does is `on_break`: `raise` fails the request and keeps the served state (slime's
 adapter answers it with an error; verl's agent loop raises), `reset` starts afresh from the
@@ -35,11 +35,22 @@ from typing import Any, Sequence
 
 from trace_tools.render.base import RendererLike
 from trace_tools.strategies.declarations import ON_BREAK
-from trace_tools.strategies.linear_core import LinearHealer
+from trace_tools.strategies.session_core.tito import TitoTokenizer, family_for
 
 BREAK_CAUSES = ("history", "assistant", "role", "template")
-# What the strategy takes from the healer's per-session counters (its breaks are counted here).
-HEALER_KEYS = ("healed_turns", "healed_prefix_tokens", "close_unresolved")
+# Every counter a session reports (zeros included); the breaks by cause and `junction_fixes` go
+# to `extra_counters`, the rest are the shared counters of docs/metrics.md#per-session.
+COUNTER_KEYS = (
+    "healed_turns",
+    "healed_prefix_tokens",
+    "nonlinear",
+    "nonlinear_history",
+    "nonlinear_template",
+    "resets",
+    "restored_echoes",
+    *(f"breaks_{cause}" for cause in BREAK_CAUSES),
+    "junction_fixes",
+)
 
 
 @dataclass(slots=True)
@@ -57,13 +68,12 @@ class Served:
 @dataclass(slots=True)
 class Step:
     """How one request is served: `ids` to feed (None when it fails), the prompt event
-    (`rendered`, `continued`, `forked`, `reset`, `failed`), the break that caused a reset, fork or
-    failure, the junction the splice made, and the request's history as served."""
+    (`rendered`, `continued`, `forked`, `reset`, `failed`), the break behind a reset, fork or
+    failure, and the request's messages as served (echoes restored)."""
 
     ids: list[int] | None
     event: str
     cause: str | None = None
-    junction: int = 0
     messages: list[dict] = field(default_factory=list)
 
 
@@ -97,15 +107,15 @@ def continued_messages(history: Sequence[dict], request: Sequence[dict]) -> tupl
 
 
 class Continuation:
-    """One session's cumulative-token state over `renderer` (an upstream view of the renderer)."""
+    """One session's cumulative-token state over `renderer` (the upstream view of the renderer)."""
 
-    def __init__(self, renderer: RendererLike, on_break: str, session_id: str):
+    def __init__(self, renderer: RendererLike, on_break: str):
         if on_break not in ON_BREAK:
             raise ValueError(f"on_break must be one of {', '.join(ON_BREAK)}, not {on_break!r}")
-        self.healer = LinearHealer(renderer, on_nonlinear="reset")
-        self.on_break, self.sid = on_break, session_id
+        self.renderer, self.on_break = renderer, on_break
+        self.junction = TitoTokenizer(renderer, family_for(renderer))
         self.served: list[Served] = []  # the latest turn only, unless `fork` needs every one
-        self.counters: Counter = Counter()
+        self.counters: Counter = Counter({key: 0 for key in COUNTER_KEYS})
 
     def step(self, prepared: Any) -> Step:
         """The ids to feed for one prepared turn (`pipeline.PreparedTurn`), and how they were made."""
@@ -125,7 +135,7 @@ class Continuation:
                     forked.event, forked.cause = "forked", cause
                     return forked
         self.counters["resets"] += 1
-        return Step(list(prepared.prompt_ids), "reset", cause, messages=list(prepared.messages))
+        return Step(list(prepared.prompt_ids), "reset", cause, list(prepared.messages))
 
     def commit(self, prepared: Any, step: Step) -> None:
         """Hold a served turn: the next request continues from its prompt and output ids."""
@@ -140,19 +150,6 @@ class Continuation:
         )
         self.served = [*self.served, served] if self.on_break == "fork" else [served]
 
-    def stats(self) -> Counter:
-        """This session's counters, the healer's splices included (zeros filled in)."""
-        healed = self.healer.pop_stats(self.sid)
-        self.healer.drop(self.sid)
-        counters = Counter({key: healed[key] for key in HEALER_KEYS})
-        for key in ("nonlinear", "nonlinear_history", "nonlinear_template", "resets", "restored_echoes"):
-            counters[key] += self.counters[key]
-        for key in (*(f"breaks_{cause}" for cause in BREAK_CAUSES), "junction_fixes"):
-            counters[key] += self.counters[key]
-        if self.counters["lenient_renders"]:
-            counters["lenient_renders"] += self.counters["lenient_renders"]
-        return counters
-
     def _continue(self, base: Served, prepared: Any) -> Step:
         """Continue `base` with the request's new messages, or a failed step naming the break."""
         restored, cause, count = continued_messages(base.messages, prepared.messages)
@@ -161,14 +158,19 @@ class Continuation:
             cause = "history"
         if cause is not None:
             return Step(None, "failed", cause)
-        history, closing = base.messages[:-1], base.messages[-1]
-        self.healer.commit(self.sid, base.prompt_ids, base.output_ids, history, closing, base.tools, **base.kwargs)
-        outcome = self.healer.heal_turn(self.sid, restored, prepared.tools, **base.kwargs)
-        if outcome.event != "healed":
+        render = getattr(self.renderer, "render_shared", self.renderer.render)  # no copy where it can
+        before = render(base.messages, tools, False, **base.kwargs)
+        after = render(restored, tools, True, **base.kwargs)
+        if after[: len(before)] != before:
             return Step(None, "failed", "template")
+        served = [*base.prompt_ids, *base.output_ids]
+        ids = self.junction.fix_boundary(served)  # a new list
+        self.counters["junction_fixes"] += len(ids) != len(served)
         self.counters["restored_echoes"] += count
-        self.counters["junction_fixes"] += outcome.junction != 0
-        return Step(outcome.ids, "continued", None, outcome.junction, restored)
+        self.counters["healed_turns"] += 1
+        self.counters["healed_prefix_tokens"] += len(ids)
+        ids += after[len(before) :]
+        return Step(ids, "continued", None, restored)
 
     def _count_break(self, cause: str | None) -> None:
         self.counters["nonlinear"] += 1

@@ -305,7 +305,16 @@ CONTINUATION = Declaration(
     (*INCREMENTAL, *CLOSER),
     counterfactual=True,  # continued prompts are served ids + suffix renders, not what the gateway fed
     upstream_system="slime",
-    counters=(*HEALER_COUNTERS, "restored_echoes", "server_errors"),
+    counters=(
+        "healed_turns",
+        "healed_prefix_tokens",
+        "nonlinear",
+        "nonlinear_history",
+        "nonlinear_template",
+        "resets",
+        "restored_echoes",
+        "server_errors",
+    ),
 )
 LINEAR_CHAIN = Declaration(
     "linear-chain",

@@ -84,9 +84,6 @@ class HealOutcome:
     ids: list[int]
     event: str
     path: str | None = None
-    # Ids the splice put between the served ids and the rendered tail (the closer the served output
-    # lacked), negative when it dropped served ids the tail renders again; 0 when they just abut.
-    junction: int = 0
 
 
 class LinearHealer:
@@ -234,7 +231,7 @@ class LinearHealer:
         self._bump(sid, "healed_turns")
         self._bump(sid, "healed_prefix_tokens", len(state.served_prefix) + max(len(glue) - len(tail), 0))
         self.paths[path] += 1
-        return HealOutcome(state.served_prefix + glue, "healed", path, len(glue) - len(tail))
+        return HealOutcome(state.served_prefix + glue, "healed", path)
 
     def _handle_nonlinear(self, sid: str, rendered: list[int], cause: str) -> HealOutcome:
         """A turn that cannot be healed; `cause` is "history" (not an append) or "template" (not a prefix)."""
