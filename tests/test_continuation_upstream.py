@@ -1,7 +1,7 @@
 """`continuation`: the cumulative-token family's scenarios, in our own words and data.
 
 The three upstream variants (docs/strategies.md#continuation): slime PR #2287 (restore echoed
-assistants from the server's copy, check the latest one, refuse what is not an append), verl's
+assistants from the server's copy, refuse a template that rewrites the history), verl's
 Continuous Token (append only tool/user/system messages, fix the junction after the served
 output) and rLLM's `cumulative_token_mode` (reset to the chat path when the history diverges).
 The toy renderer of test_linear_fakes renders every message as OPEN body CLOSE; served ids live
@@ -147,7 +147,7 @@ def test_an_earlier_assistant_is_restored_never_rendered_again():
     assert fed_prompts(session)[2] == fed_prompts(three_turns())[2]
 
 
-# -- slime PR #2287: restore, check the latest assistant, refuse what is not an append ---------------------
+# -- slime PR #2287: restore every echo from the server's copy, refuse what is not an append ---------------
 
 
 def test_slime_restores_an_echo_that_lost_its_reasoning():
@@ -159,26 +159,36 @@ def test_slime_restores_an_echo_that_lost_its_reasoning():
     assert result.counters["restored_echoes"] == 1
 
 
-def test_slime_refuses_a_changed_latest_assistant_and_keeps_serving_from_before():
+def test_slime_restores_even_a_changed_latest_assistant():
+    # slime compares the latest echo with the served response only after restoring it: never a break
     changed = [*FIRST, assistant("", ("Bash", {"cmd": "ls -la"})), tool_result("a.py b.py")]
-    session = session_of([(FIRST, CALL, 3), (changed, assistant("two files"), 2), (SECOND, assistant("two"), 1)])
+    session = session_of([(FIRST, CALL, 3), (changed, assistant("two files"), 2)])
+    result = replay(session)
+    assert result.prompt_events == {0: "rendered", 1: "continued"}
+    assert result.counters["restored_echoes"] == 1
+    assert fed_prompts(session)[1] == fed_prompts(session_of([(FIRST, CALL, 3), (SECOND, assistant("x"), 2)]))[1]
+
+
+def test_a_refused_request_keeps_serving_from_before():
+    edited = [user("list the python files"), CALL, tool_result("a.py b.py")]  # an earlier user message edited
+    session = session_of([(FIRST, CALL, 3), (edited, assistant("two files"), 2), (SECOND, assistant("two"), 1)])
     result = replay(session)  # on_break=raise is the default
     assert result.turn_events[1] == result.prompt_events[1] == "failed"
-    assert result.failures == {1: "the history is not an append (assistant)"}
+    assert result.failures == {1: "the history is not an append (history)"}
     assert (result.counters["server_errors"], result.counters["nonlinear_history"]) == (1, 1)
-    assert result.counters["breaks_assistant"] == 1
+    assert result.counters["breaks_history"] == 1
     # the refused request changed nothing: the client's retry continues from turn 0's served ids
     assert result.prompt_events[2] == "continued"
     assert len(result.samples) == 1 and dict(trained_by_turn(result)) == {0: 3, 2: 1}
 
 
 def test_after_a_refusal_the_recorded_client_carries_on_with_a_reply_never_served():
-    changed = [*FIRST, assistant("", ("Bash", {"cmd": "ls -la"})), tool_result("a.py b.py")]
-    third = [*changed, assistant("two files"), user("and now count them")]
-    session = session_of([(FIRST, CALL, 3), (changed, assistant("two files"), 2), (third, assistant("2"), 1)])
+    edited = [user("list the python files"), CALL, tool_result("a.py b.py")]
+    third = [*edited, assistant("two files"), user("and now count them")]
+    session = session_of([(FIRST, CALL, 3), (edited, assistant("two files"), 2), (third, assistant("2"), 1)])
     assert replay(session).failures == {
-        1: "the history is not an append (assistant)",
-        2: "the history is not an append (assistant)",
+        1: "the history is not an append (history)",
+        2: "the history is not an append (history)",
     }
 
 
@@ -201,7 +211,7 @@ def test_continued_messages_names_each_break():
     history = [*FIRST, CALL]
     assert continued_messages(history, history)[1] == "history"  # nothing new
     assert continued_messages(history, [user("other"), CALL, tool_result("x")])[1] == "history"
-    assert continued_messages(history, [*FIRST, assistant("text"), tool_result("x")])[1] == "assistant"
+    assert continued_messages(history, [*FIRST, tool_result("x"), tool_result("y")])[1] == "history"
     assert continued_messages(history, [*history, assistant("more")])[1] == "role"
     restored, cause, count = continued_messages(history, [*FIRST, {**CALL, "name": "x"}, tool_result("x")])
     assert (cause, count, restored[1]) == (None, 1, CALL)

@@ -11,7 +11,7 @@ Prompt events: `rendered` (first turn), `continued`, `forked`, `reset`, `failed`
 `healed_turns` (continued or forked turns), `healed_prefix_tokens` (served ids they reused, after
 the junction), `nonlinear` (= breaks, split into `nonlinear_history` and `nonlinear_template`),
 `resets`, `restored_echoes`, `server_errors` (failed requests), and in `extra_counters` the breaks
-by cause (`breaks_history`, `breaks_assistant`, `breaks_role`, `breaks_template`) and
+by cause (`breaks_history`, `breaks_role`, `breaks_template`) and
 `junction_fixes` (continued turns whose junction inserted or dropped an id).
 """
 

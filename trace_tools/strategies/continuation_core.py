@@ -10,14 +10,14 @@ Qwen's newline after a final `<|im_end|>`, which the model never generates, is i
 stop token that opens the next message (`<|observation|>`, `<|user|>`) is dropped, as the suffix
 renders it again; every other family joins as it is.
 
-A request continues the served history when, after restoring the echoed assistants from the
-server's copies (slime), it is that history plus new messages:
+A request continues the served history when, after every echoed assistant is restored from the
+server's copy (slime: aligned from the newest back, replaced whole, so a client that drops
+reasoning or normalizes text and arguments never breaks it), it is that history plus new messages:
 
 * `history`: a system, user or tool message of the history changed, went missing or moved, the
-  request is no longer than the history, or its tools or template kwargs changed;
-* `assistant`: the echo of the latest response differs in content or tool calls (slime's check;
-  earlier echoes are restored without one, as slime does);
-* `role`: an appended message is an assistant's (verl refuses it; rLLM's bridge refuses it too);
+  request is no longer than the history, or its tools or template kwargs changed (verl's and
+  rLLM's exact prefix check; slime looks at assistants only);
+* `role`: an appended message is an assistant's (verl refuses it);
 * `template`: the render of the history is not a prefix of the extended render (slime's "chat
   template rewrote messages", verl's "suffix diff failed").
 
@@ -37,7 +37,7 @@ from trace_tools.render.base import RendererLike
 from trace_tools.strategies.declarations import ON_BREAK
 from trace_tools.strategies.session_core.tito import TitoTokenizer, family_for
 
-BREAK_CAUSES = ("history", "assistant", "role", "template")
+BREAK_CAUSES = ("history", "role", "template")
 # Every counter a session reports (zeros included); the breaks by cause and `junction_fixes` go
 # to `extra_counters`, the rest are the shared counters of docs/metrics.md#per-session.
 COUNTER_KEYS = (
@@ -77,30 +77,24 @@ class Step:
     messages: list[dict] = field(default_factory=list)
 
 
-def visible(message: dict) -> tuple[Any, Any]:
-    """What slime compares an echoed assistant on: its content and tool calls."""
-    return message.get("content"), message.get("tool_calls")
-
-
 def continued_messages(history: Sequence[dict], request: Sequence[dict]) -> tuple[list[dict], str | None, int]:
-    """(the request with echoed assistants restored, the break cause or None, echoes restored)."""
+    """(the request with echoed assistants restored, the break cause or None, echoes restored).
+
+    slime compares the latest echo's content and tool calls with the served response, but after
+    the restore, so that check cannot fail; an echo is restored whatever it says."""
     k = len(history)
     if len(request) <= k:
         return [], "history", 0
-    latest = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
     restored, count = list(request), 0
     for i in range(k):
         served, echo = history[i], request[i]
         if served.get("role") != echo.get("role"):
             return [], "history", 0
-        if served.get("role") != "assistant":
-            if echo != served:
-                return [], "history", 0
-            continue
-        if i == latest and visible(echo) != visible(served):
-            return [], "assistant", 0
-        count += echo != served
-        restored[i] = served
+        if served.get("role") == "assistant":
+            count += echo != served
+            restored[i] = served
+        elif echo != served:
+            return [], "history", 0
     if any(m.get("role") == "assistant" for m in request[k:]):
         return [], "role", 0
     return restored, None, count
