@@ -302,7 +302,7 @@ CONTINUATION = Declaration(
         ),
         LENIENT_RENDER,
     ),
-    (*INCREMENTAL, *CLOSER),
+    SERVED_IDS,  # the suffix is cut where render(history) ends in render(history + new)
     counterfactual=True,  # continued prompts are served ids + suffix renders, not what the gateway fed
     upstream_system="slime",
     counters=(
@@ -321,7 +321,7 @@ LINEAR_CHAIN = Declaration(
     "lchain",
     "TRL AsyncGRPO message mode: CLEAN/REALIGN/FORK on one chain of turns in arrival order, no routing",
     (
-        TREE_PARAMS[0],  # fork_threshold: TRL's fork_threshold_tokens, the same default of 1024
+        {p.name: p for p in TREE_PARAMS}["fork_threshold"],  # TRL's fork_threshold_tokens, also 1024
         Param("strict", bool, False, "CLEAN/FORK only: any drift forks (fork_threshold_tokens=0 upstream)"),
         LENIENT_RENDER,
     ),
