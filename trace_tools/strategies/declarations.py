@@ -283,6 +283,54 @@ CHECKPOINT_TREE = Declaration(
     ),
 )
 
+# -- issue 36: the cumulative-token family and TRL's message mode -------------------------------------
+
+ON_BREAK = ("raise", "reset", "fork")
+CONTINUATION = Declaration(
+    "continuation",
+    "contin",
+    "cumulative tokens (slime PR #2287, verl Continuous Token, rLLM): served ids + rendered new messages",
+    (
+        Param(
+            "on_break",
+            str,
+            "raise",
+            "a request that does not append to the served history: fail it (slime, verl), start "
+            "afresh from its own prompt (rLLM), or continue from the latest turn it does extend",
+            choices=ON_BREAK,
+            flag=True,
+        ),
+        LENIENT_RENDER,
+    ),
+    SERVED_IDS,  # the suffix is cut where render(history) ends in render(history + new)
+    counterfactual=True,  # continued prompts are served ids + suffix renders, not what the gateway fed
+    upstream_system="slime",
+    counters=(
+        "healed_turns",
+        "healed_prefix_tokens",
+        "nonlinear",
+        "nonlinear_history",
+        "nonlinear_template",
+        "resets",
+        "restored_echoes",
+        "server_errors",
+    ),
+)
+LINEAR_CHAIN = Declaration(
+    "linear-chain",
+    "lchain",
+    "TRL AsyncGRPO message mode: CLEAN/REALIGN/FORK on one chain of turns in arrival order, no routing",
+    (
+        {p.name: p for p in TREE_PARAMS}["fork_threshold"],  # TRL's fork_threshold_tokens, also 1024
+        Param("strict", bool, False, "CLEAN/FORK only: any drift forks (fork_threshold_tokens=0 upstream)"),
+        LENIENT_RENDER,
+    ),
+    SERVED_IDS,
+    renders_prompts=False,  # it reconciles the recorded prompt ids, as TRL re-tokenizes every turn
+    upstream_system="trl",
+    counters=("drift_clean", "drift_realign", "drift_fork", "server_errors"),
+)
+
 # The column order of every table (docs/strategies.md#the-eight-strategies).
 DECLARATIONS: tuple[Declaration, ...] = (
     TREE,
@@ -293,6 +341,8 @@ DECLARATIONS: tuple[Declaration, ...] = (
     SESSION_V1,
     SESSION_V2,
     CHECKPOINT_TREE,
+    CONTINUATION,
+    LINEAR_CHAIN,
 )
 BY_NAME = {declaration.name: declaration for declaration in DECLARATIONS}
 NAMES = tuple(BY_NAME)

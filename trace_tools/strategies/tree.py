@@ -85,7 +85,7 @@ class TreeStrategy(Strategy):
             session_id,
             base_sample=BaseSample(rollout_id=session_id),
             reward=reward,
-            max_sample_tokens=self.setting("max_sample_tokens"),
+            max_sample_tokens=self.settings.get("max_sample_tokens", 0),  # not every subclass declares it
         )
         result = result_from(samples, manager.pop_stats(session_id))
         release_tree([root] if root is not None else [])

@@ -432,17 +432,48 @@ class TrajectoryManager:
             return
         self._check_logprobs(turn, source)
         root = self._trees.setdefault(sid, MessageNode())
-        stats = self._session_stats(sid)
+        self._session_stats(sid)
         node, depth = self.find_mount_point(root, prompt_messages)
         node, depth = self.try_merge_assistant_rewrite(sid, node, prompt_messages, depth)
         for message in prompt_messages[depth:]:
             node = node.add_child(MessageNode(role=message.get("role"), message=message))
+        self._hang_leaf(sid, node, turn, response_message, metadata, source)
+
+    def append_to_chain(
+        self,
+        sid: str,
+        *,
+        turn: TurnRecord,
+        response_message: dict | None,
+        metadata: dict | None = None,
+        source: int | None = None,
+    ) -> None:
+        """Hang one turn under the session's previous one, in arrival order, without routing its
+        prompt messages: the session stays one linear chain (TRL's message mode), so linearization
+        decides CLEAN/REALIGN/FORK on token prefixes alone."""
+        self._check_logprobs(turn, source)
+        node = self._trees.setdefault(sid, MessageNode())
+        self._session_stats(sid)
+        while node.children:
+            node = node.children[-1]
+        self._hang_leaf(sid, node, turn, response_message, metadata, source)
+
+    def _hang_leaf(
+        self,
+        sid: str,
+        node: MessageNode,
+        turn: TurnRecord,
+        response_message: dict | None,
+        metadata: dict | None,
+        source: int | None,
+    ) -> None:
+        """Attach the generated assistant leaf of one turn under `node`."""
         leaf = MessageNode(role="assistant", message=response_message, metadata=dict(metadata or {}))
         leaf.turn, leaf.turn_index = turn, self._turn_count.get(sid, 0) + 1
         leaf.source = leaf.turn_index if source is None else source
         node.add_child(leaf)
         self._turn_count[sid] = leaf.turn_index
-        stats.prompt_events[leaf.source] = "clean"
+        self._stats[sid].prompt_events[leaf.source] = "clean"
 
     def _check_logprobs(self, turn: TurnRecord, source: int | None) -> None:
         if not turn.output_log_probs or len(turn.output_log_probs) == len(turn.output_ids):
