@@ -172,11 +172,9 @@ class MessageGraph:
         `start` (the latest first on a tie)."""
         best: int | None = None
         for node_id in range(len(self.nodes) - 1, -1, -1):
-            node = self.nodes[node_id]
-            if node.key != key or prompt_ids[start : start + len(node.token_ids)] != node.token_ids:
-                continue
-            if start + len(node.token_ids) <= len(prompt_ids):
-                if best is None or len(node.token_ids) > len(self.nodes[best].token_ids):
+            ids = self.nodes[node_id].token_ids
+            if self.nodes[node_id].key == key and prompt_ids[start : start + len(ids)] == ids:
+                if best is None or len(ids) > len(self.nodes[best].token_ids):
                     best = node_id
         return best
 
