@@ -176,7 +176,10 @@ def test_the_hash_rules_are_upstreams(upstream):
     pairs = [
         ({"role": "assistant", "content": None}, {"role": "assistant", "content": ""}),
         (
-            {"role": "assistant", "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": '{"b": 1, "a": 2}'}}]},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": '{"b": 1, "a": 2}'}}],
+            },
             {"role": "assistant", "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": '{"a":2,"b":1}'}}]},
         ),
         ({"role": "assistant", "content": "a", "reasoning_content": "r"}, {"role": "assistant", "content": "a"}),
