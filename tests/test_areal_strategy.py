@@ -48,7 +48,7 @@ def turn(index: int, messages: list[dict], answer: str, second: int | None = Non
 
 def replay(*turns: Turn, export: str = "concat"):
     session = Session("s", list(turns))
-    strategy = get_strategy("areal")(ReplayContext(renderer=CharRenderer(), params={"export": export}))
+    strategy = get_strategy("areal")(ReplayContext(renderer=CharRenderer(), params={"areal_export": export}))
     outcome = strategy.replay(session)
     check_trained_once(session, outcome)
     return outcome
@@ -141,4 +141,4 @@ def test_export_is_a_declared_choice():
     from trace_tools.strategies.registry import check_params
 
     with pytest.raises(InvalidOption, match="individual"):
-        check_params(["areal"], {"export": "tree"})
+        check_params(["areal"], {"areal_export": "tree"})

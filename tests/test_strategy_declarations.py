@@ -45,8 +45,9 @@ def test_the_declared_facts_are_those_of_each_strategy():
         "session-v1",
         "session-v2",
         "checkpoint-tree",
+        "areal",
     ]
-    assert [d.name for d in DECLARATIONS if not d.renders_prompts] == ["tree"]
+    assert [d.name for d in DECLARATIONS if not d.renders_prompts] == ["tree", "message-graph"]
     assert [label(d.name) for d in DECLARATIONS] == [
         "tree",
         "restore",
@@ -56,6 +57,8 @@ def test_the_declared_facts_are_those_of_each_strategy():
         "sess-v1",
         "sess-v2",
         "ckpt",
+        "graph",
+        "areal",
     ]
     assert relies_on(["checkpoint-tree"]) == {"checkpoint-tree": ("closer_text", "closer_tool")}
     assert relies_on(["chains"])["chains"] == ("generation_prompt", "tokenizer_merges")
@@ -88,6 +91,7 @@ def test_replay_offers_one_flag_per_flagged_parameter_with_a_derived_help():
         "rollback",
         "retries",
         "echo_rules",
+        "areal_export",
     }
     for param in flagged:
         assert param.name in options and "flags" not in options
@@ -129,6 +133,7 @@ def test_flag_values_reach_the_library_as_strategy_params(monkeypatch, tmp_path)
         "retries": None,
         "echo_rules": None,
         "delta": "false",
+        "areal_export": None,
     }
 
 

@@ -105,7 +105,7 @@ class ArealStrategy(Strategy):
     declaration = AREAL
 
     def replay_session(self, prepared: PreparedSession) -> ReplayResult:
-        concat = self.setting("export") == "concat"
+        concat = self.setting("areal_export") == "concat"
         cache: list[Interaction] = []
         result = ReplayResult()
         failures: dict[int, str] = {}

@@ -300,7 +300,7 @@ AREAL = Declaration(
     "AReaL InteractionCache: parent = longest strict message prefix plus text reply; one sample per leaf",
     (
         Param(
-            "export",
+            "areal_export",
             str,
             "concat",
             "AReaL's export style: concat (prompts concatenated onto the parent's ids, one sample per "
