@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from trace_tools.memo import IdentityMemo
+
 NodeKey = tuple[int, str]  # (parent id, or -1 with the tools hash for a root; message hash)
 
 
@@ -113,9 +115,11 @@ class MessageGraph:
         self.nodes: list[Node] = []
         self.head: dict[NodeKey, int] = {}  # key -> the latest node with it
         self.children: dict[int, int] = {}  # parent id -> number of children
+        self.hashes: IdentityMemo[str] = IdentityMemo()  # a session's turns share their history's objects
 
     def key(self, parent: int | None, message: dict, tools: Sequence[dict] | None) -> NodeKey:
-        return (-1, tools_key(tools) + message_key(message)) if parent is None else (parent, message_key(message))
+        digest = self.hashes.get(message, message_key)
+        return (-1, self.hashes.get(tools, tools_key) + digest) if parent is None else (parent, digest)
 
     def commit(
         self,
