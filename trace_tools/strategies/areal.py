@@ -113,8 +113,10 @@ class ArealStrategy(Strategy):
             call = Interaction(turn.turn.turn_index, turn.turn.messages, _created(turn))
             try:
                 result.prompt_events[call.source] = self.feed(call, turn, cache, concat)
-            except (KeyError, TypeError, UnfinishedParent) as exc:
-                failures[call.source] = failure_reason(exc) if isinstance(exc, UnfinishedParent) else _missing(exc)
+            except UnfinishedParent as exc:
+                failures[call.source] = failure_reason(exc)
+            except (KeyError, TypeError):  # upstream's f-string reads message["role"] and ["content"]
+                failures[call.source] = "a message without role or content (AReaL's concat text reads both)"
             cache.append(call)  # upstream caches the call before building its prompt
         answered = [call for call in cache if call.output_text is not None]
         if concat:
@@ -157,7 +159,3 @@ def _text_reply(response: dict[str, Any] | None) -> str:
 def _created(prepared: PreparedTurn) -> int:
     started: datetime | None = prepared.turn.started_at
     return int(started.timestamp()) if started else 0
-
-
-def _missing(exc: BaseException) -> str:
-    return f"a message without {exc} (AReaL's concat text reads every message's role and content)"
