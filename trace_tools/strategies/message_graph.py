@@ -46,7 +46,7 @@ def commit_turn(graph: MessageGraph, prepared: PreparedTurn) -> str:
     done = graph.commit(
         turn.messages,
         turn.tools,
-        prepared.prompt_ids,
+        list(prepared.prompt_ids),  # compared with node ids as lists
         reply,
         turn.output_ids,
         turn.output_logprobs or (),

@@ -143,10 +143,9 @@ class MessageGraph:
         forked = self.children.get(parent if parent is not None else -1, 0) > 0
         for message in messages[len(prefix) :]:
             parent = self._add(Node(parent, self.key(parent, message, tools), []))
-        lps = list(logprobs) + [0.0] * max(len(completion) - len(logprobs), 0)
-        node = Node(parent, self.key(parent, reply, tools), [*prompt_ids[path_len:], *completion], len(completion))
-        node.source, node.logprobs = source, lps[: len(completion)]
-        self._add(node)
+        lps = [*logprobs, *[0.0] * len(completion)][: len(completion)]  # a missing logprob reads 0.0
+        ids = [*prompt_ids[path_len:], *completion]
+        self._add(Node(parent, self.key(parent, reply, tools), ids, len(completion), source, lps))
         return Committed(len(prefix), forked)
 
     def _message_prefix(self, messages: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
