@@ -199,6 +199,8 @@ UPSTREAM_FORM = {  # what each strategy hands the template, and how (docs/upstre
     "session-v1": "miles: dicts → jinja (default family; no V3.2 encoder)",
     "session-v2": "miles, as v1",
     "checkpoint-tree": "ours: text for DeepSeek V3",
+    "message-graph": "recorded ids (verifiers graph only)",
+    "areal": "AReaL concat: its own ChatML text, no template",
 }
 
 

@@ -46,8 +46,9 @@ def test_the_declared_facts_are_those_of_each_strategy():
         "session-v2",
         "checkpoint-tree",
         "continuation",
+        "areal",
     ]
-    assert [d.name for d in DECLARATIONS if not d.renders_prompts] == ["tree", "linear-chain"]
+    assert [d.name for d in DECLARATIONS if not d.renders_prompts] == ["tree", "linear-chain", "message-graph"]
     assert [label(d.name) for d in DECLARATIONS] == [
         "tree",
         "restore",
@@ -59,6 +60,8 @@ def test_the_declared_facts_are_those_of_each_strategy():
         "ckpt",
         "contin",
         "lchain",
+        "graph",
+        "areal",
     ]
     assert relies_on(["checkpoint-tree"]) == {"checkpoint-tree": ("closer_text", "closer_tool")}
     assert relies_on(["chains"])["chains"] == ("generation_prompt", "tokenizer_merges")
@@ -92,6 +95,7 @@ def test_replay_offers_one_flag_per_flagged_parameter_with_a_derived_help():
         "retries",
         "echo_rules",
         "on_break",
+        "areal_export",
     }
     for param in flagged:
         assert param.name in options and "flags" not in options
@@ -134,6 +138,7 @@ def test_flag_values_reach_the_library_as_strategy_params(monkeypatch, tmp_path)
         "echo_rules": None,
         "on_break": None,
         "delta": "false",
+        "areal_export": None,
     }
 
 

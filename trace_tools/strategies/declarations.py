@@ -331,6 +331,37 @@ LINEAR_CHAIN = Declaration(
     counters=("drift_clean", "drift_realign", "drift_fork", "server_errors"),
 )
 
+# -- issue 36: verifiers' message graph and AReaL's interaction cache ----------------------------------
+
+AREAL_EXPORTS = ("concat", "individual")  # AReaL's export_interactions styles
+MESSAGE_GRAPH = Declaration(
+    "message-graph",
+    "graph",
+    "verifiers v1 message graph as prime-rl trains it: a node per distinct message, a sample per branch",
+    renders_prompts=False,  # recorded prompt ids, split at the graph's nodes
+    upstream_system="verifiers",
+    counters=("tree_branches",),
+)
+AREAL = Declaration(
+    "areal",
+    "areal",
+    "AReaL InteractionCache: parent = longest strict message prefix plus text reply; one sample per leaf",
+    (
+        Param(
+            "areal_export",
+            str,
+            "concat",
+            "AReaL's export style: concat (prompts concatenated onto the parent's ids, one sample per "
+            "leaf) or individual (the chat template's prompt, one sample per call)",
+            choices=AREAL_EXPORTS,
+            flag=True,
+        ),
+    ),
+    counterfactual=True,  # concat feeds the parent's ids plus AReaL's own ChatML text, not the recorded prompt
+    upstream_system="areal",
+    counters=("tree_branches", "server_errors"),
+)
+
 # The column order of every table (docs/strategies.md#the-eight-strategies).
 DECLARATIONS: tuple[Declaration, ...] = (
     TREE,
@@ -343,6 +374,8 @@ DECLARATIONS: tuple[Declaration, ...] = (
     CHECKPOINT_TREE,
     CONTINUATION,
     LINEAR_CHAIN,
+    MESSAGE_GRAPH,
+    AREAL,
 )
 BY_NAME = {declaration.name: declaration for declaration in DECLARATIONS}
 NAMES = tuple(BY_NAME)
