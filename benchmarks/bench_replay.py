@@ -36,8 +36,8 @@ TASKS = {
     "reconstruct": "`reconstruct`",
     "tree": "`replay -s tree` (default `--workers`: every core)",
     "tree-w1": "`replay -s tree --workers 1`",
-    "all-w1": "`replay` (all 8 strategies), `--workers 1`",
-    "all-w2": "`replay` (all 8 strategies), `--workers 2`",
+    "all-w1": "`replay` (all strategies), `--workers 1`",
+    "all-w2": "`replay` (all strategies), `--workers 2`",
 }
 
 

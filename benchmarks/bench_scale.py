@@ -282,7 +282,7 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
 
     rays = [results[f"ray-{n}"] for n in args.cpus]
     local, before = results["workers-1"], results["driver-reads"]
-    what = "all eight strategies" if not args.strategy else ", ".join(f"`{s}`" for s in args.strategy)
+    what = "all strategies" if not args.strategy else ", ".join(f"`{s}`" for s in args.strategy)
     lines = [
         "# Scaling past one machine",
         "",

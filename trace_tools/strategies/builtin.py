@@ -1,5 +1,5 @@
 """The built-in strategy classes, imported explicitly, by name, in column order
-(docs/strategies.md#the-eight-strategies)."""
+(docs/strategies.md#the-strategies)."""
 
 from __future__ import annotations
 

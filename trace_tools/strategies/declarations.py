@@ -4,7 +4,7 @@ Every view derives from these declarations: the strategy classes (`Strategy.decl
 command line (`--strategy` choices, one flag per parameter marked `flag`, `--help` texts), the
 option check before a run, the template audit (which checks each strategy relies on), the
 report (short labels, which strategies are counterfactual) and the column order of every
-table (docs/strategies.md#the-eight-strategies). The module imports nothing heavy, so
+table (docs/strategies.md#the-strategies). The module imports nothing heavy, so
 `trace-tools --help` can read it; the classes themselves load on first use (`strategies.builtin`).
 
 To add a strategy: declare it here, write its class with `declaration = <the declaration>`, and
@@ -177,7 +177,7 @@ class Declaration:
 
     `label`: the short name terminal tables show (a legend explains those that differ).
     `relies_on`: the template facts its replay assumes; the audit fails the strategy when one fails.
-    `counterfactual`: replay feeds ids the engine never saw (docs/strategies.md#the-eight-strategies);
+    `counterfactual`: replay feeds ids the engine never saw (docs/strategies.md#the-strategies);
     the report says so.
     `renders_prompts`: False when it works from recorded prompt ids without a tokenizer.
     `upstream_system`: the system whose renders it reproduces ("slime", "miles", ...), or None.
@@ -362,7 +362,7 @@ AREAL = Declaration(
     counters=("tree_branches", "server_errors"),
 )
 
-# The column order of every table (docs/strategies.md#the-eight-strategies).
+# The column order of every table (docs/strategies.md#the-strategies).
 DECLARATIONS: tuple[Declaration, ...] = (
     TREE,
     ECHO_RESTORE,
@@ -388,7 +388,7 @@ def label(name: str) -> str:
 
 
 def in_column_order(names: Iterable[str]) -> list[str]:
-    """`names` in column order (docs/strategies.md#the-eight-strategies); names without a
+    """`names` in column order (docs/strategies.md#the-strategies); names without a
     declaration last, alphabetically."""
     position = {name: n for n, name in enumerate(NAMES)}
     return sorted(names, key=lambda name: (position.get(name, len(position)), name))

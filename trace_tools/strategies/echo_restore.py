@@ -1,5 +1,5 @@
 """The `echo-restore` strategy: slime PR #2282's pre-render restore, then slime's tree
-(docs/strategies.md#the-eight-strategies).
+(docs/strategies.md#the-strategies).
 
 For every turn, the canonical prompt messages are walked against the session's message tree
 *before* the prompt is rendered; a harness echo recognised as a re-rendered copy of a generated
@@ -9,7 +9,7 @@ routing and token prefix see the generated message and the turn stays trainable.
 
 Counterfactual: a restored turn's prompt ids are ids the engine never saw; the recorded
 `output_ids` / logprobs are reused as if the model had sampled them on that context (counterfactual:
-docs/strategies.md#the-eight-strategies). A turn where nothing was restored keeps its prepared
+docs/strategies.md#the-strategies). A turn where nothing was restored keeps its prepared
 prompt ids (recorded or rendered, per `prompt_source`), which is what a restoring gateway would have
 fed as well.
 

@@ -8,7 +8,7 @@ messages, so an Edit echo with a filled-in default no longer breaks linearity; n
 upstream systems offers this combination.
 
 Counterfactual: healed prompts are ids the engine never saw; the recorded `output_ids` and
-logprobs are reused as if sampled on the healed context (counterfactual: docs/strategies.md#the-eight-strategies).
+logprobs are reused as if sampled on the healed context (counterfactual: docs/strategies.md#the-strategies).
 
 Options (`declarations.LINEAR_PARAMS`): `on_nonlinear` ("reset" | "error" | "passthrough", default reset),
 `delta` (text-space delta render first, default true), plus every `tree` option.

@@ -35,7 +35,7 @@ def get_strategy(name: str) -> type[Strategy]:
 
 def available_strategies() -> list[str]:
     """Every strategy name: the built-in ones in column order
-    (docs/strategies.md#the-eight-strategies), then the registered ones."""
+    (docs/strategies.md#the-strategies), then the registered ones."""
     return [*NAMES, *sorted(REGISTRY)]
 
 

@@ -20,5 +20,5 @@ non-200 status, this package raises the matching exception and stores nothing:
 Replay differs from the server in one place only: instead of calling the engine, a request
 commits the generation that was recorded for it (`Generation`). The prompt the TITO tokenizer
 builds may differ from the recorded prompt ids; the strategies report that (counterfactual
-replay, docs/strategies.md#the-eight-strategies).
+replay, docs/strategies.md#the-strategies).
 """
