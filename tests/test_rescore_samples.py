@@ -62,9 +62,11 @@ def _truth(dump) -> pd.DataFrame:
 def _segments(tokens: pd.DataFrame) -> pd.DataFrame:
     """One row per turn inside a sample: served or not, its largest |Δ|."""
     keys = ["strategy", "session_id", "sample_index", "turn_index"]
-    return tokens.groupby(keys).agg(
-        served=("context_served", "first"), max_abs=("delta", lambda d: float(np.abs(d).max()))
-    ).reset_index()
+    return (
+        tokens.groupby(keys)
+        .agg(served=("context_served", "first"), max_abs=("delta", lambda d: float(np.abs(d).max())))
+        .reset_index()
+    )
 
 
 def test_tokens_trained_in_the_served_context_match_at_numeric_noise(scored):

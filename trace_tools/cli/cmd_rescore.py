@@ -20,7 +20,8 @@ SYNTHETIC_NOTE = (
 
 def rescore_cmd(
     dump: Annotated[
-        Path, typer.Argument(help="Parquet dump (file or directory) with output_logprobs; with --samples, a replay run.")
+        Path,
+        typer.Argument(help="Parquet dump (file or directory) with output_logprobs; with --samples, a replay run."),
     ],
     model: Annotated[
         str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")
@@ -75,7 +76,8 @@ def rescore_cmd(
         ),
     ] = False,
     strategy: Annotated[
-        Optional[list[str]], typer.Option("--strategy", "-s", help="With --samples: strategies to score (default: all).")
+        Optional[list[str]],
+        typer.Option("--strategy", "-s", help="With --samples: strategies to score (default: all)."),
     ] = None,
     tis_cap: Annotated[float, typer.Option("--tis-cap", help="Truncated IS cap C (token and sequence).")] = 2.0,
     mis_low: Annotated[float, typer.Option("--mis-low", help="Masked IS: lower bound on ρ.")] = 0.5,

@@ -6,14 +6,17 @@ in log space, as verl does, so a ρ of exactly the threshold is kept. Per mode, 
 `kept` (weight ρ or 1, unchanged), `clipped` (its weight is cut to the cap: it still has a
 gradient, a smaller one) or `masked` (weight 0: no gradient).
 
-| mode | test | default | where the default comes from |
-|---|---|---|---|
-| `token_tis` | ρ > C → clipped to C | C = 2 | verl `rollout_is="token"`, `rollout_is_threshold=2.0`; slime `--use-tis --tis-clip 2.0` |
-| `seq_tis` | Π ρ over the sample > C → every token clipped | C = 2 | verl `rollout_is="sequence"` (its default level), threshold 2.0 |
-| `token_mis` | ρ ∉ [low, high] → masked | [0.5, 2] | slime `mis.yaml` (`tis_mode: mask`, `tis_lower_bound: 0.5`, `tis_upper_bound: 2.0`) |
-| `seq_mis` | Π ρ over the sample ∉ [low, high] → every token masked | [0.5, 2] | the same bounds at `tis_level: sequence` |
-| `icepop` | ρ ∉ [α, β] → masked | [0.5, 5] | the IcePop authors' band (Ring-1T); slime runs it as `icepop_function` with `--tis-clip-low/--tis-clip` |
-| `k3_rs` | mean over the sample of e^r − r − 1 > τ → every token masked | τ = 0.01 | verl `decoupled_k3_rs` (`rollout_rs="seq_mean_k3"`, `rs_threshold=0.01`) |
+* `token_tis`: ρ > C → clipped to C (C = 2: verl `rollout_is="token"`, `rollout_is_threshold=2.0`;
+  slime `--use-tis --tis-clip 2.0`);
+* `seq_tis`: Π ρ over the sample > C → every token clipped (verl's default level, `"sequence"`);
+* `token_mis`: ρ outside [low, high] → masked ([0.5, 2]: slime `mis.yaml`, `tis_mode: mask`);
+* `seq_mis`: Π ρ over the sample outside [low, high] → every token masked (`tis_level: sequence`);
+* `icepop`: ρ outside [α, β] → masked ([0.5, 5]: the IcePop authors' band; slime's
+  `icepop_function` reads it from `--tis-clip-low` / `--tis-clip`);
+* `k3_rs`: the sample's mean of e^r − r − 1 > τ → every token masked (τ = 0.01: verl
+  `decoupled_k3_rs`, `rollout_rs="seq_mean_k3"`).
+
+docs/rescore_samples.md has the same table with its sources.
 """
 
 from __future__ import annotations

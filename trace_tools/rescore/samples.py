@@ -140,7 +140,7 @@ class ServedTurns:
         prompts: dict[tuple[str, int], np.ndarray] = {}
         outputs: dict[tuple[str, int], np.ndarray] = {}
         try:
-            for session in iter_sessions(source, columns=("session_id", "turn_index", "output_ids", "prompt_ids")):
+            for session in iter_sessions(str(source), columns=("session_id", "turn_index", "output_ids", "prompt_ids")):
                 for turn in getattr(session, "turns", []):
                     key = (turn.session_id, turn.turn_index)
                     outputs[key] = np.asarray(turn.output_ids, dtype=np.int64)
@@ -463,7 +463,11 @@ def _score(
     check_head(scoring_model)
     started = time.perf_counter()
     values, throughput = score_samples(
-        scoring_model, samples, max_batch_tokens=max_batch_tokens, chunk_positions=chunk_positions, on_progress=on_progress
+        scoring_model,
+        samples,
+        max_batch_tokens=max_batch_tokens,
+        chunk_positions=chunk_positions,
+        on_progress=on_progress,
     )
     throughput["wall_s"] = time.perf_counter() - started
     return values, scoring_model.identity(), throughput
