@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -41,11 +42,19 @@ def scored(tiny, tmp_path_factory):
     dump = root / "sim.parquet"
     # `simulate --logprobs-model tiny-qwen3`, with the CPU float32 model the samples are scored on
     # (on a GPU machine the option would fill in bf16, whose rounding is not the noise tested here).
-    table = simulate(sessions=4, seed=7, template="qwen3", behaviours=BEHAVIOURS, max_turns=4)
-    write_parquet_atomic(fill_logprobs(table, tiny), dump)
+    table = fill_logprobs(simulate(sessions=4, seed=7, template="qwen3", behaviours=BEHAVIOURS, max_turns=4), tiny)
+    write_parquet_atomic(_with_steps(table), dump)
     replay(dump, out=root / "run", strategies=STRATEGIES, workers=1)
     result = rescore_samples(root / "run", tiny)
     return dump, root / "run", result
+
+
+def _with_steps(table):
+    """Two rollout steps: the first two sessions at step 0, the others at step 1."""
+    order = sorted(set(table.column("session_id").to_pylist()))
+    steps = [order.index(s) // 2 for s in table.column("session_id").to_pylist()]
+    at = table.schema.get_field_index("step")
+    return table.set_column(at, table.schema.field(at), pa.array(steps, type=table.schema.field(at).type))
 
 
 def _truth(dump) -> pd.DataFrame:
@@ -133,6 +142,17 @@ def test_summary_json_and_tables_carry_every_metric(scored):
         assert len(pd.read_parquet(run / name)) > 0
     turns = pd.read_parquet(run / "mismatch_turns.parquet")
     assert len(turns) == len(_segments(result.tokens))
+
+
+def test_the_per_step_curve_where_the_dump_has_steps(scored):
+    _, _, result = scored
+    for name in STRATEGIES:
+        entry = result.strategies[name]
+        assert set(entry["by_step"]) == {"0", "1"}
+        assert sum(m["tokens"] for m in entry["by_step"].values()) == entry["tokens"]
+    tree = result.tokens[result.tokens["strategy"] == "tree"]
+    first = tree[tree["step"] == 0]
+    assert result.strategies["tree"]["by_step"]["0"]["tokens"] == len(first) > 0
 
 
 def test_trainer_logprobs_given_instead_of_scored(scored, tmp_path):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnknownName, UnusableInput
 from trace_tools.rescore import corrections, mismatch, plan
 
@@ -128,6 +129,7 @@ class ServedTurns:
     prompts: dict[tuple[str, int], np.ndarray]
     outputs: dict[tuple[str, int], np.ndarray]
     problem: str | None = None  # why the check could not be made, when it could not
+    steps: dict[str, int] = field(default_factory=dict)  # session → its rollout step, where the dump has one
 
     @classmethod
     def from_run(cls, run_dir: Path, dump: str | os.PathLike | None = None) -> "ServedTurns":
@@ -139,8 +141,12 @@ class ServedTurns:
             return cls({}, {}, "run.json names no dump")
         prompts: dict[tuple[str, int], np.ndarray] = {}
         outputs: dict[tuple[str, int], np.ndarray] = {}
+        steps: dict[str, int] = {}
+        columns = ("session_id", "turn_index", "output_ids", "prompt_ids", "step")
         try:
-            for session in iter_sessions(str(source), columns=("session_id", "turn_index", "output_ids", "prompt_ids")):
+            for session in iter_sessions(str(source), columns=columns):
+                if isinstance(session, Session) and session.step is not None:
+                    steps[session.session_id] = session.step
                 for turn in getattr(session, "turns", []):
                     key = (turn.session_id, turn.turn_index)
                     outputs[key] = np.asarray(turn.output_ids, dtype=np.int64)
@@ -148,7 +154,7 @@ class ServedTurns:
                         prompts[key] = np.asarray(turn.prompt_ids, dtype=np.int64)
         except TraceToolsError as error:
             return cls({}, {}, f"the dump {source} could not be read ({error})")
-        return cls(prompts, outputs)
+        return cls(prompts, outputs, None, steps)
 
     def served(self, key: tuple[str, int], context: np.ndarray, run: np.ndarray) -> bool | None:
         """Whether `context` is the turn's served prompt and `run` (its tokens in the sample) a prefix
@@ -186,6 +192,7 @@ def trained_tokens(samples: pd.DataFrame, turns: pd.DataFrame, served: ServedTur
     tokens["cause"] = tokens["context_drift_cause"].fillna(tokens["drift_cause"]).fillna(NO_CAUSE)
     origin = tokens["prompt_event"].map(lambda e: CONTEXT_ORIGINS.get(e, e) if isinstance(e, str) else "unknown")
     tokens["context_origin"] = np.where(tokens["context_served"].eq(True), SERVED, origin)
+    tokens["step"] = tokens["session_id"].map(served.steps).astype("Int64")
     return tokens[_TOKEN_COLUMNS]
 
 
@@ -207,6 +214,7 @@ _TOKEN_COLUMNS = [
     "prompt_event",
     "context_served",
     "context_origin",
+    "step",
 ]
 
 
@@ -340,6 +348,8 @@ def summarize(
         compared = part[part["compared"]].reset_index(drop=True)
         entry = _metrics(compared, "sample_row")
         entry["by_behaviour"] = _grouped(compared, "behaviour", "sample_row")
+        if compared["step"].notna().any():  # the per-step curve, where the dump records steps
+            entry["by_step"] = _grouped(compared[compared["step"].notna()], "step", "sample_row")
         for key, column in GROUPS.items():
             entry[key] = _grouped(compared, column, "segment")
         entry["not_compared"] = _not_compared(part)
