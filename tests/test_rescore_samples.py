@@ -10,14 +10,16 @@ import json
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from trace_tools.io.rundir import MISMATCH_TABLES
 from trace_tools.io.write import write_parquet_atomic
 from trace_tools.rescore import fill_logprobs, load_model
 from trace_tools.rescore.mismatch import HEADLINE_KEYS
-from trace_tools.rescore.samples import TABLE_NAMES, load_samples, rescore_samples
+from trace_tools.rescore.samples import load_samples, rescore_samples
 
 NOISE = 1e-4  # float32 teacher forcing, same model, same context: observed ≤ 2e-6 (docs/rescore.md)
 BEHAVIOURS = ["byte-exact", "json-reserialize", "reasoning-dropped", "history-edit"]
@@ -138,7 +140,7 @@ def test_summary_json_and_tables_carry_every_metric(scored):
             assert set(block["corrections"][mode]["by_tool"]) == set(block["by_tool"])
     assert summary["mismatch"]["model"]["model"] == "tiny-qwen3"
     assert summary["mismatch"]["throughput"]["prefix_sharing_saving"] > 0.3
-    for name in TABLE_NAMES:
+    for name in MISMATCH_TABLES:
         assert len(pd.read_parquet(run / name)) > 0
     turns = pd.read_parquet(run / "mismatch_turns.parquet")
     assert len(turns) == len(_segments(result.tokens))
@@ -192,3 +194,22 @@ def test_cli_refuses_an_unknown_strategy_and_a_missing_out(scored):
     assert unknown.exit_code == 2 and "unknown strategy 'nope'" in unknown.output
     no_out = CliRunner().invoke(app, ["rescore", str(dump), "--model", "tiny-qwen3"])
     assert no_out.exit_code == 2 and "--out" in no_out.output
+
+
+def test_a_real_dump_has_no_behaviour_breakdown(tmp_path):
+    """The bundled sample has no simulator ground truth: no `by_behaviour`, in summary.json or --json."""
+    from trace_tools.api import replay
+
+    dump, run = tmp_path / "real.parquet", tmp_path / "run"
+    table = pq.read_table("sample_traces/qwen3.parquet")
+    at = table.schema.get_field_index("metadata")
+    write_parquet_atomic(table.set_column(at, table.schema.field(at), pa.nulls(len(table), pa.string())), dump)
+    replay(dump, out=run, strategies=["tree"], workers=1)
+    samples = load_samples(run)
+    given = [np.asarray(r.logprobs, dtype=np.float64) for r in samples.itertuples()]
+    result = rescore_samples(run, trainer_logprobs=given)
+    assert "by_behaviour" not in result.strategies["tree"] and "by_behaviour" not in result.headlines()["tree"]
+    assert result.strategies["tree"]["tokens"] > 0 and result.strategies["tree"]["max_abs_diff"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategies"]["tree"]["mismatch"]["k3_kl"] == 0
+    assert summary["mismatch"]["model"] == {"model": "trainer logprobs (given)"}

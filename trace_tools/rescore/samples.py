@@ -30,8 +30,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from trace_tools.data import Session
+from trace_tools.data import Session, behaviour_label
 from trace_tools.errors import TraceToolsError, UnknownName, UnusableInput
+from trace_tools.io.rundir import MISMATCH_TABLES
 from trace_tools.rescore import corrections, mismatch, plan
 
 SAMPLE_COLUMNS = [
@@ -54,6 +55,8 @@ CONTEXT_ORIGINS = {
     "restored": "restored_echo",
 }
 SERVED = "served"
+UNKNOWN = "unknown"
+UNLABELLED = behaviour_label(None)  # what replay writes for a session without simulator ground truth
 NO_CAUSE = "none"
 GROUPS = {  # summary key → token column; sequences are turns inside samples for these
     "by_tool": "tool",
@@ -63,7 +66,6 @@ GROUPS = {  # summary key → token column; sequences are turns inside samples f
 TURN_METRICS = ("k1_kl", "k3_kl", "log_ppl_diff", "mean_abs_diff", "max_abs_diff")
 NO_ROLLOUT_LOGPROB = "no_rollout_logprob"
 NOT_SCORED = "not_scored"
-TABLE_NAMES = ("mismatch_tokens.parquet", "mismatch_turns.parquet", "mismatch_sessions.parquet")
 
 
 @dataclass
@@ -186,11 +188,11 @@ def trained_tokens(samples: pd.DataFrame, turns: pd.DataFrame, served: ServedTur
     info = turns.reindex(keys)
     for column in [*TURN_INFO, "context_drift_cause"]:
         tokens[column] = info[column].to_numpy() if column in info else None
-    tokens["tool"] = tokens["tool"].fillna("unknown")
-    tokens["behaviour"] = tokens["behaviour"].fillna("unknown")
+    tokens["tool"] = tokens["tool"].fillna(UNKNOWN)
+    tokens["behaviour"] = tokens["behaviour"].fillna(UNKNOWN)
     # A token's drift cause: what made its context differ (an earlier turn's echo), else its own turn's.
     tokens["cause"] = tokens["context_drift_cause"].fillna(tokens["drift_cause"]).fillna(NO_CAUSE)
-    origin = tokens["prompt_event"].map(lambda e: CONTEXT_ORIGINS.get(e, e) if isinstance(e, str) else "unknown")
+    origin = tokens["prompt_event"].map(lambda e: CONTEXT_ORIGINS.get(e, e) if isinstance(e, str) else UNKNOWN)
     tokens["context_origin"] = np.where(tokens["context_served"].eq(True), SERVED, origin)
     tokens["step"] = tokens["session_id"].map(served.steps).astype("Int64")
     return tokens[_TOKEN_COLUMNS]
@@ -347,7 +349,8 @@ def summarize(
     for name, part in tokens.groupby("strategy", sort=False):
         compared = part[part["compared"]].reset_index(drop=True)
         entry = _metrics(compared, "sample_row")
-        entry["by_behaviour"] = _grouped(compared, "behaviour", "sample_row")
+        if not compared["behaviour"].isin([UNKNOWN, UNLABELLED]).all():  # the dump has simulator ground truth
+            entry["by_behaviour"] = _grouped(compared, "behaviour", "sample_row")
         if compared["step"].notna().any():  # the per-step curve, where the dump records steps
             entry["by_step"] = _grouped(compared[compared["step"].notna()], "step", "sample_row")
         for key, column in GROUPS.items():
@@ -493,6 +496,6 @@ def write_results(run: Path, result: SampleMismatch) -> None:
         summary.setdefault("strategies", {}).setdefault(name, {})["mismatch"] = entry
     summary["mismatch"] = result.run
     tokens = result.tokens.drop(columns=["sample_row"]).astype({"context_served": "boolean"})
-    for name, frame in zip(TABLE_NAMES, (tokens, result.turns, result.sessions)):
+    for name, frame in zip(MISMATCH_TABLES, (tokens, result.turns, result.sessions)):
         write_parquet_atomic(frame, run / name)
     write_json_atomic(summary, run / "summary.json")
