@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--warmup", type=int, default=0, help="Untimed runs first (1 on a GPU: kernels, allocator).")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
     args = parser.parse_args()
@@ -91,9 +92,9 @@ def main() -> None:
         samples = load_samples(run, None if args.run else args.strategy)
         model = load_model(args.model, args.device, args.dtype)
         ours_s, ours_bytes, (ours, throughput) = measure(
-            lambda: score_samples(model, samples), model.device, 1, args.repeats
+            lambda: score_samples(model, samples), model.device, args.warmup, args.repeats
         )
-        naive_s, naive_bytes, naive = measure(lambda: naive_scores(model, samples), model.device, 1, args.repeats)
+        naive_s, naive_bytes, naive = measure(lambda: naive_scores(model, samples), model.device, args.warmup, args.repeats)
     trained = int(sum(int(np.sum(np.asarray(m) == 1)) for m in samples["loss_mask"]))
     result = {
         "model": model.name,

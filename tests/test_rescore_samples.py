@@ -15,6 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from trace_tools.errors import TraceToolsError
 from trace_tools.io.rundir import MISMATCH_TABLES
 from trace_tools.io.write import write_parquet_atomic
 from trace_tools.rescore import fill_logprobs, load_model
@@ -169,6 +170,8 @@ def test_trainer_logprobs_given_instead_of_scored(scored, tmp_path):
     shifted[0][first] -= 0.5
     moved = rescore_samples(run, trainer_logprobs=shifted, write=False)
     assert moved.strategies[samples.loc[0, "strategy"]]["max_abs_diff"] == pytest.approx(0.5)
+    with pytest.raises(TraceToolsError, match="align them to the sample first"):
+        rescore_samples(run, trainer_logprobs=[v[:-1] for v in given], write=False)
 
 
 def test_cli_json_prints_the_headline_per_strategy_and_behaviour(scored):
@@ -192,6 +195,8 @@ def test_cli_refuses_an_unknown_strategy_and_a_missing_out(scored):
     dump, run, _ = scored
     unknown = CliRunner().invoke(app, ["rescore", str(run), "--samples", "-s", "nope", "--model", "tiny-qwen3"])
     assert unknown.exit_code == 2 and "unknown strategy 'nope'" in unknown.output
+    both = CliRunner().invoke(app, ["rescore", str(run), "--samples", "--model", "tiny-qwen3", "--out", str(run)])
+    assert both.exit_code == 2 and "drop --out" in both.output
     no_out = CliRunner().invoke(app, ["rescore", str(dump), "--model", "tiny-qwen3"])
     assert no_out.exit_code == 2 and "--out" in no_out.output
 

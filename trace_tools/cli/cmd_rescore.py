@@ -104,6 +104,8 @@ def rescore_cmd(
     if samples:
         from trace_tools.rescore.corrections import CorrectionOptions
 
+        if out is not None:
+            raise TraceToolsError("--samples writes into the run directory it reads; drop --out")
         options = CorrectionOptions(tis_cap, mis_low, mis_high, icepop_low, icepop_high, k3_threshold)
         _rescore_samples(dump, model, strategy, device, dtype, max_batch_tokens, options, json_out)
         return

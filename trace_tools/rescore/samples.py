@@ -445,9 +445,8 @@ def rescore_samples(
         trainer_logprobs, info["model"], info["throughput"] = _score(
             model, samples, device, dtype, max_batch_tokens, chunk_positions, on_progress
         )
-    elif len(trainer_logprobs) != len(samples):
-        raise TraceToolsError(f"trainer logprobs for {len(trainer_logprobs)} samples, but the run has {len(samples)}")
     else:
+        _check_layout(samples, trainer_logprobs)
         info["model"] = {"model": "trainer logprobs (given)"}
     tokens = compare(tokens, trainer_logprobs)
     strategy_entries, turns, sessions = summarize(tokens, options)
@@ -455,6 +454,18 @@ def rescore_samples(
     if write:
         write_results(run, result)
     return result
+
+
+def _check_layout(samples: pd.DataFrame, trainer_logprobs: Sequence[np.ndarray]) -> None:
+    """Given trainer logprobs must cover each sample's response region, one array per sample."""
+    if len(trainer_logprobs) != len(samples):
+        raise TraceToolsError(f"trainer logprobs for {len(trainer_logprobs)} samples, but the run has {len(samples)}")
+    for row, values in zip(samples.itertuples(index=False), trainer_logprobs):
+        if len(values) != int(row.response_length):
+            raise TraceToolsError(
+                f"trainer logprobs of {row.strategy} {row.session_id} sample {row.sample_index}: {len(values)} "
+                f"values for a response region of {row.response_length} tokens; align them to the sample first"
+            )
 
 
 def _score(
