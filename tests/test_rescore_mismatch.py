@@ -84,11 +84,11 @@ def test_preview_fractions_by_tool_and_turns_losing_all_gradient():
         }
     )
     outcomes = token_outcomes(ratio, SEQUENCE, CorrectionOptions())
-    got = preview(tokens, outcomes, ["tool", "cause"])
+    got = preview(tokens, outcomes, {"by_tool": "tool", "by_drift_cause": "cause"})
     mis = got["token_mis"]
     assert mis["tokens"] == 4 and mis["masked_fraction"] == 0.75 and mis["clipped_fraction"] == 0
     assert mis["by_tool"]["Edit"]["masked_fraction"] == 1.0 and mis["by_tool"]["Read"]["masked_fraction"] == 0
-    assert mis["by_cause"]["key_order"]["masked_fraction"] == 1.0
+    assert mis["by_drift_cause"]["key_order"]["masked_fraction"] == 1.0
     assert mis["turns"] == 3 and mis["turns_losing_all_gradient"] == 2
     assert mis["lost_turns"] == [{"session_id": "s", "turn_index": 1}, {"session_id": "s", "turn_index": 2}]
     tis = got["token_tis"]

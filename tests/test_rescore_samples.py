@@ -138,7 +138,8 @@ def test_summary_json_and_tables_carry_every_metric(scored):
         assert set(block["by_behaviour"]) == set(BEHAVIOURS)
         assert {"by_tool", "by_drift_cause", "by_context", "corrections"} <= set(block)
         for mode in ("token_tis", "seq_tis", "token_mis", "seq_mis", "icepop", "k3_rs"):
-            assert set(block["corrections"][mode]["by_tool"]) == set(block["by_tool"])
+            for group in ("by_tool", "by_drift_cause"):
+                assert set(block["corrections"][mode][group]) == set(block[group])
     assert summary["mismatch"]["model"]["model"] == "tiny-qwen3"
     assert summary["mismatch"]["throughput"]["prefix_sharing_saving"] > 0.3
     for name in MISMATCH_TABLES:

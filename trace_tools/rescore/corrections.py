@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -79,21 +79,21 @@ def token_outcomes(log_ratio: np.ndarray, sample: np.ndarray, options: Correctio
     }
 
 
-def preview(tokens: pd.DataFrame, outcomes: dict[str, np.ndarray], groups: Iterable[str]) -> dict[str, Any]:
+def preview(tokens: pd.DataFrame, outcomes: dict[str, np.ndarray], groups: Mapping[str, str]) -> dict[str, Any]:
     """Per mode: the fractions of trained tokens masked and clipped, overall and per value of each
-    column in `groups` (tool, drift cause, ...), and the turns that lose all their gradient.
+    column of `groups` (summary key → column: `{"by_tool": "tool"}`), and the turns that lose all
+    their gradient.
 
     `tokens` holds one row per trained token with `session_id` and `turn_index` (a turn is the
     unit that loses its gradient: all its trained tokens, in every sample, masked)."""
-    groups = list(groups)
     out: dict[str, Any] = {}
     for mode, outcome in outcomes.items():
-        frame = tokens[["session_id", "turn_index", *groups]].assign(
+        frame = tokens[["session_id", "turn_index", *groups.values()]].assign(
             masked=outcome == MASKED, clipped=outcome == CLIPPED
         )
         entry: dict[str, Any] = _fractions(frame)
-        for column in groups:
-            entry[f"by_{column}"] = {
+        for key, column in groups.items():
+            entry[key] = {
                 str(value): _fractions(part) for value, part in frame.groupby(column, dropna=False, sort=True)
             }
         lost = frame.groupby(["session_id", "turn_index"], sort=True)["masked"].all()

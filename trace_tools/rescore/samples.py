@@ -63,6 +63,7 @@ GROUPS = {  # summary key → token column; sequences are turns inside samples f
     "by_drift_cause": "cause",
     "by_context": "context_origin",
 }
+CORRECTION_GROUPS = {"by_tool": "tool", "by_drift_cause": "cause"}
 TURN_METRICS = ("k1_kl", "k3_kl", "log_ppl_diff", "mean_abs_diff", "max_abs_diff")
 NO_ROLLOUT_LOGPROB = "no_rollout_logprob"
 NOT_SCORED = "not_scored"
@@ -357,7 +358,7 @@ def summarize(
             entry[key] = _grouped(compared, column, "segment")
         entry["not_compared"] = _not_compared(part)
         outcomes = corrections.token_outcomes(compared["log_ratio"].to_numpy(), compared["sample_row"], options)
-        entry["corrections"] = corrections.preview(compared, outcomes, ["tool", "cause"])
+        entry["corrections"] = corrections.preview(compared, outcomes, CORRECTION_GROUPS)
         strategies[str(name)] = entry
         turn_tables.append(_turn_table(compared, outcomes))
         session_tables.append(_session_table(compared))
