@@ -43,7 +43,9 @@ def build_run(root: Path, args: argparse.Namespace) -> Path:
     from trace_tools.simulate import simulate
 
     dump = root / "sim.parquet"
-    simulate(args.sessions, seed=args.seed, template="qwen3", out=str(dump), profile=args.profile)
+    simulate(
+        args.sessions, seed=args.seed, template="qwen3", out=str(dump), profile=args.profile, max_turns=args.max_turns
+    )
     replay(dump, out=root / "run", strategies=args.strategy, workers=1)
     return root / "run"
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", default="swe", help="Simulator profile: swe | swe-long.")
+    parser.add_argument("--max-turns", type=int, help="Most model turns of a simulated session.")
     parser.add_argument("--strategy", action="append", help="Strategies to replay and score (repeatable).")
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--device", default="auto")
@@ -94,7 +97,9 @@ def main() -> None:
         ours_s, ours_bytes, (ours, throughput) = measure(
             lambda: score_samples(model, samples), model.device, args.warmup, args.repeats
         )
-        naive_s, naive_bytes, naive = measure(lambda: naive_scores(model, samples), model.device, args.warmup, args.repeats)
+        naive_s, naive_bytes, naive = measure(
+            lambda: naive_scores(model, samples), model.device, args.warmup, args.repeats
+        )
     trained = int(sum(int(np.sum(np.asarray(m) == 1)) for m in samples["loss_mask"]))
     result = {
         "model": model.name,

@@ -21,6 +21,7 @@ Results go into the run directory: `strategies[NAME]["mismatch"]` in summary.jso
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -127,34 +128,37 @@ def turn_info(run_dir: Path) -> pd.DataFrame:
 
 @dataclass
 class ServedTurns:
-    """The dump's recorded prompt and output ids per turn, to tell a served context from another."""
+    """The dump's recorded prompt (as a digest: a long dump's prompts would not fit in memory) and
+    output ids per turn of the sessions asked for, to tell a served context from another."""
 
-    prompts: dict[tuple[str, int], np.ndarray]
+    prompts: dict[tuple[str, int], bytes]
     outputs: dict[tuple[str, int], np.ndarray]
     problem: str | None = None  # why the check could not be made, when it could not
     steps: dict[str, int] = field(default_factory=dict)  # session → its rollout step, where the dump has one
 
     @classmethod
-    def from_run(cls, run_dir: Path, dump: str | os.PathLike | None = None) -> "ServedTurns":
+    def from_run(cls, run_dir: Path, sessions: set[str], dump: str | os.PathLike | None = None) -> "ServedTurns":
         from trace_tools.io.load import iter_sessions
         from trace_tools.io.rundir import load_run_info
 
         source = dump or load_run_info(run_dir).get("inputs", {}).get("dump")
         if not source:
             return cls({}, {}, "run.json names no dump")
-        prompts: dict[tuple[str, int], np.ndarray] = {}
+        prompts: dict[tuple[str, int], bytes] = {}
         outputs: dict[tuple[str, int], np.ndarray] = {}
         steps: dict[str, int] = {}
         columns = ("session_id", "turn_index", "output_ids", "prompt_ids", "step")
         try:
             for session in iter_sessions(str(source), columns=columns):
-                if isinstance(session, Session) and session.step is not None:
+                if not isinstance(session, Session) or session.session_id not in sessions:
+                    continue
+                if session.step is not None:
                     steps[session.session_id] = session.step
-                for turn in getattr(session, "turns", []):
+                for turn in session.turns:
                     key = (turn.session_id, turn.turn_index)
                     outputs[key] = np.asarray(turn.output_ids, dtype=np.int64)
                     if turn.prompt_ids is not None:
-                        prompts[key] = np.asarray(turn.prompt_ids, dtype=np.int64)
+                        prompts[key] = _digest(turn.prompt_ids)
         except TraceToolsError as error:
             return cls({}, {}, f"the dump {source} could not be read ({error})")
         return cls(prompts, outputs, None, steps)
@@ -166,12 +170,12 @@ class ServedTurns:
         if prompt is None:
             return None
         output = self.outputs.get(key, np.empty(0, dtype=np.int64))
-        return bool(
-            len(context) == len(prompt)
-            and np.array_equal(context, prompt)
-            and len(run) <= len(output)
-            and np.array_equal(run, output[: len(run)])
-        )
+        return bool(len(run) <= len(output) and np.array_equal(run, output[: len(run)]) and _digest(context) == prompt)
+
+
+def _digest(ids: Any) -> bytes:
+    """A fingerprint of a token id sequence: BLAKE2b-128 of its int64 bytes."""
+    return hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
 # -- trained tokens and their attribution -----------------------------------------------------------
@@ -440,7 +444,8 @@ def rescore_samples(
     run = Path(run_dir)
     options = options or corrections.CorrectionOptions()
     samples = load_samples(run, strategies)
-    tokens = trained_tokens(samples, turn_info(run), served := ServedTurns.from_run(run, dump))
+    served = ServedTurns.from_run(run, set(samples["session_id"]), dump)
+    tokens = trained_tokens(samples, turn_info(run), served)
     info: dict[str, Any] = {"options": options.as_dict(), "served_context_check": served.problem or "made"}
     if trainer_logprobs is None:
         trainer_logprobs, info["model"], info["throughput"] = _score(
