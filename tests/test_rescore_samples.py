@@ -219,3 +219,25 @@ def test_a_real_dump_has_no_behaviour_breakdown(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategies"]["tree"]["mismatch"]["k3_kl"] == 0
     assert summary["mismatch"]["model"] == {"model": "trainer logprobs (given)"}
+
+
+def test_gate_bounds_the_mismatch_by_its_summary_names(scored, tmp_path):
+    from trace_tools.report import gate as gates
+    from trace_tools.rescore.corrections import MODES
+    from trace_tools.rescore.mismatch import METRIC_KEYS
+
+    assert gates.MISMATCH_KEYS == ("tokens", "sequences", *METRIC_KEYS)  # the names rescore writes
+    _, run, result = scored
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        '[[rule]]\nmetric = "mismatch.by_context.served.max_abs_diff"\nstrategy = "checkpoint-tree"\n'
+        'op = "<="\nvalue = 1e-4\n\n'
+        '[[rule]]\nmetric = "mismatch.k3_kl"\nstrategy = "session-v1"\nop = "<="\nvalue = 1e-6\n\n'
+        f'[[rule]]\nmetric = "mismatch.corrections.{MODES[-1]}.masked_fraction"\nop = "<="\nvalue = 1.0\n'
+    )
+    results = gates.gate(run, rules)
+    passed = {(r.rule.metric, r.strategy): r.passed for r in results}
+    assert passed[("mismatch.by_context.served.max_abs_diff", "checkpoint-tree")]
+    assert not passed[("mismatch.k3_kl", "session-v1")]  # re-rendered contexts: far above 1e-6
+    assert all(passed[(f"mismatch.corrections.{MODES[-1]}.masked_fraction", name)] for name in STRATEGIES)
+    assert result.strategies["session-v1"]["k3_kl"] > 1e-6
