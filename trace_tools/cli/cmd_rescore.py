@@ -72,7 +72,7 @@ def rescore_cmd(
         typer.Option(
             "--samples",
             help="Score the trained tokens of a replay run's samples in their own context: mismatch per "
-            "strategy, attributed, with a correction preview (docs/rescore_samples.md).",
+            "strategy, attributed, with a correction preview.",
         ),
     ] = False,
     strategy: Annotated[
