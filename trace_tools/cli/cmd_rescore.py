@@ -19,7 +19,10 @@ SYNTHETIC_NOTE = (
 
 
 def rescore_cmd(
-    dump: Annotated[Path, typer.Argument(help="Parquet dump (file or directory) with output_logprobs.")],
+    dump: Annotated[
+        Path,
+        typer.Argument(help="Parquet dump (file or directory) with output_logprobs; with --samples, a replay run."),
+    ],
     model: Annotated[
         str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")
     ],
@@ -32,9 +35,12 @@ def rescore_cmd(
         int, typer.Option("--max-batch-tokens", help="Padded tokens per forward batch; longer sequences run alone.")
     ] = 16384,
     out: Annotated[
-        Path,
-        out_option("Output directory: tokens.parquet, turns.parquet, sessions.parquet, summary.json, plots/."),
-    ],
+        Optional[Path],
+        out_option(
+            "Output directory: tokens.parquet, turns.parquet, sessions.parquet, summary.json, plots/ "
+            "(required without --samples; with --samples the run directory is written)."
+        ),
+    ] = None,
     threshold: Annotated[
         float,
         typer.Option(
@@ -61,16 +67,50 @@ def rescore_cmd(
     tokens: Annotated[
         bool, typer.Option("--tokens/--no-tokens", help="Write tokens.parquet (one row per compared token).")
     ] = True,
+    samples: Annotated[
+        bool,
+        typer.Option(
+            "--samples",
+            help="Score the trained tokens of a replay run's samples in their own context: mismatch per "
+            "strategy, attributed, with a correction preview.",
+        ),
+    ] = False,
+    strategy: Annotated[
+        Optional[list[str]],
+        typer.Option("--strategy", "-s", help="With --samples: strategies to score (default: all)."),
+    ] = None,
+    tis_cap: Annotated[float, typer.Option("--tis-cap", help="Truncated IS cap C (token and sequence).")] = 2.0,
+    mis_low: Annotated[float, typer.Option("--mis-low", help="Masked IS: lower bound on ρ.")] = 0.5,
+    mis_high: Annotated[float, typer.Option("--mis-high", help="Masked IS: upper bound on ρ.")] = 2.0,
+    icepop_low: Annotated[float, typer.Option("--icepop-low", help="IcePop band: lower bound on ρ.")] = 0.5,
+    icepop_high: Annotated[float, typer.Option("--icepop-high", help="IcePop band: upper bound on ρ.")] = 5.0,
+    k3_threshold: Annotated[
+        float, typer.Option("--k3-threshold", help="k3 rejection: largest mean k3 a sample may have.")
+    ] = 0.01,
 ) -> None:
     """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
 
     DUMP: a Parquet file or a directory of them (searched recursively), with output_logprobs.
 
     Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
+
+    With --samples, DUMP is a replay run: trace-tools rescore runs/r1 --samples --model tiny-qwen3
     """
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
+    from trace_tools.errors import TraceToolsError
     from trace_tools.rescore import rescore
+
+    if samples:
+        from trace_tools.rescore.corrections import CorrectionOptions
+
+        if out is not None:
+            raise TraceToolsError("--samples writes into the run directory it reads; drop --out")
+        options = CorrectionOptions(tis_cap, mis_low, mis_high, icepop_low, icepop_high, k3_threshold)
+        _rescore_samples(dump, model, strategy, device, dtype, max_batch_tokens, options, json_out)
+        return
+    if out is None:
+        raise TraceToolsError("rescore needs --out DIR (or --samples, to score a replay run's samples into it)")
 
     with progress_bar("rescoring", "tokens", disable=json_out) as advance:
         result = rescore(
@@ -166,3 +206,75 @@ def _fraction(value: Any) -> str:
     from trace_tools.report.layout import ABSENT
 
     return ABSENT if value is None else f"{value:.1%}"
+
+
+def _rescore_samples(
+    run: Path,
+    model: str,
+    strategies: Optional[list[str]],
+    device: str,
+    dtype: str,
+    max_batch_tokens: int,
+    options: Any,
+    json_out: bool,
+) -> None:
+    from trace_tools.cli._output import console, note, print_json
+    from trace_tools.cli._progress import progress_bar
+    from trace_tools.rescore.samples import rescore_samples
+
+    with progress_bar("scoring samples", "tokens", disable=json_out) as advance:
+        result = rescore_samples(
+            run,
+            model,
+            strategies=strategies,
+            device=device,
+            dtype=dtype,
+            max_batch_tokens=max_batch_tokens,
+            options=options,
+            on_progress=advance,
+        )
+    if json_out:
+        print_json(result.headlines())
+        return
+    for table in _samples_tables(result.strategies):
+        console.print(table)
+    note(f"wrote mismatch_*.parquet and strategies.NAME.mismatch in {run}/summary.json")
+
+
+def _samples_tables(strategies: dict[str, Any]) -> list[Any]:
+    """The mismatch of each strategy, then what each correction mode would do to its tokens."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from trace_tools.rescore.corrections import MODES
+
+    measured = Table(title="Training–inference mismatch of each strategy's trained tokens")
+    for name in ("strategy", "tokens", "served context", "max |Δ|", "k3_kl", "log_ppl_abs_diff", "worst context (k3)"):
+        measured.add_column(name, justify="left" if name in ("strategy", "worst context (k3)") else "right")
+    fixes = Table(title="Correction preview: masked / clipped share of trained tokens, turns losing all gradient")
+    fixes.add_column("strategy")
+    for mode in MODES:
+        fixes.add_column(mode, justify="right")
+    for name, entry in strategies.items():
+        by_context = entry["by_context"]
+        served = by_context.get("served", {}).get("tokens", 0)
+        worst = max(by_context.items(), key=lambda item: item[1]["k3_kl"] or 0, default=None)
+        measured.add_row(
+            escape(name),
+            str(entry["tokens"]),
+            _fraction(served / entry["tokens"] if entry["tokens"] else None),
+            _num(entry["max_abs_diff"]),
+            _num(entry["k3_kl"]),
+            _num(entry["log_ppl_abs_diff"]),
+            escape(f"{worst[0]} ({_num(worst[1]['k3_kl'])})") if worst else "",
+        )
+        previews = [entry["corrections"][mode] for mode in MODES]
+        fixes.add_row(
+            escape(name),
+            *(
+                f"{_fraction(p['masked_fraction'])} / {_fraction(p['clipped_fraction'])}, "
+                f"{p['turns_losing_all_gradient']}"
+                for p in previews
+            ),
+        )
+    return [measured, fixes]

@@ -42,7 +42,10 @@ SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
 _REBUILD = "replay again into it to rebuild it (`trace-tools replay DUMP --out {run}` resumes from its shards)"
 TABLES = (*SMALL_TABLES, "samples")
-OUTPUT_FILES = ("summary.json", "run.json", "report.md", "report.html")  # besides the tables, plots/ and export/
+# written into a run by `rescore RUN --samples` (rescore/samples.py, docs/rescore_samples.md)
+MISMATCH_TABLES = ("mismatch_tokens.parquet", "mismatch_turns.parquet", "mismatch_sessions.parquet")
+# besides the tables, plots/ and export/
+OUTPUT_FILES = ("summary.json", "run.json", "report.md", "report.html", *MISMATCH_TABLES)
 SAMPLES_SCHEMA = pa.schema(
     [
         ("strategy", pa.string()),

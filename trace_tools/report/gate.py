@@ -100,6 +100,42 @@ STRATEGY_METRICS = (
     "loss_mask_rules.*.checked",
     "loss_mask_rules.*.violations",
 )
+# Each strategy's "mismatch" block, written by `rescore RUN --samples` (docs/rescore_samples.md);
+# tests/test_rescore_samples.py checks these names against the ones rescore writes.
+MISMATCH_KEYS = (
+    "tokens",
+    "sequences",
+    "k1_kl",
+    "k3_kl",
+    "training_log_ppl",
+    "rollout_log_ppl",
+    "training_ppl",
+    "rollout_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+    "mean_abs_diff",
+    "max_abs_diff",
+    "p50_abs_diff",
+    "p90_abs_diff",
+    "p99_abs_diff",
+)
+MISMATCH_GROUPS = ("by_behaviour", "by_tool", "by_drift_cause", "by_context", "by_step")
+CORRECTION_KEYS = ("masked_fraction", "clipped_fraction", "turns_losing_all_gradient")
+STRATEGY_METRICS += (
+    *(f"mismatch.{key}" for key in MISMATCH_KEYS),
+    *(f"mismatch.{group}.*.{key}" for group in MISMATCH_GROUPS for key in MISMATCH_KEYS),
+    *(f"mismatch.corrections.*.{key}" for key in CORRECTION_KEYS),
+    *(
+        f"mismatch.corrections.*.{group}.*.{key}"
+        for group in ("by_tool", "by_drift_cause")
+        for key in CORRECTION_KEYS[:2]
+    ),
+)
 TOP_METRICS = (
     "quarantined",
     "sessions_total",

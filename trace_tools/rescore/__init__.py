@@ -6,6 +6,9 @@ access, so the CLI and other layers can reference them without paying for torch 
 
 Public API:
 * `rescore(dump, model="tiny-qwen3", ...) -> RescoreResult` -- the `trace-tools rescore` command.
+* `rescore_samples(run, model="tiny-qwen3", ...) -> SampleMismatch` -- `trace-tools rescore RUN
+  --samples`: each strategy's trained tokens scored in their own context, the mismatch metrics,
+  attribution and correction preview (`CorrectionOptions`), written into the run.
 * `fill_logprobs(table_or_sessions, model_spec, device="auto") -> same type` -- teacher-forced
   logprobs as `output_logprobs` (the simulator's `--logprobs-model`).
 * `sample_continuation(model, prompt_ids, max_new_tokens, seed) -> Continuation` -- sampling
@@ -24,6 +27,10 @@ _EXPORTS = {
     "rescore": "api",
     "RescoreResult": "output",
     "load_sessions": "api",
+    "rescore_samples": "samples",
+    "SampleMismatch": "samples",
+    "CorrectionOptions": "corrections",
+    "mismatch_metrics": "mismatch",
     "fill_logprobs": "fill",
     "teacher_forced": "fill",
     "sample_continuation": "sampling",
