@@ -12,9 +12,12 @@ Routes (an optional `/s/<session>` prefix names the session: a harness pointed a
 
 * `POST /v1/messages` (Anthropic Messages, JSON or SSE) and `POST /v1/messages/count_tokens`;
 * `POST /v1/chat/completions` (also without `/v1`; OpenAI Chat Completions, JSON or SSE);
+* `POST /v1/responses` (also without `/v1`; the OpenAI Responses API, JSON or SSE; Codex CLI);
+* `POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent` (`?alt=sse`) and
+  `:countTokens` (Google's Gemini API; also under `/v1/`; Gemini CLI);
 * `GET /v1/models`, `GET /health`; anything else is logged and answered 404.
 
-One turn: convert the request (`anthropic.py` / `openai_chat.py`), canonicalize it (slime's
+One turn: convert the request (`anthropic.py`, `openai_chat.py`, `responses.py`, `gemini.py`), canonicalize it (slime's
 translate, `render/canonical.py`), render it with the chat template and tokenizer (prompt ids),
 generate (`model.py`), parse the output ids with the family's parser, write the turn
 (`sink.py`), answer in the client's protocol. A session's requests are served one at a time, in
@@ -49,13 +52,15 @@ from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
 from trace_tools.errors import ReplayError, TraceToolsError, UnknownName, UsageError
-from trace_tools.record import anthropic, openai_chat
+from trace_tools.record import anthropic, gemini, openai_chat, responses
 from trace_tools.record.checks import (
     BODY_SECONDS,
     DEFAULT_MAX_BODY,
     BadRequest,
     check_anthropic,
+    check_gemini,
     check_openai,
+    check_responses,
     error_body,
     parse_body,
 )
@@ -145,7 +150,7 @@ class Recorder:
 
     async def _dispatch(self, request: Any) -> Any:
         session, path = split_session(request.path)
-        protocol = "openai" if path.endswith("/chat/completions") else "anthropic"
+        protocol = _protocol(path)
         try:
             if request.method == "POST" and path == "/v1/messages":
                 return await self._turn(request, session, "anthropic")
@@ -153,14 +158,21 @@ class Recorder:
                 return await self._count_tokens(request, session)
             if request.method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
                 return await self._turn(request, session, "openai")
+            if request.method == "POST" and path in ("/v1/responses", "/responses"):
+                return await self._turn(request, session, "responses")
+            route = gemini.route(path)
+            if request.method == "POST" and route is not None:
+                if route[1] == "countTokens":
+                    return await self._count_tokens(request, session, "gemini")
+                return await self._turn(request, session, "gemini")
             if request.method == "GET" and path in ("/v1/models", "/models"):
                 return self._answer(request, session, "other", {"object": "list", "data": [_model_entry()]})
             if request.method in ("GET", "HEAD") and path in ("/", "/health", "/healthz"):
                 return self._answer(request, session, "other", {"status": "ok"})
-            payload = error_body(protocol, "not_found_error", f"no route {path}")
+            payload = error_body(protocol, "not_found_error", f"no route {path}", status=404)
             return self._answer(request, session, "unknown", payload, status=404)
         except BadRequest as bad:
-            payload = error_body(protocol, "invalid_request_error", str(bad), bad.param)
+            payload = error_body(protocol, "invalid_request_error", str(bad), bad.param, bad.status)
             return self._answer(request, session, "bad_request", payload, status=bad.status)
         except Exception as exc:  # a recorder bug: the client gets its API's error, the log the cause
             self.stats.errors += 1
@@ -173,7 +185,7 @@ class Recorder:
                     "traceback": traceback.format_exc(),
                 }
             )
-            payload = error_body(protocol, "api_error", f"the recorder failed on this request: {exc!r}")
+            payload = error_body(protocol, "api_error", f"the recorder failed on this request: {exc!r}", status=500)
             return self._answer(request, session, "error", payload, status=500)
 
     def _answer(
@@ -204,13 +216,20 @@ class Recorder:
         return await self._run(parse_body, raw)
 
     # -- count_tokens ----------------------------------------------------------------------------
-    async def _count_tokens(self, request: Any, session: str | None) -> Any:
+    async def _count_tokens(self, request: Any, session: str | None, protocol: str = "anthropic") -> Any:
+        """The rendered prompt's length: Anthropic `count_tokens`, Gemini `countTokens`."""
         async with self._budget.hold(self._declared_size(request)):
             body = await self._body(request)
-            check_anthropic(body, count_tokens=True)
-            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
+            if protocol == "gemini":
+                check_gemini(body, count_tokens=True)
+                counted = gemini.count_body(body)
+                messages, (tools, _) = gemini.request_messages(counted), gemini.request_tools(counted)
+            else:
+                check_anthropic(body, count_tokens=True)
+                messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
             ids = await self._run(self._render, messages, tools)
-        return self._answer(request, session, "count_tokens", {"input_tokens": len(ids)}, body=body)
+        reply = {"totalTokens": len(ids)} if protocol == "gemini" else {"input_tokens": len(ids)}
+        return self._answer(request, session, "count_tokens", reply, body=body)
 
     # -- one turn -------------------------------------------------------------------------------
     async def _turn(self, request: Any, session: str | None, protocol: str) -> Any:
@@ -227,10 +246,7 @@ class Recorder:
                 return await self._serve(request, session, protocol, body)
 
     async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
-        if protocol == "anthropic":
-            check_anthropic(body)
-        else:
-            check_openai(body)
+        CHECKS[protocol](body)
         if protocol == "anthropic" and anthropic.is_title_request(body):
             self.stats.side_requests += 1
             reply = anthropic.message_body(
@@ -241,11 +257,16 @@ class Recorder:
                 {"input_tokens": 0, "output_tokens": 0},
             )
             return await self._send(request, protocol, body, reply, session=session, kind="side")
+        unrendered: list[str] = []
         if protocol == "anthropic":
             messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
+        elif protocol == "responses":
+            messages, (tools, unrendered) = responses.request_messages(body), responses.request_tools(body)
+        elif protocol == "gemini":
+            messages, (tools, unrendered) = gemini.request_messages(body), gemini.request_tools(body)
         else:
             messages, tools = body["messages"], body.get("tools") or None
-        return await self._serve_turn(request, session, protocol, body, messages, tools)
+        return await self._serve_turn(request, session, protocol, body, messages, tools, unrendered)
 
     def _declared_size(self, request: Any) -> int:
         """The bytes a request's body will take (a chunked one: the limit); a larger one is refused unread."""
@@ -253,7 +274,7 @@ class Recorder:
         return self.max_body if length is None else min(length, self.max_body)
 
     async def _serve_turn(
-        self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any
+        self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any, unrendered: list[str]
     ) -> Any:
         from aiohttp import web
 
@@ -273,7 +294,7 @@ class Recorder:
                 {"kind": "error", "session": session, "path": request.path_qs, "error": str(exc), "body": body}
             )
             status = 502 if "upstream" in str(exc) else 400
-            return web.json_response(error_body(protocol, "api_error", str(exc)), status=status)
+            return web.json_response(error_body(protocol, "api_error", str(exc), status=status), status=status)
         turn_index = self.sink.reserve(session)
         seed = f"{session}/{turn_index}"
         usage_in, usage_out = len(prompt_ids), len(generation.output_ids)
@@ -292,10 +313,26 @@ class Recorder:
             response = openai_chat.reply_message(parsed, seed)
             message = openai_chat.reasoning_in_content(response) if self.reasoning == "text" else response
             finish = openai_chat.finish_reason(message, generation.finish)
-            usage = {"prompt_tokens": usage_in, "completion_tokens": usage_out, "total_tokens": usage_in + usage_out}
-            reply = openai_chat.completion_body(
-                _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
-            )
+            if protocol == "responses":
+                items = responses.output_items(message, seed)
+                reply = responses.response_body(
+                    _id("resp_"), body, int(time.time()), items, generation.finish, (usage_in, usage_out)
+                )
+            elif protocol == "gemini":
+                response = gemini.response_message(response)
+                model = _request_model(request, protocol, body)
+                reply = gemini.reply_body(
+                    _id("resp_"), model, gemini.reply_parts(message), generation.finish, (usage_in, usage_out)
+                )
+            else:
+                usage = {
+                    "prompt_tokens": usage_in,
+                    "completion_tokens": usage_out,
+                    "total_tokens": usage_in + usage_out,
+                }
+                reply = openai_chat.completion_body(
+                    _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
+                )
         turn = Turn(
             session_id=session,
             turn_index=turn_index,
@@ -306,10 +343,10 @@ class Recorder:
             prompt_ids=prompt_ids,
             response=response,
             finish_reason=finish,
-            request_id=reply["id"],
+            request_id=reply["responseId"] if protocol == "gemini" else reply["id"],
             started_at=started,
             finished_at=datetime.now(timezone.utc),
-            metadata=_turn_metadata(request, body, protocol, generation),
+            metadata=_turn_metadata(request, body, protocol, generation, unrendered),
             step=step,
             weight_version=weight_version or self.weight_version,
         )
@@ -321,7 +358,7 @@ class Recorder:
         """Log and answer; a turn is persisted before the bytes that complete its reply are sent."""
         from aiohttp import web
 
-        stream = body.get("stream") is True
+        stream = _streams(request, protocol, body)
         entry = {
             "kind": kind,
             "session": session,
@@ -338,7 +375,8 @@ class Recorder:
         if not stream:
             gone = "the client left before the reply was sent" if _client_gone(request) else None
             await self._persist(turn, gone)
-            return web.json_response(reply)
+            # Gemini's streamGenerateContent without `alt=sse` answers the chunks as one JSON array.
+            return web.json_response(gemini.stream_chunks(reply) if _gemini_array(request, protocol) else reply)
         opening, closing = _stream_frames(protocol, body, reply)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         cut = await _write_frames(request, response, opening, "the client left mid-stream, before the stop reason")
@@ -468,11 +506,18 @@ def _client_gone(request: Any) -> bool:
 
 def _stream_frames(protocol: str, body: dict, reply: dict) -> tuple[list[bytes], list[bytes]]:
     """A streamed reply's frames, split before the first that tells the client the reply is complete
-    (Anthropic `message_delta` with the stop reason; OpenAI the chunk with `finish_reason`): the
-    turn is persisted in between."""
+    (Anthropic `message_delta` with the stop reason; OpenAI the chunk with `finish_reason`;
+    Responses `response.completed`; Gemini the chunk with `finishReason`): the turn is persisted in
+    between."""
     if protocol == "anthropic":
         frames = [anthropic.sse_frame(event, data) for event, data in anthropic.sse_events(reply)]
         return frames[:-2], frames[-2:]
+    if protocol == "responses":
+        frames = [responses.sse_frame(event) for event in responses.sse_events(reply)]
+        return frames[:-1], frames[-1:]
+    if protocol == "gemini":
+        frames = [gemini.sse_frame(chunk) for chunk in gemini.stream_chunks(reply)]
+        return frames[:-1], frames[-1:]
     include_usage = (body.get("stream_options") or {}).get("include_usage") is True
     chunks = list(openai_chat.chunks(reply, include_usage))
     finish = next(i for i, chunk in enumerate(chunks) if chunk["choices"] and chunk["choices"][0]["finish_reason"])
@@ -494,15 +539,53 @@ async def _write_frames(request: Any, response: Any, frames: list[bytes], why: s
     return None
 
 
+def _protocol(path: str) -> str:
+    """Which API a path speaks (its errors take that API's shape)."""
+    if path.endswith("/chat/completions"):
+        return "openai"
+    if path.endswith("/responses"):
+        return "responses"
+    return "gemini" if gemini.route(path) is not None else "anthropic"
+
+
+CHECKS = {"anthropic": check_anthropic, "openai": check_openai, "responses": check_responses, "gemini": check_gemini}
+
+
+def _streams(request: Any, protocol: str, body: dict) -> bool:
+    """Whether the reply is streamed as Server-Sent Events (Gemini: the method and `alt=sse`)."""
+    if protocol == "gemini":
+        return request.path.endswith(":streamGenerateContent") and request.query.get("alt") == "sse"
+    return body.get("stream") is True
+
+
+def _gemini_array(request: Any, protocol: str) -> bool:
+    return protocol == "gemini" and request.path.endswith(":streamGenerateContent")
+
+
+def _request_model(request: Any, protocol: str, body: dict) -> Any:
+    if protocol == "gemini":
+        route = gemini.route(split_session(request.path)[1])
+        return route[0] if route else ""
+    return body.get("model")
+
+
 def _max_tokens(body: dict, protocol: str) -> int | None:
-    value = (
-        body.get("max_tokens") if protocol == "anthropic" else body.get("max_completion_tokens", body.get("max_tokens"))
-    )
+    if protocol == "anthropic":
+        value = body.get("max_tokens")
+    elif protocol == "responses":
+        value = body.get("max_output_tokens")
+    elif protocol == "gemini":
+        value = gemini.max_tokens(body)
+    else:
+        value = body.get("max_completion_tokens", body.get("max_tokens"))
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation) -> dict:
-    meta = {"protocol": protocol, "stream": body.get("stream") is True, "model": body.get("model")}
+def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation, unrendered: list[str]) -> dict:
+    stream = _streams(request, protocol, body) or _gemini_array(request, protocol)
+    meta = {"protocol": protocol, "stream": stream, "model": _request_model(request, protocol, body)}
+    if unrendered:
+        meta["unrendered_tools"] = unrendered
     client_session = request.headers.get("X-Claude-Code-Session-Id")
     if client_session:
         meta["client_session"] = client_session
