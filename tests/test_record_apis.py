@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import requests
 
 from test_record import EDIT_ARGS, OPENAI_TOOLS, SCRIPT, _wait_rows
 from trace_tools.record import make_renderer, open_recorder
@@ -17,6 +16,7 @@ from trace_tools.record.script import ScriptBook
 from trace_tools.render.canonical import canonicalize_messages
 
 openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")  # the openai client's own HTTP library
 genai = pytest.importorskip("google.genai")
 from google.genai import errors as genai_errors  # noqa: E402
 from google.genai import types as genai_types  # noqa: E402
@@ -129,12 +129,12 @@ def test_responses_refuses_previous_response_id_and_malformed_input(recorder, tm
     assert refused.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.BadRequestError, match=r"input\[0\]: has type \"image_generation_call\""):
         client.create(model="m", input=[{"type": "image_generation_call", "id": "x"}])
-    reply = requests.post(
+    reply = httpx.post(
         f"{recorder.url}/v1/responses", json={"model": "m", "input": [{"role": "wizard", "content": "x"}]}
     )
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "input[0].role" and "wizard" in reply.json()["error"]["message"]
-    reply = requests.post(f"{recorder.url}/v1/responses", data=b"{not json")
+    reply = httpx.post(f"{recorder.url}/v1/responses", content=b"{not json")
     assert reply.status_code == 400 and "not UTF-8 JSON" in reply.json()["error"]["message"]
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))
 
@@ -253,7 +253,7 @@ def test_gemini_count_tokens_counts_the_rendered_prompt(recorder, renderer):
         "contents": [{"role": "user", "parts": [{"text": "go"}]}],
         "tools": [{"functionDeclarations": [BASH_SCHEMA["function"]]}],
     }
-    reply = requests.post(f"{recorder.url}/v1beta/models/m:countTokens", json={"generateContentRequest": wrapped})
+    reply = httpx.post(f"{recorder.url}/v1beta/models/m:countTokens", json={"generateContentRequest": wrapped})
     assert reply.json() == {
         "totalTokens": len(renderer.render([{"role": "user", "content": "go"}], [BASH_SCHEMA], True))
     }
@@ -262,7 +262,7 @@ def test_gemini_count_tokens_counts_the_rendered_prompt(recorder, renderer):
 def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
     url = f"{recorder.url}/v1beta/models/gemini-2.5-pro:generateContent"
     bad_part = {"contents": [{"role": "user", "parts": [{"functionCall": "Edit"}]}]}
-    reply = requests.post(url, json=bad_part)
+    reply = httpx.post(url, json=bad_part)
     assert reply.status_code == 400
     assert reply.json()["error"] == {
         "code": 400,
@@ -276,7 +276,7 @@ def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
     ) as refused:
         client.models.generate_content(model="gemini-2.5-pro", contents=[robot])
     assert refused.value.code == 400 and refused.value.status == "INVALID_ARGUMENT"
-    reply = requests.post(url, json={"contents": []})
+    reply = httpx.post(url, json={"contents": []})
     assert reply.status_code == 400 and "contents: must be a non-empty array" in reply.json()["error"]["message"]
-    assert requests.post(f"{recorder.url}/v1beta/models/m:explode", json={}).status_code == 404
+    assert httpx.post(f"{recorder.url}/v1beta/models/m:explode", json={}).status_code == 404
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))

@@ -99,7 +99,8 @@ def _assistant_message(parts: list[dict]) -> dict:
 
 def request_tools(body: dict) -> tuple[list[dict] | None, list[str]]:
     """The function declarations as chat function schemas (None when none), and the other tools' kinds."""
-    tools, other = [], []
+    tools: list[dict] = []
+    other: list[str] = []
     for tool in body.get("tools") or ():
         other.extend(key for key in tool if key != "functionDeclarations")
         for declaration in tool.get("functionDeclarations") or ():
@@ -121,7 +122,7 @@ def lower_types(schema: Any) -> Any:
         return [lower_types(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str):
             out[key] = value.lower()

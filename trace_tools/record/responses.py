@@ -111,7 +111,8 @@ def reasoning_text(item: dict) -> str:
 
 def request_tools(body: dict) -> tuple[list[dict] | None, list[str]]:
     """The function tools as chat function schemas (None when none), and the other tools' names."""
-    tools, other = [], []
+    tools: list[dict] = []
+    other: list[str] = []
     for tool in body.get("tools") or ():
         if tool["type"] != "function":
             other.append(tool["type"] + (f":{tool['name']}" if isinstance(tool.get("name"), str) else ""))
@@ -146,7 +147,12 @@ def output_items(message: dict, seed: str) -> list[dict]:
             }
         )
     if message.get("content") or not message.get("tool_calls"):
-        text = {"type": "output_text", "text": message.get("content") or "", "annotations": [], "logprobs": []}
+        text: dict[str, Any] = {
+            "type": "output_text",
+            "text": message.get("content") or "",
+            "annotations": [],
+            "logprobs": [],
+        }
         items.append(
             {
                 "type": "message",
