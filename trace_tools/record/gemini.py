@@ -9,9 +9,10 @@ does; docs/probe.md#gemini-requests--trace-schema-messages):
 
 * `systemInstruction` (a content, or text) becomes a leading system message, its text parts joined
   by newlines;
-* a `user` content's text parts become one user message (one text part: its text; several: a list
-  of text parts, which canonicalization joins by newlines); each `functionResponse` part becomes a
-  `tool` message whose content is the `response` object as JSON text (`tool_call_id` = its `id`);
+* a `user` (or `function`) content, part by part: each run of text parts becomes one user message
+  (one part: its text; several: a list of text parts, which canonicalization joins by newlines),
+  each `functionResponse` part a `tool` message whose content is the `response` object as JSON
+  text (`tool_call_id` = its `id`, `name` kept); other parts (inline data, files) are not rendered;
 * a `model` content becomes one assistant message: `thought: true` text parts as
   `reasoning_content`, other text parts joined as `content`, `functionCall` parts as tool calls
   (`args` the arguments object, key order kept; `id` as the call id when the client sent one);
@@ -66,15 +67,28 @@ def request_messages(body: dict) -> list[dict]:
 
 
 def _user_messages(parts: list[dict]) -> Iterator[dict]:
-    texts = [part["text"] for part in parts if "text" in part]
-    if texts:
-        content: Any = texts[0] if len(texts) == 1 else [{"type": "text", "text": text} for text in texts]
-        yield {"role": "user", "content": content}
+    """User text and tool results in the order of the parts: each run of text parts one user message,
+    each `functionResponse` a tool message."""
+    texts: list[str] = []
     for part in parts:
+        if "text" in part:
+            texts.append(part["text"])
+            continue
         answer = part.get("functionResponse")
-        if answer is not None:
-            text = json.dumps(answer.get("response") or {}, ensure_ascii=False)
-            yield {"role": "tool", "tool_call_id": answer.get("id"), "name": answer["name"], "content": text}
+        if answer is None:
+            continue
+        if texts:
+            yield _user_text(texts)
+            texts = []
+        text = json.dumps(answer.get("response") or {}, ensure_ascii=False)
+        yield {"role": "tool", "tool_call_id": answer.get("id"), "name": answer["name"], "content": text}
+    if texts:
+        yield _user_text(texts)
+
+
+def _user_text(texts: list[str]) -> dict:
+    content: Any = texts[0] if len(texts) == 1 else [{"type": "text", "text": text} for text in texts]
+    return {"role": "user", "content": content}
 
 
 def _assistant_message(parts: list[dict]) -> dict:

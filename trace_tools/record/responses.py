@@ -8,8 +8,8 @@ Requests become trace-schema messages (OpenAI chat format, wire ids kept, as the
 does; docs/probe.md#responses-requests--trace-schema-messages):
 
 * `instructions` becomes a leading system message; `input` as a string, one user message;
-* a `message` item keeps its role (`developer` too: canonicalization renders it as `system`),
-  its text parts joined as the chat format's `content` (a string stays a string);
+* a `message` item keeps its role (`developer` too: canonicalization renders it as `system`) and
+  its text (a string as sent; parts flattened as canonicalization does: joined by newlines);
 * an assistant turn is the run of `reasoning`, assistant `message` and `function_call` items
   between two other items: one assistant message with `reasoning_content` (the reasoning item's
   `reasoning_text` content, else the text the recorder sealed in its `encrypted_content`, else its
@@ -61,7 +61,7 @@ def request_messages(body: dict) -> list[dict]:
         if kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": flatten_content(item["output"])})
         else:
-            out.append({"role": role, "content": _message_text(item["content"])})
+            out.append({"role": role, "content": flatten_content(item["content"])})
     return out
 
 
@@ -74,9 +74,11 @@ def _starts_new_turn(turn: dict, kind: str) -> bool:
 
 def _add_to_turn(turn: dict, item: dict, kind: str) -> None:
     if kind == "reasoning":
-        turn["reasoning_content"] = turn.get("reasoning_content", "") + reasoning_text(item)
+        thought = reasoning_text(item)
+        if thought:
+            turn["reasoning_content"] = turn.get("reasoning_content", "") + thought
     elif kind == "message":
-        turn["content"] += _message_text(item["content"])
+        turn["content"] += _assistant_text(item["content"])
     else:
         call = {
             "id": item["call_id"],
@@ -86,8 +88,8 @@ def _add_to_turn(turn: dict, item: dict, kind: str) -> None:
         turn.setdefault("tool_calls", []).append(call)
 
 
-def _message_text(content: Any) -> str:
-    """A message's text: a string as sent, parts joined (`input_text`, `output_text`, `refusal`)."""
+def _assistant_text(content: Any) -> str:
+    """An assistant message's text: a string as sent, its parts (`output_text`, `refusal`) joined."""
     if isinstance(content, str):
         return content
     return "".join(part.get("text") or part.get("refusal") or "" for part in content)
