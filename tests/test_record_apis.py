@@ -134,6 +134,7 @@ def test_responses_refuses_previous_response_id_and_malformed_input(recorder, tm
     )
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "input[0].role" and "wizard" in reply.json()["error"]["message"]
+    assert httpx.get(f"{recorder.url}/v1/responses").status_code == 404  # no WebSocket transport (docs/probe.md)
     reply = httpx.post(f"{recorder.url}/v1/responses", content=b"{not json")
     assert reply.status_code == 400 and "not UTF-8 JSON" in reply.json()["error"]["message"]
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))
@@ -280,3 +281,25 @@ def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
     assert reply.status_code == 400 and "contents: must be a non-empty array" in reply.json()["error"]["message"]
     assert httpx.post(f"{recorder.url}/v1beta/models/m:explode", json={}).status_code == 404
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))
+
+
+def test_conversions_keep_the_order_and_the_reasoning_a_client_sends():
+    """Gemini: a text part after the tool results stays after them (a user message between an
+    assistant's calls and their results would break the chat template's tool turn). Responses: a
+    reasoning item another server issued tells its summary; one the recorder sealed, its text."""
+    from trace_tools.record import gemini, responses
+
+    contents = [
+        {"role": "model", "parts": [{"functionCall": {"name": "Bash", "args": {"command": "ls"}}}]},
+        {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": "Bash", "response": {"output": "a.py"}}}, {"text": "go on"}],
+        },
+    ]
+    assert [m["role"] for m in gemini.request_messages({"contents": contents})] == ["assistant", "tool", "user"]
+    foreign = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan."}], "encrypted_content": "gAAA"}
+    sealed = {"type": "reasoning", "summary": [], "encrypted_content": responses.seal("Look, then edit.")}
+    call = {"type": "function_call", "call_id": "c1", "name": "Bash", "arguments": '{"command": "ls"}'}
+    for item, reasoning in ((foreign, "Plan."), (sealed, "Look, then edit.")):
+        (assistant,) = responses.request_messages({"input": [item, call]})
+        assert assistant["reasoning_content"] == reasoning and assistant["tool_calls"][0]["id"] == "c1"

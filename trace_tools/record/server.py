@@ -17,12 +17,13 @@ Routes (an optional `/s/<session>` prefix names the session: a harness pointed a
   `:countTokens` (Google's Gemini API; also under `/v1/`; Gemini CLI);
 * `GET /v1/models`, `GET /health`; anything else is logged and answered 404.
 
-One turn: convert the request (`anthropic.py`, `openai_chat.py`, `responses.py`, `gemini.py`), canonicalize it (slime's
-translate, `render/canonical.py`), render it with the chat template and tokenizer (prompt ids),
-generate (`model.py`), parse the output ids with the family's parser, write the turn
-(`sink.py`), answer in the client's protocol. A session's requests are served one at a time, in
-arrival order. Claude Code's conversation-title request is answered (a short title) and logged as
-a side request, never recorded as a turn, as slime's adapter does.
+One turn: convert the request (`protocols.py`, over `anthropic.py`, `openai_chat.py`,
+`responses.py` and `gemini.py`), canonicalize it (slime's translate, `render/canonical.py`),
+render it with the chat template and tokenizer (prompt ids), generate (`model.py`), parse the
+output ids with the family's parser, write the turn (`sink.py`), answer in the client's protocol.
+A session's requests are served one at a time, in arrival order. Claude Code's conversation-title
+request is answered (a short title) and logged as a side request, never recorded as a turn, as
+slime's adapter does.
 
 What the recorder promises (docs/probe.md, "What the recorder keeps"): a reply a client received
 is in the dump. A turn is persisted before the bytes that complete its reply are sent (a JSON
@@ -40,9 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import threading
-import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,15 +51,13 @@ from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
 from trace_tools.errors import ReplayError, TraceToolsError, UnknownName, UsageError
-from trace_tools.record import anthropic, gemini, openai_chat, responses
+from trace_tools.record import anthropic, gemini, protocols
 from trace_tools.record.checks import (
     BODY_SECONDS,
     DEFAULT_MAX_BODY,
     BadRequest,
     check_anthropic,
     check_gemini,
-    check_openai,
-    check_responses,
     error_body,
     parse_body,
 )
@@ -150,7 +147,7 @@ class Recorder:
 
     async def _dispatch(self, request: Any) -> Any:
         session, path = split_session(request.path)
-        protocol = _protocol(path)
+        protocol = protocols.protocol_of(path)
         try:
             if request.method == "POST" and path == "/v1/messages":
                 return await self._turn(request, session, "anthropic")
@@ -246,26 +243,18 @@ class Recorder:
                 return await self._serve(request, session, protocol, body)
 
     async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
-        CHECKS[protocol](body)
+        protocols.CHECKS[protocol](body)
         if protocol == "anthropic" and anthropic.is_title_request(body):
             self.stats.side_requests += 1
             reply = anthropic.message_body(
-                _id("msg_"),
+                protocols.new_id("msg_"),
                 body.get("model", ""),
                 [{"type": "text", "text": SIDE_TITLE}],
                 "end_turn",
                 {"input_tokens": 0, "output_tokens": 0},
             )
             return await self._send(request, protocol, body, reply, session=session, kind="side")
-        unrendered: list[str] = []
-        if protocol == "anthropic":
-            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
-        elif protocol == "responses":
-            messages, (tools, unrendered) = responses.request_messages(body), responses.request_tools(body)
-        elif protocol == "gemini":
-            messages, (tools, unrendered) = gemini.request_messages(body), gemini.request_tools(body)
-        else:
-            messages, tools = body["messages"], body.get("tools") or None
+        messages, tools, unrendered = protocols.conversation(protocol, body)
         return await self._serve_turn(request, session, protocol, body, messages, tools, unrendered)
 
     def _declared_size(self, request: Any) -> int:
@@ -283,7 +272,7 @@ class Recorder:
         try:
             prompt_ids = await self._run(self._render, messages, tools)
             generation = await self._generate(
-                Request(session, messages, tools, prompt_ids, _max_tokens(body, protocol))
+                Request(session, messages, tools, prompt_ids, protocols.max_tokens(protocol, body))
             )
             parsed = await self._run(lambda: self._renderer().parse_response(generation.output_ids, tools).message)
         except BadRequest:
@@ -297,42 +286,17 @@ class Recorder:
             return web.json_response(error_body(protocol, "api_error", str(exc), status=status), status=status)
         turn_index = self.sink.reserve(session)
         seed = f"{session}/{turn_index}"
-        usage_in, usage_out = len(prompt_ids), len(generation.output_ids)
-        if protocol == "anthropic":
-            blocks = anthropic.reply_blocks(parsed, seed)
-            sent = anthropic.reply_blocks(parsed, seed, reasoning_as_text=self.reasoning == "text")
-            stop = anthropic.stop_reason(blocks, generation.finish)
-            reply = anthropic.message_body(
-                _id("msg_"), body.get("model", ""), sent, stop, {"input_tokens": usage_in, "output_tokens": usage_out}
-            )
-            response, finish = (
-                anthropic.response_message(blocks),
-                "tool_calls" if stop == "tool_use" else generation.finish,
-            )
-        else:
-            response = openai_chat.reply_message(parsed, seed)
-            message = openai_chat.reasoning_in_content(response) if self.reasoning == "text" else response
-            finish = openai_chat.finish_reason(message, generation.finish)
-            if protocol == "responses":
-                items = responses.output_items(message, seed)
-                reply = responses.response_body(
-                    _id("resp_"), body, int(time.time()), items, generation.finish, (usage_in, usage_out)
-                )
-            elif protocol == "gemini":
-                response = gemini.response_message(response)
-                model = _request_model(request, protocol, body)
-                reply = gemini.reply_body(
-                    _id("resp_"), model, gemini.reply_parts(message), generation.finish, (usage_in, usage_out)
-                )
-            else:
-                usage = {
-                    "prompt_tokens": usage_in,
-                    "completion_tokens": usage_out,
-                    "total_tokens": usage_in + usage_out,
-                }
-                reply = openai_chat.completion_body(
-                    _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
-                )
+        path = split_session(request.path)[1]
+        reply, response, finish = protocols.reply(
+            protocol,
+            parsed,
+            seed,
+            body,
+            protocols.model(protocol, path, body),
+            generation.finish,
+            (len(prompt_ids), len(generation.output_ids)),
+            self.reasoning == "text",
+        )
         turn = Turn(
             session_id=session,
             turn_index=turn_index,
@@ -343,7 +307,7 @@ class Recorder:
             prompt_ids=prompt_ids,
             response=response,
             finish_reason=finish,
-            request_id=reply["responseId"] if protocol == "gemini" else reply["id"],
+            request_id=protocols.reply_id(protocol, reply),
             started_at=started,
             finished_at=datetime.now(timezone.utc),
             metadata=_turn_metadata(request, body, protocol, generation, unrendered),
@@ -358,7 +322,8 @@ class Recorder:
         """Log and answer; a turn is persisted before the bytes that complete its reply are sent."""
         from aiohttp import web
 
-        stream = _streams(request, protocol, body)
+        path = split_session(request.path)[1]
+        stream = protocols.streams(protocol, path, request.query, body)
         entry = {
             "kind": kind,
             "session": session,
@@ -376,8 +341,8 @@ class Recorder:
             gone = "the client left before the reply was sent" if _client_gone(request) else None
             await self._persist(turn, gone)
             # Gemini's streamGenerateContent without `alt=sse` answers the chunks as one JSON array.
-            return web.json_response(gemini.stream_chunks(reply) if _gemini_array(request, protocol) else reply)
-        opening, closing = _stream_frames(protocol, body, reply)
+            return web.json_response(gemini.stream_chunks(reply) if protocols.json_array(protocol, path) else reply)
+        opening, closing = protocols.stream_frames(protocol, body, reply)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         cut = await _write_frames(request, response, opening, "the client left mid-stream, before the stop reason")
         await self._persist(turn, cut)
@@ -504,27 +469,6 @@ def _client_gone(request: Any) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-def _stream_frames(protocol: str, body: dict, reply: dict) -> tuple[list[bytes], list[bytes]]:
-    """A streamed reply's frames, split before the first that tells the client the reply is complete
-    (Anthropic `message_delta` with the stop reason; OpenAI the chunk with `finish_reason`;
-    Responses `response.completed`; Gemini the chunk with `finishReason`): the turn is persisted in
-    between."""
-    if protocol == "anthropic":
-        frames = [anthropic.sse_frame(event, data) for event, data in anthropic.sse_events(reply)]
-        return frames[:-2], frames[-2:]
-    if protocol == "responses":
-        frames = [responses.sse_frame(event) for event in responses.sse_events(reply)]
-        return frames[:-1], frames[-1:]
-    if protocol == "gemini":
-        frames = [gemini.sse_frame(chunk) for chunk in gemini.stream_chunks(reply)]
-        return frames[:-1], frames[-1:]
-    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-    chunks = list(openai_chat.chunks(reply, include_usage))
-    finish = next(i for i, chunk in enumerate(chunks) if chunk["choices"] and chunk["choices"][0]["finish_reason"])
-    frames = [openai_chat.sse_frame(chunk) for chunk in chunks] + [openai_chat.sse_frame("[DONE]")]
-    return frames[:finish], frames[finish:]
-
-
 async def _write_frames(request: Any, response: Any, frames: list[bytes], why: str, *, eof: bool = False) -> str | None:
     """Send `frames` (starting the response first); None, or `why` when the client had left."""
     try:
@@ -539,51 +483,10 @@ async def _write_frames(request: Any, response: Any, frames: list[bytes], why: s
     return None
 
 
-def _protocol(path: str) -> str:
-    """Which API a path speaks (its errors take that API's shape)."""
-    if path.endswith("/chat/completions"):
-        return "openai"
-    if path.endswith("/responses"):
-        return "responses"
-    return "gemini" if gemini.route(path) is not None else "anthropic"
-
-
-CHECKS = {"anthropic": check_anthropic, "openai": check_openai, "responses": check_responses, "gemini": check_gemini}
-
-
-def _streams(request: Any, protocol: str, body: dict) -> bool:
-    """Whether the reply is streamed as Server-Sent Events (Gemini: the method and `alt=sse`)."""
-    if protocol == "gemini":
-        return request.path.endswith(":streamGenerateContent") and request.query.get("alt") == "sse"
-    return body.get("stream") is True
-
-
-def _gemini_array(request: Any, protocol: str) -> bool:
-    return protocol == "gemini" and request.path.endswith(":streamGenerateContent")
-
-
-def _request_model(request: Any, protocol: str, body: dict) -> Any:
-    if protocol == "gemini":
-        route = gemini.route(split_session(request.path)[1])
-        return route[0] if route else ""
-    return body.get("model")
-
-
-def _max_tokens(body: dict, protocol: str) -> int | None:
-    if protocol == "anthropic":
-        value = body.get("max_tokens")
-    elif protocol == "responses":
-        value = body.get("max_output_tokens")
-    elif protocol == "gemini":
-        value = gemini.max_tokens(body)
-    else:
-        value = body.get("max_completion_tokens", body.get("max_tokens"))
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation, unrendered: list[str]) -> dict:
-    stream = _streams(request, protocol, body) or _gemini_array(request, protocol)
-    meta = {"protocol": protocol, "stream": stream, "model": _request_model(request, protocol, body)}
+    path = split_session(request.path)[1]
+    stream = protocols.streams(protocol, path, request.query, body) or protocols.json_array(protocol, path)
+    meta = {"protocol": protocol, "stream": stream, "model": protocols.model(protocol, path, body)}
     if unrendered:
         meta["unrendered_tools"] = unrendered
     client_session = request.headers.get("X-Claude-Code-Session-Id")
@@ -592,10 +495,6 @@ def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generati
     if generation.scenario is not None:
         meta.update(scenario=generation.scenario, script_turn=generation.script_turn)
     return meta
-
-
-def _id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
 
 
 def _model_entry() -> dict:
