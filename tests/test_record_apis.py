@@ -89,9 +89,9 @@ def test_responses_stream_sends_the_real_event_sequence(recorder, tmp_path):
 
 
 def test_responses_tool_loop_echoes_codex_style_full_input(recorder, renderer, tmp_path):
-    """Codex CLI sends the whole conversation each turn with store: false: the reasoning item comes
-    back as its summary and encrypted_content (Codex drops `reasoning_text` content), the calls as
-    function_call items, the results as function_call_output items."""
+    """Codex CLI sends the whole conversation each turn with store: false: developer messages, the
+    reasoning item (here as a client that keeps only its summary and encrypted_content sends it),
+    the calls as function_call items, the results as function_call_output items."""
     client = _responses(recorder, "loop")
     history: list = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
@@ -101,7 +101,7 @@ def test_responses_tool_loop_echoes_codex_style_full_input(recorder, renderer, t
     for item in first.output:
         echoed = item.model_dump(exclude_none=True)
         if item.type == "reasoning":
-            echoed.pop("content")  # what Codex does with reasoning_text content
+            echoed.pop("content")  # the reasoning must come back through the sealed encrypted_content
         history.append(echoed)
     history += [
         {"type": "function_call_output", "call_id": item.call_id, "output": "ok"}

@@ -20,8 +20,8 @@ does; docs/probe.md#responses-requests--trace-schema-messages):
   and are left out of the render (the row's `metadata.unrendered_tools` names them).
 
 A reply is the parsed generation as output items: a `reasoning` item (the text as `reasoning_text`
-content, and sealed in `encrypted_content`, because Codex echoes reasoning back only through
-`summary` and `encrypted_content`), a `message` item with one `output_text` part, one
+content, and sealed in `encrypted_content`, because a client may echo a reasoning item back with
+only its `summary` and `encrypted_content`), a `message` item with one `output_text` part, one
 `function_call` item per call. `sse_events` gives the API's streaming event sequence for it.
 """
 
