@@ -281,6 +281,10 @@ def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
     assert reply.status_code == 400 and "contents: must be a non-empty array" in reply.json()["error"]["message"]
     assert httpx.post(f"{recorder.url}/v1beta/models/m:explode", json={}).status_code == 404
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))
+    null_text = {
+        "contents": [{"role": "model", "parts": [{"text": None}]}, {"parts": [{"text": None}, {"text": "go"}]}]
+    }
+    assert httpx.post(url, json=null_text).status_code == 200  # a null text is no text, not a 500
 
 
 def test_conversions_keep_the_order_and_the_reasoning_a_client_sends():

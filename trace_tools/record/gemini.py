@@ -54,7 +54,7 @@ def request_messages(body: dict) -> list[dict]:
         text = (
             system
             if isinstance(system, str)
-            else "\n".join(p["text"] for p in system.get("parts") or () if "text" in p)
+            else "\n".join(p["text"] for p in system.get("parts") or () if _has_text(p))
         )
         out.append({"role": "system", "content": text})
     for content in body["contents"]:
@@ -71,7 +71,7 @@ def _user_messages(parts: list[dict]) -> Iterator[dict]:
     each `functionResponse` a tool message."""
     texts: list[str] = []
     for part in parts:
-        if "text" in part:
+        if _has_text(part):
             texts.append(part["text"])
             continue
         answer = part.get("functionResponse")
@@ -86,14 +86,18 @@ def _user_messages(parts: list[dict]) -> Iterator[dict]:
         yield _user_text(texts)
 
 
+def _has_text(part: dict) -> bool:
+    return isinstance(part.get("text"), str)  # a part's `text` may be sent as null
+
+
 def _user_text(texts: list[str]) -> dict:
     content: Any = texts[0] if len(texts) == 1 else [{"type": "text", "text": text} for text in texts]
     return {"role": "user", "content": content}
 
 
 def _assistant_message(parts: list[dict]) -> dict:
-    thoughts = [p["text"] for p in parts if "text" in p and p.get("thought")]
-    texts = [p["text"] for p in parts if "text" in p and not p.get("thought")]
+    thoughts = [p["text"] for p in parts if _has_text(p) and p.get("thought")]
+    texts = [p["text"] for p in parts if _has_text(p) and not p.get("thought")]
     calls = [
         {
             "id": p["functionCall"].get("id"),
