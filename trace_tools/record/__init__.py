@@ -4,10 +4,11 @@
     with open_recorder("rec/", script="turns.json", tcp=("127.0.0.1", 8642)) as running:
         ...  # point a client at running.url; rec/dump/ fills turn by turn
 
-The recorder speaks the Anthropic Messages API and the OpenAI Chat Completions API, renders
-every request through a chat template and tokenizer, takes each generation from a scripted model
-(`--script`) or a token-in/token-out engine (`--upstream`, SGLang's `/generate`), answers in the
-client's protocol, and writes trace schema v1 as it goes (`sink.py`).
+The recorder speaks the Anthropic Messages API, the OpenAI Chat Completions and Responses APIs
+and Google's Gemini API, renders every request through a chat template and tokenizer, takes each
+generation from a scripted model (`--script`) or a token-in/token-out engine (`--upstream`,
+SGLang's `/generate`), answers in the client's protocol, and writes trace schema v1 as it goes
+(`sink.py`).
 """
 
 from __future__ import annotations

@@ -213,17 +213,17 @@ def sse_events(message: dict) -> Iterator[tuple[str, dict]]:
 
 def _block_stream(block: dict) -> tuple[dict, list[dict]]:
     if block["type"] == "thinking":
-        deltas = [{"type": "thinking_delta", "thinking": piece} for piece in _pieces(block["thinking"])]
+        deltas = [{"type": "thinking_delta", "thinking": piece} for piece in pieces(block["thinking"])]
         deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
         return {"type": "thinking", "thinking": "", "signature": ""}, deltas
     if block["type"] == "tool_use":
         partial = json.dumps(block["input"], ensure_ascii=False)
         opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-        return opening, [{"type": "input_json_delta", "partial_json": piece} for piece in _pieces(partial)]
-    return {"type": "text", "text": ""}, [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"])]
+        return opening, [{"type": "input_json_delta", "partial_json": piece} for piece in pieces(partial)]
+    return {"type": "text", "text": ""}, [{"type": "text_delta", "text": piece} for piece in pieces(block["text"])]
 
 
-def _pieces(text: str, size: int = 64) -> list[str]:
+def pieces(text: str, size: int = 64) -> list[str]:
     """A text in the chunks a stream would carry (at least one, possibly empty)."""
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 

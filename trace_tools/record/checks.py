@@ -7,7 +7,10 @@ the recorder reads: the body is UTF-8 JSON, an object, nested at most `MAX_DEPTH
 lone surrogate in any string (`\\ud800` parses in JSON but is not text any file can hold); then
 the fields of each API (`check_anthropic`, `check_openai`): `messages` a non-empty array of
 messages with a known role and text or block content, `tools` an array of tool schemas, `system`,
-`model`, `max_tokens`, `stream` and `stream_options` of their types.
+`model`, `max_tokens`, `stream` and `stream_options` of their types; for the Responses API
+(`check_responses`) `input` a string or an array of the item types the recorder reads, and for
+Gemini (`check_gemini`) `contents` an array of contents whose parts are text, `functionCall` or
+`functionResponse`, `tools[].functionDeclarations` and `generationConfig.maxOutputTokens`.
 
 The server adds the two limits that bound one request's cost before any of this runs (a body
 larger than `--max-body` is answered 413 without reading it; a body not received within
@@ -27,6 +30,10 @@ MAX_DEPTH = 100  # JSON nesting: real requests (a tool's schema inside a request
 
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 ANTHROPIC_ROLES = ("user", "assistant", "system")  # Claude Code sends mid-list system messages
+RESPONSES_ROLES = ("user", "assistant", "system", "developer")
+RESPONSES_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+GEMINI_ROLES = ("user", "model", "function")
+GEMINI_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED", 413: "INVALID_ARGUMENT"}
 
 
 class BadRequest(TraceToolsError):
@@ -37,10 +44,13 @@ class BadRequest(TraceToolsError):
         self.param, self.status = param, status
 
 
-def error_body(protocol: str, kind: str, message: str, param: str | None = None) -> dict:
-    """An error in the API's own shape: OpenAI `{"error": {...}}`, Anthropic `{"type": "error", ...}`."""
-    if protocol == "openai":
+def error_body(protocol: str, kind: str, message: str, param: str | None = None, status: int = 400) -> dict:
+    """An error in the API's own shape: OpenAI (Chat Completions and Responses) `{"error": {...}}`,
+    Anthropic `{"type": "error", ...}`, Gemini `{"error": {"code", "message", "status"}}`."""
+    if protocol in ("openai", "responses"):
         return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    if protocol == "gemini":
+        return {"error": {"code": status, "message": message, "status": GEMINI_STATUS.get(status, "INTERNAL")}}
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
@@ -139,6 +149,100 @@ def check_openai(body: dict) -> None:
         _typed(options, "include_usage", "stream_options", bool, "true or false")
 
 
+def check_responses(body: dict) -> None:
+    """An OpenAI Responses request: the fields the recorder reads. The recorder keeps no responses,
+    so `previous_response_id` is refused with what to send instead."""
+    if body.get("previous_response_id") is not None:
+        raise BadRequest(
+            "the recorder keeps no responses; send the whole conversation in `input` (with store: false, "
+            "as Codex CLI does) instead of a previous_response_id",
+            param="previous_response_id",
+        )
+    items = body.get("input")
+    if not isinstance(items, str):
+        if not isinstance(items, list) or not items:
+            raise BadRequest(f"must be a string or a non-empty array of input items, not {_kind(items)}", param="input")
+        for i, item in enumerate(items):
+            _responses_item(item, f"input[{i}]")
+    for i, tool in enumerate(_tools(body)):
+        _string(tool, "type", f"tools[{i}]", required=True)
+        if tool["type"] == "function":
+            _string(tool, "name", f"tools[{i}]", required=True)
+            _object_field(tool, "parameters", f"tools[{i}]")
+    _string(body, "instructions", "")
+    _common(body, ("max_output_tokens",))
+
+
+def _responses_item(item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise BadRequest(f"must be an input item object, not {_kind(item)}", param=where)
+    kind = item.get("type", "message")
+    if kind not in RESPONSES_ITEMS:
+        named = json.dumps(kind) if isinstance(kind, str) else _kind(kind)
+        raise BadRequest(f"has type {named}; the recorder reads {', '.join(RESPONSES_ITEMS)}", param=where)
+    if kind == "message":
+        _role(item, where, RESPONSES_ROLES)
+        if not isinstance(item.get("content"), str):
+            _blocks(item.get("content"), f"{where}.content")
+    elif kind == "function_call":
+        for key in ("name", "arguments", "call_id"):
+            _string(item, key, where, required=True)
+    elif kind == "function_call_output":
+        _string(item, "call_id", where, required=True)
+        if not isinstance(item.get("output"), str):
+            _blocks(item.get("output"), f"{where}.output")
+    else:
+        for key in ("summary", "content"):
+            if item.get(key) is not None:
+                _blocks(item[key], f"{where}.{key}")
+        _string(item, "encrypted_content", where)
+
+
+def check_gemini(body: dict, *, count_tokens: bool = False) -> None:
+    """A Gemini generateContent (or countTokens) request: the fields the recorder reads."""
+    if count_tokens and isinstance(body.get("generateContentRequest"), dict):
+        body = body["generateContentRequest"]
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise BadRequest(f"must be a non-empty array of contents, not {_kind(contents)}", param="contents")
+    for i, content in enumerate(contents):
+        if not isinstance(content, dict):
+            raise BadRequest(f"must be a content object, not {_kind(content)}", param=f"contents[{i}]")
+        if content.get("role") is not None:
+            _role(content, f"contents[{i}]", GEMINI_ROLES)
+        _gemini_parts(content, f"contents[{i}]")
+    system = body.get("systemInstruction")
+    if system is not None and not isinstance(system, str):
+        if not isinstance(system, dict):
+            raise BadRequest(f"must be a content object, not {_kind(system)}", param="systemInstruction")
+        _gemini_parts(system, "systemInstruction")
+    for i, tool in enumerate(_tools(body)):
+        for j, declaration in enumerate(_list_field(tool, "functionDeclarations", f"tools[{i}]")):
+            where = f"tools[{i}].functionDeclarations[{j}]"
+            if not isinstance(declaration, dict):
+                raise BadRequest(f"must be a function declaration object, not {_kind(declaration)}", param=where)
+            _string(declaration, "name", where, required=True)
+            _object_field(declaration, "parameters", where)
+            _object_field(declaration, "parametersJsonSchema", where)
+    _object_field(body, "generationConfig", "")
+    _positive((body.get("generationConfig") or {}).get("maxOutputTokens"), "generationConfig.maxOutputTokens")
+
+
+def _gemini_parts(content: dict, where: str) -> None:
+    parts = _list_field(content, "parts", where)
+    for i, part in enumerate(parts):
+        at = f"{where}.parts[{i}]"
+        if not isinstance(part, dict):
+            raise BadRequest(f"must be a part object, not {_kind(part)}", param=at)
+        _string(part, "text", at)
+        for key, payload in (("functionCall", "args"), ("functionResponse", "response")):
+            if key in part:
+                if not isinstance(part[key], dict):
+                    raise BadRequest(f"must be an object, not {_kind(part[key])}", param=f"{at}.{key}")
+                _string(part[key], "name", f"{at}.{key}", required=True)
+                _object_field(part[key], payload, f"{at}.{key}")
+
+
 def _messages(body: dict) -> list:
     messages = body.get("messages")
     if messages is None:
@@ -207,9 +311,12 @@ def _common(body: dict, token_limits: tuple[str, ...]) -> None:
     _string(body, "model", "")
     _typed(body, "stream", "", bool, "true or false")
     for key in token_limits:
-        value = body.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise BadRequest(f"must be a positive integer, not {_kind(value)}", param=key)
+        _positive(body.get(key), key)
+
+
+def _positive(value: Any, param: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise BadRequest(f"must be a positive integer, not {_kind(value)}", param=param)
 
 
 def _list_field(holder: dict, key: str, where: str) -> list:

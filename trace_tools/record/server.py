@@ -12,14 +12,18 @@ Routes (an optional `/s/<session>` prefix names the session: a harness pointed a
 
 * `POST /v1/messages` (Anthropic Messages, JSON or SSE) and `POST /v1/messages/count_tokens`;
 * `POST /v1/chat/completions` (also without `/v1`; OpenAI Chat Completions, JSON or SSE);
+* `POST /v1/responses` (also without `/v1`; the OpenAI Responses API, JSON or SSE; Codex CLI);
+* `POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent` (`?alt=sse`) and
+  `:countTokens` (Google's Gemini API; also under `/v1/`; Gemini CLI);
 * `GET /v1/models`, `GET /health`; anything else is logged and answered 404.
 
-One turn: convert the request (`anthropic.py` / `openai_chat.py`), canonicalize it (slime's
-translate, `render/canonical.py`), render it with the chat template and tokenizer (prompt ids),
-generate (`model.py`), parse the output ids with the family's parser, write the turn
-(`sink.py`), answer in the client's protocol. A session's requests are served one at a time, in
-arrival order. Claude Code's conversation-title request is answered (a short title) and logged as
-a side request, never recorded as a turn, as slime's adapter does.
+One turn: convert the request (`protocols.py`, over `anthropic.py`, `openai_chat.py`,
+`responses.py` and `gemini.py`), canonicalize it (slime's translate, `render/canonical.py`),
+render it with the chat template and tokenizer (prompt ids), generate (`model.py`), parse the
+output ids with the family's parser, write the turn (`sink.py`), answer in the client's protocol.
+A session's requests are served one at a time, in arrival order. Claude Code's conversation-title
+request is answered (a short title) and logged as a side request, never recorded as a turn, as
+slime's adapter does.
 
 What the recorder promises (docs/probe.md, "What the recorder keeps"): a reply a client received
 is in the dump. A turn is persisted before the bytes that complete its reply are sent (a JSON
@@ -37,9 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import threading
-import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,13 +51,13 @@ from typing import Any, AsyncIterator
 
 from trace_tools.data import DumpMeta, Turn
 from trace_tools.errors import ReplayError, TraceToolsError, UnknownName, UsageError
-from trace_tools.record import anthropic, openai_chat
+from trace_tools.record import anthropic, gemini, protocols
 from trace_tools.record.checks import (
     BODY_SECONDS,
     DEFAULT_MAX_BODY,
     BadRequest,
     check_anthropic,
-    check_openai,
+    check_gemini,
     error_body,
     parse_body,
 )
@@ -145,7 +147,7 @@ class Recorder:
 
     async def _dispatch(self, request: Any) -> Any:
         session, path = split_session(request.path)
-        protocol = "openai" if path.endswith("/chat/completions") else "anthropic"
+        protocol = protocols.protocol_of(path)
         try:
             if request.method == "POST" and path == "/v1/messages":
                 return await self._turn(request, session, "anthropic")
@@ -153,14 +155,21 @@ class Recorder:
                 return await self._count_tokens(request, session)
             if request.method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
                 return await self._turn(request, session, "openai")
+            if request.method == "POST" and path in ("/v1/responses", "/responses"):
+                return await self._turn(request, session, "responses")
+            route = gemini.route(path)
+            if request.method == "POST" and route is not None:
+                if route[1] == "countTokens":
+                    return await self._count_tokens(request, session, "gemini")
+                return await self._turn(request, session, "gemini")
             if request.method == "GET" and path in ("/v1/models", "/models"):
                 return self._answer(request, session, "other", {"object": "list", "data": [_model_entry()]})
             if request.method in ("GET", "HEAD") and path in ("/", "/health", "/healthz"):
                 return self._answer(request, session, "other", {"status": "ok"})
-            payload = error_body(protocol, "not_found_error", f"no route {path}")
+            payload = error_body(protocol, "not_found_error", f"no route {path}", status=404)
             return self._answer(request, session, "unknown", payload, status=404)
         except BadRequest as bad:
-            payload = error_body(protocol, "invalid_request_error", str(bad), bad.param)
+            payload = error_body(protocol, "invalid_request_error", str(bad), bad.param, bad.status)
             return self._answer(request, session, "bad_request", payload, status=bad.status)
         except Exception as exc:  # a recorder bug: the client gets its API's error, the log the cause
             self.stats.errors += 1
@@ -173,7 +182,7 @@ class Recorder:
                     "traceback": traceback.format_exc(),
                 }
             )
-            payload = error_body(protocol, "api_error", f"the recorder failed on this request: {exc!r}")
+            payload = error_body(protocol, "api_error", f"the recorder failed on this request: {exc!r}", status=500)
             return self._answer(request, session, "error", payload, status=500)
 
     def _answer(
@@ -204,13 +213,20 @@ class Recorder:
         return await self._run(parse_body, raw)
 
     # -- count_tokens ----------------------------------------------------------------------------
-    async def _count_tokens(self, request: Any, session: str | None) -> Any:
+    async def _count_tokens(self, request: Any, session: str | None, protocol: str = "anthropic") -> Any:
+        """The rendered prompt's length: Anthropic `count_tokens`, Gemini `countTokens`."""
         async with self._budget.hold(self._declared_size(request)):
             body = await self._body(request)
-            check_anthropic(body, count_tokens=True)
-            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
+            if protocol == "gemini":
+                check_gemini(body, count_tokens=True)
+                counted = gemini.count_body(body)
+                messages, (tools, _) = gemini.request_messages(counted), gemini.request_tools(counted)
+            else:
+                check_anthropic(body, count_tokens=True)
+                messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
             ids = await self._run(self._render, messages, tools)
-        return self._answer(request, session, "count_tokens", {"input_tokens": len(ids)}, body=body)
+        reply = {"totalTokens": len(ids)} if protocol == "gemini" else {"input_tokens": len(ids)}
+        return self._answer(request, session, "count_tokens", reply, body=body)
 
     # -- one turn -------------------------------------------------------------------------------
     async def _turn(self, request: Any, session: str | None, protocol: str) -> Any:
@@ -227,25 +243,19 @@ class Recorder:
                 return await self._serve(request, session, protocol, body)
 
     async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
-        if protocol == "anthropic":
-            check_anthropic(body)
-        else:
-            check_openai(body)
+        protocols.CHECKS[protocol](body)
         if protocol == "anthropic" and anthropic.is_title_request(body):
             self.stats.side_requests += 1
             reply = anthropic.message_body(
-                _id("msg_"),
+                protocols.new_id("msg_"),
                 body.get("model", ""),
                 [{"type": "text", "text": SIDE_TITLE}],
                 "end_turn",
                 {"input_tokens": 0, "output_tokens": 0},
             )
             return await self._send(request, protocol, body, reply, session=session, kind="side")
-        if protocol == "anthropic":
-            messages, tools = anthropic.request_messages(body), anthropic.request_tools(body)
-        else:
-            messages, tools = body["messages"], body.get("tools") or None
-        return await self._serve_turn(request, session, protocol, body, messages, tools)
+        messages, tools, unrendered = protocols.conversation(protocol, body)
+        return await self._serve_turn(request, session, protocol, body, messages, tools, unrendered)
 
     def _declared_size(self, request: Any) -> int:
         """The bytes a request's body will take (a chunked one: the limit); a larger one is refused unread."""
@@ -253,7 +263,7 @@ class Recorder:
         return self.max_body if length is None else min(length, self.max_body)
 
     async def _serve_turn(
-        self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any
+        self, request: Any, session: str, protocol: str, body: dict, messages: list, tools: Any, unrendered: list[str]
     ) -> Any:
         from aiohttp import web
 
@@ -262,7 +272,7 @@ class Recorder:
         try:
             prompt_ids = await self._run(self._render, messages, tools)
             generation = await self._generate(
-                Request(session, messages, tools, prompt_ids, _max_tokens(body, protocol))
+                Request(session, messages, tools, prompt_ids, protocols.max_tokens(protocol, body))
             )
             parsed = await self._run(lambda: self._renderer().parse_response(generation.output_ids, tools).message)
         except BadRequest:
@@ -273,29 +283,20 @@ class Recorder:
                 {"kind": "error", "session": session, "path": request.path_qs, "error": str(exc), "body": body}
             )
             status = 502 if "upstream" in str(exc) else 400
-            return web.json_response(error_body(protocol, "api_error", str(exc)), status=status)
+            return web.json_response(error_body(protocol, "api_error", str(exc), status=status), status=status)
         turn_index = self.sink.reserve(session)
         seed = f"{session}/{turn_index}"
-        usage_in, usage_out = len(prompt_ids), len(generation.output_ids)
-        if protocol == "anthropic":
-            blocks = anthropic.reply_blocks(parsed, seed)
-            sent = anthropic.reply_blocks(parsed, seed, reasoning_as_text=self.reasoning == "text")
-            stop = anthropic.stop_reason(blocks, generation.finish)
-            reply = anthropic.message_body(
-                _id("msg_"), body.get("model", ""), sent, stop, {"input_tokens": usage_in, "output_tokens": usage_out}
-            )
-            response, finish = (
-                anthropic.response_message(blocks),
-                "tool_calls" if stop == "tool_use" else generation.finish,
-            )
-        else:
-            response = openai_chat.reply_message(parsed, seed)
-            message = openai_chat.reasoning_in_content(response) if self.reasoning == "text" else response
-            finish = openai_chat.finish_reason(message, generation.finish)
-            usage = {"prompt_tokens": usage_in, "completion_tokens": usage_out, "total_tokens": usage_in + usage_out}
-            reply = openai_chat.completion_body(
-                _id("chatcmpl-"), body.get("model", ""), int(time.time()), message, finish, usage
-            )
+        path = split_session(request.path)[1]
+        reply, response, finish = protocols.reply(
+            protocol,
+            parsed,
+            seed,
+            body,
+            protocols.model(protocol, path, body),
+            generation.finish,
+            (len(prompt_ids), len(generation.output_ids)),
+            self.reasoning == "text",
+        )
         turn = Turn(
             session_id=session,
             turn_index=turn_index,
@@ -306,10 +307,10 @@ class Recorder:
             prompt_ids=prompt_ids,
             response=response,
             finish_reason=finish,
-            request_id=reply["id"],
+            request_id=protocols.reply_id(protocol, reply),
             started_at=started,
             finished_at=datetime.now(timezone.utc),
-            metadata=_turn_metadata(request, body, protocol, generation),
+            metadata=_turn_metadata(request, body, protocol, generation, unrendered),
             step=step,
             weight_version=weight_version or self.weight_version,
         )
@@ -321,7 +322,8 @@ class Recorder:
         """Log and answer; a turn is persisted before the bytes that complete its reply are sent."""
         from aiohttp import web
 
-        stream = body.get("stream") is True
+        path = split_session(request.path)[1]
+        stream = protocols.streams(protocol, path, request.query, body)
         entry = {
             "kind": kind,
             "session": session,
@@ -338,8 +340,9 @@ class Recorder:
         if not stream:
             gone = "the client left before the reply was sent" if _client_gone(request) else None
             await self._persist(turn, gone)
-            return web.json_response(reply)
-        opening, closing = _stream_frames(protocol, body, reply)
+            # Gemini's streamGenerateContent without `alt=sse` answers the chunks as one JSON array.
+            return web.json_response(gemini.stream_chunks(reply) if protocols.json_array(protocol, path) else reply)
+        opening, closing = protocols.stream_frames(protocol, body, reply)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         cut = await _write_frames(request, response, opening, "the client left mid-stream, before the stop reason")
         await self._persist(turn, cut)
@@ -466,20 +469,6 @@ def _client_gone(request: Any) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-def _stream_frames(protocol: str, body: dict, reply: dict) -> tuple[list[bytes], list[bytes]]:
-    """A streamed reply's frames, split before the first that tells the client the reply is complete
-    (Anthropic `message_delta` with the stop reason; OpenAI the chunk with `finish_reason`): the
-    turn is persisted in between."""
-    if protocol == "anthropic":
-        frames = [anthropic.sse_frame(event, data) for event, data in anthropic.sse_events(reply)]
-        return frames[:-2], frames[-2:]
-    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-    chunks = list(openai_chat.chunks(reply, include_usage))
-    finish = next(i for i, chunk in enumerate(chunks) if chunk["choices"] and chunk["choices"][0]["finish_reason"])
-    frames = [openai_chat.sse_frame(chunk) for chunk in chunks] + [openai_chat.sse_frame("[DONE]")]
-    return frames[:finish], frames[finish:]
-
-
 async def _write_frames(request: Any, response: Any, frames: list[bytes], why: str, *, eof: bool = False) -> str | None:
     """Send `frames` (starting the response first); None, or `why` when the client had left."""
     try:
@@ -494,25 +483,18 @@ async def _write_frames(request: Any, response: Any, frames: list[bytes], why: s
     return None
 
 
-def _max_tokens(body: dict, protocol: str) -> int | None:
-    value = (
-        body.get("max_tokens") if protocol == "anthropic" else body.get("max_completion_tokens", body.get("max_tokens"))
-    )
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation) -> dict:
-    meta = {"protocol": protocol, "stream": body.get("stream") is True, "model": body.get("model")}
+def _turn_metadata(request: Any, body: dict, protocol: str, generation: Generation, unrendered: list[str]) -> dict:
+    path = split_session(request.path)[1]
+    stream = protocols.streams(protocol, path, request.query, body) or protocols.json_array(protocol, path)
+    meta = {"protocol": protocol, "stream": stream, "model": protocols.model(protocol, path, body)}
+    if unrendered:
+        meta["unrendered_tools"] = unrendered
     client_session = request.headers.get("X-Claude-Code-Session-Id")
     if client_session:
         meta["client_session"] = client_session
     if generation.scenario is not None:
         meta.update(scenario=generation.scenario, script_turn=generation.script_turn)
     return meta
-
-
-def _id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
 
 
 def _model_entry() -> dict:
