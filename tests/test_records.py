@@ -58,14 +58,14 @@ def test_a_harness_gets_the_base_its_quiet_switches_and_its_credentials_and_noth
 def test_ci_run_reads_the_pin_install_command_and_paths_from_the_record_without_third_party_packages(tmp_path):
     """The `.ci/run` lines run as written, with `python3 -S` (no site-packages) before any venv exists."""
     script = (REPO / ".ci" / "run").read_text()
-    helper = re.search(r"^claude\(\) \{.*\}$", script, re.M)
-    assert helper, ".ci/run no longer defines claude() reading the record"
+    helper = re.search(r"^harness\(\) \{.*\}$", script, re.M)
+    assert helper, ".ci/run no longer defines harness() reading the records"
     assert "-S" in helper.group(0).split() and "sed" not in script
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TRACE_TOOLS_HARNESS_DIR": str(tmp_path / "h")}
     facts = {}
     for what in ("version", "install", "executable", "dir"):
         done = subprocess.run(
-            ["bash", "-c", f"{helper.group(0)}\nclaude {what}"], cwd=REPO, env=env, capture_output=True, text=True
+            ["bash", "-c", f"{helper.group(0)}\nharness claude-code {what}"], cwd=REPO, env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
         facts[what] = done.stdout.strip()
