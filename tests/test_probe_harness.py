@@ -292,7 +292,11 @@ def _probe_one(name: str, sessions: int, **options):
         assert result.isolation["isolated"] and all(c["ok"] for c in result.isolation["checks"])
         assert [s["rc"] for s in result.sessions] == [0] * (sessions + 1), (out / "harness-logs").iterdir()
         assert result.version == spec.version
-        assert json.loads((out / "profile.json").read_text())["harness"] == name
+        assert json.loads((out / "profile.json").read_text())["harness"] == {
+            "name": name,
+            "version": spec.version,
+            "protocol": spec.protocol,
+        }
         yield result, out
 
 

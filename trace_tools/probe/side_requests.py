@@ -35,8 +35,8 @@ MARKERS = (
     SideMarker("skill_review", "qwen-code 0.24.4", "system", "reviewing this conversation to extract reusable skills"),
     SideMarker("title", "qwen-code 0.24.4", "system", "Generate a concise, sentence-case title"),
     SideMarker("title", "opencode 1.18.33", "system", "You are a title generator"),
-    # Qwen Code and Gemini CLI share this prompt (Qwen Code is a fork of Gemini CLI)
-    SideMarker("next_speaker", "qwen-code 0.24.4, gemini-cli 0.61.0", "last_user", "who should logically speak next"),
+    # Gemini CLI 0.61.0's bundle holds the same prompt (Qwen Code is a fork of Gemini CLI)
+    SideMarker("next_speaker", "qwen-code 0.24.4", "last_user", "who should logically speak next"),
 )
 
 
