@@ -6,14 +6,15 @@ a scenario: a script the scripted model plays. The scenario is built on the sess
 request from the tool schemas the harness offers, so it only ever calls tools that exist, with
 their own argument names:
 
-* **file tools** (Claude Code: `Read`, `Edit`, `Write`, `Bash`; `Grep` when offered): read the
+* **file tools** (Claude Code: `Read`, `Edit`, `Write`, `Bash`; `Grep` when offered; the same
+  roles under Qwen Code's and opencode's own tool and argument names, `FileTools`): read the
   module (in some sessions with `offset`/`limit`, in some with the test file in parallel),
   search it, run the tests with a `cd <repo> && ` prefix, Edit with multi-line old/new strings
   whose lines carry trailing whitespace (and no optional keys), Write a test file whose lines
   carry trailing whitespace, run the tests without the prefix in parallel with a command that
   `cd`s into a subdirectory, Write a notes file whose type varies across sessions (`.md`,
   `.txt`, `.markdown`, ...), Edit the README with every key given in a non-schema order, and
-  answer in text.
+  answer in text. From session `EXTENDED_FROM` on, the extended classes follow (`extended_turns`).
 * **shell only** (mini-swe-agent's single `bash` tool): the same steps as shell commands (`cat`,
   `grep`, heredocs that write files with trailing whitespace, a Python one-off that edits), two
   commands in one turn, and the harness's own submit command to finish.
@@ -228,9 +229,8 @@ def file_tool_turns(ws: Workspace, kit: FileTools) -> list[ScriptTurn]:
     read = kit.call(kit.read, file=module, offset=1, limit=40) if ws.index % 3 == 1 else kit.call(kit.read, file=module)
     reads = (read, kit.call(kit.read, file=tests)) if ws.index % 2 == 0 else (read,)
     if kit.search is not None:
-        search = kit.call(kit.search, pattern="def ", path=root)
-        if kit.search == "Grep":
-            search = kit.call(kit.search, pattern="def ", path=root, output_mode="content")
+        mode = {"output_mode": "content"} if kit.search == "Grep" else {}  # Claude Code's Grep lists files by default
+        search = kit.call(kit.search, pattern="def ", path=root, **mode)
     else:
         search = kit.shell_call('grep -n "def " calc/stats.py', "List the functions in stats.py")
     turns = [
