@@ -7,7 +7,7 @@ request from the tool schemas the harness offers, so it only ever calls tools th
 their own argument names:
 
 * **file tools** (Claude Code: `Read`, `Edit`, `Write`, `Bash`; `Grep` when offered; the same
-  roles under Qwen Code's and opencode's own tool and argument names, `FileTools`): read the
+  roles under another harness's own tool and argument names, `FileTools`): read the
   module (in some sessions with `offset`/`limit`, in some with the test file in parallel),
   search it, run the tests with a `cd <repo> && ` prefix, Edit with multi-line old/new strings
   whose lines carry trailing whitespace (and no optional keys), Write a test file whose lines
