@@ -58,14 +58,18 @@ def test_a_harness_gets_the_base_its_quiet_switches_and_its_credentials_and_noth
 def test_ci_run_reads_the_pin_install_command_and_paths_from_the_record_without_third_party_packages(tmp_path):
     """The `.ci/run` lines run as written, with `python3 -S` (no site-packages) before any venv exists."""
     script = (REPO / ".ci" / "run").read_text()
-    helper = re.search(r"^claude\(\) \{.*\}$", script, re.M)
-    assert helper, ".ci/run no longer defines claude() reading the record"
+    helper = re.search(r"^harness\(\) \{.*\}$", script, re.M)
+    assert helper, ".ci/run no longer defines harness() reading the records"
     assert "-S" in helper.group(0).split() and "sed" not in script
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TRACE_TOOLS_HARNESS_DIR": str(tmp_path / "h")}
     facts = {}
     for what in ("version", "install", "executable", "dir"):
         done = subprocess.run(
-            ["bash", "-c", f"{helper.group(0)}\nclaude {what}"], cwd=REPO, env=env, capture_output=True, text=True
+            ["bash", "-c", f"{helper.group(0)}\nharness claude-code {what}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         assert done.returncode == 0, done.stderr
         facts[what] = done.stdout.strip()
@@ -74,6 +78,13 @@ def test_ci_run_reads_the_pin_install_command_and_paths_from_the_record_without_
     assert facts["install"] == claude.install.format(dir=tmp_path / "h", version=claude.version)
     assert facts["executable"] == str(tmp_path / "h" / f"claude-code-{claude.version}" / claude.executable)
     assert facts["dir"] == str(tmp_path / "h")
+
+
+def test_ci_run_installs_every_npm_harness_from_its_record():
+    loop = re.search(r"^for name in (.*); do$", (REPO / ".ci" / "run").read_text(), re.M)
+    assert loop, ".ci/run no longer loops over the harnesses it installs"
+    npm = {name for name, harness in HARNESSES.items() if harness.install.startswith("npm install")}
+    assert set(loop.group(1).split()) == npm
 
 
 def test_describe_names_the_facts_it_knows_on_a_wrong_one(monkeypatch, tmp_path):

@@ -22,6 +22,7 @@ reads a record with the system `python3` before any virtual environment exists:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -32,6 +33,8 @@ from trace_tools.errors import UnknownName, UsageError
 
 DUMMY_ANTHROPIC_KEY = "sk-ant-trace-tools-dummy-key-not-valid"
 DUMMY_OPENAI_KEY = "sk-trace-tools-dummy-key-not-valid"
+DUMMY_GEMINI_KEY = "trace-tools-dummy-key-not-valid"
+SCRIPTED_MODEL = "trace-tools-scripted"
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 ROOT_HARNESS_DIR = Path("/opt/trace-tools/harnesses")
 
@@ -50,6 +53,10 @@ def _version_flag(executable: Path) -> list[str]:
     return [str(executable), "--version"]
 
 
+def _no_files(launch: Launch) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Harness:
     """One harness: its pin, installation, protocol, launch and environment."""
@@ -57,7 +64,7 @@ class Harness:
     name: str
     version: str  # the pinned version: what `install` installs, `locate` prefers and the docs name
     install: str  # shell command; `{dir}` is the harness folder, `{version}` the pin
-    protocol: str  # the API it speaks to the recorder: anthropic | openai (the profile records it)
+    protocol: str  # the API it speaks to the recorder: anthropic | openai | openai-responses | gemini
     speaks: str  # the same, for people (docs/probe.md)
     executable: str  # path under its install folder
     executable_variable: str  # an environment variable naming the executable, for an install elsewhere
@@ -66,12 +73,21 @@ class Harness:
     command: Callable[[Path, Launch], list[str]]  # argv of one non-interactive session
     finish_command: str | None = None  # a shell command that ends the harness's loop, if text does not
     version_command: Callable[[Path], list[str]] = field(default=_version_flag)
+    # settings files the client reads only from disk (path under the scratch HOME → text): the
+    # quiet switches that have no environment variable, written before each launch
+    config_files: Callable[[Launch], dict[str, str]] = field(default=_no_files)
+    # environment overlays the sessions cycle through (session i gets variants[i % n]): client
+    # settings that change what it sends, each measured (Claude Code's attribution header on/off)
+    variants: tuple[Mapping[str, str], ...] = ({},)
 
     def install_command(self, folder: Path | None = None) -> str:
         return self.install.format(dir=folder or harness_dir(), version=self.version)
 
     def pinned_executable(self) -> Path:
         return harness_dir() / f"{self.name}-{self.version}" / self.executable
+
+    def variant(self, session: int) -> Mapping[str, str]:
+        return self.variants[session % len(self.variants)]
 
     def environment(self, launch: Launch) -> dict[str, str]:
         """Exactly what the harness process gets: nothing is inherited from the caller."""
@@ -167,6 +183,9 @@ CLAUDE_CODE = Harness(
     },
     credentials=_claude_credentials,
     command=_claude_command,
+    # 2.1.36 and later write a per-request `x-anthropic-billing-header: ...; cch=...` line first in
+    # the system prompt unless CLAUDE_CODE_ATTRIBUTION_HEADER=0: sessions alternate both settings
+    variants=({}, {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}),
 )
 
 
@@ -240,7 +259,200 @@ MINI_SWE_AGENT = Harness(
 )
 
 
-HARNESSES = {harness.name: harness for harness in (CLAUDE_CODE, MINI_SWE_AGENT)}
+# -- Qwen Code --------------------------------------------------------------------------------------
+
+
+def _qwen_credentials(launch: Launch) -> dict[str, str]:
+    return {
+        "OPENAI_BASE_URL": launch.base_url + "/v1",
+        "OPENAI_API_KEY": DUMMY_OPENAI_KEY,
+        "OPENAI_MODEL": SCRIPTED_MODEL,
+        "QWEN_HOME": str(launch.home / ".qwen"),
+    }
+
+
+def _qwen_command(executable: Path, launch: Launch) -> list[str]:
+    return [
+        str(executable),
+        "--auth-type",
+        "openai",
+        "--model",
+        SCRIPTED_MODEL,
+        "--yolo",
+        "--output-format",
+        "json",
+        "--chat-recording",
+        "false",
+        launch.task,
+    ]
+
+
+QWEN_CODE = Harness(
+    name="qwen-code",
+    version="0.24.4",
+    install="npm install --prefix {dir}/qwen-code-{version} @qwen-code/qwen-code@{version}",
+    protocol="openai",
+    speaks="OpenAI Chat Completions",
+    executable="node_modules/.bin/qwen",
+    executable_variable="TRACE_TOOLS_QWEN_CODE",
+    # Qwen Code 0.24.x, each read in its bundle (chunks/*.js): usage statistics and OpenTelemetry
+    # off (`parseBooleanEnvFlag`: "false" is off), the post-start update check skipped, the API
+    # preconnect and the session-title side request off.
+    quiet={
+        "QWEN_USAGE_STATISTICS_ENABLED": "false",
+        "QWEN_TELEMETRY_ENABLED": "false",
+        "QWEN_CODE_SKIP_UPDATE_CHECK_ONCE": "true",
+        "QWEN_CODE_DISABLE_PRECONNECT": "1",
+        "QWEN_DISABLE_AUTO_TITLE": "1",
+    },
+    credentials=_qwen_credentials,
+    command=_qwen_command,
+)
+
+
+# -- Codex CLI ---------------------------------------------------------------------------------------
+
+
+def _codex_credentials(launch: Launch) -> dict[str, str]:
+    return {"OPENAI_API_KEY": DUMMY_OPENAI_KEY, "CODEX_HOME": str(launch.home / ".codex")}
+
+
+def _codex_command(executable: Path, launch: Launch) -> list[str]:
+    # A provider of our own: plain HTTP streaming to `/v1/responses` (Codex opens a WebSocket only
+    # for providers that declare `supports_websockets`), the dummy key read from OPENAI_API_KEY.
+    provider = (
+        f'{{name="trace-tools", base_url="{launch.base_url}/v1", env_key="OPENAI_API_KEY", wire_api="responses"}}'
+    )
+    return [
+        str(executable),
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "--json",
+        "-c",
+        "model_provider=tracetools",
+        "-c",
+        f"model_providers.tracetools={provider}",
+        "-m",
+        SCRIPTED_MODEL,
+        launch.task,
+    ]
+
+
+def _codex_files(launch: Launch) -> dict[str, str]:
+    # Codex 0.171 reads these only from config.toml (each key checked in the binary's strings):
+    # no analytics, no OpenTelemetry exporter, no update check, no feedback uploads.
+    return {
+        ".codex/config.toml": "check_for_update_on_startup = false\n\n"
+        '[analytics]\nenabled = false\n\n[feedback]\nenabled = false\n\n[otel]\nexporter = "none"\n'
+    }
+
+
+CODEX = Harness(
+    name="codex",
+    version="0.171.0",
+    install="npm install --prefix {dir}/codex-{version} @openai/codex@{version}",
+    protocol="openai-responses",
+    speaks="OpenAI Responses (HTTP + SSE)",
+    executable="node_modules/.bin/codex",
+    executable_variable="TRACE_TOOLS_CODEX",
+    quiet={},  # every switch Codex has for its traffic is a config.toml key (`config_files`)
+    credentials=_codex_credentials,
+    command=_codex_command,
+    config_files=_codex_files,
+)
+
+
+# -- Gemini CLI --------------------------------------------------------------------------------------
+
+
+def _gemini_credentials(launch: Launch) -> dict[str, str]:
+    return {"GEMINI_API_KEY": DUMMY_GEMINI_KEY, "GOOGLE_GEMINI_BASE_URL": launch.base_url}
+
+
+def _gemini_command(executable: Path, launch: Launch) -> list[str]:
+    return [
+        str(executable),
+        "--yolo",
+        "--skip-trust",
+        "--output-format",
+        "json",
+        "-m",
+        SCRIPTED_MODEL,
+        "-p",
+        launch.task,
+    ]
+
+
+def _gemini_files(launch: Launch) -> dict[str, str]:
+    # Gemini CLI 0.61 reads usage statistics (Clearcut) and the auto-update switches only from
+    # settings.json (checked in its bundle); the API-key auth is chosen there too, so no login prompt.
+    settings = (
+        '{"privacy": {"usageStatisticsEnabled": false}, '
+        '"general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}, '
+        '"telemetry": {"enabled": false}, "security": {"auth": {"selectedType": "gemini-api-key"}}}\n'
+    )
+    return {".gemini/settings.json": settings}
+
+
+GEMINI_CLI = Harness(
+    name="gemini-cli",
+    version="0.61.0",
+    install="npm install --prefix {dir}/gemini-cli-{version} @google/gemini-cli@{version}",
+    protocol="gemini",
+    speaks="Google Gemini API (streamGenerateContent, SSE)",
+    executable="node_modules/.bin/gemini",
+    executable_variable="TRACE_TOOLS_GEMINI_CLI",
+    # telemetry off (the environment overrides settings.json); no relaunch into a second node process
+    quiet={"GEMINI_TELEMETRY_ENABLED": "false", "GEMINI_CLI_NO_RELAUNCH": "true"},
+    credentials=_gemini_credentials,
+    command=_gemini_command,
+    config_files=_gemini_files,
+)
+
+
+# -- opencode ----------------------------------------------------------------------------------------
+
+
+def _opencode_credentials(launch: Launch) -> dict[str, str]:
+    # The provider is bundled (`@ai-sdk/openai-compatible`): nothing is fetched to use it.
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "trace-tools",
+        "options": {"baseURL": launch.base_url + "/v1", "apiKey": DUMMY_OPENAI_KEY},
+        "models": {SCRIPTED_MODEL: {"name": SCRIPTED_MODEL}},
+    }
+    config = {"autoupdate": False, "share": "disabled", "provider": {"tracetools": provider}}
+    return {"OPENCODE_CONFIG_CONTENT": json.dumps({**config, "model": f"tracetools/{SCRIPTED_MODEL}"})}
+
+
+def _opencode_command(executable: Path, launch: Launch) -> list[str]:
+    return [str(executable), "run", "--auto", "--format", "json", launch.task]
+
+
+OPENCODE = Harness(
+    name="opencode",
+    version="1.18.33",
+    install="npm install --prefix {dir}/opencode-{version} opencode-ai@{version}",
+    protocol="openai",
+    speaks="OpenAI Chat Completions (AI SDK)",
+    executable="node_modules/.bin/opencode",
+    executable_variable="TRACE_TOOLS_OPENCODE",
+    # opencode 1.18: each read in its binary; no models.dev catalogue fetch, no updates, no
+    # sharing, no LSP server downloads, no default plugins (which install from npm).
+    quiet={
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    },
+    credentials=_opencode_credentials,
+    command=_opencode_command,
+)
+
+
+HARNESSES = {harness.name: harness for harness in (CLAUDE_CODE, MINI_SWE_AGENT, QWEN_CODE, CODEX, GEMINI_CLI, OPENCODE)}
 
 
 def get_harness(name: str) -> Harness:

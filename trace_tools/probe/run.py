@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,10 +28,11 @@ from typing import Any, Callable
 from trace_tools.errors import TraceToolsError, UnknownName, UsageError
 from trace_tools.io.write import write_json_atomic
 from trace_tools.probe.harnesses import Harness, Launch, get_harness
+from trace_tools.probe.history import history_events
 from trace_tools.probe.profile import detect_from_dump, write_profile
 from trace_tools.probe.scenarios import TASK, Workspace, build_scenario, make_workspace
+from trace_tools.probe.side_requests import SideRequestModel, side_request_counts
 from trace_tools.record import make_renderer
-from trace_tools.record.model import ScriptedModel
 from trace_tools.record.server import REASONING_MODES, Recorder, RecorderThread
 
 UNPRIVILEGED = (65534, 65534)  # nobody:nogroup, for the harness when the probe runs as root
@@ -85,7 +87,7 @@ def probe(
     workspaces = [make_workspace(work / f"s{i:02d}" / "repo", i, seed) for i in range(sessions)]
     renderer = make_renderer(template)
     scripts = _ScenarioBook(workspaces, spec, run_dir / "scenarios")
-    model = ScriptedModel(renderer, scripts)
+    model = SideRequestModel(renderer, scripts, run_dir / "side-requests.jsonl")
     recorder = Recorder(run_dir, renderer, model, harness=harness, reasoning=reasoning)
     socket_dir = Path(tempfile.mkdtemp(prefix="tt-probe-"))
     try:
@@ -97,8 +99,15 @@ def probe(
     _check_sessions(report, run_dir)
     profile = detect_from_dump(run_dir / "dump", harness=harness, version=version, protocol=spec.protocol)
     profile["measured"].update(
-        sessions_requested=sessions, template=template, seed=seed, isolation=report["mode"], reasoning=reasoning
+        sessions_requested=sessions,
+        template=template,
+        seed=seed,
+        isolation=report["mode"],
+        reasoning=reasoning,
+        side_requests=side_request_counts(run_dir / "side-requests.jsonl"),
+        variants={f"s{i:02d}": dict(spec.variant(i)) for i in range(sessions) if spec.variant(i)},
     )
+    profile["history"] = history_events(run_dir / "dump")
     write_profile(profile, run_dir / "profile.json")
     say(f"profile: {len(profile['transformations'])} transformations over {profile['measured']['echoes']} echoed turns")
     result = ProbeResult(run_dir, harness, version, report, report["sessions"], profile)
@@ -161,11 +170,12 @@ def _run_sandbox(
         home = ws.root.parent / "home"
         home.mkdir(parents=True, exist_ok=True)
         launch = Launch(TASK, f"http://127.0.0.1:{BRIDGE_PORT}/s/{key}", home, ws.root)
+        _write_config_files(spec, launch)
         commands.append(
             {
                 "key": key,
                 "argv": spec.command(executable, launch),
-                "env": spec.environment(launch),
+                "env": {**spec.environment(launch), **spec.variant(ws.index)},
                 "cwd": str(ws.root),
                 "log": str(logs / f"{key}.log"),
                 "timeout": timeout_s,
@@ -209,6 +219,7 @@ def _version_command(spec: Harness, executable: Path, run_dir: Path, logs: Path)
     home = run_dir / "work" / "version-home"
     home.mkdir(parents=True, exist_ok=True)
     launch = Launch("", f"http://127.0.0.1:{BRIDGE_PORT}/s/version", home, home)
+    _write_config_files(spec, launch)
     return {
         "key": "version",
         "argv": spec.version_command(executable),
@@ -217,6 +228,14 @@ def _version_command(spec: Harness, executable: Path, run_dir: Path, logs: Path)
         "log": str(logs / "version.log"),
         "timeout": 60,
     }
+
+
+def _write_config_files(spec: Harness, launch: Launch) -> None:
+    """The record's settings files (quiet switches that exist only on disk) into the scratch home."""
+    for relative, text in spec.config_files(launch).items():
+        path = launch.home / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
 
 
 def _hand_over(folder: Path, uid: int, gid: int) -> None:
@@ -236,8 +255,9 @@ def _hand_over(folder: Path, uid: int, gid: int) -> None:
 
 
 def _version(run_dir: Path) -> str:
-    text = (run_dir / "harness-logs" / "version.log").read_text(errors="replace").strip()
-    return text.split()[0] if text else "unknown"
+    """The first version-looking word of the client's own answer (`2.1.332 (Claude Code)`, `codex-cli 0.171.0`)."""
+    words = (run_dir / "harness-logs" / "version.log").read_text(errors="replace").split()
+    return next((word for word in words if re.fullmatch(r"v?\d+\.\d+[\w.+-]*", word)), words[0] if words else "unknown")
 
 
 def _check_sessions(report: dict[str, Any], run_dir: Path) -> None:

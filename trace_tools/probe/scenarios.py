@@ -6,14 +6,15 @@ a scenario: a script the scripted model plays. The scenario is built on the sess
 request from the tool schemas the harness offers, so it only ever calls tools that exist, with
 their own argument names:
 
-* **file tools** (Claude Code: `Read`, `Edit`, `Write`, `Bash`; `Grep` when offered): read the
+* **file tools** (Claude Code: `Read`, `Edit`, `Write`, `Bash`; `Grep` when offered; the same
+  roles under another harness's own tool and argument names, `FileTools`): read the
   module (in some sessions with `offset`/`limit`, in some with the test file in parallel),
   search it, run the tests with a `cd <repo> && ` prefix, Edit with multi-line old/new strings
   whose lines carry trailing whitespace (and no optional keys), Write a test file whose lines
   carry trailing whitespace, run the tests without the prefix in parallel with a command that
   `cd`s into a subdirectory, Write a notes file whose type varies across sessions (`.md`,
   `.txt`, `.markdown`, ...), Edit the README with every key given in a non-schema order, and
-  answer in text.
+  answer in text. From session `EXTENDED_FROM` on, the extended classes follow (`extended_turns`).
 * **shell only** (mini-swe-agent's single `bash` tool): the same steps as shell commands (`cat`,
   `grep`, heredocs that write files with trailing whitespace, a Python one-off that edits), two
   commands in one turn, and the harness's own submit command to finish.
@@ -42,6 +43,9 @@ TASK = (
     "run the tests, and leave a short note of the change."
 )
 SHELL_NAMES = ("bash", "shell", "execute_bash", "run_shell_command", "terminal")
+# Sessions from this index on add the extended scenario classes (`extended_turns`); sessions 0-2
+# play the base scenario the shipped profiles were measured on, so a short probe stays comparable.
+EXTENDED_FROM = 3
 
 
 @dataclass(frozen=True)
@@ -130,11 +134,72 @@ def tool_names(tools: list[dict] | None) -> dict[str, set[str]]:
     return out
 
 
+@dataclass(frozen=True)
+class FileTools:
+    """A harness's file tools and their argument names (Claude Code `Edit(file_path, old_string, ...)`,
+    Qwen Code `edit(file_path, ...)`, opencode `edit(filePath, oldString, ...)`, ...)."""
+
+    read: str
+    edit: str
+    write: str
+    shell: str
+    search: str | None
+    tool_search: str | None
+    path: str
+    old: str
+    new: str
+    replace_all: str | None
+    shell_arguments: frozenset[str]
+
+    def call(self, tool: str, **arguments: Any) -> ScriptCall:
+        """A call with the scenario's generic argument names spelled as this harness spells them."""
+        spelled = {"file": self.path, "old": self.old, "new": self.new, "replace_all": self.replace_all}
+        return ScriptCall(tool, {(spelled.get(key) or key): value for key, value in arguments.items()})
+
+    def shell_call(self, command: str, description: str, **extra: Any) -> ScriptCall:
+        arguments: dict[str, Any] = {"command": command}
+        if "description" in self.shell_arguments:
+            arguments["description"] = description
+        arguments.update((key, value) for key, value in extra.items() if key in self.shell_arguments)
+        return ScriptCall(self.shell, arguments)
+
+
+def _first(candidates: tuple[str, ...], present: set[str] | dict) -> str | None:
+    return next((name for name in candidates if name in present), None)
+
+
+def file_tools(names: dict[str, set[str]]) -> FileTools | None:
+    """The harness's file tools, when it offers a reader, an editor, a writer and a shell."""
+    read, write = _first(("Read", "read_file", "read"), names), _first(("Write", "write_file", "write"), names)
+    edit, shell = _first(("Edit", "edit", "replace"), names), _first(("Bash", "run_shell_command", "bash"), names)
+    if not (read and write and edit and shell):
+        return None
+    edit_arguments = names[edit]
+    path, old = _first(("file_path", "filePath"), edit_arguments), _first(("old_string", "oldString"), edit_arguments)
+    new = _first(("new_string", "newString"), edit_arguments)
+    if not (path and old and new) or path not in names[write] or "command" not in names[shell]:
+        return None
+    return FileTools(
+        read,
+        edit,
+        write,
+        shell,
+        _first(("Grep", "grep_search", "grep"), names),
+        _first(("ToolSearch", "tool_search"), names),
+        path,
+        old,
+        new,
+        _first(("replace_all", "replaceAll"), edit_arguments),
+        frozenset(names[shell]),
+    )
+
+
 def build_scenario(ws: Workspace, tools: list[dict] | None, finish_command: str | None = None) -> Script:
     """The session's script for the tools its harness offers (see the module docstring)."""
     names = tool_names(tools)
-    if {"file_path", "old_string", "new_string"} <= names.get("Edit", set()) and "Write" in names and "Bash" in names:
-        return Script(f"swe-files-{ws.index:02d}", file_tool_turns(ws, names), _final(ws), TASK)
+    kit = file_tools(names)
+    if kit is not None:
+        return Script(f"swe-files-{ws.index:02d}", file_tool_turns(ws, kit), _final(ws), TASK)
     shell = next((name for name in SHELL_NAMES if "command" in names.get(name, set())), None)
     if shell is not None:
         turns = shell_turns(ws, shell)
@@ -159,42 +224,81 @@ def _call(name: str, **arguments: Any) -> ScriptCall:
     return ScriptCall(name, arguments)
 
 
-def file_tool_turns(ws: Workspace, names: dict[str, set[str]]) -> list[ScriptTurn]:
+def file_tool_turns(ws: Workspace, kit: FileTools) -> list[ScriptTurn]:
     root, module, tests = str(ws.root), f"{ws.root}/calc/stats.py", f"{ws.root}/tests/test_stats.py"
-    read = _call("Read", file_path=module, offset=1, limit=40) if ws.index % 3 == 1 else _call("Read", file_path=module)
-    reads = (read, _call("Read", file_path=tests)) if ws.index % 2 == 0 else (read,)
-    if "Grep" in names:
-        search = _call("Grep", pattern="def ", path=root, output_mode="content")
+    read = kit.call(kit.read, file=module, offset=1, limit=40) if ws.index % 3 == 1 else kit.call(kit.read, file=module)
+    reads = (read, kit.call(kit.read, file=tests)) if ws.index % 2 == 0 else (read,)
+    if kit.search is not None:
+        mode = {"output_mode": "content"} if kit.search == "Grep" else {}  # Claude Code's Grep lists files by default
+        search = kit.call(kit.search, pattern="def ", path=root, **mode)
     else:
-        search = _call("Bash", command='grep -n "def " calc/stats.py', description="List the functions in stats.py")
-    return [
+        search = kit.shell_call('grep -n "def " calc/stats.py', "List the functions in stats.py")
+    turns = [
         ScriptTurn("Read the module first.", "", reads),
         ScriptTurn("Find every function.", "Searching the package.", (search,)),
-        ScriptTurn(
-            "Reproduce.",
-            "",
-            (_call("Bash", command=f"cd {root} && python3 -m unittest -q", description="Run the tests"),),
-        ),
-        ScriptTurn("The divisor is off by one.", "Fixing the divisor.", (_edit_mean(ws, module),)),
+        ScriptTurn("Reproduce.", "", (kit.shell_call(f"cd {root} && python3 -m unittest -q", "Run the tests"),)),
+        ScriptTurn("The divisor is off by one.", "Fixing the divisor.", (_edit_mean(ws, kit, module),)),
         ScriptTurn(
             "Add a regression test.",
             "",
-            (_call("Write", file_path=f"{root}/tests/test_mean.py", content=regression_test(ws)),),
+            (kit.call(kit.write, file=f"{root}/tests/test_mean.py", content=regression_test(ws)),),
         ),
         ScriptTurn(
             "Run everything.",
             "",
             (
-                _call("Bash", command="python3 -m unittest -q", description="Run the tests again"),
-                _call("Bash", command=f"cd {root}/tests && ls", description="List the test files"),
+                kit.shell_call("python3 -m unittest -q", "Run the tests again"),
+                kit.shell_call(f"cd {root}/tests && ls", "List the test files"),
             ),
         ),
-        ScriptTurn("Leave a note.", "", (_call("Write", file_path=f"{root}/NOTES{ws.note_type}", content=notes(ws)),)),
-        ScriptTurn("Point the README at the note.", "", (_edit_readme(ws),)),
+        ScriptTurn("Leave a note.", "", (kit.call(kit.write, file=f"{root}/NOTES{ws.note_type}", content=notes(ws)),)),
+        ScriptTurn("Point the README at the note.", "", (_edit_readme(ws, kit),)),
     ]
+    return turns + (extended_turns(ws, kit) if ws.index >= EXTENDED_FROM else [])
 
 
-def _edit_mean(ws: Workspace, module: str) -> ScriptCall:
+def extended_turns(ws: Workspace, kit: FileTools) -> list[ScriptTurn]:
+    """The scenario classes beyond the base scenario (docs/probe.md, "Scenarios"): a file of another
+    type (`.js`, `.yaml`, `.mdx`, `.MD`, a Makefile's tab-led recipes), CRLF and lone-CR line ends,
+    string-typed numbers and booleans, three calls in one turn, and a tool-list change where the
+    harness can load tools on demand."""
+    root = str(ws.root)
+    name, text = extra_file(ws)
+    turns = [
+        ScriptTurn("Add the project file.", "", (kit.call(kit.write, file=f"{root}/{name}", content=text),)),
+        ScriptTurn(
+            "Record the line-end samples.",
+            "",
+            (kit.call(kit.write, file=f"{root}/samples/lines{ws.note_type}", content=line_end_text(ws)),),
+        ),
+        ScriptTurn("Run the tests with a time limit.", "", (_typed_shell(kit),)),
+        ScriptTurn(
+            "Check the three files at once.",
+            "",
+            (
+                kit.call(kit.read, file=f"{root}/{name}"),
+                kit.call(kit.read, file=f"{root}/samples/lines{ws.note_type}"),
+                kit.shell_call("git status --short", "Show the changed files"),
+            ),
+        ),
+    ]
+    if kit.replace_all is not None:
+        typed = kit.call(
+            kit.edit, file=f"{root}/{name}", old=EXTRA_MARKER, new=EXTRA_MARKER + " (checked)", replace_all="false"
+        )
+        turns.append(ScriptTurn("Mark the file checked.", "", (typed,)))
+    if kit.tool_search is not None:
+        query = "select:CronCreate" if kit.tool_search == "ToolSearch" else "cron"
+        turns.append(ScriptTurn("Look for a scheduler tool.", "", (kit.call(kit.tool_search, query=query),)))
+    return turns
+
+
+def _typed_shell(kit: FileTools) -> ScriptCall:
+    """A shell call whose number argument is written as a string (`"60000"`), as models often do."""
+    return kit.shell_call("python3 -m unittest -q", "Run the tests with a limit", timeout="60000")
+
+
+def _edit_mean(ws: Workspace, kit: FileTools, module: str) -> ScriptCall:
     old = f'def mean(values):{ws.trail(1)}\n    """Arithmetic mean of a non-empty list."""\n    total = 0{ws.trail(2)}'
     new = (
         f"def mean(values):{ws.trail(1)}\n"
@@ -205,23 +309,46 @@ def _edit_mean(ws: Workspace, module: str) -> ScriptCall:
     )
     fix_old, fix_new = "    return total / (len(values) - 1)", "    return total / len(values)"
     if ws.index % 2:
-        return _call("Edit", file_path=module, old_string=fix_old, new_string=fix_new + ws.trail(0))
-    return _call(
-        "Edit",
-        file_path=module,
-        old_string=old + "\n    for value in values:\n        total += value\n" + fix_old,
-        new_string=new + "\n    for value in values:\n        total += value\n" + fix_new,
+        return kit.call(kit.edit, file=module, old=fix_old, new=fix_new + ws.trail(0))
+    return kit.call(
+        kit.edit,
+        file=module,
+        old=old + "\n    for value in values:\n        total += value\n" + fix_old,
+        new=new + "\n    for value in values:\n        total += value\n" + fix_new,
     )
 
 
-def _edit_readme(ws: Workspace) -> ScriptCall:
-    arguments = {
-        "file_path": f"{ws.root}/README.md",
-        "new_string": f"Summary statistics over plain lists.{ws.trail(1)}\nSee NOTES{ws.note_type}.{ws.trail(2)}",
-        "old_string": "Summary statistics over plain lists.",
-        "replace_all": False,
+def _edit_readme(ws: Workspace, kit: FileTools) -> ScriptCall:
+    """Every key given, in a non-schema order (new before old)."""
+    arguments: dict[str, Any] = {
+        "file": f"{ws.root}/README.md",
+        "new": f"Summary statistics over plain lists.{ws.trail(1)}\nSee NOTES{ws.note_type}.{ws.trail(2)}",
+        "old": "Summary statistics over plain lists.",
     }
-    return ScriptCall("Edit", arguments)
+    if kit.replace_all is not None:
+        arguments["replace_all"] = False
+    return kit.call(kit.edit, **arguments)
+
+
+EXTRA_MARKER = "trace-tools probe"
+
+
+def extra_file(ws: Workspace) -> tuple[str, str]:
+    """Session `index`'s file of another type: its name and text (trailing whitespace on some lines)."""
+    t = ws.trail
+    files = (
+        ("app.js", f"// {EXTRA_MARKER}{t(0)}\nexport function mean(values) {{{t(1)}\n  return 0;\n}}{t(2)}\n"),
+        ("config.yaml", f"# {EXTRA_MARKER}{t(0)}\nname: calc{t(1)}\ntests:\n  - tests/{t(2)}\n"),
+        ("page.mdx", f"# {EXTRA_MARKER}{t(0)}\n\nimport Chart from './chart'{t(1)}\n\n<Chart />{t(2)}\n"),
+        ("GUIDE.MD", f"# {EXTRA_MARKER}{t(0)}\n\nRun the tests.{t(1)}\n"),
+        ("Makefile", f"# {EXTRA_MARKER}{t(0)}\ntest:{t(1)}\n\tpython3 -m unittest -q{t(2)}\n\t@echo done\n"),
+    )
+    return files[ws.index % len(files)]
+
+
+def line_end_text(ws: Workspace) -> str:
+    """CRLF lines (some with spaces before the CR), a lone-CR line end and an LF one."""
+    return f"first line{ws.trail(0)}\r\nsecond line\r\nthird line{ws.trail(1)}\rfourth line{ws.trail(2)}\nlast\r\n"
 
 
 def regression_test(ws: Workspace) -> str:
