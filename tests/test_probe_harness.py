@@ -269,22 +269,10 @@ def _required(name: str) -> str | None:
     return "TRACE_TOOLS_REQUIRE_HARNESSES" if name in listed else None
 
 
-def _recorder_speaks_or_skip(protocol: str) -> None:
-    """Codex and Gemini CLI need the recorder's Responses / Gemini routes (issue 35, item 3)."""
-    import inspect
-
-    from trace_tools.record import server
-
-    route = {"openai-responses": "/responses", "gemini": "GenerateContent"}.get(protocol)
-    if route is not None and route not in inspect.getsource(server):
-        pytest.skip(f"the recorder does not serve the {protocol} API yet")
-
-
 def _probe_one(name: str, sessions: int, **options):
     spec = get_harness(name)
     _installed_or_skip(name, _required(name))
     _namespaces_or_skip()
-    _recorder_speaks_or_skip(spec.protocol)
     from trace_tools.probe import probe
 
     with _probe_dir(name) as out:
