@@ -17,6 +17,7 @@ from trace_tools.render.normalize import JS_WHITESPACE
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
 _CD_PREFIX = re.compile(r"^cd (\S+) && $")
 _CD_START = re.compile(r"^cd (\S+) && ")
+_ANY_LINE_END = re.compile(r"(\r\n|\r|\n)")  # split keeping the separators, compared like lines
 
 
 def is_blank(char: str) -> bool:
@@ -104,8 +105,22 @@ def removed_prefix(before: str, after: str) -> tuple[str, str]:
 
 
 def rstripped(before: str, after: str) -> set[str] | None:
-    """The characters removed when `after` is `before` with blanks stripped from line ends; None if not."""
-    lines_before, lines_after = before.split("\n"), after.split("\n")
+    """The characters removed when `after` is `before` with blanks stripped from line ends (lines
+    ending at `\\n`, or else at `\\r\\n` and a lone `\\r` too); None if not."""
+    found = _stripped_lines(before.split("\n"), after.split("\n"))
+    if found is None and "\r" in before:
+        found = _stripped_lines(*(_ANY_LINE_END.split(text) for text in (before, after)))
+    return found
+
+
+def line_convention(before: str, after: str) -> str:
+    """The line-end convention (`normalize.LINE_ENDS`) under which `after` is `before` stripped."""
+    if "\r" in before and _stripped_lines(before.split("\n"), after.split("\n")) is None:
+        return "crlf-cr"
+    return "lf"
+
+
+def _stripped_lines(lines_before: list[str], lines_after: list[str]) -> set[str] | None:
     if len(lines_before) != len(lines_after):
         return None
     removed: set[str] = set()

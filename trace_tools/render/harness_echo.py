@@ -42,7 +42,14 @@ from trace_tools.render.normalize import (
 FORMAT, VERSION = "trace-tools-harness-profile", 1
 PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
 SHIPPED = Path(__file__).with_name("harness_profiles")
-_WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
+# How harnesses state the session's working directory: Claude Code's env block ("Primary working
+# directory:" / "Working directory:"), `cwd:` lines, Codex's `<cwd>` element, and Gemini CLI's and
+# Qwen Code's "I'm currently working in the directory: ...".
+_WORKING_DIRECTORY = re.compile(
+    r"(?:Primary working directory|Working directory|cwd|currently working in the directory):[ \t]*[`'\"]?(/[^\s`'\"]*)"
+    r"|<cwd>\s*(/[^<\s]*)\s*</cwd>",
+    re.IGNORECASE,
+)
 _CD_ANY = re.compile(r"^cd (\S+) && ")
 _REPLAYABLE_MESSAGES = ("reasoning.dropped", "reasoning.moved_to_text", "text.dropped", "call_ids.dropped")
 _HARMLESS_MESSAGES = (".kept", "text.empty_representation_changed")
@@ -54,10 +61,10 @@ def working_directory(messages: Iterable[Any]) -> str | None:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in ("system", "user"):
             continue
-        content = message.get("content")
-        match = _WORKING_DIRECTORY.search(content) if isinstance(content, str) else None
+        match = _WORKING_DIRECTORY.search(_text(message.get("content")))
         if match:
-            return match.group(1)
+            found = match.group(1) or match.group(2)
+            return found.rstrip(".,;:") if len(found) > 1 else found
     return None
 
 

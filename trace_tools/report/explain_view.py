@@ -13,7 +13,7 @@ DIFF_LINES = 20  # message differences listed in full; --json has them all
 
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
-    "type_coercion": "string argument coerced to the schema's type (`\"60000\"` → 60000)",
+    "type_coercion": 'string argument coerced to the schema\'s type (`"60000"` → 60000)',
     "schema_default": "schema default filled in: an argument the model omitted came back with its declared default",
     "command_prefix": "command prefix removed: the harness dropped a prefix its profile names (e.g. `cd <cwd> && `)",
     "key_order_or_spacing": "tool-argument key order rebuilt or JSON spacing changed (same values)",

@@ -20,8 +20,8 @@ def _row(entry: dict[str, Any]) -> dict[str, Any]:
         "tool": entry.get("tool", "(message)"),
         "argument": entry.get("argument", ""),
         "what": describe(entry),
-        "count": entry.get("count", 0),
-        "of": entry.get("of", 0),
+        "count": entry.get("count") or 0,
+        "of": entry.get("of") or 0,
         "served": served,
         "echoed": echoed,
         "where": f"{example.get('session', '')} turn {example.get('turn', '')}".strip(),
@@ -56,9 +56,14 @@ def describe(entry: dict[str, Any]) -> str:
             text += "; kept: " + " ".join(c.split()[0] for c in entry["kept_characters"])
         if entry.get("character_class") and entry["character_class"] != "custom":
             text += f" ({entry['character_class']})"
+        if entry.get("line_ends") == "crlf-cr":
+            text += "; lines end at \\n, \\r\\n (\\r kept) and a lone \\r"
         if entry.get("except_file_types"):
-            text += "; not in " + ", ".join(entry["except_file_types"])
+            case = " (any case)" if entry.get("file_types_match") == "case-insensitive" else ""
+            text += "; not in " + ", ".join(entry["except_file_types"]) + case
         return text
+    if kind == "coerce_types":
+        return "string arguments coerced to the schema's " + "/".join(entry.get("types") or ["type"])
     if kind == "strip_prefix":
         return f"prefix removed: {entry['pattern']!r}"
     if kind == "kept_verbatim":
@@ -135,5 +140,6 @@ def profile_table(profile: dict[str, Any]) -> Any:
             if row["served"] is not None
             else short(row["echoed"], 70)
         )
-        table.add_row(row["tool"], row["argument"], row["what"], f"{row['count']}/{row['of']}", example)
+        seen = f"{row['count']}/{row['of']}" if row["of"] else "stated"  # `observed_in`: seen outside the probe
+        table.add_row(row["tool"], row["argument"], row["what"], seen, example)
     return table

@@ -239,9 +239,7 @@ class CheckpointTree:
         harness = (lambda h, i: self._harness_echo(h, i, tools, defaults)) if self.harnesses else None
         return message_match(held, incoming, defaults, self.echo_rules, harness)
 
-    def _harness_echo(
-        self, held: dict, incoming: dict, tools: Sequence[dict] | None, defaults: EchoSchema
-    ) -> bool:
+    def _harness_echo(self, held: dict, incoming: dict, tools: Sequence[dict] | None, defaults: EchoSchema) -> bool:
         for k, harness in enumerate(self.harnesses):
             hit = self._echoes.get((id(held), k))
             if hit is None or hit[0] is not held:  # each stored reply is played once per harness
