@@ -306,7 +306,7 @@ def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = 
         a, b = a, a
     if a != b:
         return []
-    if causes and _key_order_rebuilt(stored, echo):
+    if _key_order_rebuilt(stored, echo) or (not causes and _raw_json_differs(stored, echo)):
         causes.append("key_order_or_spacing")
     if not causes and _only_wire_ids(message_diff(stored, echo)):
         causes.append("tool_call_id")

@@ -34,8 +34,10 @@ from trace_tools.render.normalize import (
     JS_WHITESPACE,
     LINE_ENDS,
     coerce_to_schema,
+    cwd_prefixes,
     parse_arguments,
     rstrip_lines,
+    strip_cwd_prefix,
     tool_types,
 )
 
@@ -352,12 +354,8 @@ def _compact_example(example: dict[str, Any]) -> bool | None:
 def _strip_prefix(value: Any, pattern: str, cwd: str | None) -> Any:
     if not isinstance(value, str):
         return value
-    if pattern == "cd {cwd} && ":
-        for directory in (cwd, cwd + "/") if cwd else ():
-            prefix = f"cd {directory} && "
-            if value.startswith(prefix):
-                return value[len(prefix) :]
-        return value
+    if pattern == "cd {cwd} && ":  # any spelling of the directory: bare, trailing slash, quoted
+        return strip_cwd_prefix({"": value}, cwd_prefixes(cwd))[""]
     if pattern == "cd {other directory} && ":
         match = _CD_ANY.match(value)
         if match and (cwd is None or match.group(1).rstrip("/") != cwd.rstrip("/")):
