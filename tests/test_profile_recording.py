@@ -173,7 +173,8 @@ def test_auto_picks_the_shipped_profile_of_the_recorded_version_and_notes_when_n
     note = resolve_auto_profile(params, "claude-code 2.1.400", tmp_path)
     assert params == {} and "no shipped profile measures claude-code 2.1.400 (shipped: claude-code-2.1.332)" in note
     assert "\n" not in note
-    assert "names no harness" in resolve_auto_profile({}, None, tmp_path)
+    unnamed: dict = {}
+    assert resolve_auto_profile(unnamed, "trace-tools simulate", tmp_path) is None and unnamed == {}
     chosen = {"harness_profile": "none"}
     assert resolve_auto_profile(chosen, "qwen-code 1.0", tmp_path) is None and chosen == {"harness_profile": "none"}
     (tmp_path / "dump").mkdir()
@@ -182,3 +183,20 @@ def test_auto_picks_the_shipped_profile_of_the_recorded_version_and_notes_when_n
     params = {}
     assert resolve_auto_profile(params, "claude-code", tmp_path / "dump") is None
     assert params == {"harness_profile": "claude-code-2.1.332"}
+
+
+def test_replay_applies_auto_to_the_recorded_harness_and_notes_an_unmeasured_version(tmp_path):
+    import trace_tools as tt
+
+    tt.simulate(sessions=1, seed=1, template="qwen3", max_turns=3, out=str(tmp_path / "sim.parquet"))
+    table = pq.read_table(tmp_path / "sim.parquet")
+    options = {}
+    for label in ("claude-code 2.1.400", "claude-code 2.1.332"):
+        metadata = {**table.schema.metadata, b"trace_tools.harness": label.encode()}
+        pq.write_table(table.replace_schema_metadata(metadata), tmp_path / "labelled.parquet")
+        out = tmp_path / label.replace(" ", "-")
+        result = tt.replay(tmp_path / "labelled.parquet", out=out, strategies=["checkpoint-tree"], workers=1)
+        options[label] = (result.notes, json.loads((out / "run.json").read_text())["options"]["params"])
+    (notes, params) = options["claude-code 2.1.400"]
+    assert params == {} and len(notes) == 1 and "no shipped profile measures claude-code 2.1.400" in notes[0]
+    assert options["claude-code 2.1.332"] == ([], {"harness_profile": "claude-code-2.1.332"})

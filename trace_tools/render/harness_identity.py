@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from trace_tools.data import SIMULATED_HARNESS
+
 # (harness name, the pattern of its User-Agent with the version as group 1)
 USER_AGENTS = (
     ("claude-code", re.compile(r"\bclaude-cli/([0-9][\w.+-]*)")),
@@ -28,7 +30,7 @@ USER_AGENTS = (
     ("opencode", re.compile(r"\bopencode/([0-9][\w.+-]*)")),
 )
 _LABEL = re.compile(r"^\s*([A-Za-z][\w.-]*?)(?:[ /@]v?([0-9][\w.+-]*))?\s*$")
-_UNLABELLED = ("", "trace-tools record")
+_UNLABELLED = ("", "trace-tools record", SIMULATED_HARNESS)  # labels that name no harness
 _LOG_LINES = 200  # request-log lines read for a User-Agent (one harness per recording)
 
 
@@ -93,9 +95,10 @@ def recorded_harness(
 
 
 def pick_shipped(identity: HarnessIdentity | None, shipped: list[str]) -> tuple[str | None, str | None]:
-    """(the shipped profile `<name>-<version>` measured on exactly this harness, a note when none is)."""
+    """(the shipped profile `<name>-<version>` measured on exactly this harness, a note when the
+    recording names a harness but none is)."""
     if identity is None:
-        return None, "the dump names no harness"
+        return None, None  # nothing recorded to match: every shipped profile, nothing to warn about
     if identity.version and f"{identity.name}-{identity.version}" in shipped:
         return f"{identity.name}-{identity.version}", None
     same = [name for name in shipped if name.rsplit("-", 1)[0] == identity.name]
@@ -107,7 +110,8 @@ def pick_shipped(identity: HarnessIdentity | None, shipped: list[str]) -> tuple[
 def resolve_auto_profile(params: dict[str, Any], meta_label: str | None, dump: Any) -> str | None:
     """`harness_profile=auto` (the default) made concrete for one recording, in `params`: the
     shipped profile of the recorded harness and version; when none fits, `auto` stays (every
-    shipped profile, besides the generic classes) and the one-line note returned says so."""
+    shipped profile, besides the generic classes), with a one-line note when the recording names
+    a harness (a simulated or unlabelled dump names none)."""
     from trace_tools.render.harness_echo import shipped_names
 
     if params.get("harness_profile", "auto") != "auto":
@@ -116,6 +120,7 @@ def resolve_auto_profile(params: dict[str, Any], meta_label: str | None, dump: A
     name, why = pick_shipped(recorded_harness(meta_label, (), log), shipped_names())
     if name is not None:
         params["harness_profile"] = name
+    if why is None:
         return None
     return (
         f"harness profile auto: {why}; checkpoint-tree uses the generic echo classes and every shipped profile "
