@@ -10,14 +10,13 @@ import re
 from typing import Any
 
 from trace_tools.render.harness_echo import read_profile as read_profile
-from trace_tools.render.normalize import JS_WHITESPACE
+from trace_tools.render.normalize import ANY_LINE_END, JS_WHITESPACE
 
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
 _EXTRA_BLANKS = {"\u200b", "\ufeff", "\u180e"}
 _CD_PREFIX = re.compile(r"^cd (\S+) && $")
 _CD_START = re.compile(r"^cd (\S+) && ")
-_ANY_LINE_END = re.compile(r"(\r\n|\r|\n)")  # split keeping the separators, compared like lines
 
 
 def is_blank(char: str) -> bool:
@@ -109,7 +108,7 @@ def rstripped(before: str, after: str) -> set[str] | None:
     ending at `\\n`, or else at `\\r\\n` and a lone `\\r` too); None if not."""
     found = _stripped_lines(before.split("\n"), after.split("\n"))
     if found is None and "\r" in before:
-        found = _stripped_lines(*(_ANY_LINE_END.split(text) for text in (before, after)))
+        found = _stripped_lines(*(ANY_LINE_END.split(text) for text in (before, after)))
     return found
 
 

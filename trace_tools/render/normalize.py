@@ -112,7 +112,7 @@ def strip_trailing_ws(x: Any, characters: frozenset[str] | None = None) -> Any:
 # (a `\\r` before it is just another character of the line); "crlf-cr" also ends a line at `\\r\\n`
 # and a lone `\\r`, and keeps those separators (Claude Code: `a  \\r\\n` becomes `a\\r\\n`).
 LINE_ENDS = ("lf", "crlf-cr")
-_ANY_LINE_END = re.compile(r"(\r\n|\r|\n)")
+ANY_LINE_END = re.compile(r"(\r\n|\r|\n)")  # a split keeps the separators
 
 
 def rstrip_lines(text: str, characters: frozenset[str] | None = None, line_ends: str = "lf") -> str:
@@ -121,7 +121,7 @@ def rstrip_lines(text: str, characters: frozenset[str] | None = None, line_ends:
     chars = None if characters is None else "".join(characters)
     if line_ends == "lf" or "\r" not in text:
         return "\n".join(line.rstrip(chars) for line in text.split("\n"))
-    parts = _ANY_LINE_END.split(text)  # line, separator, line, ..., line
+    parts = ANY_LINE_END.split(text)  # line, separator, line, ..., line
     parts[::2] = [line.rstrip(chars) for line in parts[::2]]
     return "".join(parts)
 
