@@ -257,6 +257,18 @@ def harnesses_table(runs: Runs) -> str:
     return markdown(header, ["---"] * 5, rows)
 
 
+def echo_classes_table(runs: Runs) -> str:
+    """docs/probe.md: every shipped harness profile × every rewrite class (no run needed)."""
+    from trace_tools.render.harness_echo import load_profile, shipped_names
+    from trace_tools.report.harness_profile import REWRITE_CLASSES, rewrite_classes
+
+    profiles = [load_profile(name) for name in shipped_names()]
+    header = ["rewrite class", *(f"{p['harness']['name']} {p['harness']['version']}" for p in profiles)]
+    cells = [rewrite_classes(p) for p in profiles]
+    rows = [[name, *(c[name] for c in cells)] for name, _ in REWRITE_CLASSES]
+    return markdown(header, ["---"] * len(header), rows)
+
+
 def import_formats_table(runs: Runs) -> str:
     """docs/importers.md: the import formats, from their records (no run needed)."""
     from trace_tools.importers.formats import FORMATS
@@ -308,6 +320,7 @@ TABLES: dict[str, Table] = {
     "upstream-families": Table("docs/upstream_families.md", upstream_table),
     "templates-trl": Table("docs/templates.md", templates_table),
     "harnesses": Table("docs/probe.md", harnesses_table),
+    "echo-classes": Table("docs/probe.md", echo_classes_table),
     "import-formats": Table("docs/importers.md", import_formats_table),
     "import-mapping": Table("docs/importers.md", import_mapping_table),
     "import-list": Table("README.md", import_list),

@@ -127,10 +127,16 @@ def without_prefix(message: dict, prefix: str) -> dict:
 
 
 def test_a_prefix_the_profile_names_is_the_same_call(tmp_path):
-    h = two_turns(SHELL, without_prefix(SHELL, f"cd {CWD} && "))
-    result = replay(h, harness_profile=profile_file(tmp_path))
+    timed = reply("", ("Shell", {"cmd": "time make test"}), reasoning="Run the tests first.")
+    h = two_turns(timed, without_prefix(timed, "time "))
+    result = replay(h, harness_profile=profile_file(tmp_path, "time "))
     assert paths(result) == [[0, 1]] and result.prompt_events[1] == "restored"
     assert paths(replay(h, harness_profile="none")) == [[0], [1]]  # generic rules alone: a branch
+
+
+def test_cd_into_the_announced_working_directory_is_a_generic_class():
+    h = two_turns(SHELL, without_prefix(SHELL, f"cd {CWD} && "))
+    assert paths(replay(h, harness_profile="none")) == [[0, 1]]
 
 
 def test_the_prefix_rule_needs_the_announced_working_directory(tmp_path):
@@ -145,7 +151,10 @@ def test_the_shipped_claude_code_profile_is_on_by_default():
     echo["tool_calls"][0]["function"]["arguments"] = {"command": "make test"}  # Anthropic: an object
     h = two_turns(bash, echo)
     assert paths(replay(h)) == [[0, 1]]
-    assert len(replay(h, harness_profile="none").samples) == 2
+    assert paths(replay(h, harness_profile="none")) == [[0, 1]]  # `cd <cwd> && ` is a generic class
+    other = copy.deepcopy(echo)
+    other["tool_calls"][0]["function"]["arguments"] = {"command": "make test TIMEOUT=5"}
+    assert len(replay(two_turns(bash, other)).samples) == 2
 
 
 def test_a_profile_that_does_not_load_is_a_usage_error_before_any_work(tmp_path):

@@ -47,6 +47,7 @@ class RunResult:
     reconstruction: dict[str, Any] = field(default_factory=dict)
     redone_shards: list[str] = field(default_factory=list)  # finished shards replayed again, and why
     ray: dict[str, Any] = field(default_factory=dict)  # with executor="ray": tasks, nodes, bytes sent, worker CPU
+    notes: list[str] = field(default_factory=list)  # one line each, e.g. the harness profile auto could not pick
 
 
 def replay(
@@ -166,6 +167,7 @@ def _finish(engine: Any, plots: Any) -> RunResult:
         engine.resumed_shards,
         reconstruction,
         engine.redone_shards,
+        notes=list(engine.notes),
     )
 
 

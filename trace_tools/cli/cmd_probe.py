@@ -153,3 +153,38 @@ def probe_cmd(
 
 # typer shows the docstring but not an argument's help: the harnesses go in both, from their records.
 probe_cmd.__doc__ = (probe_cmd.__doc__ or "").replace("{harnesses}", HARNESS_HELP)
+
+
+def profile_cmd(
+    recording: Annotated[
+        Path,
+        typer.Argument(help="A dump (file or directory: record, import) or a probe / record run directory."),
+    ],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the profile here (profile.json).")] = None,
+    harness: Annotated[
+        Optional[str], typer.Option("--harness", help="Harness name (default: what the recording names).")
+    ] = None,
+    harness_version: Annotated[
+        Optional[str], typer.Option("--harness-version", help="Harness version (default: what the recording names).")
+    ] = None,
+    json_out: Annotated[bool, json_option("Print the profile as JSON.")] = False,
+) -> None:
+    """Derive a harness profile from any recording: what the harness did to the replies it echoed.
+
+    The harness and its version come from the dump's metadata, the recorded User-Agent or a probe's version log (or --harness / --harness-version); each session's working directory from where the harness states it. Use the result with replay --harness-profile FILE.
+
+    Example: trace-tools profile rec/ --out profile.json
+    """  # noqa: E501 (typer prints docstring lines as written: one line per paragraph)
+    from trace_tools.cli._output import console, note, print_json
+    from trace_tools.probe.profile import profile_recording, write_profile
+    from trace_tools.report.harness_profile import profile_table
+
+    profile = profile_recording(recording, harness=harness, version=harness_version)
+    if out is not None:
+        write_profile(profile, out)
+    if json_out:
+        print_json(profile)
+        return
+    console.print(profile_table(profile))
+    if out is not None:
+        note(f"profile: {out}")

@@ -129,6 +129,8 @@ def replay_cmd(
         exiting_on_interrupt()
         note(f"interrupted: finished shards are kept in {out}; run the same command with --out {out} to resume")
         raise typer.Exit(INTERRUPTED) from None
+    for line in result.notes:
+        note(line)
     if json_out:
         print_json(result.summary)
     else:

@@ -59,6 +59,7 @@ COMMANDS = [
     ("simulate", "cmd_simulate", "simulate_cmd"),
     ("record", "cmd_probe", "record_cmd"),
     ("probe", "cmd_probe", "probe_cmd"),
+    ("profile", "cmd_probe", "profile_cmd"),
     ("rescore", "cmd_rescore", "rescore_cmd"),
 ]
 # (group name, module, its typer app, [(command name, function)]): `trace-tools cache info`, ...

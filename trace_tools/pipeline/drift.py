@@ -7,9 +7,11 @@ the stored response and its echo, plus the token-level difference:
 
 * `whitespace`           trailing whitespace stripped from the lines of string arguments (any
                          known harness's character set: Python's or JavaScript's `trimEnd`)
+* `type_coercion`        a string argument came back as the schema's integer, number or boolean
+                         (Claude Code: `timeout: "60000"` → 60000)
 * `schema_default`       a tool-schema default the model omitted was filled in
-* `command_prefix`       a prefix a harness profile names was removed from an argument (Claude
-                         Code drops a leading `cd <working directory> && ` from Bash commands)
+* `command_prefix`       a leading `cd <working directory> && ` (or a prefix a harness profile
+                         names) was removed from an argument
 * `key_order_or_spacing` tool-argument key order rebuilt or JSON spacing changed (same values)
 * `reasoning`            reasoning dropped from the echo, re-keyed (other field, inlined), or
                          sent back as plain text ahead of the content
@@ -21,10 +23,13 @@ the stored response and its echo, plus the token-level difference:
                          earlier turn re-rendered
 * `tokenizer_boundary`   same text, different token split (the model emitted a non-canonical
                          split that re-tokenization merges)
+* `unexpressible_rewrite` the same calls and characters, respelled in a way no class states
+                         (blanks inside a line, a scalar's type outside the schema): a harness
+                         rewrite to measure, not an edit
 * `genuine_edit`         the echo changed what the turn says or does
 
-A cosmetic cause is only named when the corresponding normalisation makes the two messages
-equal; anything else is `genuine_edit`, so a real edit is never reported as cosmetic. The
+A cosmetic cause is only named when the classes together make the two messages equal; anything
+else is `unexpressible_rewrite` or `genuine_edit`, so a real edit is never reported as cosmetic. The
 harness profiles consulted are the ones trace-tools ships (`render.harness_echo`).
 """
 
@@ -40,15 +45,17 @@ from trace_tools.render.boundary import RENDER_ERRORS
 from trace_tools.render.canonical import canonicalize_response
 from trace_tools.render.harness_echo import shipped_echoes, working_directory
 from trace_tools.render.normalize import (
-    ANY_LINE_END_BLANK,
+    EchoSchema,
+    blank_lines_everywhere,
+    coerce_to_schema,
     drop_schema_defaults,
     parse_arguments,
-    strip_trailing_ws,
-    tool_defaults,
+    strip_cwd_prefix,
 )
 
 CAUSES = (
     "whitespace",
+    "type_coercion",
     "schema_default",
     "command_prefix",
     "key_order_or_spacing",
@@ -56,8 +63,10 @@ CAUSES = (
     "tool_call_id",
     "template_rewrite",
     "tokenizer_boundary",
+    "unexpressible_rewrite",
     "genuine_edit",
 )
+UNEXPLAINED = ("unexpressible_rewrite", "genuine_edit")
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
@@ -159,8 +168,8 @@ def _history_change(before: dict, after: dict, tools, cwd: str | None) -> tuple[
     """A message earlier than the echo changed: cosmetic only if a normalisation explains it."""
     diff = message_diff(before, after)
     if before.get("role") == "assistant" == after.get("role"):
-        return _cosmetic_message_causes(before, after, tools, cwd) or ["genuine_edit"], diff
-    if _rstripped(before) == _rstripped(after):
+        return _cosmetic_message_causes(before, after, tools, cwd) or [uncosmetic_cause(before, after)], diff
+    if blank_lines_everywhere(before) == blank_lines_everywhere(after):
         return ["whitespace"], diff
     return ["genuine_edit"], diff
 
@@ -204,7 +213,7 @@ def classify(
     if not token_drift:
         if not diff:
             return [], diff
-        return _cosmetic_message_causes(stored, echo, tools, cwd) or ["genuine_edit"], diff
+        return _cosmetic_message_causes(stored, echo, tools, cwd) or [uncosmetic_cause(stored, echo)], diff
     if lcp < prompt_len - _generation_prompt_len(renderer):
         return ["template_rewrite"], diff  # divergence before this turn's block: an earlier turn re-rendered
 
@@ -222,10 +231,10 @@ def classify(
         cause = _same_message_cause(stored, echo, served, nxt, lcp, renderer)
         first = without_the_echo() if cause not in ("template_rewrite", "tokenizer_boundary") else None
         return ([first, cause] if first else [cause]), diff
-    causes = _cosmetic_message_causes(stored, echo, tools, cwd) or ["genuine_edit"]
+    causes = _cosmetic_message_causes(stored, echo, tools, cwd) or [uncosmetic_cause(stored, echo)]
     first = without_the_echo()
-    if first:  # a genuine edit still leads
-        causes = ["genuine_edit", first] if causes == ["genuine_edit"] else [first, *causes]
+    if first:  # a genuine edit (or a rewrite no class states) still leads
+        causes = [causes[0], first] if causes[0] in UNEXPLAINED else [first, *causes]
     return causes, diff
 
 
@@ -270,7 +279,8 @@ def _squeeze(text: str) -> str:
 
 
 def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = None) -> list[str]:
-    """Name the normalisations under which the canonical messages become equal; [] when none do."""
+    """Name the echo-equivalence classes (`normalize.arguments_view`, applied one at a time) under
+    which the canonical messages become equal; [] when together they do not."""
 
     a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
     causes = []
@@ -278,33 +288,73 @@ def _cosmetic_message_causes(stored: dict, echo: dict, tools, cwd: str | None = 
         causes.append("reasoning")
         b = _reasoning_moved_back(a, b)
         a, b = _without_reasoning(a), _without_reasoning(b)
-    defaults = tool_defaults(tools)
-    da = _with_args(a, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
-    db = _with_args(b, lambda name, args: drop_schema_defaults(args, defaults.get(name)))
-    if a != b and (da, db) != (a, b) and _rstripped(da) == _rstripped(db):
-        causes.append("schema_default")
-        a, b = da, db
-    for harness in shipped_echoes():
-        pa = _with_args(a, lambda name, args, h=harness: h.strip_prefixes(name, args, cwd))
-        if a != b and pa != a and _rstripped(pa) == _rstripped(b):
-            causes.append("command_prefix")
-            a = pa
+    schema = EchoSchema.of(tools, cwd)
+    steps: list[tuple[str, Callable[[str, Any], Any]]] = [
+        ("type_coercion", lambda name, args: coerce_to_schema(args, schema.types.get(name))),
+        ("schema_default", lambda name, args: drop_schema_defaults(args, schema.defaults.get(name))),
+        ("command_prefix", lambda name, args: _without_prefixes(name, args, schema.prefixes, cwd)),
+    ]
+    for cause, step in steps:
+        if a == b:
             break
-    if a != b and _rstripped(a) == _rstripped(b):
+        na, nb = _with_args(a, step), _with_args(b, step)
+        if (na, nb) != (a, b) and _changed_differently(a, na, b, nb):
+            causes.append(cause)
+        a, b = na, nb
+    if a != b and blank_lines_everywhere(a) == blank_lines_everywhere(b):
         causes.append("whitespace")
         a, b = a, a
     if a != b:
         return []
-    if causes and _key_order_rebuilt(stored, echo):
+    if _key_order_rebuilt(stored, echo) or (not causes and _raw_json_differs(stored, echo)):
         causes.append("key_order_or_spacing")
     if not causes and _only_wire_ids(message_diff(stored, echo)):
         causes.append("tool_call_id")
     return causes
 
 
-def _rstripped(value: Any) -> Any:
-    """`value` with the trailing blanks of every line of every string removed (any harness's set)."""
-    return strip_trailing_ws(value, ANY_LINE_END_BLANK)
+def _changed_differently(a: Any, na: Any, b: Any, nb: Any) -> bool:
+    """A class step explains part of the difference: it changed one side, or both unequally."""
+    return (na != a) != (nb != b) or message_diff(a, b) != message_diff(na, nb)
+
+
+def _without_prefixes(name: str, args: Any, prefixes: tuple[str, ...], cwd: str | None) -> Any:
+    """`args` without a `cd <cwd> && ` and without the prefixes a shipped profile names."""
+    args = strip_cwd_prefix(args, prefixes)
+    for harness in shipped_echoes():
+        args = harness.strip_prefixes(name, args, cwd)
+    return args
+
+
+def uncosmetic_cause(stored: dict, echo: dict) -> str:
+    """What an echo no class explains is: `unexpressible_rewrite` when it keeps the same calls
+    (names, ids, argument keys) and the same characters apart from blanks and the spelling of
+    scalars (`"5"` for 5, tabs for spaces, a converted line end): a harness rewrite the classes
+    cannot state; else `genuine_edit`, the echo says or does something else."""
+    a, b = canonicalize_response(stored) or {}, canonicalize_response(echo) or {}
+    if _call_skeleton(a) != _call_skeleton(b):
+        return "genuine_edit"
+    return "unexpressible_rewrite" if _spelling(a) == _spelling(b) else "genuine_edit"
+
+
+def _call_skeleton(message: dict) -> list[tuple[Any, Any, Any]]:
+    out = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        args = parse_arguments(function.get("arguments"))
+        out.append((call.get("id"), function.get("name"), sorted(args) if isinstance(args, dict) else None))
+    return out
+
+
+def _spelling(value: Any) -> Any:
+    """`value` with every blank removed from strings and scalars written as their JSON text."""
+    if isinstance(value, dict):
+        return {key: _spelling(item) for key, item in value.items() if key not in ("id", "index", "type")}
+    if isinstance(value, list):
+        return [_spelling(item) for item in value]
+    if isinstance(value, str):
+        return _squeeze(value).strip("\"'")
+    return _squeeze(json.dumps(value))
 
 
 def _reasoning_moved_back(stored: dict, echo: dict) -> dict:

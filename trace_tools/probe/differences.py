@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from trace_tools.render.harness_echo import read_profile as read_profile
-from trace_tools.render.normalize import JS_WHITESPACE
+from trace_tools.render.normalize import ANY_LINE_END, JS_WHITESPACE
 
 # Characters a harness might strip at a line end: Python's whitespace plus the invisible ones
 # JavaScript's trimEnd leaves or removes (zero-width space, BOM, Mongolian vowel separator).
@@ -104,8 +104,22 @@ def removed_prefix(before: str, after: str) -> tuple[str, str]:
 
 
 def rstripped(before: str, after: str) -> set[str] | None:
-    """The characters removed when `after` is `before` with blanks stripped from line ends; None if not."""
-    lines_before, lines_after = before.split("\n"), after.split("\n")
+    """The characters removed when `after` is `before` with blanks stripped from line ends (lines
+    ending at `\\n`, or else at `\\r\\n` and a lone `\\r` too); None if not."""
+    found = _stripped_lines(before.split("\n"), after.split("\n"))
+    if found is None and "\r" in before:
+        found = _stripped_lines(*(ANY_LINE_END.split(text) for text in (before, after)))
+    return found
+
+
+def line_convention(before: str, after: str) -> str:
+    """The line-end convention (`normalize.LINE_ENDS`) under which `after` is `before` stripped."""
+    if "\r" in before and _stripped_lines(before.split("\n"), after.split("\n")) is None:
+        return "crlf-cr"
+    return "lf"
+
+
+def _stripped_lines(lines_before: list[str], lines_after: list[str]) -> set[str] | None:
     if len(lines_before) != len(lines_after):
         return None
     removed: set[str] = set()

@@ -34,6 +34,7 @@ from trace_tools.probe.differences import (
     char_name,
     character_class,
     is_blank,
+    line_convention,
     matching_call,
     moved_reasoning,
     order_rules,
@@ -49,7 +50,7 @@ from trace_tools.probe.differences import (
 from trace_tools.probe.transformations import fixed_order, tool_transformations
 from trace_tools.render.harness_echo import FORMAT, VERSION, file_type, working_directory
 from trace_tools.render.harness_echo import read_profile as read_profile  # the reader lives with its consumers
-from trace_tools.render.normalize import parse_arguments
+from trace_tools.render.normalize import coerce_to_schema, parse_arguments, tool_types
 
 
 @dataclass
@@ -100,6 +101,8 @@ class Detector:
         self.order_rules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.added_values: dict[tuple[str, str], list[Any]] = defaultdict(list)
         self.served_with: dict[str, int] = defaultdict(int)
+        self.served_calls = 0  # every call served, matched in the echo or not
+        self.line_ends: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.separators: set[str] = set()  # between moved reasoning and a non-empty text
 
     # -- one pair -----------------------------------------------------------------------------
@@ -114,6 +117,7 @@ class Detector:
             self.messages["tool_calls.count_changed"].add(
                 {**where, "served": len(served_calls), "echoed": len(echoed_calls)}
             )
+        self.served_calls += len(served_calls)
         for position, call in enumerate(served_calls):
             match = matching_call(call, echoed_calls, position)
             if match is None:
@@ -184,8 +188,16 @@ class Detector:
             return
         self._keys(name, served_args, echoed_args, pair, call_where)
         kind = file_type(served_args)
+        coerced = coerce_to_schema(served_args, tool_types(pair.tools).get(name))
         for key in served_args.keys() & echoed_args.keys():
-            self._value(name, key, served_args[key], echoed_args[key], pair.cwd, kind, call_where)
+            before, after = served_args[key], echoed_args[key]
+            if before != coerced[key] and coerced[key] == after and type(coerced[key]) is type(after):
+                self.argument_totals[(name, key)] += 1
+                self.arguments[(name, key, "type_coerced")].add(
+                    {**call_where, "argument": key, "served": before, "echoed": after}
+                )
+                continue
+            self._value(name, key, before, after, pair.cwd, kind, call_where)
 
     def _argument_text(
         self, name: str, served: dict, echoed: dict, served_args: Any, echoed_args: Any, where: dict
@@ -254,6 +266,7 @@ class Detector:
         if stripped is not None:
             if stripped:
                 self.arguments[(name, path, "trailing_whitespace_stripped")].add(example)
+                self.line_ends[key].add(line_convention(rest, after))
                 self.stripped[key] |= stripped
                 self.by_type[key][file_type or "(none)"]["stripped"] += 1
                 self.kept_trailing[key] |= trailing_blanks(after)
@@ -306,6 +319,8 @@ class Detector:
                 section["character_class"] = character_class(
                     self.stripped[(tool, path)], self.kept_trailing[(tool, path)]
                 )
+            if (tool, path) in self.line_ends:
+                section["line_ends"] = "crlf-cr" if "crlf-cr" in self.line_ends[(tool, path)] else "lf"
             if self.kept_trailing.get((tool, path)):
                 section["kept_trailing_characters"] = sorted(char_name(c) for c in self.kept_trailing[(tool, path)])
             by_type = self._by_type((tool, path))
@@ -336,8 +351,7 @@ class Detector:
         out: list[dict[str, Any]] = []
         calls = sum(self.calls.values())
         for key, finding in messages.items():
-            label = key.split(".", 1)[0]
-            of = calls if key.startswith(("call_", "tool_calls.dropped")) else self.served_with.get(label, self.pairs)
+            of = self._total(key, calls)
             entry = {"kind": "message", "what": key, "count": finding["count"], "of": of, "example": finding["example"]}
             if key == "reasoning.moved_to_text" and len(self.separators) <= 1:
                 entry["separator"] = next(iter(self.separators), "")
@@ -345,6 +359,19 @@ class Detector:
         for name, section in tools.items():
             out += tool_transformations(name, section, self.added_values)
         return out
+
+    def _total(self, key: str, calls: int) -> int:
+        """What a message-level finding could have happened to: calls for call findings (every
+        served call for a dropped one), replies served with reasoning / text for what happened to
+        them, every echo for anything else (a text added where none was served, say)."""
+        label, _, what = key.partition(".")
+        if key == "tool_calls.dropped":
+            return self.served_calls
+        if key.startswith("call_"):
+            return calls
+        if label in ("reasoning", "text") and what in ("kept", "dropped", "rewritten", "moved_to_text"):
+            return self.served_with.get(label, 0)
+        return self.pairs
 
 
 def _finding_json(finding: _Finding) -> dict[str, Any]:
@@ -410,9 +437,62 @@ def detect_from_dump(
 
 
 def _working_directories(sessions: list[Any]) -> dict[str, str]:
-    """Each session's working directory as its harness announced it in the first request."""
-    found = {session.session_id: working_directory(session.turns[0].messages) for session in sessions}
+    """Each session's working directory as its harness announced it (the first request that does)."""
+    found = {session.session_id: _announced(session) for session in sessions}
     return {key: value for key, value in found.items() if value}
+
+
+def _announced(session: Any) -> str | None:
+    return next(filter(None, (working_directory(turn.messages) for turn in session.turns)), None)
+
+
+# -- from any recording ---------------------------------------------------------------------------
+def profile_recording(source: str | Path, *, harness: str | None = None, version: str | None = None) -> dict[str, Any]:
+    """The harness profile of any recording (`trace-tools profile`): a probe or `record` run
+    directory (its `dump/`), a dump file or directory (a `record` dump, an imported gateway log).
+    The harness and version come from `harness`/`version`, else the recording
+    (`render.harness_identity`: dump metadata, User-Agent, a probe's version log); each session's
+    working directory from the session itself, where the harness states it."""
+    from trace_tools import __version__
+    from trace_tools.errors import UsageError
+    from trace_tools.render.harness_identity import recorded_harness
+
+    path = Path(source)
+    if not path.exists():
+        raise UsageError(f"no recording at {path}; give a dump (file or directory) or a probe / record run directory")
+    run_dir = path if (path / "dump").is_dir() else None
+    loaded = load(run_dir / "dump" if run_dir else path)
+    metadata = (turn.metadata or {} for session in loaded.sessions for turn in session.turns)
+    log = next((p for p in _request_logs(path) if p.is_file()), None)
+    identity = recorded_harness(loaded.meta.harness, metadata, log)
+    name = harness or (identity.name if identity else "unknown")
+    found_version = version or _probe_version(run_dir) or (identity.version if identity else None)
+    protocols = {(turn.metadata or {}).get("protocol") for session in loaded.sessions for turn in session.turns}
+    cwd = _working_directories(loaded.sessions)
+    measured = {
+        "sessions": len(loaded.sessions),
+        "turns": sum(len(s.turns) for s in loaded.sessions),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "trace_tools": __version__,
+        "source": str(path),
+        "harness_from": "options" if harness else (identity.source if identity else "none"),
+        "working_directories": len(cwd),
+    }
+    protocol = "anthropic" if protocols == {"anthropic"} else "openai"
+    identity_json = {"name": name, "version": found_version or "unknown", "protocol": protocol}
+    return detect(echo_pairs(loaded.sessions, cwd), identity_json, measured)
+
+
+def _request_logs(path: Path) -> list[Path]:
+    folder = path if path.is_dir() else path.parent
+    return [folder / "requests.jsonl", folder.parent / "requests.jsonl"]
+
+
+def _probe_version(run_dir: Path | None) -> str | None:
+    """The version a probe run's `harness-logs/version.log` printed (`2.1.332 (Claude Code)`)."""
+    log = run_dir / "harness-logs" / "version.log" if run_dir else None
+    text = log.read_text(errors="replace").strip() if log and log.is_file() else ""
+    return text.split()[0] if text else None
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

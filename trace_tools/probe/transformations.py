@@ -91,15 +91,31 @@ def _argument_transformations(name: str, path: str, argument: dict) -> list[dict
                 characters=argument.get("stripped_characters", []),
                 kept_characters=argument.get("kept_trailing_characters", []),
                 character_class=argument.get("character_class"),
+                line_ends=argument.get("line_ends", "lf"),
                 except_file_types=exempt,
                 by_file_type=by_type,
             )
+            if _case_insensitive(exempt, by_type):
+                entry.update(except_file_types=sorted({t.lower() for t in exempt}), file_types_match="case-insensitive")
+        elif kind == "type_coerced":
+            echoed = finding["example"]["echoed"]
+            schema_type = "boolean" if isinstance(echoed, bool) else "integer" if isinstance(echoed, int) else "number"
+            entry.update(kind="coerce_types", types=[schema_type])
         elif kind.startswith("prefix_removed:"):
             entry.update(kind="strip_prefix", pattern=kind.split(":", 1)[1])
         else:
             entry["kind"] = kind
         out.append(entry)
     return out
+
+
+def _case_insensitive(exempt: list[str], by_type: dict[str, dict[str, int]]) -> bool:
+    """Exempt file types seen in two spellings of one name (`.md`, `.MD`), none of whose other
+    spellings was stripped: the harness compares file types case-insensitively."""
+    lowered = [t.lower() for t in exempt]
+    if len(set(lowered)) == len(lowered):
+        return False
+    return not any(n["stripped"] and t.lower() in lowered for t, n in by_type.items())
 
 
 def fixed_order(orders: dict) -> dict[str, list[str]] | None:

@@ -27,15 +27,31 @@ import json
 import re
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from trace_tools.errors import UsageError
-from trace_tools.render.normalize import JS_WHITESPACE, parse_arguments, rstrip_lines
+from trace_tools.render.normalize import (
+    JS_WHITESPACE,
+    LINE_ENDS,
+    coerce_to_schema,
+    cwd_prefixes,
+    parse_arguments,
+    rstrip_lines,
+    strip_cwd_prefix,
+    tool_types,
+)
 
 FORMAT, VERSION = "trace-tools-harness-profile", 1
 PATH_KEYS = ("file_path", "path", "filename", "notebook_path")
 SHIPPED = Path(__file__).with_name("harness_profiles")
-_WORKING_DIRECTORY = re.compile(r"(?:Primary working directory|Working directory|cwd):\s*(\S+)")
+# How harnesses state the session's working directory: Claude Code's env block ("Primary working
+# directory:" / "Working directory:"), `cwd:` lines, Codex's `<cwd>` element, and Gemini CLI's and
+# Qwen Code's "I'm currently working in the directory: ...".
+_WORKING_DIRECTORY = re.compile(
+    r"(?:Primary working directory|Working directory|cwd|currently working in the directory):[ \t]*[`'\"]?(/[^\s`'\"]*)"
+    r"|<cwd>\s*(/[^<\s]*)\s*</cwd>",
+    re.IGNORECASE,
+)
 _CD_ANY = re.compile(r"^cd (\S+) && ")
 _REPLAYABLE_MESSAGES = ("reasoning.dropped", "reasoning.moved_to_text", "text.dropped", "call_ids.dropped")
 _HARMLESS_MESSAGES = (".kept", "text.empty_representation_changed")
@@ -47,10 +63,10 @@ def working_directory(messages: Iterable[Any]) -> str | None:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in ("system", "user"):
             continue
-        content = message.get("content")
-        match = _WORKING_DIRECTORY.search(content) if isinstance(content, str) else None
+        match = _WORKING_DIRECTORY.search(_text(message.get("content")))
         if match:
-            return match.group(1)
+            found = match.group(1) or match.group(2)
+            return found.rstrip(".,;:") if len(found) > 1 else found
     return None
 
 
@@ -133,7 +149,8 @@ class HarnessEcho:
         self.add: dict[str, dict[str, Any]] = {}
         self.remove: dict[str, set[str]] = {}
         self.orders: dict[str, dict[str, Any]] = {}
-        self.strips: dict[str, list[tuple[str, frozenset[str] | None, tuple[str, ...]]]] = {}
+        self.strips: dict[str, list[StripRule]] = {}
+        self.coerce: set[str] = set()  # tools whose string arguments come back as the schema's type
         self.prefixes: dict[str, list[tuple[str, str]]] = {}
         self.compact_arguments: bool | None = None
         for entry in profile.get("transformations") or ():
@@ -146,8 +163,8 @@ class HarnessEcho:
     # -- reading the profile --------------------------------------------------------------------
     def _take(self, entry: dict[str, Any]) -> None:
         kind, tool = entry.get("kind"), entry.get("tool", "")
-        if not entry.get("count"):
-            return
+        if not entry.get("count") and not entry.get("observed_in"):
+            return  # measured, never seen (`observed_in`: a rule seen outside the probe's scenarios)
         if kind == "message":
             self._message(entry)
         elif kind == "add_key" and entry.get("values_constant", True):
@@ -157,9 +174,9 @@ class HarnessEcho:
         elif kind == "key_order":
             self.orders[tool] = entry
         elif kind == "rstrip_lines":
-            chars = _character_set(entry)
-            rule = (entry["argument"], chars, tuple(entry.get("except_file_types") or ()))
-            self.strips.setdefault(tool, []).append(rule)
+            self.strips.setdefault(tool, []).append(_strip_rule(entry))
+        elif kind == "coerce_types":
+            self.coerce.add(tool)
         elif kind == "strip_prefix":
             self.prefixes.setdefault(tool, []).append((entry["argument"], entry["pattern"]))
         elif kind == "arguments_reserialized":
@@ -204,6 +221,8 @@ class HarnessEcho:
     ) -> dict:
         """One call's arguments as the harness echoes them."""
         out = copy.deepcopy(arguments)
+        if name in self.coerce or "*" in self.coerce:
+            out = coerce_to_schema(out, tool_types(tools).get(name))
         for key in self.remove.get(name, ()):
             out.pop(key, None)
         added = [key for key in self.add.get(name, {}) if key not in out]
@@ -211,9 +230,10 @@ class HarnessEcho:
             out[key] = copy.deepcopy(self.add[name][key])
         out = self.strip_prefixes(name, out, cwd)
         kind = file_type(out)
-        for path, chars, exempt in self.strips.get(name, ()):
-            if kind not in exempt:
-                out = _map_path(out, path, partial(rstrip_lines, characters=chars))
+        for rule in self.strips.get(name, ()):
+            if not rule.exempts(kind):
+                strip = partial(rstrip_lines, characters=rule.characters, line_ends=rule.line_ends)
+                out = _map_path(out, rule.argument, strip)
         if name in self.orders:
             out = _reorder(out, self.orders[name], added, _schema_keys(tools, name))
         return out
@@ -284,6 +304,32 @@ class HarnessEcho:
         return message
 
 
+class StripRule(NamedTuple):
+    """An `rstrip_lines` entry: which argument, the characters, the line-end convention, and the
+    file types left alone (matched case-insensitively when `file_types_match` says so: Claude
+    Code leaves `.MD` alone like `.md`)."""
+
+    argument: str
+    characters: frozenset[str] | None
+    line_ends: str
+    exempt: frozenset[str]
+    case_insensitive: bool
+
+    def exempts(self, kind: str | None) -> bool:
+        if kind is None:
+            return False
+        return (kind.lower() if self.case_insensitive else kind) in self.exempt
+
+
+def _strip_rule(entry: dict[str, Any]) -> StripRule:
+    line_ends = entry.get("line_ends", "lf")
+    if line_ends not in LINE_ENDS:
+        raise UsageError(f"harness profile: line_ends {line_ends!r} is not one of {', '.join(LINE_ENDS)}")
+    insensitive = entry.get("file_types_match") == "case-insensitive"
+    exempt = frozenset(str(k).lower() if insensitive else str(k) for k in entry.get("except_file_types") or ())
+    return StripRule(entry["argument"], _character_set(entry), line_ends, exempt, insensitive)
+
+
 def _character_set(entry: dict[str, Any]) -> frozenset[str] | None:
     klass = entry.get("character_class")
     if klass == "javascript-trimEnd":
@@ -308,12 +354,8 @@ def _compact_example(example: dict[str, Any]) -> bool | None:
 def _strip_prefix(value: Any, pattern: str, cwd: str | None) -> Any:
     if not isinstance(value, str):
         return value
-    if pattern == "cd {cwd} && ":
-        for directory in (cwd, cwd + "/") if cwd else ():
-            prefix = f"cd {directory} && "
-            if value.startswith(prefix):
-                return value[len(prefix) :]
-        return value
+    if pattern == "cd {cwd} && ":  # any spelling of the directory: bare, trailing slash, quoted
+        return strip_cwd_prefix({"": value}, cwd_prefixes(cwd))[""]
     if pattern == "cd {other directory} && ":
         match = _CD_ANY.match(value)
         if match and (cwd is None or match.group(1).rstrip("/") != cwd.rstrip("/")):
@@ -344,7 +386,7 @@ def _schema_keys(tools: Sequence[dict] | None, name: str) -> list[str] | None:
     for tool in tools or ():
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(function, dict) and function.get("name") == name:
-            return list(((function.get("parameters") or {}).get("properties") or {}))
+            return list(((function.get("parameters") or function.get("input_schema") or {}).get("properties") or {}))
     return None
 
 

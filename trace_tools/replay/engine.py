@@ -32,6 +32,7 @@ from trace_tools.io import rundir, shards, storage
 from trace_tools.io.bundled import sample_dir
 from trace_tools.io.storage import Location
 from trace_tools.pipeline import Pipeline
+from trace_tools.render.harness_identity import resolve_auto_profile
 from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
@@ -59,6 +60,7 @@ class EngineResult:
     render_stats: dict[str, int] = field(default_factory=dict)
     renderers: list[dict[str, Any]] = field(default_factory=list)
     data_warnings: dict[str, int] = field(default_factory=dict)  # legal oddities of valid sessions (io.load)
+    notes: list[str] = field(default_factory=list)  # one line each for whoever started the run
     ray: RayStats = field(default_factory=RayStats)  # what a Ray run sent and where it ran (not written)
 
 
@@ -74,6 +76,13 @@ def default_dump() -> Path:
 def default_run_dir(dump: Location) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return Path("trace-tools-runs") / f"{storage.stem(dump)}-{stamp}"
+
+
+def _auto_harness_profile(options: ReplayOptions, meta: Any, dump: Any) -> str | None:
+    """checkpoint-tree's `harness_profile=auto`: the shipped profile of the recorded harness."""
+    if "checkpoint-tree" not in options.strategies:
+        return None
+    return resolve_auto_profile(options.params, getattr(meta, "harness", None), dump)
 
 
 def run(
@@ -117,6 +126,7 @@ def run(
     options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
     run_dir = Path(out) if out is not None else default_run_dir(dump_path)
     stream = pipeline.stream
+    harness_note = _auto_harness_profile(options, stream.meta, dump_path)
     current = shards.fingerprint(options.recorded(), stream.files)
     check_dump(dump_path, stream, options, pipeline.renderers.specs())
     pipeline.renderers.check_templates()
@@ -142,6 +152,7 @@ def run(
             stream.meta,
             list(stream.warnings),
             redone_shards=verdict.redone,
+            notes=[harness_note] if harness_note else [],
         )
         where = (workers, executor, address, owns_process)
         resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer

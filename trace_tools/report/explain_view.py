@@ -13,6 +13,7 @@ DIFF_LINES = 20  # message differences listed in full; --json has them all
 
 CAUSE_TEXT = {
     "whitespace": "whitespace: trailing / per-line whitespace stripped from string arguments",
+    "type_coercion": 'string argument coerced to the schema\'s type (`"60000"` → 60000)',
     "schema_default": "schema default filled in: an argument the model omitted came back with its declared default",
     "command_prefix": "command prefix removed: the harness dropped a prefix its profile names (e.g. `cd <cwd> && `)",
     "key_order_or_spacing": "tool-argument key order rebuilt or JSON spacing changed (same values)",
@@ -21,6 +22,7 @@ CAUSE_TEXT = {
     "template_rewrite": "the template, not the echo, renders this (or an earlier) turn differently in the longer "
     "conversation",
     "tokenizer_boundary": "tokenizer boundary: same text, another token split than the model emitted",
+    "unexpressible_rewrite": "a harness rewrite no echo class states (same calls and characters, respelled)",
     "genuine_edit": "genuine content change: the echo says or does something else",
 }
 

@@ -20,8 +20,8 @@ def _row(entry: dict[str, Any]) -> dict[str, Any]:
         "tool": entry.get("tool", "(message)"),
         "argument": entry.get("argument", ""),
         "what": describe(entry),
-        "count": entry.get("count", 0),
-        "of": entry.get("of", 0),
+        "count": entry.get("count") or 0,
+        "of": entry.get("of") or 0,
         "served": served,
         "echoed": echoed,
         "where": f"{example.get('session', '')} turn {example.get('turn', '')}".strip(),
@@ -56,9 +56,14 @@ def describe(entry: dict[str, Any]) -> str:
             text += "; kept: " + " ".join(c.split()[0] for c in entry["kept_characters"])
         if entry.get("character_class") and entry["character_class"] != "custom":
             text += f" ({entry['character_class']})"
+        if entry.get("line_ends") == "crlf-cr":
+            text += "; lines end at \\n, \\r\\n (\\r kept) and a lone \\r"
         if entry.get("except_file_types"):
-            text += "; not in " + ", ".join(entry["except_file_types"])
+            case = " (any case)" if entry.get("file_types_match") == "case-insensitive" else ""
+            text += "; not in " + ", ".join(entry["except_file_types"]) + case
         return text
+    if kind == "coerce_types":
+        return "string arguments coerced to the schema's " + "/".join(entry.get("types") or ["type"])
     if kind == "strip_prefix":
         return f"prefix removed: {entry['pattern']!r}"
     if kind == "kept_verbatim":
@@ -135,5 +140,55 @@ def profile_table(profile: dict[str, Any]) -> Any:
             if row["served"] is not None
             else short(row["echoed"], 70)
         )
-        table.add_row(row["tool"], row["argument"], row["what"], f"{row['count']}/{row['of']}", example)
+        seen = f"{row['count']}/{row['of']}" if row["of"] else "stated"  # `observed_in`: seen outside the probe
+        table.add_row(row["tool"], row["argument"], row["what"], seen, example)
     return table
+
+
+# -- the rewrite classes, per harness (docs/probe.md's table) ----------------------------------------
+REWRITE_CLASSES = (
+    ("defaults filled", ("add_key",)),
+    ("keys removed", ("remove_key",)),
+    ("key order", ("key_order",)),
+    ("JSON spacing", ("arguments_reserialized", "arguments_type_changed")),
+    ("schema-type coercion", ("coerce_types",)),
+    ("trailing whitespace per line", ("rstrip_lines",)),
+    ("prefixes", ("strip_prefix",)),
+    ("reasoning", ("reasoning",)),
+    ("tool-call ids", ("call_ids",)),
+)
+
+
+def rewrite_classes(profile: dict[str, Any]) -> dict[str, str]:
+    """{rewrite class: what the profile states for it, one short line}; "none seen" when nothing."""
+    found: dict[str, list[str]] = {name: [] for name, _ in REWRITE_CLASSES}
+    for entry in profile.get("transformations") or ():
+        kind = entry["kind"] if entry["kind"] != "message" else entry["what"].split(".")[0]
+        for name, kinds in REWRITE_CLASSES:
+            if kind in kinds:
+                found[name].append(_class_cell(entry))
+    return {name: "; ".join(dict.fromkeys(cells)) or "none seen" for name, cells in found.items()}
+
+
+def _class_cell(entry: dict[str, Any]) -> str:
+    where = ".".join(part for part in (entry.get("tool"), entry.get("argument")) if part and part != "*")
+    kind = entry["kind"]
+    if kind == "message":
+        text = entry["what"].split(".", 1)[1].replace("_", " ")
+    elif kind == "add_key":
+        text = f"{entry['key']}={json.dumps(entry['value'])}"
+        where = entry.get("tool", "")
+    elif kind == "key_order":
+        text = "/".join(entry.get("rules") or []) or "varies"
+    elif kind == "rstrip_lines":
+        text = (entry.get("character_class") or "custom") + f", {entry.get('line_ends', 'lf')}"
+        if entry.get("except_file_types"):
+            case = " any case" if entry.get("file_types_match") == "case-insensitive" else ""
+            text += ", not " + "/".join(entry["except_file_types"]) + case
+    elif kind == "strip_prefix":
+        text = f"`{entry['pattern']}`"
+    elif kind == "coerce_types":
+        text = "/".join(entry.get("types") or [])
+    else:
+        text = kind.replace("_", " ")
+    return f"{where}: {text}" if where else text

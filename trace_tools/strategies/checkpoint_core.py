@@ -34,27 +34,21 @@ from trace_tools.render.base import RendererLike
 from trace_tools.render.boundary import RENDER_ERRORS, BoundaryUnverified, Closers, join, split_extension
 from trace_tools.render.canonical import flatten_content
 from trace_tools.render.harness_echo import HarnessEcho
-from trace_tools.render.normalize import (
-    ANY_LINE_END_BLANK,
-    drop_schema_defaults,
-    parse_arguments,
-    rstrip_lines,
-    strip_trailing_ws,
-    tool_defaults,
-)
+from trace_tools.render.normalize import ANY_LINE_END_BLANK, EchoSchema, blank_lines_view
 
 # Keys that carry an assistant's reasoning on the wire; an echo may use any of them, or none.
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _VIEW_KEYS = frozenset(("role", "content", "tool_calls", *REASONING_KEYS))
 
 EQUAL, ECHO = "equal", "echo"
+_BLANKS = "".join(ANY_LINE_END_BLANK)
 
 
 # -- echo equivalence ------------------------------------------------------------------------
 def message_match(
     held: Any,
     incoming: Any,
-    defaults: dict[str, dict[str, Any]] | None = None,
+    defaults: dict[str, dict[str, Any]] | EchoSchema | None = None,
     echo_rules: bool = True,
     harness: Callable[[dict, dict], bool] | None = None,
 ) -> str | None:
@@ -81,13 +75,15 @@ def message_match(
     return None
 
 
-def assistant_echo(held: dict, incoming: dict, defaults: dict[str, dict[str, Any]]) -> bool:
+def assistant_echo(held: dict, incoming: dict, defaults: dict[str, dict[str, Any]] | EchoSchema) -> bool:
     """True when `incoming` says what `held` says, up to the rewrites harnesses make on replay.
 
-    Looked past: tool-call ids, `index` and `type`; argument key order and JSON spacing;
-    top-level arguments equal to the schema default (booleans only match booleans); trailing
-    whitespace (Python's and JavaScript's) on every line of string arguments (at any depth) and
-    of the content; reasoning that is missing, empty, under another key, inlined as
+    Looked past (`normalize.arguments_view`, the classes docs/probe.md lists): tool-call ids,
+    `index` and `type`; argument key order and JSON spacing; string arguments that spell the
+    schema's integer, number or boolean; top-level arguments equal to the schema default (booleans
+    only match booleans); a leading `cd <cwd> && `; trailing whitespace (Python's and JavaScript's)
+    before `\\n`, `\\r\\n` or a lone `\\r` on every line of string arguments (at any depth) and of
+    the content; reasoning that is missing, empty, under another key, inlined as
     `<think>...</think>` in the content, or sent back as plain text ahead of the content (a
     gateway that returned it as text). Never looked past: different content, arguments, tool
     names or number of calls, a reasoning text that is present but different, or any other key
@@ -106,10 +102,11 @@ def _reasoning_moved_to_text(reasoning: str, content: str, echoed: str) -> bool:
     return bool(reasoning) and echoed.startswith(reasoning) and echoed[len(reasoning) :].strip() == content
 
 
-def assistant_view(message: dict, defaults: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def assistant_view(message: dict, defaults: dict[str, dict[str, Any]] | EchoSchema) -> dict[str, Any]:
     """The parts of an assistant message that survive every cosmetic replay rewrite."""
+    schema = defaults if isinstance(defaults, EchoSchema) else EchoSchema(defaults)
     content, reasoning = _split_reasoning(message)
-    calls = [_call_view(call, defaults) for call in message.get("tool_calls") or []]
+    calls = [_call_view(call, schema) for call in message.get("tool_calls") or []]
     extra = {key: value for key, value in message.items() if key not in _VIEW_KEYS and value not in (None, "", [], {})}
     return {"content": _norm_text(content), "reasoning": _norm_text(reasoning), "calls": calls, "extra": extra}
 
@@ -124,16 +121,14 @@ def _split_reasoning(message: dict) -> tuple[str, str]:
     return content, reasoning
 
 
-def _call_view(call: Any, defaults: dict[str, dict[str, Any]]) -> Any:
+def _call_view(call: Any, schema: EchoSchema) -> Any:
     if not isinstance(call, dict):
         return call
     function = call.get("function")
     if not isinstance(function, dict):
         function = call
     name = function.get("name")
-    name_defaults = defaults.get(name, {}) if isinstance(name, str) else {}
-    arguments = drop_schema_defaults(parse_arguments(function.get("arguments")), name_defaults)
-    return name, _typed(strip_trailing_ws(arguments, ANY_LINE_END_BLANK))
+    return name, _typed(schema.arguments(name, function.get("arguments")))
 
 
 def _typed(value: Any) -> Any:
@@ -148,7 +143,7 @@ def _typed(value: Any) -> Any:
 
 
 def _norm_text(text: str) -> str:
-    return rstrip_lines(text or "", ANY_LINE_END_BLANK).strip("".join(ANY_LINE_END_BLANK))
+    return blank_lines_view(text or "").strip(_BLANKS)
 
 
 def _without(message: dict, key: str) -> dict:
@@ -236,16 +231,15 @@ class CheckpointTree:
         self.roots: list[Node] = []
         self.issued: dict[str, int | None] = {}  # id -> the node that issued it (None: issued twice)
         self._echoes: dict[tuple[int, int], tuple[dict, dict]] = {}
+        self._schemas: dict[tuple[int, str | None], tuple[Any, EchoSchema]] = {}
 
     def match(self, held: Any, incoming: Any, tools: Sequence[dict] | None) -> str | None:
         """`message_match` with this tree's rules: the schema defaults of `tools` and its harnesses."""
-        defaults = self.defaults(tools)
+        defaults = self.schema(tools)
         harness = (lambda h, i: self._harness_echo(h, i, tools, defaults)) if self.harnesses else None
         return message_match(held, incoming, defaults, self.echo_rules, harness)
 
-    def _harness_echo(
-        self, held: dict, incoming: dict, tools: Sequence[dict] | None, defaults: dict[str, dict[str, Any]]
-    ) -> bool:
+    def _harness_echo(self, held: dict, incoming: dict, tools: Sequence[dict] | None, defaults: EchoSchema) -> bool:
         for k, harness in enumerate(self.harnesses):
             hit = self._echoes.get((id(held), k))
             if hit is None or hit[0] is not held:  # each stored reply is played once per harness
@@ -404,8 +398,15 @@ class CheckpointTree:
         extra_children = sum(max(len(node.children) - 1, 0) for node in self.nodes)
         return extra_children + max(len(self.roots) - 1, 0)
 
-    def defaults(self, tools: Sequence[dict] | None) -> dict[str, dict[str, Any]]:
-        return tool_defaults(tools) if self.echo_rules else {}
+    def schema(self, tools: Sequence[dict] | None) -> EchoSchema:
+        """The echo-equivalence classes' view of `tools` and this session's working directory
+        (one per tools list and directory: asked for on every message compared)."""
+        key = (id(tools), self.cwd)
+        known = self._schemas.get(key)
+        if known is None or known[0] is not tools:
+            schema = EchoSchema.of(tools, self.cwd) if self.echo_rules else EchoSchema()
+            known = self._schemas[key] = (tools, schema)
+        return known[1]
 
     @staticmethod
     def _compatible(root: Node, tools: Sequence[dict] | None, template_kwargs: dict | None) -> bool:

@@ -164,9 +164,12 @@ CHECKPOINT_PARAMS: tuple[Param, ...] = (
         "harness_profile",
         str,
         "auto",
-        "harness profiles whose echo rewrites count as cosmetic: auto (every shipped one), none, "
-        "or a profile.json from trace-tools probe",
+        "harness profile whose echo rewrites count as the same call, besides the generic classes: "
+        "auto (replay: the shipped profile of the harness and version the dump records, else every "
+        "shipped one, with a note), none, a shipped name such as claude-code-2.1.332, or a profile.json "
+        "from trace-tools profile / probe",
         check=_loadable_harness_profile,
+        flag=True,
     ),
 )
 
