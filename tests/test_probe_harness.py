@@ -305,6 +305,18 @@ def test_real_qwen_code_sessions_end_to_end_in_a_network_namespace(qwen_run):
     assert "history" in result.profile and "side_requests" in result.profile["measured"]
 
 
+def test_profile_of_the_qwen_code_recording_is_the_probes_own(qwen_run):
+    """`trace-tools profile` on the run directory (its `record` dump and request log) derives the
+    profile `probe qwen-code` measured: same harness, same rewrites with the same counts."""
+    from trace_tools.probe.profile import profile_recording
+
+    result, out = qwen_run
+    derived = profile_recording(out)
+    assert derived["harness"]["name"] == "qwen-code" and derived["harness"]["version"] == result.version
+    assert derived["transformations"] == result.profile["transformations"]
+    assert derived["measured"]["echoes"] == result.profile["measured"]["echoes"]
+
+
 def test_no_qwen_code_side_request_is_recorded_as_a_turn(qwen_run):
     from trace_tools.io.load import load
     from trace_tools.probe.side_requests import side_request_kind
