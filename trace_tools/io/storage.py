@@ -13,14 +13,27 @@ local directory as usual, each finished shard is uploaded as soon as it is writt
 last), and everything else when the command ends, so a killed driver resumes from the shards in
 object storage, from any machine. Commands that read a finished run (`report`, `export`) work on a
 local copy (`local_run`) and upload what they wrote.
+
+One writer per remote run: `RemoteLock` holds the lock object RUN/.lock, created only if absent
+(S3's `If-None-Match: *`, through boto3) or, where no conditional create is available, as a lease
+read back after a pause (docs/run_directory.md#one-writer says what each guarantees). An upload
+that fails stops the run at its next result, the shards uploaded before it kept for a resume; a
+staging directory is removed on every exit, and one a killed driver left is removed by the next
+command that stages.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
+import sys
 import tempfile
+import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +46,10 @@ Location = str | Path  # a local path (Path) or an object-storage URI (str); eve
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _FILESYSTEMS: dict[str, Any] = {}
 MARKER_SUFFIX = ".done"  # a shard's completion marker: uploaded after the shard's other files
+LOCK_NAME = ".lock"  # the writer's lock: a local file (`io.shards.RunLock`) or a remote object (`RemoteLock`)
+LEASE_SECONDS = 60.0  # a remote lock not renewed for this long is stale (its holder died); renewed every third
+SETTLE_SECONDS = 2.0  # a lease (no conditional create) is read back after this pause to see who won
+STAGING_PREFIX = "trace-tools-run-"  # + pid + "-": whose staging directory it is
 
 
 def is_uri(value: Location) -> bool:
@@ -180,18 +197,25 @@ def absolute(value: Location) -> Location:
 
 def download(uri: str, local: Path, wanted: Callable[[str], bool] = lambda relative: True) -> dict[str, tuple]:
     """Copy the files under `uri` that `wanted` (called with each relative path) into `local`; the
-    others become empty placeholders, so the local directory lists what the remote one holds.
-    Returns each file's (size, mtime) as written, to tell later which files changed."""
-    fs, path = _filesystem(uri)
+    others become empty placeholders, so the local directory lists what the remote one holds (the
+    remote lock is left out: it is no file of the run). Returns each file's (size, mtime) as
+    written, to tell later which files changed."""
     for relative in _remote_files(uri):
+        if relative == LOCK_NAME:
+            continue
         target = local / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not wanted(relative):
+        if wanted(relative):
+            _fetch(uri, relative, target)
+        else:
             target.touch()
-            continue
-        with fs.open_input_stream(f"{path}/{relative}") as source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
     return snapshot(local)
+
+
+def _fetch(uri: str, relative: str, target: Path) -> None:
+    fs, path = _filesystem(uri)
+    with fs.open_input_stream(f"{path}/{relative}") as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
 
 
 def snapshot(local: Path) -> dict[str, tuple]:
@@ -218,22 +242,259 @@ def delete(uri: str, relatives: list[str]) -> None:
 
 
 def upload_changes(local: Path, uri: str, before: dict[str, tuple]) -> None:
-    """Upload the files of `local` that are new or changed since `before` (a `snapshot`)."""
+    """Upload the files of `local` that are new or changed since `before` (a `snapshot`); the local
+    lock file is this machine's, not the run's."""
     now = snapshot(local)
-    upload(local, uri, [relative for relative, signature in now.items() if before.get(relative) != signature])
+    changed = [relative for relative, signature in now.items() if before.get(relative) != signature]
+    upload(local, uri, [relative for relative in changed if relative != LOCK_NAME])
+
+
+# ---------------------------------------------------------------------------------------------
+# Staging directories: named by their process, so the next one cleans a killed driver's
+
+
+def staging_dir() -> Path:
+    remove_stale_staging()
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
+
+
+def remove_stale_staging(root: Path | None = None) -> list[Path]:
+    """Remove the staging directories whose process is gone (a killed driver's); returns them."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*-*"):
+        pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer per remote run directory
+
+
+def this_process() -> dict[str, Any]:
+    """Who holds a lock: pid, host, start time and command line."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python",
+    }
+
+
+def holder_text(text: str) -> str:
+    """A lock's holder in words, from the JSON it wrote."""
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not written its name yet"
+
+
+def busy(where: str, holder: str) -> UsageError:
+    return UsageError(
+        f"{where} is being written by another trace-tools process ({holder_text(holder)}); "
+        "wait for it to finish, or choose another --out"
+    )
+
+
+class RemoteLock:
+    """RUN/.lock in object storage, held for as long as this process writes the run.
+
+    The object names its holder and when its lease ends; a thread renews it every third of
+    `LEASE_SECONDS`. On `s3://` with boto3 installed it is created only if absent (PutObject with
+    `If-None-Match: *`) and a stale one (lease ended, or its holder's pid is gone on this host) is
+    replaced only if unchanged (`If-Match` on its ETag), so of two drivers exactly one holds it.
+    Elsewhere (`gs://` through pyarrow, which has no preconditions) it is a lease: written when
+    absent or stale, then read back after `SETTLE_SECONDS`; a second driver whose check and write
+    are further apart than that can still overwrite it unnoticed (the race window)."""
+
+    def __init__(self, run_uri: str):
+        self.run_uri, self.uri = run_uri, f"{run_uri}/{LOCK_NAME}"
+        self.token = uuid.uuid4().hex
+        self.lost = ""  # why the lease was lost while held (another driver took it over)
+        self._store = _ConditionalStore.for_uri(self.uri) or _LeaseStore(self.uri)
+        self._etag: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps({**this_process(), "token": self.token, "expires": time.time() + LEASE_SECONDS}).encode()
+
+    def acquire(self) -> None:
+        try:
+            self._etag = self._store.create(self._body())
+        except _Unsupported:
+            self._store = _LeaseStore(self.uri)
+            self._etag = self._store.create(self._body())
+        if self._etag is None:
+            found = self._store.read()
+            if found is not None and not _stale(found[0]):
+                raise busy(self.run_uri, found[0].decode("utf-8", "replace"))
+            self._etag = self._store.replace(self._body(), found[1] if found else None)
+            if self._etag is None:  # another driver took it over first
+                found = self._store.read()
+                raise busy(self.run_uri, found[0].decode("utf-8", "replace") if found else "")
+        self._renewer = threading.Thread(target=self._renew, name="trace-tools-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_SECONDS / 3):
+            try:
+                self._etag = self._store.replace(self._body(), self._etag)
+            except OSError:
+                continue  # a passing error: the lease outlives a few missed renewals
+            if self._etag is None:
+                self.lost = f"another process took over the lock {self.uri} (this one's lease was not renewed in time)"
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        if not self.lost and self._etag is not None:
+            self._store.remove(self._etag)
+
+
+def _stale(body: bytes) -> bool:
+    try:
+        info = json.loads(body)
+        expired = float(info["expires"]) < time.time()
+        dead_here = info["host"] == socket.gethostname() and not _alive(int(info["pid"]))
+    except (ValueError, KeyError, TypeError):
+        return True  # not a lock this version writes (an older run's uploaded lock file)
+    return expired or dead_here
+
+
+class _Unsupported(Exception):
+    """The store refuses conditional writes (an S3-compatible server without them)."""
+
+
+class _LeaseStore:
+    """A lock object without preconditions (pyarrow's filesystem): check, write, pause, read back.
+    Its tags are the holders' tokens."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def read(self) -> tuple[bytes, str] | None:
+        fs, path = _filesystem(self.uri)
+        try:
+            with fs.open_input_stream(path) as source:
+                body = source.read()
+        except FileNotFoundError:
+            return None
+        return body, _token_of(body)
+
+    def create(self, body: bytes) -> str | None:
+        return None if self.read() is not None else self._write(body)
+
+    def replace(self, body: bytes, tag: str | None) -> str | None:
+        """Write `body` if the lock is still the one tagged `tag` (None: absent)."""
+        found = self.read()
+        return self._write(body) if (found[1] if found is not None else None) == tag else None
+
+    def _write(self, body: bytes) -> str | None:
+        fs, path = _filesystem(self.uri)
+        with fs.open_output_stream(path) as out:
+            out.write(body)
+        time.sleep(SETTLE_SECONDS)
+        found = self.read()
+        return found[1] if found is not None and found[0] == body else None
+
+    def remove(self, tag: str) -> None:
+        found = self.read()
+        if found is not None and found[1] == tag:
+            fs, path = _filesystem(self.uri)
+            fs.delete_file(path)
+
+
+def _token_of(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["token"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+class _ConditionalStore:
+    """A lock object on S3 through boto3's conditional writes (ETags as tags)."""
+
+    def __init__(self, client: Any, bucket: str, key: str):
+        self.client, self.bucket, self.key = client, bucket, key
+
+    @classmethod
+    def for_uri(cls, uri: str) -> "_ConditionalStore | None":
+        if not uri.startswith("s3://"):
+            return None
+        try:
+            import boto3
+        except ImportError:
+            return None
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        return cls(boto3.client("s3"), bucket.rpartition("@")[2], key.split("?", 1)[0])
+
+    def _put(self, body: bytes, **condition: str) -> str | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return str(self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"])
+        except ClientError as error:
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412) or error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None  # the condition failed: someone else's object is there (or is gone)
+            if status == 501:
+                raise _Unsupported() from None
+            raise OSError(f"cannot write the lock {self.key}: {_first_line(error)}") from None
+        except BotoCoreError as error:
+            raise OSError(f"cannot write the lock {self.key}: {_first_line(error)}") from None
+
+    def create(self, body: bytes) -> str | None:
+        return self._put(body, IfNoneMatch="*")
+
+    def read(self) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self.key)
+        except ClientError:
+            return None
+        return found["Body"].read(), str(found["ETag"])
+
+    def replace(self, body: bytes, tag: str | None) -> str | None:
+        """Write `body` if the lock is still the object with ETag `tag` (None: absent)."""
+        return self._put(body, IfMatch=tag) if tag else self.create(body)
+
+    def remove(self, tag: str) -> None:
+        found = self.read()
+        if found is not None and found[1] == tag:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key)
 
 
 @dataclass
 class StagedRun:
     """A run directory in object storage, written through a local staging directory.
 
-    On entry the remote run's `shards/` (what a resume needs) and `run.json` are copied in and
-    every other remote file becomes an empty placeholder (so the usual checks see a non-empty
-    directory). `reset()` deletes every remote file the run removed locally (a previous run's
-    outputs and shards, on an overwrite; its summary.json in any case), then uploads the
-    fingerprint; `shard_written(name)` uploads that shard; both in a background thread, in order,
-    so once the new fingerprint is there nothing of the previous run is. On a clean exit every
-    other file written or changed locally is uploaded; the staging directory is removed in any case.
+    On entry the remote lock is taken (`RemoteLock`), then the remote run's shard markers,
+    `shards/FINGERPRINT` and `run.json` are copied in and every other remote file becomes an empty
+    placeholder (so the usual checks see a non-empty directory); `fetch_reused(stamp)` then copies
+    the files of the shards a resume under that fingerprint may reuse, and nothing else.
+    `reset()` deletes every remote file the run removed locally (a previous run's outputs and
+    shards, on an overwrite; its summary.json in any case), then uploads the fingerprint;
+    `shard_written(name)` uploads that shard; both in a background thread, in order, so once the
+    new fingerprint is there nothing of the previous run is. `check()` raises as soon as an
+    upload failed. On a clean exit every other file written or changed locally is uploaded; the
+    staging directory is removed and the lock released on every exit.
     """
 
     uri: str
@@ -241,14 +502,36 @@ class StagedRun:
     _before: dict[str, tuple] = field(init=False, default_factory=dict)
     _uploads: Any = field(init=False, default=None)
     _pending: list[Any] = field(init=False, default_factory=list)
+    _lock: RemoteLock | None = field(init=False, default=None)
 
     def __enter__(self) -> "StagedRun":
         if is_file(self.uri):
             raise UsageError(f"--out {self.uri} is a file; pass a directory path for the run")
-        self.local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))
-        self._before = download(self.uri, self.local, lambda r: r.startswith("shards/") or r == "run.json")
+        self._lock = RemoteLock(self.uri)
+        self._lock.acquire()
+        self.local = staging_dir()
+        try:
+            self._before = download(self.uri, self.local, _first_fetched)
+        except BaseException:
+            shutil.rmtree(self.local, ignore_errors=True)
+            self._lock.release()
+            raise
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="trace-tools-upload")
         return self
+
+    def fetch_reused(self, stamp: str) -> None:
+        """Copy in the files of each shard whose marker belongs to fingerprint `stamp` (the only
+        ones `io.shards.prepare` may reuse); the placeholders of the others are removed by it."""
+        for done in sorted((self.local / "shards").glob(f"*{MARKER_SUFFIX}")):
+            try:
+                marker = json.loads(done.read_text())
+                files = list(marker["files"]) if marker.get("fingerprint") == stamp else []
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: prepare replays the shard and says why
+            for relative in (f"shards/{name}" for name in files):
+                if relative in self._before:
+                    _fetch(self.uri, relative, self.local / relative)
+                    self._before[relative] = _signature(self.local / relative)
 
     def reset(self) -> None:
         """The local directory now holds only what this run keeps of the remote one (after
@@ -266,7 +549,26 @@ class StagedRun:
         return lambda: delete(self.uri, removed)
 
     def shard_written(self, name: str) -> None:
+        self.check()
         self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{name}.*")])
+
+    def check(self) -> None:
+        """Raise if an upload failed or the lock was lost: the run stops at once, what was
+        uploaded before stays for a resume."""
+        if self._lock is not None and self._lock.lost:
+            raise TraceToolsError(f"{self._lock.lost}; stopped, the shards uploaded so far are kept")
+        while self._pending and self._pending[0].done():
+            failure = self._pending.pop(0).exception()
+            if failure is not None:
+                raise self._failed(failure)
+
+    def _failed(self, failure: BaseException) -> TraceToolsError:
+        if isinstance(failure, TraceToolsError):
+            return failure
+        return TraceToolsError(
+            f"uploading to {self.uri} failed ({_first_line(failure)}); the run stopped, the shards uploaded "
+            "before are kept: fix the cause (credentials? permissions?) and rerun the same command to resume"
+        )
 
     def _upload(self, relatives: list[str]) -> None:
         """Upload files that will not change again, and remember them as uploaded."""
@@ -281,14 +583,28 @@ class StagedRun:
             # The run's checks saw the staging directory; the user named the URI.
             error.args = (str(error).replace(str(self.local), self.uri), *error.args[1:])
         try:
-            self._uploads.shutdown(wait=True)
-            for job in self._pending:
-                job.result()  # an upload that failed fails the command
+            # A failed run uploads nothing more: what is there (finished shards) is what a resume reuses.
+            self._uploads.shutdown(wait=True, cancel_futures=kind is not None)
             if kind is None:
+                for job in self._pending:
+                    if job.exception() is not None:
+                        raise self._failed(job.exception())
                 self._delete_removed()()
                 upload_changes(self.local, self.uri, self._before)
+        except OSError as failure:
+            raise self._failed(failure) from None
         finally:
             shutil.rmtree(self.local, ignore_errors=True)
+            if self._lock is not None:
+                self._lock.release()
+
+
+def _first_fetched(relative: str) -> bool:
+    """What a staged run copies in before it knows its fingerprint: run.json, the shards'
+    fingerprint and their markers (the shards' files follow in `fetch_reused`)."""
+    return relative in ("run.json", "shards/FINGERPRINT") or (
+        relative.startswith("shards/") and relative.endswith(MARKER_SUFFIX)
+    )
 
 
 @contextmanager
@@ -297,7 +613,7 @@ def local_output(target: Location) -> Iterator[Path]:
     if isinstance(target, Path):
         yield target
         return
-    folder = Path(tempfile.mkdtemp(prefix="trace-tools-out-"))
+    folder = staging_dir()
     try:
         yield folder / name(target)
         upload(folder, target.rsplit("/", 1)[0], [name(target)])
@@ -314,7 +630,7 @@ def local_run(run: Location, write_back: bool = False) -> Iterator[Path]:
         return
     if not is_dir(run):
         raise TraceToolsError(f"{run} holds no run directory; run `trace-tools replay DUMP --out {run}` first")
-    local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))
+    local = staging_dir()
     try:
         before = download(run, local, lambda relative: not relative.startswith("shards/"))
         yield local
