@@ -503,6 +503,7 @@ class StagedRun:
     _uploads: Any = field(init=False, default=None)
     _pending: list[Any] = field(init=False, default_factory=list)
     _lock: RemoteLock | None = field(init=False, default=None)
+    _failure: BaseException | None = field(init=False, default=None)
 
     def __enter__(self) -> "StagedRun":
         if is_file(self.uri):
@@ -557,10 +558,8 @@ class StagedRun:
         uploaded before stays for a resume."""
         if self._lock is not None and self._lock.lost:
             raise TraceToolsError(f"{self._lock.lost}; stopped, the shards uploaded so far are kept")
-        while self._pending and self._pending[0].done():
-            failure = self._pending.pop(0).exception()
-            if failure is not None:
-                raise self._failed(failure)
+        if self._failure is not None:
+            raise self._failed(self._failure)
 
     def _failed(self, failure: BaseException) -> TraceToolsError:
         if isinstance(failure, TraceToolsError):
@@ -576,7 +575,18 @@ class StagedRun:
         self._submit(lambda: upload(self.local, self.uri, relatives))
 
     def _submit(self, job: Callable[[], Any]) -> None:
-        self._pending.append(self._uploads.submit(job))
+        self._pending.append(self._uploads.submit(self._unless_failed, job))
+
+    def _unless_failed(self, job: Callable[[], Any]) -> None:
+        """Run an upload job unless an earlier one failed: the remote run then keeps exactly the
+        shards finished before the failure, in order."""
+        if self._failure is not None:
+            return
+        try:
+            job()
+        except BaseException as failure:
+            self._failure = failure
+            raise
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
         if isinstance(error, TraceToolsError) and error.args:
@@ -586,9 +596,7 @@ class StagedRun:
             # A failed run uploads nothing more: what is there (finished shards) is what a resume reuses.
             self._uploads.shutdown(wait=True, cancel_futures=kind is not None)
             if kind is None:
-                for job in self._pending:
-                    if job.exception() is not None:
-                        raise self._failed(job.exception())
+                self.check()
                 self._delete_removed()()
                 upload_changes(self.local, self.uri, self._before)
         except OSError as failure:
