@@ -445,7 +445,7 @@ class _ConditionalStore:
         return cls(boto3.client("s3"), bucket.rpartition("@")[2], key.split("?", 1)[0])
 
     def _put(self, body: bytes, **condition: str) -> str | None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
         try:
             return str(self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"])
@@ -456,6 +456,8 @@ class _ConditionalStore:
             if status == 501:
                 raise _Unsupported() from None
             raise OSError(f"cannot write the lock {self.key}: {_first_line(error)}") from None
+        except ParamValidationError:
+            raise _Unsupported() from None  # a boto3 from before conditional writes
         except BotoCoreError as error:
             raise OSError(f"cannot write the lock {self.key}: {_first_line(error)}") from None
 
