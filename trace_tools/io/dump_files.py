@@ -70,13 +70,13 @@ def unreadable_file(path: Location, error: Exception) -> UnusableInput:
     return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
 
 
-def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
-    """A file's Arrow schema and the row count of each row group, from its footer only."""
+def read_file_schema(path: Location) -> tuple[pa.Schema, list[tuple[int, int]]]:
+    """A file's Arrow schema and each row group's (rows, uncompressed bytes), from its footer only."""
     try:
         with storage.open_input(path) as handle:
             parquet = pq.ParquetFile(handle)
-            groups = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-            return parquet.schema_arrow, groups
+            groups = [parquet.metadata.row_group(i) for i in range(parquet.metadata.num_row_groups)]
+            return parquet.schema_arrow, [(group.num_rows, group.total_byte_size) for group in groups]
     except (pa.ArrowException, OSError, ValueError) as error:
         raise unreadable_file(path, error) from None
 
@@ -84,7 +84,9 @@ def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
 STREAM_BUFFER_BYTES = 2**20
 
 
-def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    path: Location, columns: list[str], batch_rows: int, row_groups: list[int] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput.
 
     Memory stays flat in the file's size: each column chunk is read through a buffer of
@@ -94,7 +96,7 @@ def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterato
     try:
         with storage.open_input(path) as handle:
             parquet = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER_BYTES, pre_buffer=False)
-            yield from parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)
+            yield from parquet.iter_batches(batch_rows, row_groups, columns, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as error:
         raise unreadable_file(path, error) from None
 

@@ -33,8 +33,11 @@ session ends up either valid or quarantined. Rows that cannot be attributed to a
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -80,9 +83,17 @@ from trace_tools.io.schema import (
     expected_type,
 )
 from trace_tools.io.storage import Location
+from trace_tools.io.write import DUMP_ROW_GROUP_ROWS
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
+# What one Ray loader task reads: a row group, or a row range of a large one (a "piece"). A group
+# over PIECE_ROWS rows or PIECE_BYTES (uncompressed) is read as that many equal row ranges, at
+# most MAX_PIECES: each range's task streams the group from its start and keeps only its rows, so
+# no task holds the group, at the cost of decoding the rows before its range again.
+PIECE_ROWS = 4096
+PIECE_BYTES = 16 * 2**20
+MAX_PIECES = 32
 
 
 @dataclass
@@ -187,7 +198,7 @@ class _FileInfo:
     path: Location
     label: str
     rows: int
-    row_groups: list[int]  # rows in each row group
+    pieces: list[tuple[int, int, int]]  # what loader tasks read: (row group, first row in the file, rows)
     columns: list[str]  # schema-v1 columns present in the file
     problems: list[tuple[str, str, str]]  # (column, reason, detail) from check_schema
     keys: dict[str, str]  # trace_tools.* metadata, prefix stripped
@@ -213,7 +224,7 @@ class SessionSlot:
     position: int  # in finishing order (by last row): the order `SessionStream.positioned` hands sessions out
     session_id: str
     first_file: int
-    row_groups: list[tuple[int, int]]  # (file number, row group) that may hold its rows, in file order
+    row_groups: list[tuple[int, int]]  # (file number, piece) that may hold its rows, in file order (`pieces`)
     problems: list[QuarantineEntry]  # known from pass 1 (the session is quarantined; nothing to read)
     rows: int = 0  # its rows (turns, as pass 1 counted them): the work its task will have
 
@@ -228,7 +239,7 @@ class DumpContext:
     columns: list[list[str]]  # to read, per file
     vocab: list[int | None]  # out-of-vocab bound, per file
     metas: list[DumpMeta]  # recording metadata, per file
-    group_starts: list[list[int]]  # first row of each row group, per file
+    pieces: list[list[tuple[int, int, int]]]  # (row group, first row, rows) of each piece, per file
     cell_limit: int = 0  # bytes a cell may hold (`io.rows.max_cell_bytes`)
 
 
@@ -279,6 +290,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                     "out-of-vocab check skipped (pass vocab_size or a local tokenizer)"
                 )
                 break
+        self._piece_starts = [[start for _, start, _ in info.pieces] for info in self._infos]
+        self.warnings.extend(filter(None, (split_warning(info.label, info.pieces) for info in self._infos)))
         self._spans: dict[str, _Span] = {}
         self._parsers: dict[str, HistoryParser] = {}  # per open session
         self._unattributed: list[QuarantineEntry] = []
@@ -323,7 +336,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         else:
             label = path.relative_to(root).as_posix() if isinstance(path, Path) else path[len(str(root)) + 1 :]
         columns = [column.name for column in COLUMNS if column.name in schema.names]
-        return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), trace_tools_keys(schema))
+        rows = sum(count for count, _ in groups)
+        return _FileInfo(path, label, rows, pieces(groups), columns, check_schema(schema), trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
         for info in self._infos:
@@ -427,31 +441,29 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             yield SessionSlot(position, session_id, span.first_file, groups, list(span.problems), span.rows)
 
     def _groups_of(self, span: _Span) -> list[tuple[int, int]]:
-        """The row groups between a session's first and last row, in readable files."""
+        """The pieces between a session's first and last row, in readable files: found by bisection
+        of the pieces' first rows, so planning costs the pieces a session spans, not the file's."""
         found = []
         for number in range(span.first_file, span.last[0] + 1):
             info = self._infos[number]
-            if info.problems or "session_id" not in info.columns:
+            if info.problems or "session_id" not in info.columns or not info.pieces:
                 continue
             low = span.first_row if number == span.first_file else 0
             high = span.last[1] if number == span.last[0] else info.rows - 1
-            start = 0
-            for group, rows in enumerate(info.row_groups):
-                if start <= high and start + rows > low:
-                    found.append((number, group))
-                start += rows
+            starts = self._piece_starts[number]
+            first, last = bisect_right(starts, low) - 1, bisect_right(starts, high) - 1
+            found.extend((number, piece) for piece in range(max(first, 0), last + 1))
         return found
 
     def context(self) -> DumpContext:
         """What workers need to read sessions from their `SessionSlot`s (`read_session`)."""
-        starts = [[sum(info.row_groups[:i]) for i in range(len(info.row_groups))] for info in self._infos]
         return DumpContext(
             [storage.absolute(info.path) for info in self._infos],
             [info.label for info in self._infos],
             [[c for c in info.columns if self._wanted is None or c in self._wanted] for info in self._infos],
             list(self._file_vocab),
             list(self._file_meta),
-            starts,
+            [list(info.pieces) for info in self._infos],
             self._cell_limit,
         )
 
@@ -536,26 +548,78 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 ROW_COLUMN = "__row__"  # added by `read_row_group`: each row's number in its file
 
 
-def read_row_group(context: DumpContext, number: int, group: int, session_ids: list[str]) -> list[pa.Table]:
-    """Row group `group` of file `number`, split into the rows of each of `session_ids` (in that
-    order), each row with its number in the file (`ROW_COLUMN`). Runs on a worker: decoding a row
-    group is most of reading it, so each is decoded once for all the sessions it holds."""
+def pieces(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """What loader tasks read of a file whose row groups have these (rows, bytes): each group, or
+    equal row ranges of a large one (`PIECE_ROWS`): (row group, first row in the file, rows)."""
+    found = []
+    for group, ((rows, size), start) in enumerate(zip(groups, accumulate([0] + [r for r, _ in groups]))):
+        count = min(MAX_PIECES, max(1, math.ceil(rows / PIECE_ROWS), math.ceil(size / PIECE_BYTES)))
+        bounds = [rows * i // count for i in range(count + 1)]
+        found.extend((group, start + low, high - low) for low, high in zip(bounds, bounds[1:]) if high > low)
+    return found
+
+
+def split_warning(label: str, file_pieces: list[tuple[int, int, int]]) -> str:
+    """One line for a file with a row group too large for one task (read as row ranges), naming the fix."""
+    groups = Counter(group for group, _, _ in file_pieces)
+    large = [group for group, count in groups.items() if count > 1]
+    if not large:
+        return ""
+    rows = sum(count for group, _, count in file_pieces if group == large[0])
+    return (
+        f"{label}: row group {large[0]} holds {rows} rows, read by {groups[large[0]]} tasks that each decode it up to "
+        f"their rows ({len(large)} such group(s)); rewrite it in groups of {DUMP_ROW_GROUP_ROWS} rows to read it "
+        f"faster: python -c \"import pyarrow.parquet as pq; pq.write_table(pq.read_table('IN.parquet'), "
+        f"'OUT.parquet', row_group_size={DUMP_ROW_GROUP_ROWS})\""
+    )
+
+
+def read_row_group(context: DumpContext, number: int, piece: int, session_ids: list[str]) -> list[pa.Table]:
+    """Piece `piece` of file `number` (a row group, or a row range of one: `pieces`), split into
+    the rows of each of `session_ids` (in that order), each row with its number in the file
+    (`ROW_COLUMN`). Runs on a worker: decoding a row group is most of reading it, so each is
+    decoded once for all the sessions it holds."""
     import numpy as np
     import pyarrow.compute as pc
 
     path = context.files[number]
-    try:
-        with storage.open_input(path) as handle:
-            table = pq.ParquetFile(handle).read_row_group(group, columns=context.columns[number])
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise unreadable_file(path, error) from None
-    start = context.group_starts[number][group]
+    group, start, rows = context.pieces[number][piece]
+    table = _read_piece(path, context.columns[number], group, start - _group_start(context.pieces[number], piece), rows)
     table = table.append_column(ROW_COLUMN, pa.array(np.arange(start, start + table.num_rows, dtype=np.int64)))
     ids = table.column("session_id")
     codes = pc.index_in(ids, value_set=pa.array(session_ids, ids.type)).fill_null(-1).to_numpy()
     order = np.argsort(codes, kind="stable")  # rows grouped by session, file order kept within each
     bounds = np.searchsorted(codes[order], np.arange(len(session_ids) + 1))
     return [table.take(order[bounds[i] : bounds[i + 1]]) for i in range(len(session_ids))]
+
+
+def _group_start(file_pieces: list[tuple[int, int, int]], piece: int) -> int:
+    """The first row (in the file) of the row group `piece` belongs to."""
+    group = file_pieces[piece][0]
+    while piece > 0 and file_pieces[piece - 1][0] == group:
+        piece -= 1
+    return file_pieces[piece][1]
+
+
+def _read_piece(path: Location, columns: list[str], group: int, offset: int, rows: int) -> pa.Table:
+    """Rows [offset, offset + rows) of row group `group`: the whole group at once, or for a range
+    streamed batch by batch (`iter_batches`), keeping only the range and stopping after it."""
+    try:
+        with storage.open_input(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            if offset == 0 and rows == parquet.metadata.row_group(group).num_rows:
+                return parquet.read_row_group(group, columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise unreadable_file(path, error) from None
+    kept, seen = [], 0
+    for batch in iter_batches(path, columns, ROW_BATCH_ROWS, [group]):
+        low, high = max(offset - seen, 0), min(offset + rows - seen, batch.num_rows)
+        if high > low:
+            kept.append(batch.slice(low, high - low))
+        seen += batch.num_rows
+        if seen >= offset + rows:
+            break
+    return pa.Table.from_batches(kept, schema=kept[0].schema) if kept else pa.table({})
 
 
 def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table]) -> Session | list[QuarantineEntry]:
