@@ -219,9 +219,9 @@ def _one_row_group_of_small_rows(simulated_dump: Path, out: Path, rows: int, tur
 def test_a_dump_of_one_huge_row_group_replays_on_ray_without_any_task_reading_it_whole(
     simulated_dump, tmp_path, local_ray
 ):
-    """100k rows in one row group: loader tasks read row ranges (`io.load.PIECE_ROWS`), so no task
+    """100k rows in one row group: loader tasks read row ranges (`io.dump_files.PIECE_ROWS`), so no task
     holds the file; the session tasks' inputs stay a small share of it; every turn is replayed."""
-    from trace_tools.io.load import PIECE_ROWS
+    from trace_tools.io.dump_files import PIECE_ROWS
     from trace_tools.io.validate import validate
 
     rows = int(os.environ.get("TRACE_TOOLS_TEST_HUGE_ROWS", "100000"))

@@ -13,7 +13,7 @@ import pytest
 
 from trace_tools.data import QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
-from trace_tools.io import iter_sessions, load, read_dump_meta
+from trace_tools.io import dump_files, iter_sessions, load, read_dump_meta
 
 # The package re-exports the function `load`, which shadows the submodule as an attribute.
 load_module = importlib.import_module("trace_tools.io.load")
@@ -293,7 +293,7 @@ def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layou
     """Ray workers read a session from pass 1's slot: same sessions, same quarantine, same details;
     also when row groups are read as row ranges of 2 rows (how a large row group is split)."""
     if piece_rows:
-        monkeypatch.setattr(load_module, "PIECE_ROWS", piece_rows)
+        monkeypatch.setattr(dump_files, "PIECE_ROWS", piece_rows)
     stream = iter_sessions(layout(tmp_path / "dump"), vocab_size=VOCAB)
     context = stream.context()
     by_workers = read_like_workers(stream)
@@ -305,7 +305,7 @@ def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layou
 
 
 def test_a_large_row_group_is_read_in_row_ranges_and_the_user_told_how_to_rewrite_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(load_module, "PIECE_ROWS", 2)
+    monkeypatch.setattr(dump_files, "PIECE_ROWS", 2)
     path = write_dump(tmp_path / "one.parquet", baseline_table(), row_group_size=None)
     stream = iter_sessions(path, vocab_size=VOCAB)
     assert stream.context().pieces == [[(0, 0, 1), (0, 1, 2), (0, 3, 2), (0, 5, 2), (0, 7, 2)]]  # ranges of ≤ 2 rows
@@ -314,7 +314,11 @@ def test_a_large_row_group_is_read_in_row_ranges_and_the_user_told_how_to_rewrit
         warning.startswith("one.parquet: row group 0 holds 9 rows, read by 5 tasks") and "row_group_size=256" in warning
     )
     slots = {slot.session_id: slot.row_groups for slot in stream.slots()}
-    assert slots == {"alpha": [(0, 0), (0, 1)], "beta": [(0, 2), (0, 3)], "gamma": [(0, 3), (0, 4)]}  # rows 0-2, 3-5, 6-8
+    assert slots == {
+        "alpha": [(0, 0), (0, 1)],
+        "beta": [(0, 2), (0, 3)],
+        "gamma": [(0, 3), (0, 4)],
+    }  # rows 0-2, 3-5, 6-8
 
 
 def test_planning_reads_each_sessions_pieces_by_bisection_not_by_walking_the_file(tmp_path):

@@ -5,7 +5,10 @@ reads sessions through these)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections import Counter
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,6 +29,7 @@ from trace_tools.io.schema import (
 )
 from trace_tools.io.storage import Location
 from trace_tools.io.vocab import vocab_size_for
+from trace_tools.io.write import DUMP_ROW_GROUP_ROWS
 
 
 def find_files(path: Location) -> list[Location]:
@@ -163,3 +167,68 @@ def vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
         return int(vocab_size)
 
     return vocab_size_for(tokenizer)
+
+
+# -- what one Ray loader task reads: a row group, or a row range of a large one (a "piece"). A group
+# over PIECE_ROWS rows or PIECE_BYTES (uncompressed) is read as that many equal row ranges, at
+# most MAX_PIECES: each range's task streams the group from its start and keeps only its rows, so
+# no task holds the group, at the cost of decoding the rows before its range again.
+PIECE_ROWS = 4096
+PIECE_BYTES = 16 * 2**20
+MAX_PIECES = 32
+PIECE_BATCH_ROWS = 128  # rows of a range read at a time (rows can carry 100k-token prompts)
+
+
+def pieces(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """What loader tasks read of a file whose row groups have these (rows, bytes): each group, or
+    equal row ranges of a large one (`PIECE_ROWS`): (row group, first row in the file, rows)."""
+    found = []
+    for group, ((rows, size), start) in enumerate(zip(groups, accumulate([0] + [r for r, _ in groups]))):
+        count = min(MAX_PIECES, max(1, math.ceil(rows / PIECE_ROWS), math.ceil(size / PIECE_BYTES)))
+        bounds = [rows * i // count for i in range(count + 1)]
+        found.extend((group, start + low, high - low) for low, high in zip(bounds, bounds[1:]) if high > low)
+    return found
+
+
+def split_warning(label: str, file_pieces: list[tuple[int, int, int]]) -> str:
+    """One line for a file with a row group too large for one task (read as row ranges), naming the fix."""
+    groups = Counter(group for group, _, _ in file_pieces)
+    large = [group for group, count in groups.items() if count > 1]
+    if not large:
+        return ""
+    rows = sum(count for group, _, count in file_pieces if group == large[0])
+    return (
+        f"{label}: row group {large[0]} holds {rows} rows, read by {groups[large[0]]} tasks that each decode it up to "
+        f"their rows ({len(large)} such group(s)); rewrite it in groups of {DUMP_ROW_GROUP_ROWS} rows to read it "
+        f"faster: python -c \"import pyarrow.parquet as pq; pq.write_table(pq.read_table('IN.parquet'), "
+        f"'OUT.parquet', row_group_size={DUMP_ROW_GROUP_ROWS})\""
+    )
+
+
+def group_start(file_pieces: list[tuple[int, int, int]], piece: int) -> int:
+    """The first row (in the file) of the row group `piece` belongs to."""
+    group = file_pieces[piece][0]
+    while piece > 0 and file_pieces[piece - 1][0] == group:
+        piece -= 1
+    return file_pieces[piece][1]
+
+
+def read_piece(path: Location, columns: list[str], group: int, offset: int, rows: int) -> pa.Table:
+    """Rows [offset, offset + rows) of row group `group`: the whole group at once, or for a range
+    streamed batch by batch (`iter_batches`), keeping only the range and stopping after it."""
+    try:
+        with storage.open_input(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            if offset == 0 and rows == parquet.metadata.row_group(group).num_rows:
+                return parquet.read_row_group(group, columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise unreadable_file(path, error) from None
+    kept, seen = [], 0
+    for batch in iter_batches(path, columns, PIECE_BATCH_ROWS, [group]):
+        low, high = max(offset - seen, 0), min(offset + rows - seen, batch.num_rows)
+        if high > low:
+            kept.append(batch.slice(low, high - low))
+        seen += batch.num_rows
+        if seen >= offset + rows:
+            break
+    return pa.Table.from_batches(kept, schema=kept[0].schema) if kept else pa.table({})

@@ -33,27 +33,29 @@ session ends up either valid or quarantined. Rows that cannot be attributed to a
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.io import storage
-from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta: re-exported)
+from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta, PIECE_ROWS: re-exported)
+    PIECE_ROWS,
     check_schema_version,
     find_files,
+    group_start,
     iter_batches,
     merge_keys,
     merged_dump_meta,
+    pieces,
     read_dump_meta,
     read_file_schema,
+    read_piece,
+    split_warning,
     trace_tools_keys,
     unreadable_file,
     vocab_bound,
@@ -83,17 +85,9 @@ from trace_tools.io.schema import (
     expected_type,
 )
 from trace_tools.io.storage import Location
-from trace_tools.io.write import DUMP_ROW_GROUP_ROWS
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
 ROW_BATCH_ROWS = 128  # pass 2 rows can carry 100k-token prompts; keep batches small
-# What one Ray loader task reads: a row group, or a row range of a large one (a "piece"). A group
-# over PIECE_ROWS rows or PIECE_BYTES (uncompressed) is read as that many equal row ranges, at
-# most MAX_PIECES: each range's task streams the group from its start and keeps only its rows, so
-# no task holds the group, at the cost of decoding the rows before its range again.
-PIECE_ROWS = 4096
-PIECE_BYTES = 16 * 2**20
-MAX_PIECES = 32
 
 
 @dataclass
@@ -548,32 +542,6 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 ROW_COLUMN = "__row__"  # added by `read_row_group`: each row's number in its file
 
 
-def pieces(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """What loader tasks read of a file whose row groups have these (rows, bytes): each group, or
-    equal row ranges of a large one (`PIECE_ROWS`): (row group, first row in the file, rows)."""
-    found = []
-    for group, ((rows, size), start) in enumerate(zip(groups, accumulate([0] + [r for r, _ in groups]))):
-        count = min(MAX_PIECES, max(1, math.ceil(rows / PIECE_ROWS), math.ceil(size / PIECE_BYTES)))
-        bounds = [rows * i // count for i in range(count + 1)]
-        found.extend((group, start + low, high - low) for low, high in zip(bounds, bounds[1:]) if high > low)
-    return found
-
-
-def split_warning(label: str, file_pieces: list[tuple[int, int, int]]) -> str:
-    """One line for a file with a row group too large for one task (read as row ranges), naming the fix."""
-    groups = Counter(group for group, _, _ in file_pieces)
-    large = [group for group, count in groups.items() if count > 1]
-    if not large:
-        return ""
-    rows = sum(count for group, _, count in file_pieces if group == large[0])
-    return (
-        f"{label}: row group {large[0]} holds {rows} rows, read by {groups[large[0]]} tasks that each decode it up to "
-        f"their rows ({len(large)} such group(s)); rewrite it in groups of {DUMP_ROW_GROUP_ROWS} rows to read it "
-        f"faster: python -c \"import pyarrow.parquet as pq; pq.write_table(pq.read_table('IN.parquet'), "
-        f"'OUT.parquet', row_group_size={DUMP_ROW_GROUP_ROWS})\""
-    )
-
-
 def read_row_group(context: DumpContext, number: int, piece: int, session_ids: list[str]) -> list[pa.Table]:
     """Piece `piece` of file `number` (a row group, or a row range of one: `pieces`), split into
     the rows of each of `session_ids` (in that order), each row with its number in the file
@@ -584,42 +552,13 @@ def read_row_group(context: DumpContext, number: int, piece: int, session_ids: l
 
     path = context.files[number]
     group, start, rows = context.pieces[number][piece]
-    table = _read_piece(path, context.columns[number], group, start - _group_start(context.pieces[number], piece), rows)
+    table = read_piece(path, context.columns[number], group, start - group_start(context.pieces[number], piece), rows)
     table = table.append_column(ROW_COLUMN, pa.array(np.arange(start, start + table.num_rows, dtype=np.int64)))
     ids = table.column("session_id")
     codes = pc.index_in(ids, value_set=pa.array(session_ids, ids.type)).fill_null(-1).to_numpy()
     order = np.argsort(codes, kind="stable")  # rows grouped by session, file order kept within each
     bounds = np.searchsorted(codes[order], np.arange(len(session_ids) + 1))
     return [table.take(order[bounds[i] : bounds[i + 1]]) for i in range(len(session_ids))]
-
-
-def _group_start(file_pieces: list[tuple[int, int, int]], piece: int) -> int:
-    """The first row (in the file) of the row group `piece` belongs to."""
-    group = file_pieces[piece][0]
-    while piece > 0 and file_pieces[piece - 1][0] == group:
-        piece -= 1
-    return file_pieces[piece][1]
-
-
-def _read_piece(path: Location, columns: list[str], group: int, offset: int, rows: int) -> pa.Table:
-    """Rows [offset, offset + rows) of row group `group`: the whole group at once, or for a range
-    streamed batch by batch (`iter_batches`), keeping only the range and stopping after it."""
-    try:
-        with storage.open_input(path) as handle:
-            parquet = pq.ParquetFile(handle)
-            if offset == 0 and rows == parquet.metadata.row_group(group).num_rows:
-                return parquet.read_row_group(group, columns=columns)
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise unreadable_file(path, error) from None
-    kept, seen = [], 0
-    for batch in iter_batches(path, columns, ROW_BATCH_ROWS, [group]):
-        low, high = max(offset - seen, 0), min(offset + rows - seen, batch.num_rows)
-        if high > low:
-            kept.append(batch.slice(low, high - low))
-        seen += batch.num_rows
-        if seen >= offset + rows:
-            break
-    return pa.Table.from_batches(kept, schema=kept[0].schema) if kept else pa.table({})
 
 
 def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table]) -> Session | list[QuarantineEntry]:
