@@ -182,7 +182,7 @@ PIECE_BATCH_ROWS = 128  # rows of a range read at a time (rows can carry 100k-to
 def pieces(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """What loader tasks read of a file whose row groups have these (rows, bytes): each group, or
     equal row ranges of a large one (`PIECE_ROWS`): (row group, first row in the file, rows)."""
-    found = []
+    found: list[tuple[int, int, int]] = []
     for group, ((rows, size), start) in enumerate(zip(groups, accumulate([0] + [r for r, _ in groups]))):
         count = min(MAX_PIECES, max(1, math.ceil(rows / PIECE_ROWS), math.ceil(size / PIECE_BYTES)))
         bounds = [rows * i // count for i in range(count + 1)]

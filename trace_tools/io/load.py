@@ -437,7 +437,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def _groups_of(self, span: _Span) -> list[tuple[int, int]]:
         """The pieces between a session's first and last row, in readable files: found by bisection
         of the pieces' first rows, so planning costs the pieces a session spans, not the file's."""
-        found = []
+        found: list[tuple[int, int]] = []
         for number in range(span.first_file, span.last[0] + 1):
             info = self._infos[number]
             if info.problems or "session_id" not in info.columns or not info.pieces:

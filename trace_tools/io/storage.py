@@ -100,7 +100,7 @@ def _filesystem(uri: str) -> tuple[Any, str]:
     return fs, f"{root_path.rstrip('/')}/{key}" if key else root_path
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 

@@ -309,8 +309,13 @@ def _connect(workers: int, address: str | None, nice: int = RAY_NICE) -> Any:
         # With an address the cluster decides the CPUs; None is ray.init's own default.
         try:
             # A Ray started here runs its workers at `nice`; a cluster's are set by each task (`_renice`).
-            local = {} if address else {"num_cpus": workers, "_system_config": {"worker_niceness": nice}}
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, **local)
+            ray.init(
+                address=address,
+                ignore_reinit_error=True,
+                log_to_driver=False,
+                num_cpus=None if address else workers,
+                _system_config=None if address else {"worker_niceness": nice},
+            )
         except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise UsageError(
