@@ -22,7 +22,7 @@ from io_support import run_contents
 from trace_tools.api import open_run, replay
 from trace_tools.cli.main import app
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.io import storage, validate
+from trace_tools.io import remote_lock, storage, validate
 from trace_tools.io.export import export_samples, read_export
 from trace_tools.io.rundir import load_run_info
 from trace_tools.reconstruct import reconstruct
@@ -242,18 +242,18 @@ def test_a_second_driver_on_a_run_in_s3_is_refused_in_one_line(dumps, local_run,
 @pytest.mark.parametrize("server", ["s3_server", "gcs_server"])
 def test_the_remote_lock_admits_one_holder_and_takes_over_a_dead_one(server, request, monkeypatch):
     """S3: conditional create (boto3); Cloud Storage: the lease, read back after a pause."""
-    monkeypatch.setattr(storage, "SETTLE_SECONDS", 0.2)
+    monkeypatch.setattr(remote_lock, "SETTLE_SECONDS", 0.2)
     run = f"{request.getfixturevalue(server)()}/runs/locked"
-    first, second = storage.RemoteLock(run), storage.RemoteLock(run)
+    first, second = storage.remote_lock(run), storage.remote_lock(run)
     first.acquire()
     with pytest.raises(UsageError, match=f"{run} is being written by another trace-tools process"):
         second.acquire()
     first.release()
     second.acquire()  # released: free again
     second.release()
-    stale = json.dumps({**storage.this_process(), "pid": 2**22 + 1, "token": "dead", "expires": time.time() + 600})
+    stale = json.dumps({**remote_lock.this_process(), "pid": 2**22 + 1, "token": "dead", "expires": time.time() + 600})
     _put(run, stale)
-    third = storage.RemoteLock(run)
+    third = storage.remote_lock(run)
     third.acquire()  # its holder's pid is gone on this host
     assert json.loads(_get(run))["token"] == third.token
     third.release()

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.io import cache, storage
+from trace_tools.io import cache, remote_lock, storage
 from trace_tools.io.rundir import (
     SAMPLES_SCHEMA,
     SAMPLES_WRITE_OPTIONS,
@@ -138,7 +138,7 @@ class RunLock:
             os.close(fd)
             raise self._busy(holder) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(storage.this_process()).encode())
+        os.write(fd, json.dumps(remote_lock.this_process()).encode())
         self._fd = fd
 
     @classmethod
@@ -157,7 +157,7 @@ class RunLock:
             os.close(fd)
 
     def _busy(self, holder: str) -> UsageError:
-        return storage.busy(str(self.path.parent), holder)
+        return remote_lock.busy(str(self.path.parent), holder)
 
     def release(self) -> None:
         # The file stays: unlinking it would let a third process lock a new file while a second
