@@ -20,7 +20,8 @@ run-directory contract, so one core encodes it wherever the rest runs) and the e
 (merging shard tables). Worker CPU is the CPU of every Ray worker process (their start-up, the
 row-group loader tasks and the session tasks), read when the run ends. Bytes: task arguments the
 driver sent, row data the session tasks received (worker to worker, from the loaders), and
-results the driver received. From these, docs/scale.md projects a 170k-turn run onto N workers.
+results the driver received. From these, docs/scale.md projects a 170k-turn run and a 1M-turn,
+50k-session week of RL onto N workers.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-TARGET_TURNS = 170_000
+TARGETS = ((170_000, None), (1_000_000, 50_000))  # (turns, sessions) of the projected runs
 MEASURED_RUNS = 3
 IDLE_S = 5.0
 PROJECTED_WORKERS = (1, 8, 32, 64, 128, 256, 512)
@@ -327,7 +328,8 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
             f"| {row['received_bytes'] / sessions / 1e6:.2f} MB |"
         )
     lines += _notes(rays, before, local)
-    lines += _projection(rays, args)
+    for number, (turns, sessions) in enumerate(TARGETS):
+        lines += _projection(rays, args, turns, sessions, explain=number == 0)
     return "\n".join(lines) + "\n"
 
 
@@ -371,41 +373,55 @@ def _notes(rays: list[dict], before: dict, local: dict) -> list[str]:
     ]
 
 
-def _projection(rays: list[dict], args: argparse.Namespace) -> list[str]:
-    """Wall time of a TARGET_TURNS-turn run on N workers from the measured per-turn costs."""
+def _projection(
+    rays: list[dict], args: argparse.Namespace, turns: int, sessions: int | None, explain: bool
+) -> list[str]:
+    """Wall time of a `turns`-turn run on N workers from the measured per-turn costs (`explain`:
+    say how, the first time)."""
     widest = max(rays, key=lambda r: r["cpus"])
     c = costs(widest)
     share = statistics.median(widest["shares"])
     worker, driver = c["worker"] / 1000, share * c["worker"] / 1000
     samples = c["samples"] / 1000 if args.samples else 0.0
-    serial_end = c["end"] / 1000
-    lines = [
-        "",
-        f"## A {TARGET_TURNS:,}-turn run, projected",
-        "",
+    serial = (c["setup"] + c["end"]) / 1000
+    of = f"{turns:,}-turn" + (f", {sessions:,}-session" if sessions else "")
+    how = (
         "From the widest row's costs per turn: the workers take `turns × worker / N`; the driver's "
         "loop runs beside them and caps the rate at `1 / driver` turns per second; samples.parquet "
-        "is encoded by its own thread as results come back and caps it at `1 / samples`; merging shard "
-        "tables is serial at the end. Wall ≈ max(workers, driver loop, samples.parquet) + end "
-        "(cluster start-up and the report not included). The driver figure is pessimistic: part of "
-        f"it is Ray's own threads in the driver, which take {1000 * widest['idle']:.1f} ms of CPU per second "
-        "even when nothing runs (measured over 5 s idle), so at a cluster's rate of turns they cost "
-        "less per turn than here; the main thread alone would saturate far later.",
+        "is encoded by its own thread as results come back and caps it at `1 / samples`; set-up "
+        "(pass 1, planning) and merging shard tables are serial, before and after. Wall ≈ max(workers, "
+        "driver loop, samples.parquet) + set-up + end (cluster start-up and the report not included); "
+        "*without samples* drops the samples.parquet term (`--no-samples`). The driver figure is "
+        f"pessimistic: part of it is Ray's own threads in the driver, which take {1000 * widest['idle']:.1f} ms "
+        "of CPU per second even when nothing runs (measured over 5 s idle), so at a cluster's rate of "
+        "turns they cost less per turn than here; the main thread alone would saturate far later."
+    )
+    per_session = (
+        f"The same per-turn costs at {turns // sessions} turns a session (the benchmark's sessions average "
+        f"{widest['turns'] / args.sessions:.0f}): a task's fixed cost is shared by fewer turns, so the "
+        "driver figure is a little low for short sessions; the batching of short sessions into one task "
+        "(the top of this page) is what keeps it near the measured one."
+        if sessions
+        else ""
+    )
+    lines = [
         "",
-        "| workers | workers' time | driver loop | samples.parquet | wall | limited by |",
-        "|---:|---:|---:|---:|---:|---|",
+        f"## A {of} run, projected",
+        "",
+        how if explain else per_session,
+        "",
+        "| workers | workers' time | driver loop | samples.parquet | wall | without samples | limited by |",
+        "|---:|---:|---:|---:|---:|---:|---|",
     ]
     for n in PROJECTED_WORKERS:
-        parts = {
-            "workers": TARGET_TURNS * worker / n,
-            "driver loop": TARGET_TURNS * driver,
-            "samples.parquet": TARGET_TURNS * samples,
-        }
-        wall = max(parts.values()) + TARGET_TURNS * serial_end
+        parts = {"workers": turns * worker / n, "driver loop": turns * driver, "samples.parquet": turns * samples}
+        wall = max(parts.values()) + turns * serial
+        bare = max(parts["workers"], parts["driver loop"]) + turns * serial
         limit = max(parts, key=lambda k: parts[k])
         lines.append(
             f"| {n} | {_duration(parts['workers'])} | {_duration(parts['driver loop'])} "
-            f"| {_duration(parts['samples.parquet']) if samples else '—'} | {_duration(wall)} | {limit} |"
+            f"| {_duration(parts['samples.parquet']) if samples else '—'} | {_duration(wall)} | {_duration(bare)} "
+            f"| {limit} |"
         )
     lines += [
         "",

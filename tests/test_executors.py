@@ -14,6 +14,7 @@ import pytest
 
 from io_support import run_contents
 from trace_tools.api import replay
+from trace_tools.errors import UsageError
 from trace_tools.io import storage
 
 
@@ -179,3 +180,70 @@ def test_a_pool_stopped_early_leaves_no_thread_behind(simulated_dump):
     assert next(stream).turns
     stream.close()
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+# -- a dump written as one huge row group; the tasks' priority ------------------------------------
+# These run last in the module: they renice the shared Ray's workers.
+
+
+def _one_row_group_of_small_rows(simulated_dump: Path, out: Path, rows: int, turns: int) -> Path:
+    """`rows` small rows (a 9-token prompt, a 2-token output) in sessions of `turns` turns, all in
+    one row group: the layout a writer that ignores row groups produces."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = pq.read_table(simulated_dump)
+    row = source.slice(0, 1).to_pylist()[0]
+    row.update(
+        messages=json.dumps([{"role": "user", "content": "hi"}]),
+        tools=None,
+        metadata=None,
+        prompt_ids=[151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198],
+        output_ids=[562, 151645],
+        output_logprobs=[-0.1, -0.01],
+        response=json.dumps({"role": "assistant", "content": "ok"}),
+        finish_reason="stop",
+    )
+    table = pa.concat_tables([pa.Table.from_pylist([row], schema=source.schema)] * rows)
+    table = table.set_column(0, "session_id", pa.array([f"s{i // turns:06d}" for i in range(rows)]))
+    turn_type = table.schema.field("turn_index").type
+    table = table.set_column(1, "turn_index", pa.array([i % turns for i in range(rows)], turn_type))
+    pq.write_table(table, out, row_group_size=rows)
+    assert pq.ParquetFile(out).metadata.num_row_groups == 1
+    return out
+
+
+@pytest.mark.slow
+def test_a_dump_of_one_huge_row_group_replays_on_ray_without_any_task_reading_it_whole(
+    simulated_dump, tmp_path, local_ray
+):
+    """100k rows in one row group: loader tasks read row ranges (`io.dump_files.PIECE_ROWS`), so no task
+    holds the file; the session tasks' inputs stay a small share of it; every turn is replayed."""
+    from trace_tools.io.dump_files import PIECE_ROWS
+    from trace_tools.io.validate import validate
+
+    rows = int(os.environ.get("TRACE_TOOLS_TEST_HUGE_ROWS", "100000"))
+    dump = _one_row_group_of_small_rows(simulated_dump, tmp_path / "one-group.parquet", rows, turns=100)
+    result = replay(dump, out=tmp_path / "run", strategies=["tree"], executor="ray", workers=2, write_samples=False)
+    assert result.summary["turns_total"] == rows and result.summary["sessions_total"] == rows // 100
+    assert result.ray["largest_read_rows"] <= PIECE_ROWS <= rows // 4
+    hint = [warning for warning in validate(dump).warnings if "row group 0 holds" in warning]
+    assert len(hint) == 1 and "row_group_size=256" in hint[0]  # `trace-tools validate` prints it
+
+
+def test_ray_tasks_run_at_the_chosen_niceness(simulated_dump, tmp_path, local_ray, monkeypatch):
+    """The fixture's Ray starts its workers at Ray's default (15); the tasks run at the default
+    of trace-tools (0: this test runs as root, allowed to lower it) or at TRACE_TOOLS_RAY_NICE."""
+    from trace_tools.replay.executors import RAY_NICE
+
+    if os.geteuid() == 0:
+        result = replay(simulated_dump, out=tmp_path / "default", strategies=["tree"], executor="ray", workers=2)
+        assert result.ray["niceness"] == [RAY_NICE] == [0]
+    monkeypatch.setenv("TRACE_TOOLS_RAY_NICE", "17")
+    result = replay(simulated_dump, out=tmp_path / "nice", strategies=["tree"], executor="ray", workers=2)
+    assert result.ray["niceness"] == [17]
+    monkeypatch.setenv("TRACE_TOOLS_RAY_NICE", "high")
+    with pytest.raises(UsageError, match="TRACE_TOOLS_RAY_NICE=high is not a niceness; set an integer from -20 to 19"):
+        replay(simulated_dump, out=tmp_path / "bad", strategies=["tree"], executor="ray", workers=2)

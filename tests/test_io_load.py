@@ -13,7 +13,7 @@ import pytest
 
 from trace_tools.data import QuarantineEntry, Session
 from trace_tools.errors import UnusableInput
-from trace_tools.io import iter_sessions, load, read_dump_meta
+from trace_tools.io import dump_files, iter_sessions, load, read_dump_meta
 
 # The package re-exports the function `load`, which shadows the submodule as an attribute.
 load_module = importlib.import_module("trace_tools.io.load")
@@ -288,13 +288,55 @@ def _one_row_group_with_bad_cells(directory: Path) -> Path:
 @pytest.mark.parametrize(
     "layout", [_interleaved_in_three_files, _bad_file_in_the_middle, _one_row_group_with_bad_cells]
 )
-def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layout):
-    """Ray workers read a session from pass 1's slot: same sessions, same quarantine, same details."""
+@pytest.mark.parametrize("piece_rows", [None, 2], ids=["row-groups", "row-ranges"])
+def test_workers_reading_their_own_rows_get_what_the_stream_gets(tmp_path, layout, piece_rows, monkeypatch):
+    """Ray workers read a session from pass 1's slot: same sessions, same quarantine, same details;
+    also when row groups are read as row ranges of 2 rows (how a large row group is split)."""
+    if piece_rows:
+        monkeypatch.setattr(dump_files, "PIECE_ROWS", piece_rows)
     stream = iter_sessions(layout(tmp_path / "dump"), vocab_size=VOCAB)
+    context = stream.context()
     by_workers = read_like_workers(stream)
     by_stream = list(stream.positioned())
     assert by_workers == by_stream
     assert {type(item).__name__ for _, item in by_stream} == {"Session", "list"}  # both kinds compared
+    if piece_rows:  # every group of more than two rows was split
+        assert max(rows for pieces in context.pieces for _, _, rows in pieces) <= piece_rows
+
+
+def test_a_large_row_group_is_read_in_row_ranges_and_the_user_told_how_to_rewrite_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(dump_files, "PIECE_ROWS", 2)
+    path = write_dump(tmp_path / "one.parquet", baseline_table(), row_group_size=None)
+    stream = iter_sessions(path, vocab_size=VOCAB)
+    assert stream.context().pieces == [[(0, 0, 1), (0, 1, 2), (0, 3, 2), (0, 5, 2), (0, 7, 2)]]  # ranges of ≤ 2 rows
+    (warning,) = [w for w in stream.warnings if "row group" in w]
+    assert (
+        warning.startswith("one.parquet: row group 0 holds 9 rows, read by 5 tasks") and "row_group_size=256" in warning
+    )
+    slots = {slot.session_id: slot.row_groups for slot in stream.slots()}
+    assert slots == {
+        "alpha": [(0, 0), (0, 1)],
+        "beta": [(0, 2), (0, 3)],
+        "gamma": [(0, 3), (0, 4)],
+    }  # rows 0-2, 3-5, 6-8
+
+
+def test_planning_reads_each_sessions_pieces_by_bisection_not_by_walking_the_file(tmp_path):
+    """One row group per row and a session per row: finding a session's pieces must not walk the
+    file's row groups (the O(sessions x groups) set-up that took minutes at 64-row groups)."""
+    import time
+
+    table = baseline_table()
+    rows = 3000
+    big = pa.concat_tables([table.slice(0, 1)] * rows)
+    big = big.set_column(0, "session_id", pa.array([f"s{i:05d}" for i in range(rows)]))
+    path = write_dump(tmp_path / "many.parquet", big, row_group_size=1)
+    stream = iter_sessions(path, vocab_size=VOCAB)
+    started = time.perf_counter()
+    slots = list(stream.slots())
+    elapsed = time.perf_counter() - started
+    assert [slot.row_groups for slot in slots[:3]] == [[(0, 0)], [(0, 1)], [(0, 2)]]
+    assert elapsed < 1.0  # walking 3000 groups for each of 3000 sessions is 9M steps: several seconds
 
 
 def test_iter_sessions_streams_without_reading_the_whole_dump(tmp_path, monkeypatch):

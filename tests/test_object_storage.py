@@ -10,6 +10,8 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pyarrow.parquet as pq
@@ -19,7 +21,8 @@ from typer.testing import CliRunner
 from io_support import run_contents
 from trace_tools.api import open_run, replay
 from trace_tools.cli.main import app
-from trace_tools.io import storage, validate
+from trace_tools.errors import TraceToolsError, UsageError
+from trace_tools.io import remote_lock, storage, validate
 from trace_tools.io.export import export_samples, read_export
 from trace_tools.io.rundir import load_run_info
 from trace_tools.reconstruct import reconstruct
@@ -159,10 +162,44 @@ def test_a_missing_dump_or_bucket_is_a_clear_usage_error(dumps):
 
 
 def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeypatch, tmp_path):
+    """The killed driver's lock and staging directory do not outlive it: the resume takes the lock
+    (its holder's pid is gone), removes the staging directory, fetches the markers first and then
+    only the files of the shards it reuses."""
     _, uri, bucket = dumps
     out = f"{bucket}/runs/killed"
     # TMPDIR: the killed driver cannot remove its staging directory; keep it in this test's folder
     env = {**os.environ, "TRACE_TOOLS_SHARD_ROWS": "1", "TRACE_TOOLS_WORKERS": "1", "TMPDIR": str(tmp_path)}
+    _killed_after_two_shards(uri, out, env)
+    assert storage.exists(f"{out}/shards/0000000.done") and not storage.exists(f"{out}/summary.json")
+    assert storage.exists(f"{out}/{storage.LOCK_NAME}") and _staging_dirs(tmp_path)
+    # a shard of another fingerprint: its marker is read, its files are never downloaded
+    (tmp_path / "other" / "shards").mkdir(parents=True)
+    (tmp_path / "other" / "shards" / "0000900.turns.parquet").write_bytes(b"x" * 1000)
+    (tmp_path / "other" / "shards" / "0000900.done").write_text(
+        json.dumps({"fingerprint": "other", "files": {"0000900.turns.parquet": [1000, ""]}})
+    )
+    storage.upload(tmp_path / "other", out, ["shards/0000900.turns.parquet", "shards/0000900.done"])
+    monkeypatch.setenv("TRACE_TOOLS_SHARD_ROWS", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    fetched: list[str] = []
+    fetch = storage._fetch
+    monkeypatch.setattr(
+        storage, "_fetch", lambda uri, relative, target: (fetched.append(relative), fetch(uri, relative, target))
+    )
+    result = replay(uri, out=out, strategies=STRATEGIES, workers=1)
+    assert result.resumed_shards >= 2
+    assert not _staging_dirs(tmp_path) and not storage.exists(f"{out}/{storage.LOCK_NAME}")
+    data = [name for name in fetched if name.startswith("shards/0")]
+    markers = [index for index, name in enumerate(data) if name.endswith(".done")]
+    assert markers == list(range(len(markers)))  # the markers first
+    assert {name.split("/")[1].split(".")[0] for name in data[len(markers) :]} == {
+        f"{position:07d}" for position in range(result.resumed_shards)
+    }
+    with storage.local_run(out) as copy:
+        assert run_contents(copy) == run_contents(local_run)
+
+
+def _killed_after_two_shards(uri: str, out: str, env: dict[str, str]) -> None:
     code = f"from trace_tools.api import replay; replay({uri!r}, out={out!r}, strategies={STRATEGIES!r})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 300
@@ -174,10 +211,100 @@ def test_a_killed_driver_resumes_from_the_shards_in_s3(dumps, local_run, monkeyp
         time.sleep(0.05)
     process.kill()
     process.wait()
-    assert storage.exists(f"{out}/shards/0000000.done") and not storage.exists(f"{out}/summary.json")
+
+
+def _staging_dirs(root) -> list:
+    return list(root.glob(f"{storage.STAGING_PREFIX}*"))
+
+
+def test_a_second_driver_on_a_run_in_s3_is_refused_in_one_line(dumps, local_run, tmp_path):
+    """Two drivers on one s3:// run: the one that comes second (even with other options) is refused
+    before it touches anything, and the first one's run is whole."""
+    _, uri, bucket = dumps
+    out = f"{bucket}/runs/two-drivers"
+    env = {**os.environ, "TRACE_TOOLS_SHARD_ROWS": "1", "TRACE_TOOLS_WORKERS": "1"}
+    code = f"from trace_tools.api import replay; replay({uri!r}, out={out!r}, strategies={STRATEGIES!r})"
+    first = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 120
+    while not storage.exists(f"{out}/{storage.LOCK_NAME}") and time.monotonic() < deadline:
+        assert first.poll() is None, "the first driver ended before it took the lock"
+        time.sleep(0.05)
+    second = CliRunner().invoke(app, ["replay", uri, "-s", "tree", "--out", out, "--overwrite"])
+    assert first.wait(timeout=300) == 0
+    lines = [line for line in second.output.splitlines() if line.strip()]
+    assert second.exit_code == 2 and "Traceback" not in second.output
+    assert f"{out} is being written by another trace-tools process (pid {first.pid} on" in " ".join(lines)
+    assert not storage.exists(f"{out}/{storage.LOCK_NAME}")  # released at the first driver's end
+    with storage.local_run(out) as copy:
+        assert run_contents(copy) == run_contents(local_run)
+
+
+@pytest.mark.parametrize("server", ["s3_server", "gcs_server"])
+def test_the_remote_lock_admits_one_holder_and_takes_over_a_dead_one(server, request, monkeypatch):
+    """S3: conditional create (boto3); Cloud Storage: the lease, read back after a pause."""
+    monkeypatch.setattr(remote_lock, "SETTLE_SECONDS", 0.2)
+    run = f"{request.getfixturevalue(server)()}/runs/locked"
+    first, second = storage.remote_lock(run), storage.remote_lock(run)
+    first.acquire()
+    with pytest.raises(UsageError, match=f"{run} is being written by another trace-tools process"):
+        second.acquire()
+    first.release()
+    second.acquire()  # released: free again
+    second.release()
+    stale = json.dumps({**remote_lock.this_process(), "pid": 2**22 + 1, "token": "dead", "expires": time.time() + 600})
+    _put(run, stale)
+    third = storage.remote_lock(run)
+    third.acquire()  # its holder's pid is gone on this host
+    assert json.loads(_get(run))["token"] == third.token
+    third.release()
+
+
+def _put(run: str, text: str) -> None:
+    fs, path = storage._filesystem(f"{run}/{storage.LOCK_NAME}")
+    with fs.open_output_stream(path) as out:
+        out.write(text.encode())
+
+
+def _get(run: str) -> str:
+    fs, path = storage._filesystem(f"{run}/{storage.LOCK_NAME}")
+    with fs.open_input_stream(path) as source:
+        return source.read().decode()
+
+
+def test_a_failed_upload_stops_the_run_at_once_and_a_resume_completes_it(dumps, local_run, monkeypatch, tmp_path):
+    """Expired credentials half way: the next result stops the run (not its end), the shards
+    uploaded before stay, the staging directory goes; the same command then resumes to the same tables."""
+    _, uri, bucket = dumps
+    out = f"{bucket}/runs/upload-fails"
     monkeypatch.setenv("TRACE_TOOLS_SHARD_ROWS", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    upload, failed, written_after = storage.upload, threading.Event(), []
+
+    def expiring(local, target, relatives):
+        if any(name.startswith("shards/0000003.") for name in relatives):
+            failed.set()
+            raise OSError("When uploading part: AWS Error ACCESS_DENIED: The provided token has expired.")
+        upload(local, target, relatives)
+
+    shard_written = storage.StagedRun.shard_written
+
+    def noting(self, name):
+        if failed.is_set():
+            written_after.append(name)
+        shard_written(self, name)
+
+    monkeypatch.setattr(storage, "upload", expiring)
+    monkeypatch.setattr(storage.StagedRun, "shard_written", noting)
+    with pytest.raises(TraceToolsError, match=f"uploading to {out} failed .*token has expired.*rerun the same command"):
+        replay(uri, out=out, strategies=STRATEGIES, workers=1)
+    assert len(written_after) <= 1  # the next shard closed after the failure raised it (one session a shard)
+    assert not _staging_dirs(tmp_path) and not storage.exists(f"{out}/{storage.LOCK_NAME}")
+    markers = [f for f in storage.list_files(f"{out}/shards") if f.endswith(".done")]
+    assert [m.rsplit("/", 1)[1] for m in markers] == ["0000000.done", "0000001.done", "0000002.done"]
+    assert not storage.exists(f"{out}/summary.json")
+    monkeypatch.setattr(storage, "upload", upload)
     result = replay(uri, out=out, strategies=STRATEGIES, workers=1)
-    assert result.resumed_shards >= 2
+    assert result.resumed_shards == 3
     with storage.local_run(out) as copy:
         assert run_contents(copy) == run_contents(local_run)
 

@@ -120,6 +120,7 @@ def replay(
         stats = engine.ray
         result.ray = {"tasks": stats.tasks, "nodes": len(stats.nodes), "sent_bytes": stats.sent_bytes}
         result.ray["worker_cpu_s"] = stats.worker_cpu_s
+        result.ray["niceness"], result.ray["largest_read_rows"] = sorted(stats.niceness), stats.largest_read_rows
     if out is not None and storage.is_uri(out):
         result.run_dir = storage.location(out)
     return result

@@ -46,7 +46,7 @@ from trace_tools.importers.base import (
 )
 from trace_tools.importers.formats import get_format
 from trace_tools.io.rundir import check_output_file
-from trace_tools.io.write import atomic_open, dump_writer
+from trace_tools.io.write import DUMP_ROW_GROUP_ROWS, atomic_open, dump_writer
 
 META_KEY = "import"  # trace_tools.import: the JSON census below
 MAX_LISTED_FILES = 50
@@ -134,7 +134,7 @@ def import_traces(
     chat_template: str | None = None,
     session_key: str | None = None,
     step_key: str | None = None,
-    row_group_rows: int = 256,
+    row_group_rows: int = DUMP_ROW_GROUP_ROWS,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
 ) -> ImportReport:

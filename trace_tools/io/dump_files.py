@@ -5,7 +5,10 @@ reads sessions through these)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections import Counter
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,6 +29,7 @@ from trace_tools.io.schema import (
 )
 from trace_tools.io.storage import Location
 from trace_tools.io.vocab import vocab_size_for
+from trace_tools.io.write import DUMP_ROW_GROUP_ROWS
 
 
 def find_files(path: Location) -> list[Location]:
@@ -70,13 +74,13 @@ def unreadable_file(path: Location, error: Exception) -> UnusableInput:
     return UnusableInput(f"{path} is not a readable Parquet file ({reason}); re-export it or remove it from the dump")
 
 
-def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
-    """A file's Arrow schema and the row count of each row group, from its footer only."""
+def read_file_schema(path: Location) -> tuple[pa.Schema, list[tuple[int, int]]]:
+    """A file's Arrow schema and each row group's (rows, uncompressed bytes), from its footer only."""
     try:
         with storage.open_input(path) as handle:
             parquet = pq.ParquetFile(handle)
-            groups = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-            return parquet.schema_arrow, groups
+            groups = [parquet.metadata.row_group(i) for i in range(parquet.metadata.num_row_groups)]
+            return parquet.schema_arrow, [(group.num_rows, group.total_byte_size) for group in groups]
     except (pa.ArrowException, OSError, ValueError) as error:
         raise unreadable_file(path, error) from None
 
@@ -84,7 +88,9 @@ def read_file_schema(path: Location) -> tuple[pa.Schema, list[int]]:
 STREAM_BUFFER_BYTES = 2**20
 
 
-def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    path: Location, columns: list[str], batch_rows: int, row_groups: list[int] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Record batches of `columns`, turning a corrupt page found mid-file into UnusableInput.
 
     Memory stays flat in the file's size: each column chunk is read through a buffer of
@@ -94,7 +100,7 @@ def iter_batches(path: Location, columns: list[str], batch_rows: int) -> Iterato
     try:
         with storage.open_input(path) as handle:
             parquet = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER_BYTES, pre_buffer=False)
-            yield from parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)
+            yield from parquet.iter_batches(batch_rows, row_groups, columns, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as error:
         raise unreadable_file(path, error) from None
 
@@ -161,3 +167,68 @@ def vocab_bound(vocab_size: int | None, tokenizer: str | None) -> int | None:
         return int(vocab_size)
 
     return vocab_size_for(tokenizer)
+
+
+# -- what one Ray loader task reads: a row group, or a row range of a large one (a "piece"). A group
+# over PIECE_ROWS rows or PIECE_BYTES (uncompressed) is read as that many equal row ranges, at
+# most MAX_PIECES: each range's task streams the group from its start and keeps only its rows, so
+# no task holds the group, at the cost of decoding the rows before its range again.
+PIECE_ROWS = 4096
+PIECE_BYTES = 16 * 2**20
+MAX_PIECES = 32
+PIECE_BATCH_ROWS = 128  # rows of a range read at a time (rows can carry 100k-token prompts)
+
+
+def pieces(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """What loader tasks read of a file whose row groups have these (rows, bytes): each group, or
+    equal row ranges of a large one (`PIECE_ROWS`): (row group, first row in the file, rows)."""
+    found: list[tuple[int, int, int]] = []
+    for group, ((rows, size), start) in enumerate(zip(groups, accumulate([0] + [r for r, _ in groups]))):
+        count = min(MAX_PIECES, max(1, math.ceil(rows / PIECE_ROWS), math.ceil(size / PIECE_BYTES)))
+        bounds = [rows * i // count for i in range(count + 1)]
+        found.extend((group, start + low, high - low) for low, high in zip(bounds, bounds[1:]) if high > low)
+    return found
+
+
+def split_warning(label: str, file_pieces: list[tuple[int, int, int]]) -> str:
+    """One line for a file with a row group too large for one task (read as row ranges), naming the fix."""
+    groups = Counter(group for group, _, _ in file_pieces)
+    large = [group for group, count in groups.items() if count > 1]
+    if not large:
+        return ""
+    rows = sum(count for group, _, count in file_pieces if group == large[0])
+    return (
+        f"{label}: row group {large[0]} holds {rows} rows, read by {groups[large[0]]} tasks that each decode it up to "
+        f"their rows ({len(large)} such group(s)); rewrite it in groups of {DUMP_ROW_GROUP_ROWS} rows to read it "
+        f"faster: python -c \"import pyarrow.parquet as pq; pq.write_table(pq.read_table('IN.parquet'), "
+        f"'OUT.parquet', row_group_size={DUMP_ROW_GROUP_ROWS})\""
+    )
+
+
+def group_start(file_pieces: list[tuple[int, int, int]], piece: int) -> int:
+    """The first row (in the file) of the row group `piece` belongs to."""
+    group = file_pieces[piece][0]
+    while piece > 0 and file_pieces[piece - 1][0] == group:
+        piece -= 1
+    return file_pieces[piece][1]
+
+
+def read_piece(path: Location, columns: list[str], group: int, offset: int, rows: int) -> pa.Table:
+    """Rows [offset, offset + rows) of row group `group`: the whole group at once, or for a range
+    streamed batch by batch (`iter_batches`), keeping only the range and stopping after it."""
+    try:
+        with storage.open_input(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            if offset == 0 and rows == parquet.metadata.row_group(group).num_rows:
+                return parquet.read_row_group(group, columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise unreadable_file(path, error) from None
+    kept, seen = [], 0
+    for batch in iter_batches(path, columns, PIECE_BATCH_ROWS, [group]):
+        low, high = max(offset - seen, 0), min(offset + rows - seen, batch.num_rows)
+        if high > low:
+            kept.append(batch.slice(low, high - low))
+        seen += batch.num_rows
+        if seen >= offset + rows:
+            break
+    return pa.Table.from_batches(kept, schema=kept[0].schema) if kept else pa.table({})

@@ -33,24 +33,29 @@ session ends up either valid or quarantined. Rows that cannot be attributed to a
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.io import storage
-from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta: re-exported)
+from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta, PIECE_ROWS: re-exported)
+    PIECE_ROWS,
     check_schema_version,
     find_files,
+    group_start,
     iter_batches,
     merge_keys,
     merged_dump_meta,
+    pieces,
     read_dump_meta,
     read_file_schema,
+    read_piece,
+    split_warning,
     trace_tools_keys,
     unreadable_file,
     vocab_bound,
@@ -187,7 +192,7 @@ class _FileInfo:
     path: Location
     label: str
     rows: int
-    row_groups: list[int]  # rows in each row group
+    pieces: list[tuple[int, int, int]]  # what loader tasks read: (row group, first row in the file, rows)
     columns: list[str]  # schema-v1 columns present in the file
     problems: list[tuple[str, str, str]]  # (column, reason, detail) from check_schema
     keys: dict[str, str]  # trace_tools.* metadata, prefix stripped
@@ -213,7 +218,7 @@ class SessionSlot:
     position: int  # in finishing order (by last row): the order `SessionStream.positioned` hands sessions out
     session_id: str
     first_file: int
-    row_groups: list[tuple[int, int]]  # (file number, row group) that may hold its rows, in file order
+    row_groups: list[tuple[int, int]]  # (file number, piece) that may hold its rows, in file order (`pieces`)
     problems: list[QuarantineEntry]  # known from pass 1 (the session is quarantined; nothing to read)
     rows: int = 0  # its rows (turns, as pass 1 counted them): the work its task will have
 
@@ -228,7 +233,7 @@ class DumpContext:
     columns: list[list[str]]  # to read, per file
     vocab: list[int | None]  # out-of-vocab bound, per file
     metas: list[DumpMeta]  # recording metadata, per file
-    group_starts: list[list[int]]  # first row of each row group, per file
+    pieces: list[list[tuple[int, int, int]]]  # (row group, first row, rows) of each piece, per file
     cell_limit: int = 0  # bytes a cell may hold (`io.rows.max_cell_bytes`)
 
 
@@ -279,6 +284,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                     "out-of-vocab check skipped (pass vocab_size or a local tokenizer)"
                 )
                 break
+        self._piece_starts = [[start for _, start, _ in info.pieces] for info in self._infos]
+        self.warnings.extend(filter(None, (split_warning(info.label, info.pieces) for info in self._infos)))
         self._spans: dict[str, _Span] = {}
         self._parsers: dict[str, HistoryParser] = {}  # per open session
         self._unattributed: list[QuarantineEntry] = []
@@ -323,7 +330,8 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         else:
             label = path.relative_to(root).as_posix() if isinstance(path, Path) else path[len(str(root)) + 1 :]
         columns = [column.name for column in COLUMNS if column.name in schema.names]
-        return _FileInfo(path, label, sum(groups), groups, columns, check_schema(schema), trace_tools_keys(schema))
+        rows = sum(count for count, _ in groups)
+        return _FileInfo(path, label, rows, pieces(groups), columns, check_schema(schema), trace_tools_keys(schema))
 
     def _init_meta(self, **overrides: str | None) -> None:
         for info in self._infos:
@@ -427,31 +435,29 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             yield SessionSlot(position, session_id, span.first_file, groups, list(span.problems), span.rows)
 
     def _groups_of(self, span: _Span) -> list[tuple[int, int]]:
-        """The row groups between a session's first and last row, in readable files."""
-        found = []
+        """The pieces between a session's first and last row, in readable files: found by bisection
+        of the pieces' first rows, so planning costs the pieces a session spans, not the file's."""
+        found: list[tuple[int, int]] = []
         for number in range(span.first_file, span.last[0] + 1):
             info = self._infos[number]
-            if info.problems or "session_id" not in info.columns:
+            if info.problems or "session_id" not in info.columns or not info.pieces:
                 continue
             low = span.first_row if number == span.first_file else 0
             high = span.last[1] if number == span.last[0] else info.rows - 1
-            start = 0
-            for group, rows in enumerate(info.row_groups):
-                if start <= high and start + rows > low:
-                    found.append((number, group))
-                start += rows
+            starts = self._piece_starts[number]
+            first, last = bisect_right(starts, low) - 1, bisect_right(starts, high) - 1
+            found.extend((number, piece) for piece in range(max(first, 0), last + 1))
         return found
 
     def context(self) -> DumpContext:
         """What workers need to read sessions from their `SessionSlot`s (`read_session`)."""
-        starts = [[sum(info.row_groups[:i]) for i in range(len(info.row_groups))] for info in self._infos]
         return DumpContext(
             [storage.absolute(info.path) for info in self._infos],
             [info.label for info in self._infos],
             [[c for c in info.columns if self._wanted is None or c in self._wanted] for info in self._infos],
             list(self._file_vocab),
             list(self._file_meta),
-            starts,
+            [list(info.pieces) for info in self._infos],
             self._cell_limit,
         )
 
@@ -536,20 +542,17 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
 ROW_COLUMN = "__row__"  # added by `read_row_group`: each row's number in its file
 
 
-def read_row_group(context: DumpContext, number: int, group: int, session_ids: list[str]) -> list[pa.Table]:
-    """Row group `group` of file `number`, split into the rows of each of `session_ids` (in that
-    order), each row with its number in the file (`ROW_COLUMN`). Runs on a worker: decoding a row
-    group is most of reading it, so each is decoded once for all the sessions it holds."""
+def read_row_group(context: DumpContext, number: int, piece: int, session_ids: list[str]) -> list[pa.Table]:
+    """Piece `piece` of file `number` (a row group, or a row range of one: `pieces`), split into
+    the rows of each of `session_ids` (in that order), each row with its number in the file
+    (`ROW_COLUMN`). Runs on a worker: decoding a row group is most of reading it, so each is
+    decoded once for all the sessions it holds."""
     import numpy as np
     import pyarrow.compute as pc
 
     path = context.files[number]
-    try:
-        with storage.open_input(path) as handle:
-            table = pq.ParquetFile(handle).read_row_group(group, columns=context.columns[number])
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise unreadable_file(path, error) from None
-    start = context.group_starts[number][group]
+    group, start, rows = context.pieces[number][piece]
+    table = read_piece(path, context.columns[number], group, start - group_start(context.pieces[number], piece), rows)
     table = table.append_column(ROW_COLUMN, pa.array(np.arange(start, start + table.num_rows, dtype=np.int64)))
     ids = table.column("session_id")
     codes = pc.index_in(ids, value_set=pa.array(session_ids, ids.type)).fill_null(-1).to_numpy()

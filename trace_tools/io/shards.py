@@ -28,9 +28,7 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import struct
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -43,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
-from trace_tools.io import cache, storage
+from trace_tools.io import cache, remote_lock, storage
 from trace_tools.io.rundir import (
     SAMPLES_SCHEMA,
     SAMPLES_WRITE_OPTIONS,
@@ -59,7 +57,7 @@ SHARD_ROWS = 16_384  # table rows (turn and quarantine rows, every strategy) per
 SHARD_BYTES = 64 * 2**20  # samples (Arrow buffer bytes) per shard
 SHARD_SECONDS = 120.0  # work per shard: what a kill can lose at most
 COMPACT_EVERY = 256  # sessions whose small tables a shard writer joins into one
-LOCK_NAME = ".lock"
+LOCK_NAME = storage.LOCK_NAME
 FINGERPRINT_NAME = "FINGERPRINT"
 # The modules whose code decides what a shard holds; a change to any of them is a new fingerprint.
 RESULT_CODE = ("data.py", "ids.py", "memo.py", "options.py", "io", "render", "pipeline", "strategies", "replay")
@@ -140,7 +138,7 @@ class RunLock:
             os.close(fd)
             raise self._busy(holder) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(_this_process()).encode())
+        os.write(fd, json.dumps(remote_lock.this_process()).encode())
         self._fd = fd
 
     @classmethod
@@ -159,10 +157,7 @@ class RunLock:
             os.close(fd)
 
     def _busy(self, holder: str) -> UsageError:
-        return UsageError(
-            f"{self.path.parent} is being written by another trace-tools process ({_holder(holder)}); "
-            "wait for it to finish, or choose another --out"
-        )
+        return remote_lock.busy(str(self.path.parent), holder)
 
     def release(self) -> None:
         # The file stays: unlinking it would let a third process lock a new file while a second
@@ -171,23 +166,6 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-
-def _this_process() -> dict[str, Any]:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python",
-    }
-
-
-def _holder(text: str) -> str:
-    try:
-        info = json.loads(text)
-        return f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}"
-    except (ValueError, KeyError, TypeError):
-        return "a process that has not written its name yet"
 
 
 # -- markers ------------------------------------------------------------------------------------

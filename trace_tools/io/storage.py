@@ -13,10 +13,18 @@ local directory as usual, each finished shard is uploaded as soon as it is writt
 last), and everything else when the command ends, so a killed driver resumes from the shards in
 object storage, from any machine. Commands that read a finished run (`report`, `export`) work on a
 local copy (`local_run`) and upload what they wrote.
+
+One writer per remote run: `io.remote_lock.RemoteLock` holds the lock object RUN/.lock, created only if absent
+(S3's `If-None-Match: *`, through boto3) or, where no conditional create is available, as a lease
+read back after a pause (docs/run_directory.md#one-writer says what each guarantees). An upload
+that fails stops the run at its next result, the shards uploaded before it kept for a resume; a
+staging directory is removed on every exit, and one a killed driver left is removed by the next
+command that stages.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,11 +36,13 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
+from trace_tools.io.remote_lock import LOCK_NAME, RemoteLock, alive, first_line
 
 Location = str | Path  # a local path (Path) or an object-storage URI (str); every helper takes either, or a str path
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _FILESYSTEMS: dict[str, Any] = {}
 MARKER_SUFFIX = ".done"  # a shard's completion marker: uploaded after the shard's other files
+STAGING_PREFIX = "trace-tools-run-"  # + pid + "-": whose staging directory it is
 
 
 def is_uri(value: Location) -> bool:
@@ -78,13 +88,9 @@ def _filesystem(uri: str) -> tuple[Any, str]:
         try:
             _FILESYSTEMS[root] = pafs.FileSystem.from_uri(root)
         except (OSError, ValueError, TypeError) as error:
-            raise UnusableInput(f"cannot open {uri}: {_first_line(error)}; check the URI and its credentials") from None
+            raise UnusableInput(f"cannot open {uri}: {first_line(error)}; check the URI and its credentials") from None
     fs, root_path = _FILESYSTEMS[root]
     return fs, f"{root_path.rstrip('/')}/{key}" if key else root_path
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _info(uri: str) -> Any:
@@ -92,7 +98,7 @@ def _info(uri: str) -> Any:
     try:
         return fs.get_file_info(path)
     except OSError as error:
-        raise UnusableInput(f"cannot reach {uri}: {_first_line(error)}; check the URI and its credentials") from None
+        raise UnusableInput(f"cannot reach {uri}: {first_line(error)}; check the URI and its credentials") from None
 
 
 def exists(value: Location) -> bool:
@@ -139,7 +145,7 @@ def _remote_files(root: str) -> list[str]:
     try:
         infos = fs.get_file_info(selector)
     except OSError as error:
-        raise UnusableInput(f"cannot list {root}: {_first_line(error)}; check the URI and its credentials") from None
+        raise UnusableInput(f"cannot list {root}: {first_line(error)}; check the URI and its credentials") from None
     prefix = path.rstrip("/") + "/"
     return sorted(info.path[len(prefix) :] for info in infos if info.type == pafs.FileType.File)
 
@@ -180,18 +186,25 @@ def absolute(value: Location) -> Location:
 
 def download(uri: str, local: Path, wanted: Callable[[str], bool] = lambda relative: True) -> dict[str, tuple]:
     """Copy the files under `uri` that `wanted` (called with each relative path) into `local`; the
-    others become empty placeholders, so the local directory lists what the remote one holds.
-    Returns each file's (size, mtime) as written, to tell later which files changed."""
-    fs, path = _filesystem(uri)
+    others become empty placeholders, so the local directory lists what the remote one holds (the
+    remote lock is left out: it is no file of the run). Returns each file's (size, mtime) as
+    written, to tell later which files changed."""
     for relative in _remote_files(uri):
+        if relative == LOCK_NAME:
+            continue
         target = local / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not wanted(relative):
+        if wanted(relative):
+            _fetch(uri, relative, target)
+        else:
             target.touch()
-            continue
-        with fs.open_input_stream(f"{path}/{relative}") as source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
     return snapshot(local)
+
+
+def _fetch(uri: str, relative: str, target: Path) -> None:
+    fs, path = _filesystem(uri)
+    with fs.open_input_stream(f"{path}/{relative}") as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
 
 
 def snapshot(local: Path) -> dict[str, tuple]:
@@ -218,22 +231,52 @@ def delete(uri: str, relatives: list[str]) -> None:
 
 
 def upload_changes(local: Path, uri: str, before: dict[str, tuple]) -> None:
-    """Upload the files of `local` that are new or changed since `before` (a `snapshot`)."""
+    """Upload the files of `local` that are new or changed since `before` (a `snapshot`); the local
+    lock file is this machine's, not the run's."""
     now = snapshot(local)
-    upload(local, uri, [relative for relative, signature in now.items() if before.get(relative) != signature])
+    changed = [relative for relative, signature in now.items() if before.get(relative) != signature]
+    upload(local, uri, [relative for relative in changed if relative != LOCK_NAME])
+
+
+# ---------------------------------------------------------------------------------------------
+# Staging directories: named by their process, so the next one cleans a killed driver's
+
+
+def staging_dir() -> Path:
+    remove_stale_staging()
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
+
+
+def remove_stale_staging(root: Path | None = None) -> list[Path]:
+    """Remove the staging directories whose process is gone (a killed driver's); returns them."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*-*"):
+        pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def remote_lock(run: str) -> RemoteLock:
+    """The lock of the run directory at URI `run` (not taken yet)."""
+    return RemoteLock(run, *_filesystem(f"{run}/{LOCK_NAME}"))
 
 
 @dataclass
 class StagedRun:
     """A run directory in object storage, written through a local staging directory.
 
-    On entry the remote run's `shards/` (what a resume needs) and `run.json` are copied in and
-    every other remote file becomes an empty placeholder (so the usual checks see a non-empty
-    directory). `reset()` deletes every remote file the run removed locally (a previous run's
-    outputs and shards, on an overwrite; its summary.json in any case), then uploads the
-    fingerprint; `shard_written(name)` uploads that shard; both in a background thread, in order,
-    so once the new fingerprint is there nothing of the previous run is. On a clean exit every
-    other file written or changed locally is uploaded; the staging directory is removed in any case.
+    On entry the remote lock is taken (`RemoteLock`), then the remote run's shard markers,
+    `shards/FINGERPRINT` and `run.json` are copied in and every other remote file becomes an empty
+    placeholder (so the usual checks see a non-empty directory); `fetch_reused(stamp)` then copies
+    the files of the shards a resume under that fingerprint may reuse, and nothing else.
+    `reset()` deletes every remote file the run removed locally (a previous run's outputs and
+    shards, on an overwrite; its summary.json in any case), then uploads the fingerprint;
+    `shard_written(name)` uploads that shard; both in a background thread, in order, so once the
+    new fingerprint is there nothing of the previous run is. `check()` raises as soon as an
+    upload failed. On a clean exit every other file written or changed locally is uploaded; the
+    staging directory is removed and the lock released on every exit.
     """
 
     uri: str
@@ -241,14 +284,37 @@ class StagedRun:
     _before: dict[str, tuple] = field(init=False, default_factory=dict)
     _uploads: Any = field(init=False, default=None)
     _pending: list[Any] = field(init=False, default_factory=list)
+    _lock: RemoteLock | None = field(init=False, default=None)
+    _failure: BaseException | None = field(init=False, default=None)
 
     def __enter__(self) -> "StagedRun":
         if is_file(self.uri):
             raise UsageError(f"--out {self.uri} is a file; pass a directory path for the run")
-        self.local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))
-        self._before = download(self.uri, self.local, lambda r: r.startswith("shards/") or r == "run.json")
+        self._lock = remote_lock(self.uri)
+        self._lock.acquire()
+        self.local = staging_dir()
+        try:
+            self._before = download(self.uri, self.local, _first_fetched)
+        except BaseException:
+            shutil.rmtree(self.local, ignore_errors=True)
+            self._lock.release()
+            raise
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="trace-tools-upload")
         return self
+
+    def fetch_reused(self, stamp: str) -> None:
+        """Copy in the files of each shard whose marker belongs to fingerprint `stamp` (the only
+        ones `io.shards.prepare` may reuse); the placeholders of the others are removed by it."""
+        for done in sorted((self.local / "shards").glob(f"*{MARKER_SUFFIX}")):
+            try:
+                marker = json.loads(done.read_text())
+                files = list(marker["files"]) if marker.get("fingerprint") == stamp else []
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: prepare replays the shard and says why
+            for relative in (f"shards/{name}" for name in files):
+                if relative in self._before:
+                    _fetch(self.uri, relative, self.local / relative)
+                    self._before[relative] = _signature(self.local / relative)
 
     def reset(self) -> None:
         """The local directory now holds only what this run keeps of the remote one (after
@@ -266,7 +332,24 @@ class StagedRun:
         return lambda: delete(self.uri, removed)
 
     def shard_written(self, name: str) -> None:
+        self.check()
         self._upload([p.relative_to(self.local).as_posix() for p in (self.local / "shards").glob(f"{name}.*")])
+
+    def check(self) -> None:
+        """Raise if an upload failed or the lock was lost: the run stops at once, what was
+        uploaded before stays for a resume."""
+        if self._lock is not None and self._lock.lost:
+            raise TraceToolsError(f"{self._lock.lost}; stopped, the shards uploaded so far are kept")
+        if self._failure is not None:
+            raise self._failed(self._failure)
+
+    def _failed(self, failure: BaseException) -> TraceToolsError:
+        if isinstance(failure, TraceToolsError):
+            return failure
+        return TraceToolsError(
+            f"uploading to {self.uri} failed ({first_line(failure)}); the run stopped, the shards uploaded "
+            "before are kept: fix the cause (credentials? permissions?) and rerun the same command to resume"
+        )
 
     def _upload(self, relatives: list[str]) -> None:
         """Upload files that will not change again, and remember them as uploaded."""
@@ -274,21 +357,44 @@ class StagedRun:
         self._submit(lambda: upload(self.local, self.uri, relatives))
 
     def _submit(self, job: Callable[[], Any]) -> None:
-        self._pending.append(self._uploads.submit(job))
+        self._pending.append(self._uploads.submit(self._unless_failed, job))
+
+    def _unless_failed(self, job: Callable[[], Any]) -> None:
+        """Run an upload job unless an earlier one failed: the remote run then keeps exactly the
+        shards finished before the failure, in order."""
+        if self._failure is not None:
+            return
+        try:
+            job()
+        except BaseException as failure:
+            self._failure = failure
+            raise
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
         if isinstance(error, TraceToolsError) and error.args:
             # The run's checks saw the staging directory; the user named the URI.
             error.args = (str(error).replace(str(self.local), self.uri), *error.args[1:])
         try:
-            self._uploads.shutdown(wait=True)
-            for job in self._pending:
-                job.result()  # an upload that failed fails the command
+            # A failed run uploads nothing more: what is there (finished shards) is what a resume reuses.
+            self._uploads.shutdown(wait=True, cancel_futures=kind is not None)
             if kind is None:
+                self.check()
                 self._delete_removed()()
                 upload_changes(self.local, self.uri, self._before)
+        except OSError as failure:
+            raise self._failed(failure) from None
         finally:
             shutil.rmtree(self.local, ignore_errors=True)
+            if self._lock is not None:
+                self._lock.release()
+
+
+def _first_fetched(relative: str) -> bool:
+    """What a staged run copies in before it knows its fingerprint: run.json, the shards'
+    fingerprint and their markers (the shards' files follow in `fetch_reused`)."""
+    return relative in ("run.json", "shards/FINGERPRINT") or (
+        relative.startswith("shards/") and relative.endswith(MARKER_SUFFIX)
+    )
 
 
 @contextmanager
@@ -297,7 +403,7 @@ def local_output(target: Location) -> Iterator[Path]:
     if isinstance(target, Path):
         yield target
         return
-    folder = Path(tempfile.mkdtemp(prefix="trace-tools-out-"))
+    folder = staging_dir()
     try:
         yield folder / name(target)
         upload(folder, target.rsplit("/", 1)[0], [name(target)])
@@ -314,7 +420,7 @@ def local_run(run: Location, write_back: bool = False) -> Iterator[Path]:
         return
     if not is_dir(run):
         raise TraceToolsError(f"{run} holds no run directory; run `trace-tools replay DUMP --out {run}` first")
-    local = Path(tempfile.mkdtemp(prefix="trace-tools-run-"))
+    local = staging_dir()
     try:
         before = download(run, local, lambda relative: not relative.startswith("shards/"))
         yield local

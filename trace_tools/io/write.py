@@ -112,10 +112,16 @@ def plain_file_mode() -> int:
 
 
 def write_parquet_atomic(
-    table_or_df: Any, path: str | Path, metadata: dict[str, str] | None = None, *, exclusive: bool = False
+    table_or_df: Any,
+    path: str | Path,
+    metadata: dict[str, str] | None = None,
+    *,
+    exclusive: bool = False,
+    dump: bool = False,
 ) -> Path:
     """Write a pyarrow Table (or pandas DataFrame, index dropped) as Parquet, atomically
-    (`exclusive`: never over an existing file, `atomic_open`).
+    (`exclusive`: never over an existing file, `atomic_open`). `dump`: a trace dump, in the row
+    groups loaders read in parallel (`write_row_groups`); otherwise pyarrow's.
 
     `metadata` is added to the file's key-value metadata (keeping what the table already has),
     e.g. `{"trace_tools.tokenizer": "qwen3"}`.
@@ -128,8 +134,27 @@ def write_parquet_atomic(
         merged.update({str(k).encode(): str(v).encode() for k, v in metadata.items()})
         table = table.replace_schema_metadata(merged)
     with atomic_open(path, "wb", exclusive=exclusive) as handle:
-        pq.write_table(table, handle)
+        if not dump:
+            pq.write_table(table, handle)
+        else:
+            with pq.ParquetWriter(handle, table.schema) as writer:
+                write_row_groups(writer, table)
     return Path(path)
+
+
+# Row groups of the dumps trace-tools writes (`simulate`, `import`): a row group is what one Ray
+# loader task decodes, so a group closes at DUMP_ROW_GROUP_ROWS rows or DUMP_ROW_GROUP_BYTES of
+# Arrow data, whichever comes first: a dump of N rows gives about N / 256 tasks to share out, and
+# no task decodes more than a few MB (docs/scale.md#row-groups).
+DUMP_ROW_GROUP_ROWS = 256
+DUMP_ROW_GROUP_BYTES = 4 * 2**20
+
+
+def write_row_groups(writer: pq.ParquetWriter, table: pa.Table, rows: int = DUMP_ROW_GROUP_ROWS) -> None:
+    """`table` as row groups of at most `rows` rows and about DUMP_ROW_GROUP_BYTES each."""
+    if table.num_rows:
+        by_bytes = math.floor(table.num_rows * DUMP_ROW_GROUP_BYTES / max(table.nbytes, 1))
+        writer.write_table(table, row_group_size=max(1, min(rows, by_bytes)))
 
 
 def _plain(value: Any) -> Any:
@@ -251,7 +276,7 @@ class DumpWriter:
 
     def flush(self) -> None:
         if self._pending:
-            self._writer.write_table(pa.Table.from_pylist(self._pending, schema=self._schema))
+            write_row_groups(self._writer, pa.Table.from_pylist(self._pending, schema=self._schema), self._group)
             self._pending = []
 
     def close(self) -> None:
@@ -260,7 +285,7 @@ class DumpWriter:
 
 
 @contextmanager
-def dump_writer(path: str | Path, meta: DumpMeta, *, row_group_rows: int = 256) -> Iterator[DumpWriter]:
+def dump_writer(path: str | Path, meta: DumpMeta, *, row_group_rows: int = DUMP_ROW_GROUP_ROWS) -> Iterator[DumpWriter]:
     """A `DumpWriter` onto `path`; the complete file replaces `path` when the block exits cleanly."""
     with atomic_open(path, "wb") as handle:
         writer = DumpWriter(handle, meta, row_group_rows)

@@ -104,8 +104,9 @@ def run(
 
     Everything that would make every session fail the same way is checked before the first one
     (`preflight`): a usage error (exit 2) then, never a quarantine of everything. `mirror` (an
-    `io.storage.StagedRun`, for a run directory in object storage) hears when the shards were
-    reset and when each one is written. `owns_process`: the caller owns this process (the command
+    `io.storage.StagedRun`, for a run directory in object storage) fetches the shards this run
+    may reuse, hears when the shards were reset and when each one is written, and stops the run
+    when an upload failed. `owns_process`: the caller owns this process (the command
     line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
 
     workers = workers or default_workers()
@@ -137,6 +138,8 @@ def run(
         if recorded is None or recorded.get("stamp") != current["stamp"]:
             rundir.remove_outputs(run_dir)  # another run's (`--overwrite`): none of it may pass for this one's
         (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
+        if mirror is not None:
+            mirror.fetch_reused(current["stamp"])  # only the shards this run may reuse come down
         verdict = shards.prepare(run_dir, current)
         if mirror is not None:
             mirror.reset()
@@ -185,6 +188,8 @@ def _replay(
     try:
         for position, rows in results:
             tracker.add(position, rows)
+            if mirror is not None:
+                mirror.check()  # a failed upload stops the run now, not at its end
         tracker.finish()
     except BaseException:
         tracker.abandon()

@@ -53,6 +53,17 @@ REORDER_WINDOW_PER_CPU = 4  # how many tasks a finished one may be ahead of the 
 TASKS_PER_CPU = 2  # a task takes more than one session only while the turns left give each CPU this many tasks
 TURNS_PER_TASK = 256  # at most, once a task holds more than one session
 CLUSTER_CHECK_S = 5.0  # how often the cluster's CPUs are read again
+RAY_NICE = 0  # the niceness Ray tasks run at unless $TRACE_TOOLS_RAY_NICE says otherwise (Ray's own default is 15)
+
+
+def ray_niceness() -> int:
+    """`$TRACE_TOOLS_RAY_NICE` (-20..19) when set, else `RAY_NICE`: the priority of the Ray tasks."""
+    text = os.environ.get("TRACE_TOOLS_RAY_NICE", "").strip()
+    if not text:
+        return RAY_NICE
+    if not text.lstrip("-").isdigit() or not -20 <= int(text) <= 19:
+        raise UsageError(f"TRACE_TOOLS_RAY_NICE={text} is not a niceness; set an integer from -20 to 19 (default 0)")
+    return int(text)
 
 
 def default_workers() -> int:
@@ -269,6 +280,8 @@ class RayStats:
         self.tasks = 0
         self.worker_cpu_s = 0.0
         self.nodes: set[str] = set()
+        self.niceness: set[int] = set()  # what the session tasks ran at (`ray_niceness`)
+        self.largest_read_rows = 0  # the most rows one loader task read (a row group, or a range of a large one)
 
 
 def ray_results(
@@ -281,11 +294,12 @@ def ray_results(
 ) -> Iterator[tuple[int, SessionRows]]:
     """(position, rows) of every slot, as they finish (see the module docstring). A slot whose
     session pass 1 already quarantined yields its entries without a task."""
-    ray = _connect(workers, address)
-    yield from _RayReplay(ray, context, options, stats or RayStats()).results(slots)
+    nice = ray_niceness()
+    ray = _connect(workers, address, nice)
+    yield from _RayReplay(ray, context, options, stats or RayStats(), nice).results(slots)
 
 
-def _connect(workers: int, address: str | None) -> Any:
+def _connect(workers: int, address: str | None, nice: int = RAY_NICE) -> Any:
     try:
         import ray
     except ImportError:
@@ -294,8 +308,13 @@ def _connect(workers: int, address: str | None) -> Any:
         _check_reachable(address)
         # With an address the cluster decides the CPUs; None is ray.init's own default.
         try:
+            # A Ray started here runs its workers at `nice`; a cluster's are set by each task (`_renice`).
             ray.init(
-                address=address, ignore_reinit_error=True, log_to_driver=False, num_cpus=None if address else workers
+                address=address,
+                ignore_reinit_error=True,
+                log_to_driver=False,
+                num_cpus=None if address else workers,
+                _system_config=None if address else {"worker_niceness": nice},
             )
         except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -334,8 +353,8 @@ def _remote_functions(ray: Any) -> list[Any]:
 
 
 class _RayReplay:
-    def __init__(self, ray: Any, context: DumpContext, options: ReplayOptions, stats: RayStats):
-        self.ray, self.stats = ray, stats
+    def __init__(self, ray: Any, context: DumpContext, options: ReplayOptions, stats: RayStats, nice: int):
+        self.ray, self.stats, self.nice, self.pieces = ray, stats, nice, context.pieces
         self.context, self.options = ray.put(context), ray.put(options)
         self.reader, self.replayer = _remote_functions(ray)
         self.users: dict[tuple[int, int], list[SessionSlot]] = {}  # row group → the slots reading it
@@ -400,7 +419,7 @@ class _RayReplay:
     def _submit(self, batch: list[SessionSlot]) -> Any:
         parts = [self._rows(group, slot) for slot in batch for group in slot.row_groups]
         self._count_sent(batch, len(parts) + 2)
-        return self.replayer.remote(self.options, self.context, batch, *parts)
+        return self.replayer.remote(self.options, self.context, self.nice, batch, *parts)
 
     def _rows(self, group: tuple[int, int], slot: SessionSlot) -> Any:
         """The reference to `slot`'s rows in row group `group`; the first slot that needs the group
@@ -409,7 +428,8 @@ class _RayReplay:
             users = self.users.pop(group)
             ids = [user.session_id for user in users]
             self._count_sent((group, ids), 1)
-            refs = self.reader.options(num_returns=len(users)).remote(self.context, group[0], group[1], ids)
+            self.stats.largest_read_rows = max(self.stats.largest_read_rows, self.pieces[group[0]][group[1]][2])
+            refs = self.reader.options(num_returns=len(users)).remote(self.context, self.nice, group[0], group[1], ids)
             self.slices[group] = dict(zip((user.position for user in users), refs if len(users) > 1 else [refs]))
         waiting = self.slices[group]
         ref = waiting.pop(slot.position)
@@ -426,7 +446,7 @@ class _RayReplay:
         from ray.exceptions import RayTaskError
 
         try:
-            results = self.ray.get(done)
+            results, niceness = self.ray.get(done)
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, UnusableInput):
@@ -440,6 +460,7 @@ class _RayReplay:
                 f"({type(error).__name__}: a worker process or node died, out of memory?); "
                 "finished shards are kept and rerunning the command resumes"
             ) from None
+        self.stats.niceness.add(niceness)
         for rows in results:
             self.stats.worker_cpu_s += rows.cpu_s
             self.stats.nodes.add(rows.node)
@@ -453,17 +474,31 @@ class _RayReplay:
 _RAY_REPLAYERS: dict[str, SessionReplayer] = {}
 
 
-def _read_rows(context: DumpContext, number: int, group: int, session_ids: list[str]) -> Any:
+def _renice(nice: int) -> int:
+    """Run this worker process at `nice` where allowed (raising it always is; lowering it needs
+    privileges, else Ray's own setting, `RAY_worker_niceness`, decides); returns what it runs at."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (PermissionError, AttributeError):  # not permitted, or not on a POSIX system
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else nice
+
+
+def _read_rows(context: DumpContext, nice: int, number: int, group: int, session_ids: list[str]) -> Any:
+    _renice(nice)
     tables = read_row_group(context, number, group, session_ids)
     return tables if len(tables) > 1 else tables[0]  # one object per return, as num_returns says
 
 
 def _replay_slots(
-    options: ReplayOptions, context: DumpContext, slots: list[SessionSlot], *parts: Any
-) -> list[SessionRows]:
-    """A task: read, check and replay each slot's session (`parts` are their rows, slot by slot)."""
+    options: ReplayOptions, context: DumpContext, nice: int, slots: list[SessionSlot], *parts: Any
+) -> tuple[list[SessionRows], int]:
+    """A task: read, check and replay each slot's session (`parts` are their rows, slot by slot),
+    at niceness `nice`; returns their rows and the niceness it ran at."""
     import ray
 
+    niceness = _renice(nice)
     replayer = _RAY_REPLAYERS.get(options.key())
     if replayer is None:
         replayer = _RAY_REPLAYERS[options.key()] = SessionReplayer(options, pause_gc=True)
@@ -477,4 +512,4 @@ def _replay_slots(
         rows.input_bytes = sum(part.nbytes for part in mine)
         rows.cpu_s, rows.node = time.process_time() - started, node
         results.append(rows)
-    return results
+    return results, niceness

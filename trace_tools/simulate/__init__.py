@@ -122,7 +122,7 @@ def simulate(
 
         table = fill_logprobs(table, logprobs_model)
     if out:
-        write_parquet_atomic(table, out)
+        write_parquet_atomic(table, out, dump=True)  # row groups sized for parallel reading
     return table
 
 
