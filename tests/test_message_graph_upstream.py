@@ -6,8 +6,10 @@ by `VERIFIERS_SRC`, the one holding `verifiers/v1/graph.py`; `pip download verif
 stubbed, since a message graph needs neither. Random sessions (re-rendered histories, rewritten
 echoes, dropped reasoning, compactions, retries) are committed turn by turn into upstream's
 graph, with no per-message spans as recorded dumps have none, and into ours; the branches, and
-the masks after prime-rl's train-once rule, must be equal. Skipped when `VERIFIERS_SRC` is unset:
-the project does not depend on verifiers.
+the masks after prime-rl's train-once rule, must be equal. The project does not depend on
+verifiers: without `VERIFIERS_SRC` the pinned wheel is downloaded from the package index into the
+test's temporary folder and unpacked there; only where the index cannot be reached is the test
+skipped, saying so (and under CI, where the index can be reached, it fails instead).
 """
 
 from __future__ import annotations
@@ -25,11 +27,30 @@ import pytest
 from trace_tools.strategies.message_graph_core import MessageGraph, trainable_branches
 
 
+def _unpacked_verifiers(folder: Path) -> Path:
+    """verifiers 0.4.0's wheel from the package index, unpacked into `folder`."""
+    import subprocess
+    import zipfile
+
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(folder)]
+    done = subprocess.run([*command, "verifiers==0.4.0"], capture_output=True, text=True, timeout=300)
+    wheels = sorted(folder.glob("verifiers-0.4.0-*.whl"))
+    if done.returncode or not wheels:
+        message = f"verifiers 0.4.0 could not be downloaded: {done.stderr.strip()[-200:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extractall(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def upstream() -> Any:
-    source = Path(os.environ.get("VERIFIERS_SRC", "/nonexistent"))
+def upstream(tmp_path_factory) -> Any:
+    named = os.environ.get("VERIFIERS_SRC")
+    source = Path(named) if named else _unpacked_verifiers(tmp_path_factory.mktemp("verifiers"))
     if not (source / "verifiers" / "v1" / "graph.py").is_file():
-        pytest.skip("VERIFIERS_SRC does not name an unpacked verifiers 0.4.0")
+        pytest.fail(f"{source} holds no verifiers/v1/graph.py: set VERIFIERS_SRC to an unpacked verifiers 0.4.0")
     stubs = {
         "renderers": ModuleType("renderers"),
         "renderers.base": ModuleType("renderers.base"),
