@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {
     "naive": "naive method (full render + tokenize every turn, then tree)",
+    "bound": "tokenize only the new text (the reconstruction bound)",
     "reconstruct": "`reconstruct`",
     "tree": "`replay -s tree` (default `--workers`: every core)",
     "tree-w1": "`replay -s tree --workers 1`",
@@ -92,6 +93,32 @@ def naive(dump: Path) -> dict:
     return {"turns": len(rows), "prompts": prompts}
 
 
+# -- the bound: read the dump, tokenize only what each turn adds ---------------------------------
+def tokenize_new_text(dump: Path) -> dict:
+    """What reconstruction cannot do without: read every turn's messages and recorded prompt, parse
+    the messages, and encode each message's text once, when it first appears in its session (no
+    template, no prompt ids assembled, nothing compared)."""
+    import pyarrow.parquet as pq
+
+    from trace_tools.io.load import read_dump_meta
+    from trace_tools.render.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(read_dump_meta(dump).tokenizer)
+    rows = pq.read_table(dump, columns=["session_id", "turn_index", "messages", "prompt_ids"]).to_pylist()
+    seen: dict[str, int] = {}  # session → messages already encoded
+    encoded = 0
+    for row in sorted(rows, key=lambda r: (r["session_id"], r["turn_index"])):
+        messages = json.loads(row["messages"])
+        new = messages[seen.get(row["session_id"], 0) :]
+        seen[row["session_id"]] = len(messages)
+        for message in new:
+            text = message.get("content")
+            text = text if isinstance(text, str) else json.dumps(text) if text else ""
+            calls = message.get("tool_calls")
+            encoded += len(tokenizer.encode(text + (json.dumps(calls) if calls else "")))
+    return {"turns": len(rows), "tokens": encoded}
+
+
 # -- the project's commands ---------------------------------------------------------------------
 def project(task: str, dump: Path, out: Path) -> dict:
     if task == "reconstruct":
@@ -110,7 +137,8 @@ def project(task: str, dump: Path, out: Path) -> dict:
 def run_task(task: str, dump: Path, out: Path) -> None:
     """Runs inside the measured subprocess; prints one JSON line."""
     started = time.perf_counter()
-    result = naive(dump) if task == "naive" else project(task, dump, out)
+    run = {"naive": naive, "bound": tokenize_new_text}.get(task)
+    result = run(dump) if run else project(task, dump, out)
     elapsed = time.perf_counter() - started
     if task == "naive":
         check = out / "naive-prompts.json"
