@@ -17,7 +17,10 @@ turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conve
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
 `replay -s tree` is measured as a user types it (default `--workers`: every core) and at
-`--workers 1`; all strategies at `--workers 1` and `--workers 2`.
+`--workers 1`; all strategies at `--workers 1` and `--workers 2`. The `bound` row reads the
+dump and tokenizes only the text each turn adds (what reconstruction cannot avoid), so the
+distance from `reconstruct` to it is visible; a second table gives each strategy's own time per
+turn in the all-strategies run. Each row also reports the CPU time of its process tree.
 """
 
 from __future__ import annotations
@@ -131,7 +134,23 @@ def project(task: str, dump: Path, out: Path) -> dict:
     strategies = ["tree"] if task.startswith("tree") else None
     workers = {"tree": None, "tree-w1": 1, "all-w1": 1, "all-w2": 2}[task]  # None: the command's default
     result = replay(dump, out=out, strategies=strategies, workers=workers)
-    return {"turns": result.summary["turns_total"], "reconstruction": result.reconstruction}
+    return {
+        "turns": result.summary["turns_total"],
+        "reconstruction": result.reconstruction,
+        "strategy_seconds": _strategy_seconds(out),
+    }
+
+
+def _strategy_seconds(out: Path) -> dict[str, float]:
+    """Each strategy's own time in a run (the sessions table's `elapsed_s`: its replay of the
+    prepared session, after the shared reconstruction)."""
+    import pyarrow.parquet as pq
+
+    sessions = pq.read_table(out / "sessions.parquet", columns=["strategy", "elapsed_s"]).to_pydict()
+    seconds: dict[str, float] = {}
+    for name, elapsed in zip(sessions["strategy"], sessions["elapsed_s"]):
+        seconds[name] = seconds.get(name, 0.0) + elapsed
+    return seconds
 
 
 def run_task(task: str, dump: Path, out: Path) -> None:
@@ -140,10 +159,16 @@ def run_task(task: str, dump: Path, out: Path) -> None:
     run = {"naive": naive, "bound": tokenize_new_text}.get(task)
     result = run(dump) if run else project(task, dump, out)
     elapsed = time.perf_counter() - started
+    import resource
+
+    cpu = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
     if task == "naive":
         check = out / "naive-prompts.json"
         check.write_text(json.dumps({f"{s}/{t}": ids for (s, t), ids in result.pop("prompts").items()}))
-    print(json.dumps({"elapsed": elapsed, **result}))
+    print(json.dumps({"elapsed": elapsed, "cpu": cpu, **result}))
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -285,7 +310,16 @@ def main() -> None:
     table = report(shape, results, doubled, differing, args)
     print(table)
     if not args.no_write:
-        (ROOT / "docs" / "performance.md").write_text(table)
+        write_measured(ROOT / "docs" / "performance.md", table)
+
+
+PROFILE_HEADING = "\n## Where the time goes"  # written by hand from benchmarks/profile_replay.py
+
+
+def write_measured(path: Path, table: str) -> None:
+    """The measured tables, followed by the page's profile section as it was."""
+    kept = path.read_text() if path.exists() else ""
+    path.write_text(table + (kept[kept.index(PROFILE_HEADING) :] if PROFILE_HEADING in kept else ""))
 
 
 def _fastest(best: dict | None, measured: dict) -> dict:
@@ -319,8 +353,8 @@ def report(shape: dict, results: dict, doubled: dict, differing: int, args: argp
         f"{shape['median_prompt']:,} tokens, contexts ending at {shape['context_min']:,}–{shape['context_max']:,} "
         f"tokens, {shape['mb']:.0f} MB of Parquet. Peak RSS is the whole process tree's.",
         "",
-        "| | turns/s | vs the naive method | peak RSS | peak RSS, sessions doubled |",
-        "|---|---:|---:|---:|---:|",
+        "| | turns/s | vs the naive method | CPU s (process tree) | peak RSS | peak RSS, sessions doubled |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for task, label in TASKS.items():
         rate = shape["turns"] / results[task]["elapsed"]
@@ -331,8 +365,24 @@ def report(shape: dict, results: dict, doubled: dict, differing: int, args: argp
             else ""
         )
         lines.append(
-            f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |"
+            f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task].get('cpu', 0):.1f} "
+            f"| {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |"
         )
+    bound = results["bound"]["elapsed"]
+    lines += [
+        "",
+        f"`reconstruct` takes {results['reconstruct']['elapsed'] / bound:.2f}× the time of the bound "
+        "(tokenize only the new text).",
+        "",
+        "Each strategy's own time in the all-strategies `--workers 1` run (the sessions table's "
+        "`elapsed_s`: its replay of a prepared session; the shared reconstruction, rows, shards and "
+        "report are not in it):",
+        "",
+        "| strategy | ms per turn | turns/s |",
+        "|---|---:|---:|",
+    ]
+    for name, seconds in sorted(results["all-w1"].get("strategy_seconds", {}).items(), key=lambda item: -item[1]):
+        lines.append(f"| `{name}` | {1000 * seconds / shape['turns']:.2f} | {shape['turns'] / seconds:,.0f} |")
     stats = results["all-w1"].get("reconstruction") or {}
     lines += [
         "",
