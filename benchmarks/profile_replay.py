@@ -3,7 +3,8 @@
     python benchmarks/profile_replay.py                         # 10 swe-long sessions: tree, then all strategies
     python benchmarks/profile_replay.py --sessions 40 --runs tree
 
-Runs `replay --workers 1` in this process with a CPU-time stopwatch (`time.process_time`) around
+Runs `replay --workers 1` in this process with a CPU-time stopwatch (the thread's own clock,
+`time.thread_time`, so a helper thread's work is not charged to the call it overlaps) around
 the functions that make up each phase, and prints one Markdown table
 (docs/performance.md#where-the-time-goes). A phase's time is its own: what runs inside another
 timed function (a render inside a strategy, an encode inside a render) is charged to the inner
@@ -73,12 +74,12 @@ class Stopwatch:
                 outer, self.owner = self.owner, args[0].name
             if "{owner}" in name:
                 name = name.format(owner=self.owner)
-            self._stack.append([name, time.process_time(), 0.0])
+            self._stack.append([name, time.thread_time(), 0.0])
             try:
                 return function(*args, **kwargs)
             finally:
                 name, started, inner = self._stack.pop()
-                elapsed = time.process_time() - started
+                elapsed = time.thread_time() - started
                 self.spent[name] += elapsed - inner
                 self.calls[name] += 1
                 if self._stack:
@@ -102,10 +103,11 @@ def profile(dump: Path, strategies: list[str] | None, out: Path) -> tuple[Counte
     watch.install()
     from trace_tools.api import replay
 
-    started = time.process_time()
+    started, started_here = time.process_time(), time.thread_time()
     result = replay(dump, out=out, strategies=strategies, workers=1)
-    total = time.process_time() - started
-    watch.spent["other (engine loop, gc, imports elsewhere)"] = total - sum(watch.spent.values())
+    total, here = time.process_time() - started, time.thread_time() - started_here
+    watch.spent["other (engine loop, gc, imports elsewhere)"] = here - sum(watch.spent.values())
+    watch.spent["other threads (samples writer, template watchdog)"] = total - here
     return watch.spent, total, result.summary["turns_total"]
 
 

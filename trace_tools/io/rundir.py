@@ -19,7 +19,6 @@ of the CPU of encoding the same table as Parquet.
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import json
 import os
@@ -373,30 +372,12 @@ def _list_column(values: list[Any], kind: pa.ListType) -> pa.Array:
         same_length = converted.setdefault(len(value), [])
         array = next((array for seen, array in same_length if seen is value or seen == value), None)
         if array is None:
-            array = flat_array(value, kind.value_type)
+            array = pa.array(value, kind.value_type)
             same_length.append((value, array))
         pieces.append(array)
         offsets.append(offsets[-1] + len(value))
     flat = pa.concat_arrays(pieces) if pieces else pa.array([], kind.value_type)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=kind)
-
-
-# array.array codes of the value types: packing a list of Python numbers into one is about ten
-# times faster than pa.array's per-element conversion, and gives the same bytes.
-_PACKED = {pa.int8(): ("b", {int}), pa.int32(): ("i", {int}), pa.float64(): ("d", {float})}
-
-
-def flat_array(values: list[Any], value_type: pa.DataType) -> pa.Array:
-    """`pa.array(values, value_type)`, packed through `array.array` where the values are plain
-    numbers of the column's kind (anything else, and any error, is pa.array's own)."""
-    code, kinds = _PACKED.get(value_type, ("", set()))
-    if not code or not set(map(type, values)) <= kinds:
-        return pa.array(values, value_type)
-    try:
-        packed = array.array(code, values)
-    except OverflowError:  # out of range: pa.array raises its own error for it
-        return pa.array(values, value_type)
-    return pa.Array.from_buffers(value_type, len(values), [None, pa.py_buffer(packed)])
 
 
 def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
