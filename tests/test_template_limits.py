@@ -241,20 +241,3 @@ def test_run_json_names_each_renderer_by_its_spec(tmp_path, monkeypatch):
     renderers = json.loads((tmp_path / "run" / "run.json").read_text())["renderers"]
     assert sorted(r["render_date"] for r in renderers) == sorted(["2024-02-29", first_day])
     assert result.summary["prompt_fidelity"]["rate"] == 1.0
-
-
-def test_the_growth_cap_counts_frozen_messages_exactly_when_their_size_is_remembered(simulated_dump):
-    """A frozen message's size is counted once per object (render.limits._frozen_chars); every
-    render of the dump's real conversations still gets the cap of `input_chars` of its input."""
-    from trace_tools.io.load import load
-    from trace_tools.render import limits
-    from trace_tools.render.canonical import canonicalize_messages, freeze
-
-    session = load(simulated_dump).sessions[0]
-    history = [freeze(message) for message in canonicalize_messages(session.turns[-1].messages)]
-    tools = freeze(session.turns[-1].tools or [])
-    for end in (len(history), 1, len(history) // 2, len(history)):  # the same objects again
-        messages = history[:end] + [{"role": "user", "content": "not frozen"}]
-        counted = limits.render_input_chars(messages, tools, {"enable_thinking": True})
-        assert counted == limits.input_chars([messages, tools, {"enable_thinking": True}]) > 0
-    assert limits.render_input_chars(None, None, {}) == limits.input_chars([None, None, {}])

@@ -47,7 +47,6 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 from trace_tools.errors import UsageError
-from trace_tools.render.canonical import FrozenDict, FrozenList
 
 DEFAULT_SECONDS = 20.0  # CPU seconds of the rendering thread, per render
 DEFAULT_OUTPUT = 16 * 2**20  # characters of one render's text
@@ -120,37 +119,6 @@ def _env_number(name: str, default: float) -> float:
     if not value > 0:
         raise UsageError(f"${name} is {text!r}; set a positive number or unset it")
     return value
-
-
-def render_input_chars(messages: Any, tools: Any, kwargs: Any) -> int:
-    """`input_chars([messages, tools, kwargs])`, with each frozen message or tool counted once per
-    object: every render of a session passes the same ones again (`_frozen_chars`)."""
-    return _NODE_CHARS + _items_chars(messages) + _items_chars(tools) + input_chars(kwargs)
-
-
-def _items_chars(value: Any) -> int:
-    if isinstance(value, (list, tuple)):
-        return _NODE_CHARS + sum(map(_frozen_chars, value))
-    return input_chars(value)
-
-
-_SIZES: dict[int, tuple[Any, int]] = {}  # id → (the frozen object, kept so its id stays its own; size)
-_SIZES_MAX = 4096  # objects kept alive at most: a few sessions' messages
-
-
-def _frozen_chars(value: Any) -> int:
-    """`input_chars(value)`, memoised by identity for frozen messages (`render.canonical`), whose
-    size cannot change; computed every time for anything else."""
-    if type(value) is not FrozenDict and type(value) is not FrozenList:
-        return input_chars(value)
-    hit = _SIZES.get(id(value))
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    size = input_chars(value)
-    if len(_SIZES) >= _SIZES_MAX:
-        _SIZES.clear()
-    _SIZES[id(value)] = (value, size)
-    return size
 
 
 def input_chars(value: Any) -> int:
@@ -333,7 +301,7 @@ def limited(render: Callable[..., str], limits: TemplateLimits, template: str) -
     the output and growth limits while it is joined (`bounded_concat`) and once written."""
 
     def guarded(*args: Any) -> str:
-        cap = limits.output_cap(render_input_chars(args[0], args[1], args[3]) if len(args) > 3 else 0)
+        cap = limits.output_cap(input_chars([args[0], args[1], args[3]]) if len(args) > 3 else 0)
         outer = getattr(_LOCAL, "cap", None)
         _LOCAL.cap = cap
         token = WATCHDOG.arm(limits.seconds)
