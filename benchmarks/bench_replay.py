@@ -133,7 +133,9 @@ def project(task: str, dump: Path, out: Path) -> dict:
 
     strategies = ["tree"] if task.startswith("tree") else None
     workers = {"tree": None, "tree-w1": 1, "all-w1": 1, "all-w2": 2}[task]  # None: the command's default
-    result = replay(dump, out=out, strategies=strategies, workers=workers)
+    # As the command line runs it: the process is the replay's (collector paused per session,
+    # plots drawn by a helper process while the sessions replay).
+    result = replay(dump, out=out, strategies=strategies, workers=workers, owns_process=True)
     return {
         "turns": result.summary["turns_total"],
         "reconstruction": result.reconstruction,

@@ -39,7 +39,6 @@ TIMED = [
     ("trace_tools.strategies.base", "Strategy.replay", "strategy logic: {owner}"),
     ("trace_tools.render.renderer", "Renderer._apply_template", "{owner}: template render"),
     ("trace_tools.render.tokenizer", "Tokenizer.encode", "{owner}: encode"),
-    ("trace_tools.render.limits", "render_input_chars", "template limits (size)"),
     ("trace_tools.render.limits", "_Watchdog.arm", "template limits (watchdog)"),
     ("trace_tools.render.limits", "_Watchdog.disarm", "template limits (watchdog)"),
     ("trace_tools.replay.session", "check_trained_once", "rows: trained-once check"),
@@ -111,24 +110,58 @@ def profile(dump: Path, strategies: list[str] | None, out: Path) -> tuple[Counte
     return watch.spent, total, result.summary["turns_total"]
 
 
+def by_phase(spent: Counter) -> Counter:
+    """The strategies' rows summed: strategy logic, and the renders and encodes strategies ask for."""
+    merged: Counter = Counter()
+    for phase, seconds in spent.items():
+        owner, _, what = phase.rpartition(": ")
+        if phase.startswith("strategy logic: "):
+            merged["strategy logic (all strategies)"] += seconds
+        elif owner and owner != "reconstruction" and what in ("template render", "encode"):
+            merged[f"strategies' own {what}s"] += seconds
+        else:
+            merged[phase] += seconds
+    return merged
+
+
+def per_strategy(spent: Counter) -> dict[str, dict[str, float]]:
+    rows: dict[str, dict[str, float]] = {}
+    for phase, seconds in spent.items():
+        owner, _, what = phase.rpartition(": ")
+        if phase.startswith("strategy logic: "):
+            owner, what = what, "logic"
+        if owner and owner != "reconstruction" and what in ("logic", "template render", "encode"):
+            rows.setdefault(owner, {})[what] = seconds
+    return rows
+
+
 def table(results: dict[str, tuple[Counter, float, int]]) -> str:
     runs = list(results)
-    phases = sorted({p for spent, _, _ in results.values() for p in spent}, key=lambda p: -results[runs[-1]][0][p])
+    merged = {run: by_phase(spent) for run, (spent, _, _) in results.items()}
+    phases = sorted({p for spent in merged.values() for p in spent}, key=lambda p: -merged[runs[-1]][p])
     lines = [
-        "| phase (CPU ms per turn, share) | " + " | ".join(f"`{run}`" for run in runs) + " |",
+        "| phase: CPU ms per turn (share) | " + " | ".join(f"`{run}`" for run in runs) + " |",
         "|---|" + "---:|" * len(runs),
     ]
     for phase in phases:
         cells = []
         for run in runs:
-            spent, total, turns = results[run]
-            cells.append(f"{1000 * spent[phase] / turns:.2f} ({spent[phase] / total:.0%})" if spent[phase] else "")
+            _, total, turns = results[run]
+            seconds = merged[run][phase]
+            cells.append(f"{1000 * seconds / turns:.2f} ({seconds / total:.0%})" if seconds > 0 else "")
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     lines.append(
         "| **total** | "
         + " | ".join(f"**{1000 * total / turns:.2f}** ({total:.1f} s)" for _, total, turns in results.values())
         + " |"
     )
+    spent, _, turns = results[runs[-1]]
+    rows = per_strategy(spent)
+    lines += ["", f"Per strategy, in `{runs[-1]}` (CPU ms per turn):", ""]
+    lines += ["| strategy | logic | its own template renders | its own encodes | in all |", "|---|---:|---:|---:|---:|"]
+    for owner, parts in sorted(rows.items(), key=lambda item: -sum(item[1].values())):
+        cells = [1000 * parts.get(what, 0.0) / turns for what in ("logic", "template render", "encode")]
+        lines.append(f"| {owner} | " + " | ".join(f"{cell:.2f}" for cell in cells) + f" | {sum(cells):.2f} |")
     return "\n".join(lines)
 
 
