@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -98,22 +99,24 @@ def naive(dump: Path) -> dict:
 
 # -- the bound: read the dump, tokenize only what each turn adds ---------------------------------
 def tokenize_new_text(dump: Path) -> dict:
-    """What reconstruction cannot do without: read every turn's messages and recorded prompt, parse
-    the messages, and encode each message's text once, when it first appears in its session (no
-    template, no prompt ids assembled, nothing compared)."""
+    """What reconstruction cannot do without: read every turn's messages, parse only what each
+    turn appends (`io.rows.HistoryParser`, as the loader does) and encode each new message's text
+    once (no template, no prompt ids assembled, nothing compared with the recorded prompt)."""
     import pyarrow.parquet as pq
 
     from trace_tools.io.load import read_dump_meta
+    from trace_tools.io.rows import HistoryParser
     from trace_tools.render.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(read_dump_meta(dump).tokenizer)
-    rows = pq.read_table(dump, columns=["session_id", "turn_index", "messages", "prompt_ids"]).to_pylist()
+    rows = pq.read_table(dump, columns=["session_id", "turn_index", "messages"]).to_pylist()
+    parsers: dict[str, HistoryParser] = {}
     seen: dict[str, int] = {}  # session → messages already encoded
     encoded = 0
     for row in sorted(rows, key=lambda r: (r["session_id"], r["turn_index"])):
-        messages = json.loads(row["messages"])
-        new = messages[seen.get(row["session_id"], 0) :]
-        seen[row["session_id"]] = len(messages)
+        session = row["session_id"]
+        messages = parsers.setdefault(session, HistoryParser())(row["messages"])
+        new, seen[session] = messages[seen.get(session, 0) :], len(messages)
         for message in new:
             text = message.get("content")
             text = text if isinstance(text, str) else json.dumps(text) if text else ""
@@ -161,8 +164,6 @@ def run_task(task: str, dump: Path, out: Path) -> None:
     run = {"naive": naive, "bound": tokenize_new_text}.get(task)
     result = run(dump) if run else project(task, dump, out)
     elapsed = time.perf_counter() - started
-    import resource
-
     cpu = sum(
         usage.ru_utime + usage.ru_stime
         for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
@@ -301,7 +302,7 @@ def main() -> None:
             for task in args.only or TASKS:
                 measured = measure(task, single, where)
                 seconds, rss = measured["elapsed"], measured["peak_rss"] / 2**30
-                print(f"  {task}: {seconds:.1f} s, peak RSS {rss:.2f} GiB", flush=True)
+                print(f"  {task}: {seconds:.1f} s, {measured['cpu']:.1f} s CPU, peak RSS {rss:.2f} GiB", flush=True)
                 results[task] = _fastest(results.get(task), measured)
             if not args.only:
                 for task in ("all-w1", "all-w2"):
@@ -374,7 +375,7 @@ def report(shape: dict, results: dict, doubled: dict, differing: int, args: argp
     lines += [
         "",
         f"`reconstruct` takes {results['reconstruct']['elapsed'] / bound:.2f}× the time of the bound "
-        "(tokenize only the new text).",
+        f"(tokenize only the new text), {results['reconstruct']['cpu'] / results['bound']['cpu']:.2f}× its CPU time.",
         "",
         "Each strategy's own time in the all-strategies `--workers 1` run (the sessions table's "
         "`elapsed_s`: its replay of a prepared session; the shared reconstruction, rows, shards and "
