@@ -17,7 +17,10 @@ turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conve
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
 `replay -s tree` is measured as a user types it (default `--workers`: every core) and at
-`--workers 1`; all strategies at `--workers 1` and `--workers 2`.
+`--workers 1`; all strategies at `--workers 1` and `--workers 2`. The `bound` row reads the
+dump and tokenizes only the text each turn adds (what reconstruction cannot avoid), so the
+distance from `reconstruct` to it is visible; a second table gives each strategy's own time per
+turn in the all-strategies run. Each row also reports the CPU time of its process tree.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -33,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {
     "naive": "naive method (full render + tokenize every turn, then tree)",
+    "bound": "tokenize only the new text (the reconstruction bound)",
     "reconstruct": "`reconstruct`",
     "tree": "`replay -s tree` (default `--workers`: every core)",
     "tree-w1": "`replay -s tree --workers 1`",
@@ -92,6 +97,34 @@ def naive(dump: Path) -> dict:
     return {"turns": len(rows), "prompts": prompts}
 
 
+# -- the bound: read the dump, tokenize only what each turn adds ---------------------------------
+def tokenize_new_text(dump: Path) -> dict:
+    """What reconstruction cannot do without: read every turn's messages, parse only what each
+    turn appends (`io.rows.HistoryParser`, as the loader does) and encode each new message's text
+    once (no template, no prompt ids assembled, nothing compared with the recorded prompt)."""
+    import pyarrow.parquet as pq
+
+    from trace_tools.io.load import read_dump_meta
+    from trace_tools.io.rows import HistoryParser
+    from trace_tools.render.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(read_dump_meta(dump).tokenizer)
+    rows = pq.read_table(dump, columns=["session_id", "turn_index", "messages"]).to_pylist()
+    parsers: dict[str, HistoryParser] = {}
+    seen: dict[str, int] = {}  # session → messages already encoded
+    encoded = 0
+    for row in sorted(rows, key=lambda r: (r["session_id"], r["turn_index"])):
+        session = row["session_id"]
+        messages = parsers.setdefault(session, HistoryParser())(row["messages"])
+        new, seen[session] = messages[seen.get(session, 0) :], len(messages)
+        for message in new:
+            text = message.get("content")
+            text = text if isinstance(text, str) else json.dumps(text) if text else ""
+            calls = message.get("tool_calls")
+            encoded += len(tokenizer.encode(text + (json.dumps(calls) if calls else "")))
+    return {"turns": len(rows), "tokens": encoded}
+
+
 # -- the project's commands ---------------------------------------------------------------------
 def project(task: str, dump: Path, out: Path) -> dict:
     if task == "reconstruct":
@@ -103,19 +136,42 @@ def project(task: str, dump: Path, out: Path) -> dict:
 
     strategies = ["tree"] if task.startswith("tree") else None
     workers = {"tree": None, "tree-w1": 1, "all-w1": 1, "all-w2": 2}[task]  # None: the command's default
-    result = replay(dump, out=out, strategies=strategies, workers=workers)
-    return {"turns": result.summary["turns_total"], "reconstruction": result.reconstruction}
+    # As the command line runs it: the process is the replay's (collector paused per session,
+    # plots drawn by a helper process while the sessions replay).
+    result = replay(dump, out=out, strategies=strategies, workers=workers, owns_process=True)
+    return {
+        "turns": result.summary["turns_total"],
+        "reconstruction": result.reconstruction,
+        "strategy_seconds": _strategy_seconds(out),
+    }
+
+
+def _strategy_seconds(out: Path) -> dict[str, float]:
+    """Each strategy's own time in a run (the sessions table's `elapsed_s`: its replay of the
+    prepared session, after the shared reconstruction)."""
+    import pyarrow.parquet as pq
+
+    sessions = pq.read_table(out / "sessions.parquet", columns=["strategy", "elapsed_s"]).to_pydict()
+    seconds: dict[str, float] = {}
+    for name, elapsed in zip(sessions["strategy"], sessions["elapsed_s"]):
+        seconds[name] = seconds.get(name, 0.0) + elapsed
+    return seconds
 
 
 def run_task(task: str, dump: Path, out: Path) -> None:
     """Runs inside the measured subprocess; prints one JSON line."""
     started = time.perf_counter()
-    result = naive(dump) if task == "naive" else project(task, dump, out)
+    run = {"naive": naive, "bound": tokenize_new_text}.get(task)
+    result = run(dump) if run else project(task, dump, out)
     elapsed = time.perf_counter() - started
+    cpu = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
     if task == "naive":
         check = out / "naive-prompts.json"
         check.write_text(json.dumps({f"{s}/{t}": ids for (s, t), ids in result.pop("prompts").items()}))
-    print(json.dumps({"elapsed": elapsed, **result}))
+    print(json.dumps({"elapsed": elapsed, "cpu": cpu, **result}))
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -246,7 +302,7 @@ def main() -> None:
             for task in args.only or TASKS:
                 measured = measure(task, single, where)
                 seconds, rss = measured["elapsed"], measured["peak_rss"] / 2**30
-                print(f"  {task}: {seconds:.1f} s, peak RSS {rss:.2f} GiB", flush=True)
+                print(f"  {task}: {seconds:.1f} s, {measured['cpu']:.1f} s CPU, peak RSS {rss:.2f} GiB", flush=True)
                 results[task] = _fastest(results.get(task), measured)
             if not args.only:
                 for task in ("all-w1", "all-w2"):
@@ -257,7 +313,16 @@ def main() -> None:
     table = report(shape, results, doubled, differing, args)
     print(table)
     if not args.no_write:
-        (ROOT / "docs" / "performance.md").write_text(table)
+        write_measured(ROOT / "docs" / "performance.md", table)
+
+
+PROFILE_HEADING = "\n## Where the time goes"  # written by hand from benchmarks/profile_replay.py
+
+
+def write_measured(path: Path, table: str) -> None:
+    """The measured tables, followed by the page's profile section as it was."""
+    kept = path.read_text() if path.exists() else ""
+    path.write_text(table + (kept[kept.index(PROFILE_HEADING) :] if PROFILE_HEADING in kept else ""))
 
 
 def _fastest(best: dict | None, measured: dict) -> dict:
@@ -291,8 +356,8 @@ def report(shape: dict, results: dict, doubled: dict, differing: int, args: argp
         f"{shape['median_prompt']:,} tokens, contexts ending at {shape['context_min']:,}–{shape['context_max']:,} "
         f"tokens, {shape['mb']:.0f} MB of Parquet. Peak RSS is the whole process tree's.",
         "",
-        "| | turns/s | vs the naive method | peak RSS | peak RSS, sessions doubled |",
-        "|---|---:|---:|---:|---:|",
+        "| | turns/s | vs the naive method | CPU s (process tree) | peak RSS | peak RSS, sessions doubled |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for task, label in TASKS.items():
         rate = shape["turns"] / results[task]["elapsed"]
@@ -303,8 +368,24 @@ def report(shape: dict, results: dict, doubled: dict, differing: int, args: argp
             else ""
         )
         lines.append(
-            f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |"
+            f"| {label} | {rate:.1f} | {rate / base:.1f}× | {results[task].get('cpu', 0):.1f} "
+            f"| {results[task]['peak_rss'] / 2**30:.2f} GiB | {growth} |"
         )
+    bound = results["bound"]["elapsed"]
+    lines += [
+        "",
+        f"`reconstruct` takes {results['reconstruct']['elapsed'] / bound:.2f}× the time of the bound "
+        f"(tokenize only the new text), {results['reconstruct']['cpu'] / results['bound']['cpu']:.2f}× its CPU time.",
+        "",
+        "Each strategy's own time in the all-strategies `--workers 1` run (the sessions table's "
+        "`elapsed_s`: its replay of a prepared session; the shared reconstruction, rows, shards and "
+        "report are not in it):",
+        "",
+        "| strategy | ms per turn | turns/s |",
+        "|---|---:|---:|",
+    ]
+    for name, seconds in sorted(results["all-w1"].get("strategy_seconds", {}).items(), key=lambda item: -item[1]):
+        lines.append(f"| `{name}` | {1000 * seconds / shape['turns']:.2f} | {shape['turns'] / seconds:,.0f} |")
     stats = results["all-w1"].get("reconstruction") or {}
     lines += [
         "",
