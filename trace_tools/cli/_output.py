@@ -32,7 +32,10 @@ err_console = _VisibleConsole(stderr=True)
 
 # Option help shared by the commands that render prompts, listing the family records' names.
 FAMILY_CHOICES = " | ".join(FAMILY_NAMES)
-TOKENIZER_HELP = f"Tokenizer: {' | '.join(tokenizer_choices())} | path to a HF tokenizer dir"
+TOKENIZER_HELP = (
+    f"Tokenizer: {' | '.join(tokenizer_choices())} | a HF model id such as Qwen/Qwen3-8B (its local HF "
+    "cache, else its family's; docs/model_families.md#model-ids) | path to a HF tokenizer dir"
+)
 TEMPLATE_HELP = f"Template file, or {' / '.join(FAMILY_NAMES)} / trl:<name>"
 TOOL_FORMAT_HELP = (
     f"Tool-call format of the responses, instead of the one detected from the template: {' | '.join(TOOL_FORMATS)}."
