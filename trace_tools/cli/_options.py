@@ -31,7 +31,16 @@ def template_option(help: str) -> Any:
 
 
 def strategy_option(help: str) -> Any:
-    return typer.Option("--strategy", "-s", help=help)
+    """`--strategy/-s`, taking a name or the short label the terminal tables print (`ckpt`)."""
+    return typer.Option("--strategy", "-s", help=help, callback=_full_names)
+
+
+def _full_names(value: Any) -> Any:
+    from trace_tools.strategies.declarations import full_name
+
+    if value is None:
+        return None
+    return full_name(value) if isinstance(value, str) else [full_name(name) for name in value]
 
 
 def out_option(help: str) -> Any:

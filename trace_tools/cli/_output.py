@@ -26,6 +26,21 @@ class _VisibleConsole(Console):
             for text, style, control in buffer
         )
 
+    def on_broken_pipe(self) -> None:
+        """A reader that stopped early (`trace-tools compare ... | head`) is no failure: exit 0
+        quietly, not with rich's 1, which is the "check failed" code (docs/commands.md)."""
+        closed_pipe_exit()
+
+
+def closed_pipe_exit() -> None:
+    """Stop writing to a stdout whose reader has gone (Python's advice: point it at devnull, so the
+    interpreter's final flush cannot fail again) and exit 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(0)
+
 
 console = _VisibleConsole()
 err_console = _VisibleConsole(stderr=True)

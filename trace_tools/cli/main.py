@@ -89,6 +89,10 @@ def _guard(command):
             return command(*args, **kwargs)
         except TraceToolsError as exc:
             _fail(str(exc), exc.exit_code)
+        except BrokenPipeError:  # the reader of stdout stopped early (`| head`): not an error
+            from trace_tools.cli._output import closed_pipe_exit
+
+            closed_pipe_exit()
         except OSError as exc:  # the file system refused something the library did not foresee
             _fail(f"{exc}; check the path, its permissions and the free space", 2)
         except KeyboardInterrupt:
@@ -116,7 +120,34 @@ _register()
 
 
 def main() -> None:
-    app()
+    """Run the app; click's own usage errors (a missing argument, an unknown option) become the
+    one-line `Error:` of every other usage error, exit 2, instead of typer's boxed panel."""
+    import sys
+
+    import click
+
+    try:
+        code = app(standalone_mode=False)
+    except click.UsageError as exc:
+        from trace_tools.cli._output import error
+
+        if not exc.format_message():  # `trace-tools` alone: the help was the answer
+            sys.exit(exc.exit_code)
+        command = exc.ctx.command_path if exc.ctx else "trace-tools"
+        error(f"{exc.format_message()} (see `{command} -h`)")
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        from trace_tools.cli._output import error
+
+        error(exc.format_message())
+        sys.exit(exc.exit_code)
+    except click.Abort:  # Ctrl-C at a prompt
+        sys.exit(130)
+    except BrokenPipeError:
+        from trace_tools.cli._output import closed_pipe_exit
+
+        closed_pipe_exit()
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
