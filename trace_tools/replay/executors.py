@@ -37,6 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from multiprocessing import resource_tracker
 from types import FrameType
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
@@ -63,6 +64,26 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+# Below this many turns a dump replays in this process by default: on the bundled sample (330 turns)
+# starting the worker pool cost more than it saved (docs/performance.md#workers).
+SMALL_DUMP_TURNS = 1000
+
+
+def auto_workers(dump: Any) -> int:
+    """`default_workers()`, except 1 for a local dump of fewer than `SMALL_DUMP_TURNS` turns (rows,
+    read from the Parquet footers) when `$TRACE_TOOLS_WORKERS` does not say otherwise."""
+    if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit() or not isinstance(dump, Path):
+        return default_workers()
+    import pyarrow.parquet as pq
+
+    files = sorted(dump.rglob("*.parquet")) if dump.is_dir() else [dump]
+    try:
+        rows = sum(pq.read_metadata(file).num_rows for file in files)
+    except (OSError, ValueError):  # not Parquet: the loader says so with its own message
+        return default_workers()
+    return 1 if rows < SMALL_DUMP_TURNS else default_workers()
 
 
 def check_executor(executor: str, workers: int) -> None:

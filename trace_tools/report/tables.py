@@ -16,6 +16,7 @@ from typing import Any
 from rich.text import Text
 
 from trace_tools.io import storage
+from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import load_run_info, read_table
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
@@ -194,7 +195,7 @@ def next_steps(run_dir: Path | str) -> list[str]:
         session, turn, cause = worst
         lines += [
             f"  why the session that drifted most drifted at turn {turn} ({cause}):",
-            f"    trace-tools explain {_shown(dump)} --session {_shown(session)} --turn {turn}",
+            f"    trace-tools explain {_shown(shown_dump(dump))} --session {_shown(session)} --turn {turn}",
         ]
     lines += [
         "  fail CI when a metric regresses (rules format: trace-tools gate -h):",
