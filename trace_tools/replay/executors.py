@@ -36,8 +36,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from multiprocessing import resource_tracker
-from types import FrameType
 from pathlib import Path
+from types import FrameType
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
