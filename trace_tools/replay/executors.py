@@ -41,7 +41,7 @@ from types import FrameType
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
-from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
 from trace_tools.io.load import DumpContext, SessionSlot, materialize_ids, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
@@ -310,7 +310,7 @@ def _connect(workers: int, address: str | None) -> Any:
     try:
         import ray
     except ImportError:
-        raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
+        raise TraceToolsError(f"--executor ray needs Ray: {install_hint('ray')}") from None
     if not ray.is_initialized():
         _check_reachable(address)
         # With an address the cluster decides the CPUs; None is ray.init's own default.
