@@ -57,7 +57,7 @@ def without_trl(monkeypatch):
         (["--param", "fork_treshold=3"], "unknown strategy parameter 'fork_treshold' (did you mean 'fork_threshold'?)"),
         (["--param", "rollback=maybe"], "invalid rollback 'maybe' (a boolean); choose one of: true"),
         (["--param", "rollback"], "--param takes KEY=VALUE"),
-        (["-s", "tre"], "unknown strategy 'tre' (did you mean 'tree'?); choose one of: chains, checkpoint-tree"),
+        (["-s", "tre"], "unknown strategy 'tre' (did you mean 'tree'?); choose one of: areal, chains, checkpoint-tree"),
         (["--tokenizer", "qwen3.6"], "unknown tokenizer 'qwen3.6' (did you mean 'qwen3.5' or 'qwen3'?)"),
         (["--matcher", "strickt"], "invalid matcher 'strickt' (did you mean 'strict'?); choose one of: strict"),
     ],
