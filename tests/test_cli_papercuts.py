@@ -4,6 +4,7 @@ copied from the terminal."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,19 @@ def test_the_bundled_sample_is_shown_and_taken_as_sample_traces(sample_run, tmp_
     # the hint works from any directory: `sample_traces/` names the bundled sample where no such path exists
     result = _cli(*hint.split()[1:], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_install_hints_use_the_repository_not_a_package_index():
+    """trace-tools is not on a package index: no hint, doc or CI example may say `pip install "trace-tools[...]"`."""
+    index_install = re.compile(r"pip install\s+['\"]?trace-tools\[")
+    files = [
+        *(REPO / "trace_tools").rglob("*.py"),
+        *(REPO / "docs").rglob("*.md"),
+        *(REPO / "docs" / "ci").glob("*.yml"),
+    ]
+    offenders = [str(f.relative_to(REPO)) for f in [*files, REPO / "README.md"] if index_install.search(f.read_text())]
+    assert offenders == []
+    for example in (REPO / "docs" / "ci").glob("*.yml"):
+        text = example.read_text()
+        assert 'pip install "./trace-tools[templates]"' in text and "download.pytorch.org/whl/cpu" in text
+        assert text.index("whl/cpu") < text.index("./trace-tools[templates]")  # the CPU torch first

@@ -49,7 +49,7 @@ err_console = _VisibleConsole(stderr=True)
 FAMILY_CHOICES = " | ".join(FAMILY_NAMES)
 TOKENIZER_HELP = (
     f"Tokenizer: {' | '.join(tokenizer_choices())} | a HF model id such as Qwen/Qwen3-8B (its local HF "
-    "cache, else its family's; docs/model_families.md#model-ids) | path to a HF tokenizer dir"
+    "cache, else its family's) | path to a HF tokenizer dir"
 )
 TEMPLATE_HELP = f"Template file, or {' / '.join(FAMILY_NAMES)} / trl:<name>"
 TOOL_FORMAT_HELP = (

@@ -9,9 +9,12 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import shutil
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperCommand
 
 app = typer.Typer(
     name="trace-tools",
@@ -65,10 +68,23 @@ COMMANDS = [
 GROUPS = [("cache", "cmd_cache", "cache_app", [("info", "info_cmd"), ("clear", "clear_cmd")])]
 
 
+# Below this width rich's option table (five name columns) leaves a command's descriptions about 25
+# cells; click's plain layout gives them the rest of the line.
+RICH_HELP_MIN_WIDTH = 100
+
+
+class _Command(TyperCommand):
+    """A command whose `--help` is rich's boxed table on wide terminals and click's plain layout on narrow ones."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.rich_markup_mode = "rich" if shutil.get_terminal_size().columns >= RICH_HELP_MIN_WIDTH else None
+        super().format_help(ctx, formatter)
+
+
 def _register() -> None:
     for name, module, func in COMMANDS:
         mod = importlib.import_module(f"trace_tools.cli.{module}")
-        app.command(name)(_guard(getattr(mod, func)))
+        app.command(name, cls=_Command)(_guard(getattr(mod, func)))
     for group, module, sub_app, commands in GROUPS:
         mod = importlib.import_module(f"trace_tools.cli.{module}")
         for name, func in commands:

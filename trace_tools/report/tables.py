@@ -20,6 +20,7 @@ from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import load_run_info, read_table
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
+from trace_tools.report.verdict import verdict_lines
 from trace_tools.strategies.declarations import counter_applies
 
 HEADLINE_NOTE = (
@@ -39,9 +40,14 @@ COUNTERS_NOTE = (
 )
 
 
-def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None = None) -> list[Any]:
-    """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
-    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
+def summary_view(
+    summary: dict[str, Any], width: int, run_dir: Path | str | None = None, gateway: str | None = None
+) -> list[Any]:
+    """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells: the
+    verdict first (`report.verdict`, narrowed to `gateway`), then the tables."""
+    verdict = [Text(line) for line in verdict_lines(summary, gateway)]
+    out: list[Any] = _section("Verdict", verdict) if verdict else []
+    out += [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
         f"What each strategy would train ({_replayed(summary)})",
         headline_tables(summary, width),

@@ -22,6 +22,7 @@ from trace_tools.report.html.sessions import build_sessions
 from trace_tools.report.layout import ABSENT, count, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
+from trace_tools.report.verdict import verdict_lines
 
 REPORT_NAME = "report.html"
 
@@ -75,6 +76,7 @@ def render_html(
         "plots": overview.inline_plots(run_dir / "plots"),
         "counterfactual_note": COUNTERFACTUAL_NOTE,
         "upstream_lines": upstream_lines(summary),
+        "verdict": verdict_lines(summary),
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
