@@ -91,6 +91,7 @@ def test_the_bundled_sample_is_shown_and_taken_as_sample_traces(sample_run, tmp_
     assert shown_dump(str(sample_dir())) == "sample_traces/"
     hint = next(line for line in next_steps(sample_run.run_dir) if "trace-tools explain" in line)
     assert "trace-tools explain sample_traces/ --session" in hint and "site-packages" not in hint
+    assert "dump sample_traces/ · created" in (sample_run.run_dir / "report.html").read_text()
     # the hint works from any directory: `sample_traces/` names the bundled sample where no such path exists
     result = _cli(*hint.split()[1:], cwd=tmp_path)
     assert result.returncode == 0, result.stderr

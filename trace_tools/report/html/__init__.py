@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import require_run
 from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import BIDI, visible_bidi
@@ -113,7 +114,7 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {
         "name": run_dir.resolve().name,
         "created_at": info.get("created_at", ""),
-        "dump": (info.get("inputs") or {}).get("dump", ""),
+        "dump": shown_dump((info.get("inputs") or {}).get("dump", "")),
         "version": info.get("trace_tools_version", ""),
     }
 
