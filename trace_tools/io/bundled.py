@@ -40,7 +40,7 @@ def shown_dump(dump: str) -> str:
     """How messages name a dump: the bundled sample as `sample_traces/` (every command takes that
     name, `bundled_or`), never the site-packages path it was installed to; other dumps as given."""
     sample = sample_dir()
-    if sample is not None and not is_uri(dump) and Path(dump).resolve() == sample.resolve():
+    if dump and sample is not None and not is_uri(dump) and Path(dump).resolve() == sample.resolve():
         return SAMPLE_NAME
     return dump
 

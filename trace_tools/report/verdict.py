@@ -1,5 +1,5 @@
 """The verdict a replay opens with: what each upstream system trains on this dump, which tool's
-turns lose the most and why, and per cause what fixes it (docs/report_html.md#the-verdict).
+turns lose the most and why, and per cause what fixes it (docs/commands.md#the-verdict).
 
 Every number comes from the run's summary (`summary.json`): per strategy its coverage, its coverage
 by tool and its tokens lost per drift cause. Nothing is canned: a cause no strategy loses tokens to
