@@ -194,6 +194,6 @@ def report_cmd(
 
 def _print_summary(console, summary: dict, run_dir: Path | str, gateway: str | None = None) -> None:
     from trace_tools.cli._output import print_all
-    from trace_tools.report.tables import summary_view
+    from trace_tools.report.tables import summary_view, verdict_view
 
-    print_all(summary_view(summary, console.width, run_dir, gateway))
+    print_all([*verdict_view(summary, gateway), *summary_view(summary, console.width, run_dir)])

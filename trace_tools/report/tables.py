@@ -40,14 +40,15 @@ COUNTERS_NOTE = (
 )
 
 
-def summary_view(
-    summary: dict[str, Any], width: int, run_dir: Path | str | None = None, gateway: str | None = None
-) -> list[Any]:
-    """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells: the
-    verdict first (`report.verdict`, narrowed to `gateway`), then the tables."""
+def verdict_view(summary: dict[str, Any], gateway: str | None = None) -> list[Any]:
+    """The verdict `replay` and `report` open with (`report.verdict`), narrowed to `gateway`."""
     verdict = [Text(line) for line in verdict_lines(summary, gateway)]
-    out: list[Any] = _section("Verdict", verdict) if verdict else []
-    out += [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
+    return _section("Verdict", verdict) if verdict else []
+
+
+def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None = None) -> list[Any]:
+    """Everything `trace-tools replay` and `report` print for a run after the verdict, fitted to `width` cells."""
+    out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
         f"What each strategy would train ({_replayed(summary)})",
         headline_tables(summary, width),
