@@ -112,6 +112,17 @@ def test_exit_code_follows_the_chosen_strategies(strategy, code):
     assert result.exit_code == code, result.output
     assert "prefix_stability" in result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
+    # The last line says why the exit code is what it is, naming what failed (issue 40).
+    last = " ".join(result.output.split()).rsplit("relies on: ", 1)[1]
+    if code:
+        assert "exit 1: a check a chosen strategy relies on fails (linear relies on prefix_stability" in last
+    else:
+        assert "exit 0: " in last and "prefix_stability" in last and "no chosen strategy relies on them" in last
+
+
+def test_a_short_label_chooses_the_strategy_it_labels():
+    result = CliRunner().invoke(app, ["audit-template", "--chat-template", str(SAMPLE), "-s", "ckpt"])
+    assert result.exit_code == 0 and "checkpoint-tree" in result.output
 
 
 def test_json_output_and_usage_errors():

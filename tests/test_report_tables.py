@@ -360,7 +360,14 @@ def test_wording_singular_no_negative_zero_and_footnotes_only_for_what_shows():
     from trace_tools.report.layout import count, signed_pct
 
     assert (count(1, "session"), count(2, "session"), count(1234, "turn")) == ("1 session", "2 sessions", "1,234 turns")
-    assert [signed_pct(x) for x in (-0.0004, 0.0, 0.0004, -0.029, 0.032)] == ["0.0%", "0.0%", "0.0%", "-2.9%", "+3.2%"]
+    assert [signed_pct(x) for x in (-0.0004, 0.0, 0.0004, -0.029, 0.032, -1e-9)] == [
+        "-0.04%",
+        "0.0%",
+        "+0.04%",
+        "-2.9%",
+        "+3.2%",
+        "-<0.001%",
+    ]
     text = render(summary_view(_one_strategy("linear"), 80), 80)
     assert "(1 session, " in text and "1 sessions" not in text
     assert "saved vs" not in text and "* =" not in text  # no tree in the run: no savings column, no footnote for it

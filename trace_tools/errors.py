@@ -6,6 +6,12 @@ import difflib
 from collections.abc import Iterable
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra: trace-tools is installed from its repository, not a package index
+    (docs/install.md#extras)."""
+    return f'pip install ".[{extra}]" in a clone of the trace-tools repository (docs/install.md#extras)'
+
+
 class TraceToolsError(Exception):
     """Base class: a user-facing problem with a clean message, never shown with a traceback."""
 

@@ -321,7 +321,9 @@ class ModelFamily:
     template allows one); `content_with_calls` (a call turn may carry text); `call_opener` (the
     token a truncated call starts after). `tito`: miles' row (None: miles' `default`).
     `audit_stems`: TRL template stems (prefixes) that `audit-template trl:all` audits with this
-    family's own tokenizer.
+    family's own tokenizer. `hub_ids`: Hugging Face model ids that ship this family's template and
+    tokenizer, so `--tokenizer MODEL_ID` resolves to them (a local HF cache of the id wins; see
+    docs/model_families.md#model-ids).
     """
 
     name: str
@@ -339,6 +341,7 @@ class ModelFamily:
     call_opener: str | None = "<tool_call>"
     tito: TitoFamily | None = None
     audit_stems: tuple[str, ...] = ()
+    hub_ids: tuple[str, ...] = ()
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -363,6 +366,16 @@ FAMILIES: dict[str, ModelFamily] = {
             "`<think>…</think>`",
             tito=TitoFamily("qwen3", "<|im_end|>", 0, _PRESERVE_THINK),
             audit_stems=("qwen3",),
+            hub_ids=(
+                "Qwen/Qwen3-0.6B",
+                "Qwen/Qwen3-1.7B",
+                "Qwen/Qwen3-4B",
+                "Qwen/Qwen3-8B",
+                "Qwen/Qwen3-14B",
+                "Qwen/Qwen3-32B",
+                "Qwen/Qwen3-30B-A3B",
+                "Qwen/Qwen3-235B-A22B",
+            ),
         ),
         ModelFamily(
             "qwen3.5",
@@ -376,6 +389,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "prompt opens `<think>`",
             tito=TitoFamily("qwen35", "<|im_end|>", 0, _PRESERVE_THINK, frozenset({"tool", "user", "assistant"})),
             audit_stems=("qwen3_5", "qwen3_6", "qwen3_8"),
+            hub_ids=("Qwen/Qwen3.5-4B",),
         ),
         ModelFamily(
             "glm4.5",
@@ -388,6 +402,10 @@ FAMILIES: dict[str, ModelFamily] = {
             ("<arg_key>", "<arg_value>"),
             "`<think>…</think>`",
             tito=TitoFamily("glm47", None, 1, _PRESERVE_THINK, dropped_boundaries=("<|observation|>", "<|user|>")),
+            hub_ids=(
+                "zai-org/GLM-4.5",
+                "zai-org/GLM-4.5-Air",
+            ),
         ),
         ModelFamily(
             "deepseek-v3",
@@ -401,6 +419,10 @@ FAMILIES: dict[str, ModelFamily] = {
             "prompt opens `<think>` after a user turn",
             reasoning="when_opened",
             call_opener="<｜tool▁calls▁begin｜>",
+            hub_ids=(
+                "deepseek-ai/DeepSeek-V3",
+                "deepseek-ai/DeepSeek-V3-0324",
+            ),
         ),
         ModelFamily(
             "gpt-oss",
@@ -415,6 +437,10 @@ FAMILIES: dict[str, ModelFamily] = {
             one_call_per_turn=True,
             content_with_calls=False,
             call_opener="<|start|>",
+            hub_ids=(
+                "openai/gpt-oss-20b",
+                "openai/gpt-oss-120b",
+            ),
         ),
         ModelFamily(
             "llama3.1",
@@ -430,6 +456,11 @@ FAMILIES: dict[str, ModelFamily] = {
             one_call_per_turn=True,
             content_with_calls=False,
             call_opener=None,
+            hub_ids=(
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "meta-llama/Llama-3.1-70B-Instruct",
+                "meta-llama/Llama-3.1-405B-Instruct",
+            ),
         ),
     )
 }
@@ -446,6 +477,10 @@ TITO_FAMILIES: dict[str, TitoFamily] = {
     TITO_DEFAULT.name: TITO_DEFAULT,
     **{family.tito.name: family.tito for family in FAMILIES.values() if family.tito},
 }
+
+
+# `--tokenizer MODEL_ID`: every listed Hugging Face id (lower-cased, as the hub matches them) -> its family.
+HUB_IDS: dict[str, str] = {hub_id.lower(): family.name for family in FAMILIES.values() for hub_id in family.hub_ids}
 
 
 def tito_family_of(family: str) -> str:

@@ -31,7 +31,22 @@ def template_option(help: str) -> Any:
 
 
 def strategy_option(help: str) -> Any:
-    return typer.Option("--strategy", "-s", help=help)
+    """`--strategy/-s`, taking a name or the short label the terminal tables print (`ckpt`)."""
+    return typer.Option("--strategy", "-s", help=help, callback=_full_names)
+
+
+def _bundled_or(value: str) -> str:
+    from trace_tools.io.bundled import bundled_or
+
+    return bundled_or(value)
+
+
+def _full_names(value: Any) -> Any:
+    from trace_tools.strategies.declarations import full_name
+
+    if value is None:
+        return None
+    return full_name(value) if isinstance(value, str) else [full_name(name) for name in value]
 
 
 def out_option(help: str) -> Any:
@@ -47,7 +62,13 @@ def strict_option(help: str) -> Any:
 
 
 # -- the inputs ------------------------------------------------------------------------------------
-DumpArg = Annotated[str, typer.Argument(help="Parquet file or directory of them, a path or a URI.")]
+DumpArg = Annotated[
+    str,
+    typer.Argument(
+        help="Parquet file or directory of them, a path or a URI (sample_traces/: the bundled sample).",
+        callback=lambda value: _bundled_or(value),
+    ),
+]
 RunArg = Annotated[str, typer.Argument(help="A finished run directory, a path or a URI.")]
 
 # -- how prompts are rendered: the commands that re-render a dump's turns ----------------------------

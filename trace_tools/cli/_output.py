@@ -26,13 +26,31 @@ class _VisibleConsole(Console):
             for text, style, control in buffer
         )
 
+    def on_broken_pipe(self) -> None:
+        """A reader that stopped early (`trace-tools compare ... | head`) is no failure: exit 0
+        quietly, not with rich's 1, which is the "check failed" code (docs/commands.md)."""
+        closed_pipe_exit()
+
+
+def closed_pipe_exit() -> None:
+    """Stop writing to a stdout whose reader has gone (Python's advice: point it at devnull, so the
+    interpreter's final flush cannot fail again) and exit 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(0)
+
 
 console = _VisibleConsole()
 err_console = _VisibleConsole(stderr=True)
 
 # Option help shared by the commands that render prompts, listing the family records' names.
 FAMILY_CHOICES = " | ".join(FAMILY_NAMES)
-TOKENIZER_HELP = f"Tokenizer: {' | '.join(tokenizer_choices())} | path to a HF tokenizer dir"
+TOKENIZER_HELP = (
+    f"Tokenizer: {' | '.join(tokenizer_choices())} | a HF model id such as Qwen/Qwen3-8B (its local HF "
+    "cache, else its family's) | path to a HF tokenizer dir"
+)
 TEMPLATE_HELP = f"Template file, or {' / '.join(FAMILY_NAMES)} / trl:<name>"
 TOOL_FORMAT_HELP = (
     f"Tool-call format of the responses, instead of the one detected from the template: {' | '.join(TOOL_FORMATS)}."

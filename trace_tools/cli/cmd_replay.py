@@ -33,6 +33,14 @@ DumpArg = Annotated[
         show_default=False,
     ),
 ]
+GatewayOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Your gateway's system (slime, miles, agentcore, uni-agent, ...: the strategies' upstream "
+        "systems): the verdict says what it trains here and what to switch on.",
+        show_default=False,
+    ),
+]
 INTERRUPTED = 130  # the shell's code for SIGINT
 
 
@@ -64,7 +72,8 @@ def replay_cmd(
     workers: Annotated[
         Optional[int],
         typer.Option(
-            help="Processes replaying sessions (default: the machine's cores; 1 = in this process); with "
+            help="Processes replaying sessions (default: the machine's cores, 1 for a dump under 1,000 turns; "
+            "1 = in this process); with "
             "--executor ray, the CPUs of the local Ray it starts (with --address, the cluster's CPUs count)."
         ),
     ] = None,
@@ -82,6 +91,7 @@ def replay_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a run made with other options in --out.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any session was quarantined.")] = False,
     json_out: Annotated[bool, json_option("Print summary.json instead of tables.")] = False,
+    gateway: GatewayOpt = None,
     reference: ReferenceOpt = False,
     verify: VerifyOpt = False,
     flags: Optional[dict[str, Any]] = None,
@@ -98,7 +108,9 @@ def replay_cmd(
     from trace_tools.options import parse_assignments
     from trace_tools.replay.engine import default_dump, default_run_dir
     from trace_tools.report.tables import next_steps
+    from trace_tools.report.verdict import check_gateway
 
+    check_gateway(gateway)  # before any work
     params = {**(flags or {}), **parse_assignments(param)}
     path = render_path(reference, verify)
     out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
@@ -134,7 +146,7 @@ def replay_cmd(
     if json_out:
         print_json(result.summary)
     else:
-        _print_summary(console, result.summary, result.run_dir)
+        _print_summary(console, result.summary, result.run_dir, gateway)
         if result.ray:
             ray, replayed = result.ray, max(result.sessions_replayed, 1)
             note(
@@ -159,6 +171,7 @@ def report_cmd(
         bool, typer.Option("--html", help="Also write RUN/report.html (self-contained; open it in a browser).")
     ] = False,
     json_out: Annotated[bool, json_option("Print summary.json.")] = False,
+    gateway: GatewayOpt = None,
 ) -> None:
     """Re-render the report (report.md, plots, terminal tables; report.html with --html) of a finished run.
 
@@ -169,18 +182,20 @@ def report_cmd(
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.io import storage
     from trace_tools.report.rerender import rerender
+    from trace_tools.report.verdict import check_gateway
 
+    check_gateway(gateway)
     summary = rerender(run, html=html)
     if json_out:
         print_json(summary)
         return
-    _print_summary(console, summary, run)
+    _print_summary(console, summary, run, gateway)
     if html:
         note(f"report.html: {storage.join(storage.location(run), 'report.html')}")
 
 
-def _print_summary(console, summary: dict, run_dir: Path | str) -> None:
+def _print_summary(console, summary: dict, run_dir: Path | str, gateway: str | None = None) -> None:
     from trace_tools.cli._output import print_all
-    from trace_tools.report.tables import summary_view
+    from trace_tools.report.tables import summary_view, verdict_view
 
-    print_all(summary_view(summary, console.width, run_dir))
+    print_all([*verdict_view(summary, gateway), *summary_view(summary, console.width, run_dir)])

@@ -9,9 +9,12 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import shutil
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperCommand
 
 app = typer.Typer(
     name="trace-tools",
@@ -66,10 +69,23 @@ COMMANDS = [
 GROUPS = [("cache", "cmd_cache", "cache_app", [("info", "info_cmd"), ("clear", "clear_cmd")])]
 
 
+# Below this width rich's option table (five name columns) leaves a command's descriptions about 25
+# cells; click's plain layout gives them the rest of the line.
+RICH_HELP_MIN_WIDTH = 100
+
+
+class _Command(TyperCommand):
+    """A command whose `--help` is rich's boxed table on wide terminals and click's plain layout on narrow ones."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.rich_markup_mode = "rich" if shutil.get_terminal_size().columns >= RICH_HELP_MIN_WIDTH else None
+        super().format_help(ctx, formatter)
+
+
 def _register() -> None:
     for name, module, func in COMMANDS:
         mod = importlib.import_module(f"trace_tools.cli.{module}")
-        app.command(name)(_guard(getattr(mod, func)))
+        app.command(name, cls=_Command)(_guard(getattr(mod, func)))
     for group, module, sub_app, commands in GROUPS:
         mod = importlib.import_module(f"trace_tools.cli.{module}")
         for name, func in commands:
@@ -90,6 +106,10 @@ def _guard(command):
             return command(*args, **kwargs)
         except TraceToolsError as exc:
             _fail(str(exc), exc.exit_code)
+        except BrokenPipeError:  # the reader of stdout stopped early (`| head`): not an error
+            from trace_tools.cli._output import closed_pipe_exit
+
+            closed_pipe_exit()
         except OSError as exc:  # the file system refused something the library did not foresee
             _fail(f"{exc}; check the path, its permissions and the free space", 2)
         except KeyboardInterrupt:
@@ -117,7 +137,34 @@ _register()
 
 
 def main() -> None:
-    app()
+    """Run the app; click's own usage errors (a missing argument, an unknown option) become the
+    one-line `Error:` of every other usage error, exit 2, instead of typer's boxed panel."""
+    import sys
+
+    import click
+
+    try:
+        code = app(standalone_mode=False)
+    except click.UsageError as exc:
+        from trace_tools.cli._output import error
+
+        if not exc.format_message():  # `trace-tools` alone: the help was the answer
+            sys.exit(exc.exit_code)
+        command = exc.ctx.command_path if exc.ctx else "trace-tools"
+        error(f"{exc.format_message()} (see `{command} -h`)")
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        from trace_tools.cli._output import error
+
+        error(exc.format_message())
+        sys.exit(exc.exit_code)
+    except click.Abort:  # Ctrl-C at a prompt
+        sys.exit(130)
+    except BrokenPipeError:
+        from trace_tools.cli._output import closed_pipe_exit
+
+        closed_pipe_exit()
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -184,23 +184,30 @@ def quarantine_path(out: Path) -> Path:
 
 
 def _recording_meta(report: ImportReport, tokenizer: str | None, chat_template: str | None) -> DumpMeta:
+    """The dump's metadata: the tokenizer as given (it must resolve: exit 2 before anything is read)
+    and the template text, from `chat_template` or else the tokenizer's own."""
     from trace_tools.errors import TemplateNotFound
     from trace_tools.io.vocab import vocab_size_for
     from trace_tools.render.templates import resolve_template
+    from trace_tools.render.tokenizer import check_tokenizer_name
 
+    source = check_tokenizer_name(tokenizer) if tokenizer else None
     report.vocab_size = vocab_size_for(tokenizer)
     if tokenizer and report.vocab_size is None:
         report.warnings.append(f"vocabulary size of tokenizer {tokenizer!r} is unknown; out-of-vocab check skipped")
     if not tokenizer:
         report.warnings.append("no --tokenizer: out-of-vocab check skipped and the dump names no tokenizer")
     text = None
-    if chat_template or tokenizer:
+    if chat_template or source:
         try:
-            text, report.chat_template = resolve_template(chat_template, tokenizer_name=tokenizer)
+            text, report.chat_template = resolve_template(chat_template, tokenizer_name=source)
         except TemplateNotFound as missing:
             if chat_template:
                 raise
-            report.warnings.append(f"no chat template embedded ({missing}); replay will need --chat-template")
+            report.warnings.append(
+                f"no chat template embedded: tokenizer {tokenizer!r} brings none ({missing}); "
+                "replay will need --chat-template"
+            )
     return DumpMeta(tokenizer=tokenizer, chat_template=text, extra={})
 
 

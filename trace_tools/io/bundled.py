@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from trace_tools.io.storage import is_uri
+
 _TOKENIZER_KEY = b"trace_tools.tokenizer"
 _TEMPLATE_KEY = b"trace_tools.chat_template"
 
@@ -29,6 +31,26 @@ def sample_dir() -> Path | None:
         pass
     checkout = Path(__file__).resolve().parents[2] / "sample_traces"
     return checkout if any(checkout.glob("*.parquet")) else None
+
+
+SAMPLE_NAME = "sample_traces/"
+
+
+def shown_dump(dump: str) -> str:
+    """How messages name a dump: the bundled sample as `sample_traces/` (every command takes that
+    name, `bundled_or`), never the site-packages path it was installed to; other dumps as given."""
+    sample = sample_dir()
+    if dump and sample is not None and not is_uri(dump) and Path(dump).resolve() == sample.resolve():
+        return SAMPLE_NAME
+    return dump
+
+
+def bundled_or(dump: str) -> str:
+    """`dump`, or the bundled sample's path when `dump` is `sample_traces/` and no such path exists here."""
+    if dump.rstrip("/") == SAMPLE_NAME.rstrip("/") and not Path(dump).exists():
+        sample = sample_dir()
+        return str(sample) if sample is not None else dump
+    return dump
 
 
 @lru_cache(maxsize=4)

@@ -10,36 +10,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trace_tools.errors import UnknownName
 from trace_tools.families import TOKENIZERS
+from trace_tools.io.tokenizer_ref import find_tokenizer, is_local_tokenizer, resolve_tokenizer
 
 # Full size including added tokens: one past the largest id.
 BUILTIN_VOCAB_SIZES = {name: tokenizer.vocab_size for name, tokenizer in TOKENIZERS.items()}
 
 
-def is_local_tokenizer(name_or_path: str) -> bool:
-    """A tokenizer directory holding tokenizer.json, or a tokenizer .json file."""
-    path = Path(name_or_path).expanduser()
-    return (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json"))
+__all__ = ["BUILTIN_VOCAB_SIZES", "check_tokenizer_known", "is_local_tokenizer", "vocab_size_for"]
 
 
 def check_tokenizer_known(name_or_path: str) -> None:
-    """Raise `UnknownName` (exit 2) unless the name is a built-in tokenizer or a local one."""
-    if name_or_path not in BUILTIN_VOCAB_SIZES and not is_local_tokenizer(name_or_path):
-        raise UnknownName(
-            "tokenizer",
-            name_or_path,
-            [*BUILTIN_VOCAB_SIZES, "a local directory containing tokenizer.json (--tokenizer PATH)"],
-        )
+    """Raise `UnknownName` (exit 2) unless the value names a tokenizer (`io.tokenizer_ref`)."""
+    resolve_tokenizer(name_or_path)
 
 
 def vocab_size_for(name_or_path: str | None) -> int | None:
-    """The vocabulary bound of a built-in tokenizer name or a local tokenizer; None if unknown."""
-    if not name_or_path:
+    """The vocabulary bound of the tokenizer a `--tokenizer` value names; None if it names none."""
+    found = find_tokenizer(name_or_path) if name_or_path else None
+    if found is None:
         return None
-    if name_or_path in BUILTIN_VOCAB_SIZES:
-        return BUILTIN_VOCAB_SIZES[name_or_path]
-    path = Path(name_or_path).expanduser()
+    if found.builtin:
+        return BUILTIN_VOCAB_SIZES[found.source]
+    path = Path(found.source).expanduser()
     file = path / "tokenizer.json" if path.is_dir() else path
     if not (file.is_file() and file.name.endswith(".json")):
         return None

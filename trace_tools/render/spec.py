@@ -79,7 +79,7 @@ class RenderSpec:
             raise TraceToolsError(
                 "no tokenizer: the dump names none (`trace_tools.tokenizer`); pass `--tokenizer NAME|PATH`"
             )
-        check_tokenizer_name(name)  # first, so a wrong name is reported as a tokenizer, not a template
+        name = check_tokenizer_name(name)  # first, so a wrong name is reported as a tokenizer, not a template
         text, identity = resolve_template(
             chat_template, tokenizer_name=name, dump_template=dump_meta.chat_template if dump_meta else None
         )

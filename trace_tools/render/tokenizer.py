@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from trace_tools.errors import UnknownName
 from trace_tools.ids import interned
+from trace_tools.io.tokenizer_ref import find_tokenizer, resolve_tokenizer
 from trace_tools.io.vocab import BUILTIN_VOCAB_SIZES, is_local_tokenizer, vocab_size_for  # noqa: F401 (re-exported)
 from trace_tools.render.fast_encoder import FastEncoder
 from trace_tools.render.tokenizer_files import (  # noqa: F401 (re-exported)
@@ -178,12 +179,12 @@ def known_names() -> tuple[str, ...]:
     return (*RECIPES, *PACKAGED)
 
 
-def check_tokenizer_name(name_or_path: str) -> None:
-    """Raise `UnknownName` unless `load_tokenizer` would find this tokenizer (nothing is loaded)."""
-    if name_or_path in RECIPES or name_or_path in PACKAGED or is_local_tokenizer(name_or_path):
-        return
-    fix = NO_PACKAGE.get(name_or_path, "a local directory containing tokenizer.json (--tokenizer PATH)")
-    raise UnknownName("tokenizer", name_or_path, [*known_names(), fix])
+def check_tokenizer_name(name_or_path: str) -> str:
+    """The built-in name or local path that `load_tokenizer` would load for this `--tokenizer` value
+    (`io.tokenizer_ref`); `UnknownName` (exit 2) when it names none. Nothing is loaded."""
+    if name_or_path in NO_PACKAGE:  # a family whose tokenizer no package ships: say what to pass instead
+        raise UnknownName("tokenizer", name_or_path, [*known_names(), NO_PACKAGE[name_or_path]])
+    return resolve_tokenizer(name_or_path).source
 
 
 def _has_fast_encoder(name: str, source_dir: Path | None) -> bool:
@@ -196,8 +197,12 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     """A built-in name (`known_names()`), or a local tokenizer directory / tokenizer.json file.
 
     Built-in names are converted once and cached on disk; the loaded object is memoised per
-    process (it is immutable apart from the lazily built `.hf`).
+    process (it is immutable apart from the lazily built `.hf`). A model id resolves first
+    (`io.tokenizer_ref`).
     """
+    found = find_tokenizer(name_or_path)
+    if found is not None and found.source != name_or_path:
+        return load_tokenizer(found.source)
     if name_or_path in RECIPES:
         return Tokenizer(name_or_path, ensure_tokenizer_json(name_or_path))
     if name_or_path in PACKAGED:

@@ -33,7 +33,14 @@ from trace_tools.io.bundled import sample_dir
 from trace_tools.io.storage import Location
 from trace_tools.pipeline import Pipeline
 from trace_tools.render.harness_identity import resolve_auto_profile
-from trace_tools.replay.executors import RayStats, check_executor, default_workers, ray_results, run_sessions
+from trace_tools.replay.executors import (
+    RayStats,
+    auto_workers,
+    check_executor,
+    default_workers,
+    ray_results,
+    run_sessions,
+)
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
 from trace_tools.strategies.registry import available_strategies
@@ -109,9 +116,9 @@ def run(
     when an upload failed. `owns_process`: the caller owns this process (the command
     line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
 
-    workers = workers or default_workers()
-    check_executor(executor, workers)
     dump_path = storage.location(dump) if dump is not None else default_dump()
+    workers = workers or (auto_workers(dump_path) if executor == "local" else default_workers())
+    check_executor(executor, workers)
     options.strategies = list(options.strategies or available_strategies())
     check_options(options)  # the one check of the strategy names and parameters, before any work
     pipeline = Pipeline(

@@ -36,11 +36,12 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from multiprocessing import resource_tracker
+from pathlib import Path
 from types import FrameType
 from typing import Any, Iterable, Iterator
 
 from trace_tools.data import Session
-from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
+from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
 from trace_tools.io.load import DumpContext, SessionSlot, materialize_ids, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
@@ -74,6 +75,26 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+# Below this many turns a dump replays in this process by default: on the bundled sample (330 turns)
+# starting the worker pool cost more than it saved (docs/performance.md#workers).
+SMALL_DUMP_TURNS = 1000
+
+
+def auto_workers(dump: Any) -> int:
+    """`default_workers()`, except 1 for a local dump of fewer than `SMALL_DUMP_TURNS` turns (rows,
+    read from the Parquet footers) when `$TRACE_TOOLS_WORKERS` does not say otherwise."""
+    if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit() or not isinstance(dump, Path):
+        return default_workers()
+    import pyarrow.parquet as pq
+
+    files = sorted(dump.rglob("*.parquet")) if dump.is_dir() else [dump]
+    try:
+        rows = sum(pq.read_metadata(file).num_rows for file in files)
+    except (OSError, ValueError):  # not Parquet: the loader says so with its own message
+        return default_workers()
+    return 1 if rows < SMALL_DUMP_TURNS else default_workers()
 
 
 def check_executor(executor: str, workers: int) -> None:
@@ -303,7 +324,7 @@ def _connect(workers: int, address: str | None, nice: int = RAY_NICE) -> Any:
     try:
         import ray
     except ImportError:
-        raise TraceToolsError('--executor ray needs Ray; install it with `pip install "trace-tools[ray]"`') from None
+        raise TraceToolsError(f"--executor ray needs Ray: {install_hint('ray')}") from None
     if not ray.is_initialized():
         _check_reachable(address)
         # With an address the cluster decides the CPUs; None is ray.init's own default.

@@ -41,8 +41,22 @@ def audit_templates(
 
 
 def audit_view(audits: Sequence[Audit]) -> list[Any]:
-    """What the terminal shows: one template's checks and strategy verdicts, or one line per template."""
-    return _one(audits[0]) if len(audits) == 1 else _many(audits)
+    """What the terminal shows: one template's checks and strategy verdicts, or one line per template,
+    then the line that says why the exit code is what it is."""
+    return [*(_one(audits[0]) if len(audits) == 1 else _many(audits)), Text(exit_reason(audits))]
+
+
+def exit_reason(audits: Sequence[Audit]) -> str:
+    """`exit 1: ...` naming the strategies and the failing checks they rely on, or `exit 0: ...`
+    saying which failing checks (if any) no chosen strategy relies on (docs/commands.md exit codes)."""
+    broken = {name: failing for audit in audits for name, failing in audit.failing.items() if failing}
+    if broken:
+        causes = "; ".join(f"{name} relies on {', '.join(failing)}" for name, failing in broken.items())
+        return f"exit 1: a check a chosen strategy relies on fails ({causes})"
+    failed = sorted({c.name for audit in audits for c in audit.checks if c.status == "fail"})
+    if failed:
+        return f"exit 0: {', '.join(failed)} fail, but no chosen strategy relies on them"
+    return "exit 0: every check holds"
 
 
 def _one(audit: Audit) -> list[Any]:

@@ -9,9 +9,10 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.data import behaviour_label
-from trace_tools.errors import TraceToolsError, UsageError
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError
 from trace_tools.io.rundir import load_summary, read_table
 from trace_tools.report.rerender import read_run
+from trace_tools.strategies.declarations import NAMES
 
 OUTCOME_COLUMNS = ["samples", "trained_tokens", "forwarded_tokens"]
 
@@ -75,6 +76,8 @@ def _require_strategies(run: str | Path, summary: dict[str, Any], names: list[st
     """Every named strategy was replayed in the run, else a usage error naming the ones it has."""
     have = list(summary["strategies"])
     for name in names:
+        if name not in have and name not in NAMES:  # a misspelling: suggest what the run has
+            raise UnknownName("strategy", name, have)
         if name not in have:
             raise UsageError(
                 f"run {run} has no strategy {name!r} (it has: {', '.join(have)}); "

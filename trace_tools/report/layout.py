@@ -38,9 +38,15 @@ def count(n: int, noun: str) -> str:
 
 
 def signed_pct(fraction: float, digits: int = 1) -> str:
-    """`+3.2%`, `-2.9%`, and `0.0%` for anything that rounds to zero (never `-0.0%` or `+0.0%`)."""
-    text = f"{100 * fraction:+.{digits}f}%"
-    return text[1:] if float(text[:-1]) == 0 else text
+    """`+3.2%`, `-2.9%`, `0.0%` for exactly zero; a change too small for `digits` keeps its sign
+    with up to two more digits (`-0.04%`), then `-<0.001%`: a tiny loss never reads as no change."""
+    if fraction == 0:
+        return f"{0:.{digits}f}%"
+    for shown in range(digits, digits + 3):
+        text = f"{100 * fraction:+.{shown}f}%"
+        if float(text[:-1]) != 0:
+            return text
+    return f"{'+' if fraction > 0 else '-'}<{10 ** -(digits + 2):.{digits + 2}f}%"
 
 
 def middle(text: str, limit: int = 24) -> str:

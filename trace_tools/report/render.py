@@ -13,6 +13,7 @@ from trace_tools.report.layout import ABSENT, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.plots import write_plots
 from trace_tools.report.samples_audit import audit_markdown
+from trace_tools.report.verdict import verdict_lines
 from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (
@@ -35,6 +36,14 @@ def write_report(
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
     audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples, nothing replayed
     lines = [f"# trace-tools {'audit-samples' if audit else 'replay'} report", ""]
+    verdict = verdict_lines(summary) if not audit else []
+    if verdict:
+        lines += [
+            "## Verdict",
+            "",
+            *(f"  - {line.strip()}" if line.startswith("  ") else f"- {line}" for line in verdict),
+            "",
+        ]
     lines += _overview(summary)
     upstream = upstream_lines(summary)
     if upstream:

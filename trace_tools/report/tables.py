@@ -16,9 +16,11 @@ from typing import Any
 from rich.text import Text
 
 from trace_tools.io import storage
+from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import load_run_info, read_table
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
+from trace_tools.report.verdict import verdict_lines
 from trace_tools.strategies.declarations import counter_applies
 
 HEADLINE_NOTE = (
@@ -38,8 +40,14 @@ COUNTERS_NOTE = (
 )
 
 
+def verdict_view(summary: dict[str, Any], gateway: str | None = None) -> list[Any]:
+    """The verdict `replay` and `report` open with (`report.verdict`), narrowed to `gateway`."""
+    verdict = [Text(line) for line in verdict_lines(summary, gateway)]
+    return _section("Verdict", verdict) if verdict else []
+
+
 def summary_view(summary: dict[str, Any], width: int, run_dir: Path | str | None = None) -> list[Any]:
-    """Everything `trace-tools replay` and `report` print for a run, fitted to `width` cells."""
+    """Everything `trace-tools replay` and `report` print for a run after the verdict, fitted to `width` cells."""
     out: list[Any] = [*quarantine_view(summary, run_dir), *notes_view(summary), *upstream_view(summary)]
     out += _section(
         f"What each strategy would train ({_replayed(summary)})",
@@ -194,7 +202,7 @@ def next_steps(run_dir: Path | str) -> list[str]:
         session, turn, cause = worst
         lines += [
             f"  why the session that drifted most drifted at turn {turn} ({cause}):",
-            f"    trace-tools explain {_shown(dump)} --session {_shown(session)} --turn {turn}",
+            f"    trace-tools explain {_shown(shown_dump(dump))} --session {_shown(session)} --turn {turn}",
         ]
     lines += [
         "  fail CI when a metric regresses (rules format: trace-tools gate -h):",

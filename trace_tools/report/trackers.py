@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_tools.errors import TraceToolsError, UnknownName, UsageError, did_you_mean
+from trace_tools.errors import TraceToolsError, UnknownName, UsageError, did_you_mean, install_hint
 from trace_tools.io.rundir import check_output_file, load_summary
 from trace_tools.io.write import write_text_atomic
 
@@ -180,7 +180,7 @@ def _require_extra(target: str) -> None:
 
     if target in EXTRAS and importlib.util.find_spec(EXTRAS[target][0]) is None:
         module, extra = EXTRAS[target]
-        raise TraceToolsError(f"--to {target} needs the {module} package: pip install 'trace-tools[{extra}]'")
+        raise TraceToolsError(f"--to {target} needs the {module} package: {install_hint(extra)}")
 
 
 def _write_jsonl(series: list[tuple[int, dict[str, float]]], out: Path, run: Path, overwrite: bool) -> Path:

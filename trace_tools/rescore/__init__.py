@@ -65,6 +65,6 @@ def __getattr__(name: str) -> Any:
 def require_torch() -> None:
     """Raise a TraceToolsError naming the install command when torch is missing."""
     if importlib.util.find_spec("torch") is None:
-        from trace_tools.errors import TraceToolsError
+        from trace_tools.errors import TraceToolsError, install_hint
 
-        raise TraceToolsError("rescoring needs torch: pip install 'trace-tools[rescore]' (torch, safetensors)")
+        raise TraceToolsError(f"rescoring needs torch and safetensors: {install_hint('rescore')}")

@@ -382,12 +382,18 @@ DECLARATIONS: tuple[Declaration, ...] = (
 )
 BY_NAME = {declaration.name: declaration for declaration in DECLARATIONS}
 NAMES = tuple(BY_NAME)
+BY_LABEL = {declaration.label: declaration.name for declaration in DECLARATIONS}
 
 
 def label(name: str) -> str:
     """A strategy's short label; a name without a declaration stands for itself."""
     declaration = BY_NAME.get(name)
     return declaration.label if declaration else name
+
+
+def full_name(name: str) -> str:
+    """The strategy a name or short label (as terminal tables print it) stands for; others unchanged."""
+    return name if name in BY_NAME else BY_LABEL.get(name, name)
 
 
 def in_column_order(names: Iterable[str]) -> list[str]:

@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from trace_tools.errors import TraceToolsError, UnusableInput
+from trace_tools.errors import TraceToolsError, UnusableInput, install_hint
 
 OBJECTS_PER_PICKLE_BYTE = 7  # a token id: 5 pickled bytes, a 28-byte int plus an 8-byte list slot
 REFUSED_HINT = (
@@ -52,8 +52,8 @@ def _torch() -> Any:
         import torch
     except ImportError:
         raise TorchMissing(
-            "reading .pt sample dumps needs torch: pip install torch (CPU build is enough) "
-            "or pip install 'trace-tools[rescore]'"
+            "reading .pt sample dumps needs torch: pip install torch (CPU build is enough), "
+            f"or {install_hint('rescore')}"
         ) from None
     return torch
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import require_run
 from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import BIDI, visible_bidi
@@ -22,6 +23,7 @@ from trace_tools.report.html.sessions import build_sessions
 from trace_tools.report.layout import ABSENT, count, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
+from trace_tools.report.verdict import verdict_lines
 
 REPORT_NAME = "report.html"
 
@@ -75,6 +77,7 @@ def render_html(
         "plots": overview.inline_plots(run_dir / "plots"),
         "counterfactual_note": COUNTERFACTUAL_NOTE,
         "upstream_lines": upstream_lines(summary),
+        "verdict": verdict_lines(summary),
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
@@ -111,7 +114,7 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {
         "name": run_dir.resolve().name,
         "created_at": info.get("created_at", ""),
-        "dump": (info.get("inputs") or {}).get("dump", ""),
+        "dump": shown_dump((info.get("inputs") or {}).get("dump", "")),
         "version": info.get("trace_tools_version", ""),
     }
 
