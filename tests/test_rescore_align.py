@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from trace_tools.rescore.align import AMBIGUOUS, LENGTH_MISMATCH, NO_SAMPLE, NO_TRAINER_LOGPROBS, read_and_align
-from trainer_fixtures import prime_rl_record, write_prime_rl_exports, write_slime_rollout, spec
+from trainer_fixtures import prime_rl_record, spec, write_prime_rl_exports, write_slime_rollout
 
 
 def _run_samples() -> pd.DataFrame:

@@ -6,6 +6,7 @@ ground truth (behaviours, rewritten echoes in each turn's metadata) agrees with 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -206,6 +207,21 @@ def test_trainer_logprobs_from_a_slime_train_file_give_the_same_metrics(scored, 
             assert aligned.strategies[name][key] == pytest.approx(entry[key], abs=1e-4), (name, key)
     partial = rescore_samples(run, trainer_dump=[tmp_path / "train_data" / "4.pt"], write=False)
     assert all(e["not_compared"]["by_reason"].keys() == {NOT_ALIGNED} for e in partial.strategies.values())
+
+    from trace_tools.cli.main import app
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    args = ["rescore", str(copy), "--samples", "--trainer-logprobs", str(tmp_path / "train_data")]
+    cli = CliRunner().invoke(app, args)
+    assert cli.exit_code == 0, cli.output
+    assert f"{len(sequences)} of {len(sequences) + 1} trainer samples aligned" in " ".join(cli.output.split())
+    written = json.loads((copy / "summary.json").read_text())
+    assert written["strategies"]["tree"]["mismatch"]["k3_kl"] == pytest.approx(
+        result.strategies["tree"]["k3_kl"], abs=1e-4
+    )
+    neither = CliRunner().invoke(app, ["rescore", str(copy), "--samples"])
+    assert neither.exit_code == 2 and "--samples needs --model M" in neither.output
 
 
 def test_cli_json_prints_the_headline_per_strategy_and_behaviour(scored):

@@ -130,9 +130,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def read_and_align(
-    samples: pd.DataFrame, paths: Sequence[str | os.PathLike], fmt: str | None = None
-) -> Alignment:
+def read_and_align(samples: pd.DataFrame, paths: Sequence[str | os.PathLike], fmt: str | None = None) -> Alignment:
     """Read a trainer dump (`trace_tools.trainer.read_samples`) and align it to `samples`."""
     from trace_tools.trainer.read import ReadReport, read_samples
 
