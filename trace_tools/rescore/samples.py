@@ -346,6 +346,18 @@ def compare(tokens: pd.DataFrame, trainer_logprobs: Sequence[np.ndarray]) -> pd.
     return tokens
 
 
+def with_outcomes(tokens: pd.DataFrame, options: corrections.CorrectionOptions) -> pd.DataFrame:
+    """`tokens` with one column per correction mode: the token's outcome (`corrections.KEPT`,
+    `CLIPPED`, `MASKED`), null where it was not compared -- what report.html's token strip shows."""
+    tokens = tokens.copy()
+    outcomes = {mode: pd.Series(pd.NA, index=tokens.index, dtype="Int8") for mode in corrections.MODES}
+    for _, part in tokens[tokens["compared"]].groupby("strategy", sort=False):
+        found = corrections.token_outcomes(part["log_ratio"].to_numpy(), part["sample_row"].to_numpy(), options)
+        for mode, values in found.items():
+            outcomes[mode].loc[part.index] = values
+    return tokens.assign(**outcomes)
+
+
 def summarize(
     tokens: pd.DataFrame, options: corrections.CorrectionOptions, missing: str = NOT_SCORED
 ) -> tuple[dict[str, dict[str, Any]], pd.DataFrame, pd.DataFrame]:
@@ -468,7 +480,7 @@ def rescore_samples(
     else:
         _check_layout(samples, trainer_logprobs)
         info["model"] = {"model": "trainer logprobs (given)"}
-    tokens = compare(tokens, trainer_logprobs)
+    tokens = with_outcomes(compare(tokens, trainer_logprobs), options)
     strategy_entries, turns, sessions = summarize(tokens, options, missing)
     result = SampleMismatch(tokens, turns, sessions, strategy_entries, info)
     if write:
@@ -518,7 +530,8 @@ def _score(
 
 
 def write_results(run: Path, result: SampleMismatch) -> None:
-    """The three tables, and each strategy's block plus the run's `mismatch` block in summary.json."""
+    """The three tables, each strategy's block plus the run's `mismatch` block in summary.json, and
+report.html re-rendered where the run has one (its token strips, `report/html/token_strip.py`)."""
     from trace_tools.io.rundir import load_summary
     from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 
@@ -530,3 +543,7 @@ def write_results(run: Path, result: SampleMismatch) -> None:
     for name, frame in zip(MISMATCH_TABLES, (tokens, result.turns, result.sessions)):
         write_parquet_atomic(frame, run / name)
     write_json_atomic(summary, run / "summary.json")
+    if (run / "report.html").exists():  # the run has a page: its token strips show what was just scored
+        from trace_tools.report.html import write_html_report
+
+        write_html_report(run)
