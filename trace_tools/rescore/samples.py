@@ -531,7 +531,7 @@ def _score(
 
 def write_results(run: Path, result: SampleMismatch) -> None:
     """The three tables, each strategy's block plus the run's `mismatch` block in summary.json, and
-report.html re-rendered where the run has one (its token strips, `report/html/token_strip.py`)."""
+    report.html re-rendered where the run has one (its token strips, `report/html/token_strip.py`)."""
     from trace_tools.io.rundir import load_summary
     from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 
