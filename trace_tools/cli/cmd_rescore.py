@@ -259,7 +259,8 @@ def _rescore_samples(
         console.print(table)
     if "alignment" in result.run:
         note(_alignment_line(result.run["alignment"]))
-    note(f"wrote mismatch_*.parquet and strategies.NAME.mismatch in {run}/summary.json")
+    page = "; report.html rendered again, with the token strips" if (run / "report.html").exists() else ""
+    note(f"wrote mismatch_*.parquet and strategies.NAME.mismatch in {run}/summary.json{page}")
 
 
 def _alignment_line(alignment: dict[str, Any]) -> str:

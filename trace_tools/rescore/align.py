@@ -16,6 +16,7 @@ import bisect
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,6 @@ def read_and_align(samples: pd.DataFrame, paths: Sequence[str | os.PathLike], fm
     from trace_tools.trainer.read import ReadReport, read_samples
 
     report = ReadReport()
-    result = align(samples, read_samples(list(paths), fmt=fmt, report=report))
+    result = align(samples, read_samples([Path(p) for p in paths], fmt=fmt, report=report))
     result.read = report.to_dict()
     return result

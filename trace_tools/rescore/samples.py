@@ -359,10 +359,10 @@ def with_outcomes(tokens: pd.DataFrame, options: corrections.CorrectionOptions) 
 
 
 def summarize(
-    tokens: pd.DataFrame, options: corrections.CorrectionOptions, missing: str = NOT_SCORED
+    tokens: pd.DataFrame, missing: str = NOT_SCORED
 ) -> tuple[dict[str, dict[str, Any]], pd.DataFrame, pd.DataFrame]:
-    """Per strategy the summary.json block, the per-turn table and the per-session table; `missing`
-    names why a token with a rollout logprob has no trainer logprob."""
+    """Per strategy the summary.json block, the per-turn table and the per-session table, from
+    `with_outcomes`' tokens; `missing` names why a token with a rollout logprob has no trainer logprob."""
     strategies: dict[str, dict[str, Any]] = {}
     turn_tables, session_tables = [], []
     for name, part in tokens.groupby("strategy", sort=False):
@@ -375,7 +375,7 @@ def summarize(
         for key, column in GROUPS.items():
             entry[key] = _grouped(compared, column, "segment")
         entry["not_compared"] = _not_compared(part, missing)
-        outcomes = corrections.token_outcomes(compared["log_ratio"].to_numpy(), compared["sample_row"], options)
+        outcomes = {mode: compared[mode].to_numpy(dtype=np.int8) for mode in corrections.MODES}
         entry["corrections"] = corrections.preview(compared, outcomes, CORRECTION_GROUPS)
         strategies[str(name)] = entry
         turn_tables.append(_turn_table(compared, outcomes))
@@ -481,7 +481,7 @@ def rescore_samples(
         _check_layout(samples, trainer_logprobs)
         info["model"] = {"model": "trainer logprobs (given)"}
     tokens = with_outcomes(compare(tokens, trainer_logprobs), options)
-    strategy_entries, turns, sessions = summarize(tokens, options, missing)
+    strategy_entries, turns, sessions = summarize(tokens, missing)
     result = SampleMismatch(tokens, turns, sessions, strategy_entries, info)
     if write:
         write_results(run, result)
