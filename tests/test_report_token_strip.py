@@ -117,3 +117,21 @@ def test_the_strip_fits_the_window_and_marks_the_moved_token(sized_browser, scor
 
     assert len(Image.open(shot).convert("RGB").getcolors(1 << 20) or []) > 50
     assert browser.console_errors() == []
+
+
+def test_the_strip_reads_rescores_outcome_codes_and_sequence_modes():
+    from trace_tools.report.html import token_strip
+    from trace_tools.rescore import corrections
+
+    assert (token_strip.KEPT, token_strip.CLIPPED, token_strip.MASKED) == (
+        corrections.KEPT,
+        corrections.CLIPPED,
+        corrections.MASKED,
+    )
+    # a sequence-level mode gives every token of a sample the same outcome
+    outcomes = corrections.token_outcomes(
+        np.array([0.0, -3.0, 0.1]), np.array([0, 0, 0]), corrections.CorrectionOptions()
+    )
+    for mode in corrections.MODES:
+        assert (len(set(outcomes[mode])) == 1) or mode not in SEQUENCE_MODES
+    assert set(SEQUENCE_MODES) <= set(corrections.MODES)

@@ -24,6 +24,10 @@ MAX_TOKENS = 320
 CONTEXT_BEFORE = 24
 TURN_KEYS = ["strategy", "session_id", "sample_index", "turn_index"]
 SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "token_ids", "response_length", "loss_mask"]
+TOKEN_COLUMNS = [
+    *TURN_KEYS,
+    *("position", "delta", "rollout_logprob", "trainer_logprob", "compared", "context_origin", "prompt_event"),
+]
 # |Δ| (nats) at which the colour saturates, and below which a token reads as uncoloured (float noise)
 FULL_COLOUR = 1.0
 NOISE_FLOOR = 1e-4
@@ -39,7 +43,8 @@ def token_strips(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]
     if not scored:
         return []
     turns = read_table(run_dir, "mismatch_turns")
-    tokens = read_table(run_dir, "mismatch_tokens")
+    modes = {mode for name in scored for mode in summary["strategies"][name]["mismatch"].get("corrections", {})}
+    tokens = read_table(run_dir, "mismatch_tokens", TOKEN_COLUMNS + sorted(modes))
     if turns.empty or tokens.empty:
         return []
     worst = _worst_turns(turns[turns["strategy"].isin(scored)])
