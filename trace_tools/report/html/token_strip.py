@@ -43,8 +43,8 @@ def token_strips(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]
     if not scored:
         return []
     turns = read_table(run_dir, "mismatch_turns")
-    modes = {mode for name in scored for mode in summary["strategies"][name]["mismatch"].get("corrections", {})}
-    tokens = read_table(run_dir, "mismatch_tokens", TOKEN_COLUMNS + sorted(modes))
+    modes_of = {name: list(summary["strategies"][name]["mismatch"].get("corrections", {})) for name in scored}
+    tokens = read_table(run_dir, "mismatch_tokens", TOKEN_COLUMNS + sorted({m for ms in modes_of.values() for m in ms}))
     if turns.empty or tokens.empty:
         return []
     worst = _worst_turns(turns[turns["strategy"].isin(scored)])
@@ -55,8 +55,7 @@ def token_strips(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]
         key = tuple(getattr(turn, k) for k in TURN_KEYS)
         sample = samples.get(key[:3])
         if sample is not None:
-            modes = list(summary["strategies"][turn.strategy]["mismatch"].get("corrections", {}))
-            strips.append(_strip(turn, _turn_tokens(tokens, key), sample, modes, decode))
+            strips.append(_strip(turn, _turn_tokens(tokens, key), sample, modes_of[turn.strategy], decode))
     return strips
 
 
