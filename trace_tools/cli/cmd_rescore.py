@@ -108,7 +108,8 @@ def rescore_cmd(
     Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
 
     With --samples, DUMP is a replay run: trace-tools rescore runs/r1 --samples --model tiny-qwen3
-    (or --trainer-logprobs dump_details/train_data)
+
+    Trainer logprobs instead: trace-tools rescore runs/r1 --samples --trainer-logprobs train_data/
     """
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
