@@ -221,7 +221,7 @@ def test_trainer_logprobs_from_a_slime_train_file_give_the_same_metrics(scored, 
         result.strategies["tree"]["k3_kl"], abs=1e-4
     )
     neither = CliRunner().invoke(app, ["rescore", str(copy), "--samples"])
-    assert neither.exit_code == 2 and "--samples needs --model M" in neither.output
+    assert neither.exit_code == 2 and "--samples takes one of --model M" in neither.output
 
 
 def test_cli_json_prints_the_headline_per_strategy_and_behaviour(scored):

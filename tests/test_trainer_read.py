@@ -122,6 +122,18 @@ def test_eval_files_and_orphan_train_files_are_noted(tmp_path):
     assert [(s.step, s.index, s.source) for s in read] == [(2, 40, "2.pt#samples[0]"), (2, 41, "2.pt#samples[1]")]
 
 
+def test_a_miles_train_file_alone_is_read_by_rank_columns(tmp_path):
+    samples = _two_samples()
+    write_miles_train(tmp_path / "train_data" / "5_0.pt", 5, samples, [[-0.2] * 3, [-0.4] * 2])
+    read, report = _read(tmp_path)
+    assert [(s.tokens, s.loss_mask, s.index, s.step) for s in read] == [
+        (samples[0]["tokens"], [1, 0, 1], 40, 5),
+        (samples[1]["tokens"], [1, 1], 41, 5),
+    ]
+    assert [s.trainer_logprobs for s in read] == [pytest.approx([-0.2] * 3), pytest.approx([-0.4] * 2)]
+    assert report.clean and len(report.notes) == 1
+
+
 def test_train_data_with_other_tokens_is_quarantined(tmp_path):
     samples = _two_samples()
     write_slime_rollout(tmp_path / "rollout_data" / "4.pt", 4, samples)

@@ -122,7 +122,7 @@ def rescore_cmd(
         if out is not None:
             raise TraceToolsError("--samples writes into the run directory it reads; drop --out")
         if (model is None) == (trainer_logprobs is None):
-            raise TraceToolsError("--samples needs --model M (to score the samples) or --trainer-logprobs PATH")
+            raise TraceToolsError("--samples takes one of --model M (to score the samples) and --trainer-logprobs PATH")
         options = CorrectionOptions(tis_cap, mis_low, mis_high, icepop_low, icepop_high, k3_threshold)
         source = {"model": model} if model else {"trainer_dump": trainer_logprobs, "trainer_format": trainer_format}
         _rescore_samples(dump, source, strategy, device, dtype, max_batch_tokens, options, json_out)

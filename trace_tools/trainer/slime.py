@@ -40,7 +40,7 @@ from trace_tools.trainer.records import TrainerSample
 # Sample fields kept in `metadata` (small facts); token-level ones become TrainerSample fields,
 # and the rest (multimodal inputs, routed experts, top-p ids) are dropped as the audit reads none.
 KEPT_FIELDS = ("rollout_id", "session_id", "label", "weight_versions", "remove_sample", "routing_key")
-# A per-rank train file's column → the name slime's format-2 rows give the same value.
+# A field of slime's format-2 train rows → the column of a per-rank (miles) train file holding it.
 TRAIN_COLUMNS = {
     "tokens": "tokens",
     "response_lengths": "response_lengths",
@@ -163,20 +163,9 @@ def _train_index(paths: list[Path], options: ReadOptions) -> TrainIndex:
 
 
 def _train_entries(path: Path, payload: Any) -> Iterator[TrainEntry]:
-    if isinstance(payload, dict) and isinstance(payload.get("samples"), list):  # slime format_version 2
-        for item in payload["samples"]:
-            if isinstance(item, dict) and item.get("log_probs") is not None:
-                yield _entry(item.get("rollout_position"), item.get("sample_index"), item.get("tokens"), item)
-        return
-    columns = payload.get("rollout_data") if isinstance(payload, dict) else None
-    if not isinstance(columns, dict):
-        raise UnusableInput(f"{path} is not slime/miles train data ({{samples}} or {{rollout_data}} expected)")
-    if (payload.get("cp_size") or 1) > 1 or columns.get("log_probs") is None:
-        return  # context-parallel slices are not whole responses; without log_probs there is nothing to join
-    indices = plain(columns.get("sample_indices")) or [None] * len(columns["log_probs"])
-    tokens = columns.get("tokens") or [None] * len(indices)
-    for sample_index, ids, log_probs in zip(indices, tokens, columns["log_probs"], strict=False):
-        yield _entry(None, sample_index, ids, {"log_probs": log_probs})
+    for row in _train_rows(path, payload):
+        if row.get("log_probs") is not None:  # without log_probs there is nothing to join
+            yield _entry(row.get("rollout_position"), row.get("sample_index"), row.get("tokens"), row)
 
 
 def _train_only_samples(path: Path, step: int | None, options: ReadOptions) -> Iterator[Item]:
@@ -208,9 +197,10 @@ def _train_rows(path: Path, payload: Any) -> Iterator[dict]:
     if not isinstance(columns, dict):
         raise UnusableInput(f"{path} is not slime/miles train data ({{samples}} or {{rollout_data}} expected)")
     if (payload.get("cp_size") or 1) > 1:
-        return  # context-parallel slices are not whole samples
-    for i in range(len(columns.get("tokens") or [])):
-        yield {name: _nth(columns.get(column), i) for name, column in TRAIN_COLUMNS.items()}
+        return  # context-parallel slices are not whole responses: neither joined nor read alone
+    lists = {name: columns.get(column) for name, column in TRAIN_COLUMNS.items()}
+    for i in range(max((len(values) for values in lists.values() if values is not None), default=0)):
+        yield {name: _nth(values, i) for name, values in lists.items()}
 
 
 def _nth(values: Any, i: int) -> Any:
