@@ -6,6 +6,7 @@ ground truth (behaviours, rewritten echoes in each turn's metadata) agrees with 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -19,8 +20,9 @@ from trace_tools.errors import TraceToolsError
 from trace_tools.io.rundir import MISMATCH_TABLES
 from trace_tools.io.write import write_parquet_atomic
 from trace_tools.rescore import fill_logprobs, load_model
-from trace_tools.rescore.mismatch import HEADLINE_KEYS
-from trace_tools.rescore.samples import load_samples, rescore_samples
+from trace_tools.rescore.mismatch import HEADLINE_KEYS, METRIC_KEYS
+from trace_tools.rescore.samples import NOT_ALIGNED, load_samples, rescore_samples, score_samples
+from trainer_fixtures import spec, write_slime_train
 
 NOISE = 1e-4  # float32 teacher forcing, same model, same context: observed ≤ 2e-6 (docs/rescore.md)
 BEHAVIOURS = ["byte-exact", "json-reserialize", "reasoning-dropped", "history-edit"]
@@ -173,6 +175,53 @@ def test_trainer_logprobs_given_instead_of_scored(scored, tmp_path):
     assert moved.strategies[samples.loc[0, "strategy"]]["max_abs_diff"] == pytest.approx(0.5)
     with pytest.raises(TraceToolsError, match="align them to the sample first"):
         rescore_samples(run, trainer_logprobs=[v[:-1] for v in given], write=False)
+
+
+def test_trainer_logprobs_from_a_slime_train_file_give_the_same_metrics(scored, tiny, tmp_path):
+    _, run, result = scored
+    samples = load_samples(run)
+    # what a trainer computes: every response token's logprob on the same model, in the sample's context
+    everything = samples.assign(loss_mask=[np.ones(int(n), dtype=np.int8) for n in samples["response_length"]])
+    values, _ = score_samples(tiny, everything)
+    sequences: dict[tuple[int, ...], tuple] = {}  # strategies that emit the same sequence train it once
+    for row, logprobs in zip(samples.itertuples(), values):
+        sequences.setdefault(tuple(int(i) for i in row.token_ids), (row, logprobs))
+    specs = [
+        spec(list(ids), int(row.response_length), loss_mask=[int(m) for m in row.loss_mask], index=i)
+        for i, (ids, (row, _)) in enumerate(sequences.items())
+    ]
+    write_slime_train(tmp_path / "train_data" / "3.pt", 3, specs, [list(v) for _, v in sequences.values()])
+    # a sample no run sample has (its last token changed) is counted, not aligned
+    other = spec([*specs[0]["tokens"][:-1], specs[0]["tokens"][-1] + 1], specs[0]["response_length"], index=99)
+    write_slime_train(tmp_path / "train_data" / "4.pt", 4, [other], [[-0.5] * other["response_length"]])
+
+    aligned = rescore_samples(run, trainer_dump=[tmp_path / "train_data"], write=False)
+
+    report = aligned.run["alignment"]
+    assert (report["trainer_samples"], report["aligned"]) == (len(sequences) + 1, len(sequences))
+    assert report["by_reason"] == {"no_sample_with_these_tokens": 1}
+    assert report["run_samples_with_trainer_logprobs"] == len(samples)
+    for name, entry in result.strategies.items():
+        assert aligned.strategies[name]["not_compared"]["tokens"] == 0
+        for key in METRIC_KEYS:
+            assert aligned.strategies[name][key] == pytest.approx(entry[key], abs=1e-4), (name, key)
+    partial = rescore_samples(run, trainer_dump=[tmp_path / "train_data" / "4.pt"], write=False)
+    assert all(e["not_compared"]["by_reason"].keys() == {NOT_ALIGNED} for e in partial.strategies.values())
+
+    from trace_tools.cli.main import app
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    args = ["rescore", str(copy), "--samples", "--trainer-logprobs", str(tmp_path / "train_data")]
+    cli = CliRunner().invoke(app, args)
+    assert cli.exit_code == 0, cli.output
+    assert f"{len(sequences)} of {len(sequences) + 1} trainer samples aligned" in " ".join(cli.output.split())
+    written = json.loads((copy / "summary.json").read_text())
+    assert written["strategies"]["tree"]["mismatch"]["k3_kl"] == pytest.approx(
+        result.strategies["tree"]["k3_kl"], abs=1e-4
+    )
+    neither = CliRunner().invoke(app, ["rescore", str(copy), "--samples"])
+    assert neither.exit_code == 2 and "--samples takes one of --model M" in neither.output
 
 
 def test_cli_json_prints_the_headline_per_strategy_and_behaviour(scored):

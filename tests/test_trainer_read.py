@@ -109,11 +109,29 @@ def test_eval_files_and_orphan_train_files_are_noted(tmp_path):
     write_slime_rollout(tmp_path / "rollout_data" / "eval_1.pt", 1, samples)
     write_slime_train(tmp_path / "train_data" / "2.pt", 2, samples, [[-0.1] * 3, [-0.1] * 2])
     read, report = _read(tmp_path)
-    assert read == []
     assert report.notes == [
         "eval_1.pt holds evaluation samples, which are not trained: passed over",
-        "train data 2.pt (rollout 2) has no rollout-data file",
+        "train data 2.pt (rollout 2) has no rollout-data file: its samples are read from the train data alone "
+        "(no rollout logprobs)",
     ]
+    # the train data alone still carries each sample's tokens, mask and the trainer's logprobs
+    assert [(s.tokens, s.loss_mask, s.trainer_logprobs, s.rollout_logprobs) for s in read] == [
+        (samples[0]["tokens"], [1, 0, 1], pytest.approx([-0.1] * 3), None),
+        (samples[1]["tokens"], [1, 1], pytest.approx([-0.1] * 2), None),
+    ]
+    assert [(s.step, s.index, s.source) for s in read] == [(2, 40, "2.pt#samples[0]"), (2, 41, "2.pt#samples[1]")]
+
+
+def test_a_miles_train_file_alone_is_read_by_rank_columns(tmp_path):
+    samples = _two_samples()
+    write_miles_train(tmp_path / "train_data" / "5_0.pt", 5, samples, [[-0.2] * 3, [-0.4] * 2])
+    read, report = _read(tmp_path)
+    assert [(s.tokens, s.loss_mask, s.index, s.step) for s in read] == [
+        (samples[0]["tokens"], [1, 0, 1], 40, 5),
+        (samples[1]["tokens"], [1, 1], 41, 5),
+    ]
+    assert [s.trainer_logprobs for s in read] == [pytest.approx([-0.2] * 3), pytest.approx([-0.4] * 2)]
+    assert report.clean and len(report.notes) == 1
 
 
 def test_train_data_with_other_tokens_is_quarantined(tmp_path):

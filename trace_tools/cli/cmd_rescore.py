@@ -24,8 +24,9 @@ def rescore_cmd(
         typer.Argument(help="Parquet dump (file or directory) with output_logprobs; with --samples, a replay run."),
     ],
     model: Annotated[
-        str, typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory.")
-    ],
+        Optional[str],
+        typer.Option("--model", help="tiny-qwen3 | smollm2 | path to a Hugging Face causal-LM directory."),
+    ] = None,
     *,  # keyword-only from here, so that the required --out can keep its place in the help
     device: Annotated[str, typer.Option("--device", help="auto (cuda when visible) | cpu | cuda.")] = "auto",
     dtype: Annotated[
@@ -87,6 +88,18 @@ def rescore_cmd(
     k3_threshold: Annotated[
         float, typer.Option("--k3-threshold", help="k3 rejection: largest mean k3 a sample may have.")
     ] = 0.01,
+    trainer_logprobs: Annotated[
+        Optional[list[Path]],
+        typer.Option(
+            "--trainer-logprobs",
+            help="With --samples, instead of --model: a trainer's sample files (slime/miles train_data/, "
+            "prime-rl token_exports/), aligned to the samples by token ids. Repeatable.",
+        ),
+    ] = None,
+    trainer_format: Annotated[
+        Optional[str],
+        typer.Option("--trainer-format", help="With --trainer-logprobs: slime | miles-dashboard | prime-rl."),
+    ] = None,
 ) -> None:
     """Rescore every turn's output on a model and compare with the recorded sampling logprobs.
 
@@ -95,6 +108,8 @@ def rescore_cmd(
     Example: trace-tools rescore dump.parquet --model tiny-qwen3 --out runs/rescore1
 
     With --samples, DUMP is a replay run: trace-tools rescore runs/r1 --samples --model tiny-qwen3
+
+    Trainer logprobs instead: trace-tools rescore runs/r1 --samples --trainer-logprobs train_data/
     """
     from trace_tools.cli._output import console, note, print_json
     from trace_tools.cli._progress import progress_bar
@@ -106,9 +121,14 @@ def rescore_cmd(
 
         if out is not None:
             raise TraceToolsError("--samples writes into the run directory it reads; drop --out")
+        if (model is None) == (trainer_logprobs is None):
+            raise TraceToolsError("--samples takes one of --model M (to score the samples) and --trainer-logprobs PATH")
         options = CorrectionOptions(tis_cap, mis_low, mis_high, icepop_low, icepop_high, k3_threshold)
-        _rescore_samples(dump, model, strategy, device, dtype, max_batch_tokens, options, json_out)
+        source = {"model": model} if model else {"trainer_dump": trainer_logprobs, "trainer_format": trainer_format}
+        _rescore_samples(dump, source, strategy, device, dtype, max_batch_tokens, options, json_out)
         return
+    if model is None or trainer_logprobs is not None:
+        raise TraceToolsError("rescore DUMP needs --model M; --trainer-logprobs goes with --samples")
     if out is None:
         raise TraceToolsError("rescore needs --out DIR (or --samples, to score a replay run's samples into it)")
 
@@ -210,7 +230,7 @@ def _fraction(value: Any) -> str:
 
 def _rescore_samples(
     run: Path,
-    model: str,
+    source: dict[str, Any],
     strategies: Optional[list[str]],
     device: str,
     dtype: str,
@@ -225,7 +245,7 @@ def _rescore_samples(
     with progress_bar("scoring samples", "tokens", disable=json_out) as advance:
         result = rescore_samples(
             run,
-            model,
+            **source,
             strategies=strategies,
             device=device,
             dtype=dtype,
@@ -238,7 +258,21 @@ def _rescore_samples(
         return
     for table in _samples_tables(result.strategies):
         console.print(table)
-    note(f"wrote mismatch_*.parquet and strategies.NAME.mismatch in {run}/summary.json")
+    if "alignment" in result.run:
+        note(_alignment_line(result.run["alignment"]))
+    page = "; report.html rendered again, with the token strips" if (run / "report.html").exists() else ""
+    note(f"wrote mismatch_*.parquet and strategies.NAME.mismatch in {run}/summary.json{page}")
+
+
+def _alignment_line(alignment: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{reason} {n}" for reason, n in alignment["by_reason"].items())
+    refused = alignment["read"].get("quarantined", 0)
+    return (
+        f"trainer logprobs: {alignment['aligned']} of {alignment['trainer_samples']} trainer samples aligned, "
+        f"covering {alignment['run_samples_with_trainer_logprobs']} of {alignment['run_samples']} run samples"
+        + (f"; not aligned: {reasons}" if reasons else "")
+        + (f"; {refused} refused by the reader" if refused else "")
+    )
 
 
 def _samples_tables(strategies: dict[str, Any]) -> list[Any]:

@@ -34,7 +34,7 @@ import pandas as pd
 from trace_tools.data import Session, behaviour_label
 from trace_tools.errors import TraceToolsError, UnknownName, UnusableInput
 from trace_tools.io.rundir import MISMATCH_TABLES
-from trace_tools.rescore import corrections, mismatch, plan
+from trace_tools.rescore import align, corrections, mismatch, plan
 
 SAMPLE_COLUMNS = [
     "strategy",
@@ -68,6 +68,7 @@ CORRECTION_GROUPS = {"by_tool": "tool", "by_drift_cause": "cause"}
 TURN_METRICS = ("k1_kl", "k3_kl", "log_ppl_diff", "mean_abs_diff", "max_abs_diff")
 NO_ROLLOUT_LOGPROB = "no_rollout_logprob"
 NOT_SCORED = "not_scored"
+NOT_ALIGNED = "not_aligned"  # trainer logprobs from files: no trainer sample aligned covers the token
 
 
 @dataclass
@@ -345,10 +346,23 @@ def compare(tokens: pd.DataFrame, trainer_logprobs: Sequence[np.ndarray]) -> pd.
     return tokens
 
 
+def with_outcomes(tokens: pd.DataFrame, options: corrections.CorrectionOptions) -> pd.DataFrame:
+    """`tokens` with one column per correction mode: the token's outcome (`corrections.KEPT`,
+    `CLIPPED`, `MASKED`), null where it was not compared -- what report.html's token strip shows."""
+    tokens = tokens.copy()
+    outcomes = {mode: pd.Series(pd.NA, index=tokens.index, dtype="Int8") for mode in corrections.MODES}
+    for _, part in tokens[tokens["compared"]].groupby("strategy", sort=False):
+        found = corrections.token_outcomes(part["log_ratio"].to_numpy(), part["sample_row"].to_numpy(), options)
+        for mode, values in found.items():
+            outcomes[mode].loc[part.index] = values
+    return tokens.assign(**outcomes)
+
+
 def summarize(
-    tokens: pd.DataFrame, options: corrections.CorrectionOptions
+    tokens: pd.DataFrame, missing: str = NOT_SCORED
 ) -> tuple[dict[str, dict[str, Any]], pd.DataFrame, pd.DataFrame]:
-    """Per strategy the summary.json block, the per-turn table and the per-session table."""
+    """Per strategy the summary.json block, the per-turn table and the per-session table, from
+    `with_outcomes`' tokens; `missing` names why a token with a rollout logprob has no trainer logprob."""
     strategies: dict[str, dict[str, Any]] = {}
     turn_tables, session_tables = [], []
     for name, part in tokens.groupby("strategy", sort=False):
@@ -360,8 +374,8 @@ def summarize(
             entry["by_step"] = _grouped(compared[compared["step"].notna()], "step", "sample_row")
         for key, column in GROUPS.items():
             entry[key] = _grouped(compared, column, "segment")
-        entry["not_compared"] = _not_compared(part)
-        outcomes = corrections.token_outcomes(compared["log_ratio"].to_numpy(), compared["sample_row"], options)
+        entry["not_compared"] = _not_compared(part, missing)
+        outcomes = {mode: compared[mode].to_numpy(dtype=np.int8) for mode in corrections.MODES}
         entry["corrections"] = corrections.preview(compared, outcomes, CORRECTION_GROUPS)
         strategies[str(name)] = entry
         turn_tables.append(_turn_table(compared, outcomes))
@@ -383,9 +397,9 @@ def _grouped(tokens: pd.DataFrame, column: str, sequence: str) -> dict[str, Any]
     return {str(value): _metrics(part, sequence) for value, part in tokens.groupby(column, sort=True, dropna=False)}
 
 
-def _not_compared(tokens: pd.DataFrame) -> dict[str, Any]:
+def _not_compared(tokens: pd.DataFrame, reason: str) -> dict[str, Any]:
     missing = tokens[~tokens["compared"]]
-    reasons = np.where(missing["rollout_logprob"].notna(), NOT_SCORED, NO_ROLLOUT_LOGPROB)
+    reasons = np.where(missing["rollout_logprob"].notna(), reason, NO_ROLLOUT_LOGPROB)
     counts = pd.Series(reasons, dtype=object).value_counts()
     return {"tokens": int(len(missing)), "by_reason": {str(k): int(v) for k, v in counts.items()}}
 
@@ -431,6 +445,8 @@ def rescore_samples(
     chunk_positions: int | None = None,
     options: corrections.CorrectionOptions | None = None,
     trainer_logprobs: Sequence[np.ndarray] | None = None,
+    trainer_dump: Sequence[str | os.PathLike] | None = None,
+    trainer_format: str | None = None,
     dump: str | os.PathLike | None = None,
     write: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
@@ -439,7 +455,9 @@ def rescore_samples(
     corrections; with `write`, into the run directory (module docstring).
 
     `trainer_logprobs`: per row of `load_samples(run_dir, strategies)`, an array over the sample's
-    response region; when given, no model is loaded. `dump` overrides the dump run.json names (for
+    response region; `trainer_dump`: a trainer's own sample files (`trace_tools.trainer.read_samples`
+    paths, `trainer_format` its format when not detected), aligned to the samples by token identity
+    (`align.py`). With either, no model is loaded. `dump` overrides the dump run.json names (for
     the served-context check)."""
     run = Path(run_dir)
     options = options or corrections.CorrectionOptions()
@@ -447,15 +465,23 @@ def rescore_samples(
     served = ServedTurns.from_run(run, set(samples["session_id"]), dump)
     tokens = trained_tokens(samples, turn_info(run), served)
     info: dict[str, Any] = {"options": options.as_dict(), "served_context_check": served.problem or "made"}
-    if trainer_logprobs is None:
+    missing = NOT_SCORED
+    if trainer_dump is not None:
+        if trainer_logprobs is not None:
+            raise TraceToolsError("give trainer logprobs either as arrays or as a trainer dump, not both")
+        alignment = align.read_and_align(samples, trainer_dump, trainer_format)
+        trainer_logprobs, missing = alignment.logprobs, NOT_ALIGNED
+        info["model"] = {"model": "trainer logprobs from " + ", ".join(str(p) for p in trainer_dump)}
+        info["alignment"] = alignment.as_dict()
+    elif trainer_logprobs is None:
         trainer_logprobs, info["model"], info["throughput"] = _score(
             model, samples, device, dtype, max_batch_tokens, chunk_positions, on_progress
         )
     else:
         _check_layout(samples, trainer_logprobs)
         info["model"] = {"model": "trainer logprobs (given)"}
-    tokens = compare(tokens, trainer_logprobs)
-    strategy_entries, turns, sessions = summarize(tokens, options)
+    tokens = with_outcomes(compare(tokens, trainer_logprobs), options)
+    strategy_entries, turns, sessions = summarize(tokens, missing)
     result = SampleMismatch(tokens, turns, sessions, strategy_entries, info)
     if write:
         write_results(run, result)
@@ -504,7 +530,8 @@ def _score(
 
 
 def write_results(run: Path, result: SampleMismatch) -> None:
-    """The three tables, and each strategy's block plus the run's `mismatch` block in summary.json."""
+    """The three tables, each strategy's block plus the run's `mismatch` block in summary.json, and
+    report.html re-rendered where the run has one (its token strips, `report/html/token_strip.py`)."""
     from trace_tools.io.rundir import load_summary
     from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 
@@ -516,3 +543,7 @@ def write_results(run: Path, result: SampleMismatch) -> None:
     for name, frame in zip(MISMATCH_TABLES, (tokens, result.turns, result.sessions)):
         write_parquet_atomic(frame, run / name)
     write_json_atomic(summary, run / "summary.json")
+    if (run / "report.html").exists():  # the run has a page: its token strips show what was just scored
+        from trace_tools.report.html import write_html_report
+
+        write_html_report(run)

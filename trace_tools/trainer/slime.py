@@ -40,6 +40,14 @@ from trace_tools.trainer.records import TrainerSample
 # Sample fields kept in `metadata` (small facts); token-level ones become TrainerSample fields,
 # and the rest (multimodal inputs, routed experts, top-p ids) are dropped as the audit reads none.
 KEPT_FIELDS = ("rollout_id", "session_id", "label", "weight_versions", "remove_sample", "routing_key")
+# A field of slime's format-2 train rows → the column of a per-rank (miles) train file holding it.
+TRAIN_COLUMNS = {
+    "tokens": "tokens",
+    "response_lengths": "response_lengths",
+    "loss_masks": "loss_masks",
+    "log_probs": "log_probs",
+    "sample_index": "sample_indices",
+}
 
 
 @dataclass(slots=True)
@@ -89,7 +97,12 @@ def read_slime(files: list[Path], options: ReadOptions) -> Iterator[Item]:
         if unused := index.unused():
             yield Note(f"{unused} train-data samples of rollout {step} match no rollout sample (not read)")
     for step, paths in trains.items():
-        yield Note(f"train data {', '.join(p.name for p in paths)} (rollout {step}) has no rollout-data file")
+        yield Note(
+            f"train data {', '.join(p.name for p in paths)} (rollout {step}) has no rollout-data file: "
+            "its samples are read from the train data alone (no rollout logprobs)"
+        )
+        for path in paths:
+            yield from _train_only_samples(path, step, options)
 
 
 def _classify(files: list[Path], options: ReadOptions) -> tuple[list, dict, list[Note]]:
@@ -150,20 +163,48 @@ def _train_index(paths: list[Path], options: ReadOptions) -> TrainIndex:
 
 
 def _train_entries(path: Path, payload: Any) -> Iterator[TrainEntry]:
-    if isinstance(payload, dict) and isinstance(payload.get("samples"), list):  # slime format_version 2
-        for item in payload["samples"]:
-            if isinstance(item, dict) and item.get("log_probs") is not None:
-                yield _entry(item.get("rollout_position"), item.get("sample_index"), item.get("tokens"), item)
+    for row in _train_rows(path, payload):
+        if row.get("log_probs") is not None:  # without log_probs there is nothing to join
+            yield _entry(row.get("rollout_position"), row.get("sample_index"), row.get("tokens"), row)
+
+
+def _train_only_samples(path: Path, step: int | None, options: ReadOptions) -> Iterator[Item]:
+    """The samples of a train-data file read without its rollout file: tokens, response length,
+    loss mask and the trainer's `log_probs` are all there (`--save-debug-train-data` alone)."""
+    for position, row in enumerate(_train_rows(path, load_pt(path, options.max_pickle_bytes))):
+        source = f"{path.name}#samples[{position}]"
+        yield attempt(
+            source,
+            lambda: checked_sample(
+                source,
+                tokens=required(row, "tokens"),
+                response_len=required(row, "response_lengths"),
+                mask=row.get("loss_masks"),
+                vocab_size=options.vocab_size,
+                trainer_logprobs=row.get("log_probs"),
+                step=step,
+                index=_optional_int(row, "sample_index"),
+            ),
+        )
+
+
+def _train_rows(path: Path, payload: Any) -> Iterator[dict]:
+    """One dict per trained sample (slime format 2's rows, or one rank's columns cut into rows)."""
+    if isinstance(payload, dict) and isinstance(payload.get("samples"), list):
+        yield from (row for row in payload["samples"] if isinstance(row, dict))
         return
     columns = payload.get("rollout_data") if isinstance(payload, dict) else None
     if not isinstance(columns, dict):
         raise UnusableInput(f"{path} is not slime/miles train data ({{samples}} or {{rollout_data}} expected)")
-    if (payload.get("cp_size") or 1) > 1 or columns.get("log_probs") is None:
-        return  # context-parallel slices are not whole responses; without log_probs there is nothing to join
-    indices = plain(columns.get("sample_indices")) or [None] * len(columns["log_probs"])
-    tokens = columns.get("tokens") or [None] * len(indices)
-    for sample_index, ids, log_probs in zip(indices, tokens, columns["log_probs"], strict=False):
-        yield _entry(None, sample_index, ids, {"log_probs": log_probs})
+    if (payload.get("cp_size") or 1) > 1:
+        return  # context-parallel slices are not whole responses: neither joined nor read alone
+    lists = {name: columns.get(column) for name, column in TRAIN_COLUMNS.items()}
+    for i in range(max((len(values) for values in lists.values() if values is not None), default=0)):
+        yield {name: _nth(values, i) for name, values in lists.items()}
+
+
+def _nth(values: Any, i: int) -> Any:
+    return values[i] if values is not None and i < len(values) else None
 
 
 def _entry(position: Any, sample_index: Any, tokens: Any, item: dict) -> TrainEntry:

@@ -20,6 +20,7 @@ from trace_tools.report.explain_view import CAUSE_TEXT
 from trace_tools.report.harness_profile import page_rows, title
 from trace_tools.report.html import curves, overview
 from trace_tools.report.html.sessions import build_sessions
+from trace_tools.report.html.token_strip import token_strips
 from trace_tools.report.layout import ABSENT, count, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
@@ -82,6 +83,7 @@ def render_html(
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
         "harness_profile": _harness_profile(run_dir),
+        "token_strips": token_strips(run_dir, summary),
     }
     env = _environment()
     return env.get_template("report.html.j2").render(
