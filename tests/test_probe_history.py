@@ -182,6 +182,17 @@ def test_the_file_scenario_speaks_each_harnesss_own_tool_and_argument_names(tmp_
         assert any(call.name == edit and path in call.arguments for call in _calls(script))
 
 
+def test_codex_exec_command_plays_the_shell_scenario_with_its_cmd_argument(tmp_path):
+    """Codex CLI 0.171 offers `exec_command(cmd, ...)` and no file tools (its probe answered 'no usable tools')."""
+    codex = [
+        {"type": "function", "function": {"name": name, "parameters": {"properties": {arg: {}, "workdir": {}}}}}
+        for name, arg in (("exec_command", "cmd"), ("write_stdin", "chars"))
+    ]
+    script = build_scenario(make_workspace(tmp_path / "r", 0), codex)
+    assert script.name == "swe-shell-00" and len(_calls(script)) >= 7
+    assert all(call.name == "exec_command" and set(call.arguments) == {"cmd"} for call in _calls(script))
+
+
 def test_extended_sessions_cover_every_new_class(tmp_path):
     names, texts = set(), []
     for index in range(EXTENDED_FROM, EXTENDED_FROM + 5):

@@ -12,7 +12,7 @@ import pytest
 
 from test_record import EDIT_ARGS, OPENAI_TOOLS, SCRIPT, _wait_rows
 from trace_tools.record import make_renderer, open_recorder
-from trace_tools.record.script import ScriptBook
+from trace_tools.record.script import Script, ScriptBook, ScriptCall, ScriptTurn
 from trace_tools.render.canonical import canonicalize_messages
 
 openai = pytest.importorskip("openai")
@@ -120,6 +120,46 @@ def test_responses_tool_loop_echoes_codex_style_full_input(recorder, renderer, t
     assert second_row.metadata["script_turn"] == 1
     # The echo renders as the turn that was served: the first prompt plus the served output is a prefix.
     assert second_row.prompt_ids[: len(first_row.prompt_ids)] == first_row.prompt_ids
+
+
+CODEX_SHELL = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Runs a command in a PTY.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}, "workdir": {"type": "string"}}},
+    }
+]
+
+
+def test_a_codex_style_responses_session_yields_one_echo_per_served_reply(tmp_path, renderer):
+    """Codex CLI's shape: calls alone (no message item), echoed back as the items it received. The
+    profile pairs every echo by call id and reports no rewrite the client did not make."""
+    from trace_tools.probe.profile import detect_from_dump
+
+    cmds = ["cat calc/stats.py", "python3 -m unittest -q\t"]
+    turns = [ScriptTurn(f"Step {i}.", "", (ScriptCall("exec_command", {"cmd": cmd}),)) for i, cmd in enumerate(cmds)]
+    script = Script("codex-like", turns, ScriptTurn("", "Done."))
+    with open_recorder(tmp_path / "rec", script=ScriptBook({"*": script})) as running:
+        client, history = _responses(running, "cx"), [{"role": "user", "content": "fix it"}]
+        for _ in range(len(cmds) + 1):
+            reply = client.create(model="m", instructions="Codex.", input=history, tools=CODEX_SHELL, store=False)
+            history += [item.model_dump(exclude_none=True) for item in reply.output]
+            history += [
+                {"type": "function_call_output", "call_id": item.call_id, "output": "ok"}
+                for item in reply.output
+                if item.type == "function_call"
+            ]
+    assert reply.output_text == "Done."
+    rows = _wait_rows(tmp_path / "rec", len(cmds) + 1)
+    echo = rows[1].messages[2]
+    assert echo["content"] is None and echo["tool_calls"][0]["id"] == rows[0].response["tool_calls"][0]["id"]
+    assert rows[1].prompt_ids[: len(rows[0].prompt_ids)] == rows[0].prompt_ids
+    profile = detect_from_dump(tmp_path / "rec" / "dump", harness="codex", version="t", protocol="openai-responses")
+    assert profile["measured"]["echoes"] == len(cmds) and profile["measured"]["calls"] == {"exec_command": len(cmds)}
+    kinds = {t["what"] for t in profile["transformations"] if t["kind"] == "message"}
+    assert "call_ids.kept" in kinds and "text.empty_representation_changed" not in kinds
+    assert profile["tools"]["exec_command"]["arguments"]["cmd"]["unchanged"]["count"] == len(cmds)
 
 
 def test_responses_refuses_previous_response_id_and_malformed_input(recorder, tmp_path):
