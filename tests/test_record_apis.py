@@ -327,6 +327,36 @@ def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
     assert httpx.post(url, json=null_text).status_code == 200  # a null text is no text, not a 500
 
 
+def test_side_requests_are_answered_in_each_api_logged_with_their_kind_and_never_a_turn(recorder, tmp_path):
+    """`record` answers the clients' own side requests (opencode's title over Chat Completions, a
+    Qwen Code memory pass over Responses, Gemini CLI's next-speaker check) and records only the turn."""
+    from trace_tools.record.side_requests import side_request_counts
+
+    chat = openai.OpenAI(base_url=f"{recorder.url}/s/side/v1", api_key="dummy", max_retries=0).chat.completions
+    title = chat.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "You are a title generator. Output ONLY a title."},
+            {"role": "user", "content": "fix"},
+        ],
+    )
+    assert title.choices[0].message.content == "Scripted session"
+    memory = _responses(recorder, "side").create(
+        model="m", instructions="You are now acting as the managed memory extraction subagent.", input="go"
+    )
+    assert memory.output_text == "Nothing to add." and memory.status == "completed"
+    check = "Analyze the response above. Based strictly on that response, determine who should logically speak next."
+    gemini_client = _gemini(recorder, "side")
+    speaker = gemini_client.models.generate_content(model="gemini-2.5-pro", contents=check)
+    assert json.loads(speaker.text)["next_speaker"] == "user"
+    turn = chat.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS)
+    assert turn.choices[0].message.tool_calls  # the script starts at the session's first real turn
+    (row,) = _wait_rows(tmp_path / "rec", 1)
+    assert row.metadata["script_turn"] == 0 and recorder.recorder.stats.side_requests == 3
+    log = tmp_path / "rec" / "requests.jsonl"
+    assert side_request_counts(log) == {"memory_extraction": 1, "next_speaker": 1, "title": 1}
+
+
 def test_conversions_keep_the_order_and_the_reasoning_a_client_sends():
     """Gemini: a text part after the tool results stays after them (a user message between an
     assistant's calls and their results would break the chat template's tool turn). Responses: a
