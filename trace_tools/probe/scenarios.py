@@ -15,9 +15,9 @@ their own argument names:
   `cd`s into a subdirectory, Write a notes file whose type varies across sessions (`.md`,
   `.txt`, `.markdown`, ...), Edit the README with every key given in a non-schema order, and
   answer in text. From session `EXTENDED_FROM` on, the extended classes follow (`extended_turns`).
-* **shell only** (mini-swe-agent's single `bash` tool, Codex CLI's `exec_command(cmd)`): the same steps as shell commands (`cat`,
-  `grep`, heredocs that write files with trailing whitespace, a Python one-off that edits), two
-  commands in one turn, and the harness's own submit command to finish.
+* **shell only** (mini-swe-agent's single `bash` tool, Codex CLI's `exec_command(cmd)`): the same
+  steps as shell commands (`cat`, `grep`, heredocs that write files with trailing whitespace, a
+  Python one-off that edits), two commands in one turn, and the harness's own submit command to finish.
 
 The trailing characters rotate across sessions through the space, tab and the wider Unicode /
 JavaScript whitespace sets (NBSP, ideographic space, em space, vertical tab, form feed, NEL,
