@@ -259,7 +259,7 @@ class Recorder:
     async def _side_request(self, request: Any, session: str, protocol: str, body: dict, side: SideMarker) -> Any:
         """Answered (`record`) or declined (`probe`), logged with its kind, never a turn."""
         self.stats.side_requests += 1
-        log = {"side_request": side.kind, "marker": side.text}
+        log: dict[str, Any] = {"side_request": side.kind, "marker": side.text}
         if self.side_requests == "decline":
             message = f"side request ({side.kind}) declined by the recorder: it is not a turn of the session"
             payload = error_body(protocol, "invalid_request_error", message, status=400)
