@@ -319,7 +319,7 @@ def test_profile_of_the_qwen_code_recording_is_the_probes_own(qwen_run):
 
 def test_no_qwen_code_side_request_is_recorded_as_a_turn(qwen_run):
     from trace_tools.io.load import load
-    from trace_tools.probe.side_requests import side_request_kind
+    from trace_tools.record.side_requests import side_request_kind
 
     result, out = qwen_run
     for session in load(out / "dump").sessions:

@@ -1,4 +1,4 @@
-"""The probe's side-request filter, history events, scenario library and harness records, without a harness.
+"""The probe's side-request policy (declined), history events, scenario library and harness records, without a harness.
 
 Side requests go through the real recorder (an OpenAI client posting the client's own prompt
 text); history events are computed on turns the recorder wrote; the scenarios are built from the
@@ -23,10 +23,11 @@ from trace_tools.probe.scenarios import (
     line_end_text,
     make_workspace,
 )
-from trace_tools.probe.side_requests import SideRequestModel, side_request_counts, side_request_kind
 from trace_tools.record import make_renderer
+from trace_tools.record.model import ScriptedModel
 from trace_tools.record.script import Script, ScriptCall, ScriptTurn
 from trace_tools.record.server import Recorder, RecorderThread
+from trace_tools.record.side_requests import side_request_counts, side_request_kind
 
 
 def _tool(name: str, *arguments: str) -> dict:
@@ -68,8 +69,7 @@ def _script(session: str, tools: list[dict] | None) -> Script:
 @pytest.fixture()
 def side_recorder(tmp_path):
     renderer = make_renderer("qwen3")
-    model = SideRequestModel(renderer, _script, tmp_path / "side-requests.jsonl")
-    recorder = Recorder(tmp_path / "rec", renderer, model)
+    recorder = Recorder(tmp_path / "rec", renderer, ScriptedModel(renderer, _script), side_requests="decline")
     with RecorderThread(recorder, tcp=("127.0.0.1", 0)) as thread:
         yield thread, tmp_path
 
@@ -94,7 +94,7 @@ def test_side_requests_are_logged_and_declined_and_the_session_keeps_its_script(
         model="m", messages=[{"role": "user", "content": "fix mean()"}], tools=[_tool("bash", "command")]
     )
     assert reply.choices[0].message.tool_calls[0].function.name == "bash"  # the script, not a no-tools fallback
-    assert side_request_counts(tmp_path / "side-requests.jsonl") == {"next_speaker": 1, "title": 1}
+    assert side_request_counts(tmp_path / "rec" / "requests.jsonl") == {"next_speaker": 1, "title": 1}
     turns = list((tmp_path / "rec" / "dump").rglob("*.parquet"))
     assert len(turns) == 1  # only the real turn was recorded
 
@@ -115,7 +115,7 @@ def _record(tmp_path: Path, requests: list[dict]) -> Path:
     """Post each request of one session to a real recorder; returns its dump."""
     renderer = make_renderer("qwen3")
     script = Script("text", [], ScriptTurn(content="ok"))
-    recorder = Recorder(tmp_path / "rec", renderer, SideRequestModel(renderer, lambda s, t: script, tmp_path / "s"))
+    recorder = Recorder(tmp_path / "rec", renderer, ScriptedModel(renderer, lambda s, t: script))
     with RecorderThread(recorder, tcp=("127.0.0.1", 0)) as thread:
         client = openai.OpenAI(base_url=thread.url + "/s/h/v1", api_key="dummy", max_retries=0)
         for request in requests:
@@ -180,6 +180,17 @@ def test_the_file_scenario_speaks_each_harnesss_own_tool_and_argument_names(tmp_
         for call in _calls(script):
             assert set(call.arguments) <= offered[call.name], call  # only arguments the schema has
         assert any(call.name == edit and path in call.arguments for call in _calls(script))
+
+
+def test_codex_exec_command_plays_the_shell_scenario_with_its_cmd_argument(tmp_path):
+    """Codex CLI 0.171 offers `exec_command(cmd, ...)` and no file tools (its probe answered 'no usable tools')."""
+    codex = [
+        {"type": "function", "function": {"name": name, "parameters": {"properties": {arg: {}, "workdir": {}}}}}
+        for name, arg in (("exec_command", "cmd"), ("write_stdin", "chars"))
+    ]
+    script = build_scenario(make_workspace(tmp_path / "r", 0), codex)
+    assert script.name == "swe-shell-00" and len(_calls(script)) >= 7
+    assert all(call.name == "exec_command" and set(call.arguments) == {"cmd"} for call in _calls(script))
 
 
 def test_extended_sessions_cover_every_new_class(tmp_path):

@@ -206,7 +206,8 @@ def test_title_side_request_is_answered_and_logged_not_recorded(recorder, tmp_pa
     assert reply.content[0].text
     from trace_tools.record.sink import read_requests
 
-    assert [e["kind"] for e in read_requests(tmp_path / "rec" / "requests.jsonl")] == ["side"]
+    entries = read_requests(tmp_path / "rec" / "requests.jsonl")
+    assert [(e["kind"], e["side_request"]) for e in entries] == [("side", "title")]
     assert not list((tmp_path / "rec" / "dump").rglob("*.parquet"))
 
 

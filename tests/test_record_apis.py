@@ -12,7 +12,7 @@ import pytest
 
 from test_record import EDIT_ARGS, OPENAI_TOOLS, SCRIPT, _wait_rows
 from trace_tools.record import make_renderer, open_recorder
-from trace_tools.record.script import ScriptBook
+from trace_tools.record.script import Script, ScriptBook, ScriptCall, ScriptTurn
 from trace_tools.render.canonical import canonicalize_messages
 
 openai = pytest.importorskip("openai")
@@ -120,6 +120,46 @@ def test_responses_tool_loop_echoes_codex_style_full_input(recorder, renderer, t
     assert second_row.metadata["script_turn"] == 1
     # The echo renders as the turn that was served: the first prompt plus the served output is a prefix.
     assert second_row.prompt_ids[: len(first_row.prompt_ids)] == first_row.prompt_ids
+
+
+CODEX_SHELL = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Runs a command in a PTY.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}, "workdir": {"type": "string"}}},
+    }
+]
+
+
+def test_a_codex_style_responses_session_yields_one_echo_per_served_reply(tmp_path, renderer):
+    """Codex CLI's shape: calls alone (no message item), echoed back as the items it received. The
+    profile pairs every echo by call id and reports no rewrite the client did not make."""
+    from trace_tools.probe.profile import detect_from_dump
+
+    cmds = ["cat calc/stats.py", "python3 -m unittest -q\t"]
+    turns = [ScriptTurn(f"Step {i}.", "", (ScriptCall("exec_command", {"cmd": cmd}),)) for i, cmd in enumerate(cmds)]
+    script = Script("codex-like", turns, ScriptTurn("", "Done."))
+    with open_recorder(tmp_path / "rec", script=ScriptBook({"*": script})) as running:
+        client, history = _responses(running, "cx"), [{"role": "user", "content": "fix it"}]
+        for _ in range(len(cmds) + 1):
+            reply = client.create(model="m", instructions="Codex.", input=history, tools=CODEX_SHELL, store=False)
+            history += [item.model_dump(exclude_none=True) for item in reply.output]
+            history += [
+                {"type": "function_call_output", "call_id": item.call_id, "output": "ok"}
+                for item in reply.output
+                if item.type == "function_call"
+            ]
+    assert reply.output_text == "Done."
+    rows = _wait_rows(tmp_path / "rec", len(cmds) + 1)
+    echo = rows[1].messages[2]
+    assert echo["content"] is None and echo["tool_calls"][0]["id"] == rows[0].response["tool_calls"][0]["id"]
+    assert rows[1].prompt_ids[: len(rows[0].prompt_ids)] == rows[0].prompt_ids
+    profile = detect_from_dump(tmp_path / "rec" / "dump", harness="codex", version="t", protocol="openai-responses")
+    assert profile["measured"]["echoes"] == len(cmds) and profile["measured"]["calls"] == {"exec_command": len(cmds)}
+    kinds = {t["what"] for t in profile["transformations"] if t["kind"] == "message"}
+    assert "call_ids.kept" in kinds and "text.empty_representation_changed" not in kinds
+    assert profile["tools"]["exec_command"]["arguments"]["cmd"]["unchanged"]["count"] == len(cmds)
 
 
 def test_responses_refuses_previous_response_id_and_malformed_input(recorder, tmp_path):
@@ -285,6 +325,36 @@ def test_gemini_malformed_requests_are_400_in_gemini_shape(recorder, tmp_path):
         "contents": [{"role": "model", "parts": [{"text": None}]}, {"parts": [{"text": None}, {"text": "go"}]}]
     }
     assert httpx.post(url, json=null_text).status_code == 200  # a null text is no text, not a 500
+
+
+def test_side_requests_are_answered_in_each_api_logged_with_their_kind_and_never_a_turn(recorder, tmp_path):
+    """`record` answers the clients' own side requests (opencode's title over Chat Completions, a
+    Qwen Code memory pass over Responses, Gemini CLI's next-speaker check) and records only the turn."""
+    from trace_tools.record.side_requests import side_request_counts
+
+    chat = openai.OpenAI(base_url=f"{recorder.url}/s/side/v1", api_key="dummy", max_retries=0).chat.completions
+    title = chat.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "You are a title generator. Output ONLY a title."},
+            {"role": "user", "content": "fix"},
+        ],
+    )
+    assert title.choices[0].message.content == "Scripted session"
+    memory = _responses(recorder, "side").create(
+        model="m", instructions="You are now acting as the managed memory extraction subagent.", input="go"
+    )
+    assert memory.output_text == "Nothing to add." and memory.status == "completed"
+    check = "Analyze the response above. Based strictly on that response, determine who should logically speak next."
+    gemini_client = _gemini(recorder, "side")
+    speaker = gemini_client.models.generate_content(model="gemini-2.5-pro", contents=check)
+    assert json.loads(speaker.text)["next_speaker"] == "user"
+    turn = chat.create(model="m", messages=[{"role": "user", "content": "go"}], tools=OPENAI_TOOLS)
+    assert turn.choices[0].message.tool_calls  # the script starts at the session's first real turn
+    (row,) = _wait_rows(tmp_path / "rec", 1)
+    assert row.metadata["script_turn"] == 0 and recorder.recorder.stats.side_requests == 3
+    log = tmp_path / "rec" / "requests.jsonl"
+    assert side_request_counts(log) == {"memory_extraction": 1, "next_speaker": 1, "title": 1}
 
 
 def test_conversions_keep_the_order_and_the_reasoning_a_client_sends():

@@ -31,9 +31,10 @@ from trace_tools.probe.harnesses import Harness, Launch, get_harness
 from trace_tools.probe.history import history_events
 from trace_tools.probe.profile import detect_from_dump, write_profile
 from trace_tools.probe.scenarios import TASK, Workspace, build_scenario, make_workspace
-from trace_tools.probe.side_requests import SideRequestModel, side_request_counts
 from trace_tools.record import make_renderer
+from trace_tools.record.model import ScriptedModel
 from trace_tools.record.server import REASONING_MODES, Recorder, RecorderThread
+from trace_tools.record.side_requests import side_request_counts
 
 UNPRIVILEGED = (65534, 65534)  # nobody:nogroup, for the harness when the probe runs as root
 BRIDGE_PORT = 8642
@@ -87,8 +88,9 @@ def probe(
     workspaces = [make_workspace(work / f"s{i:02d}" / "repo", i, seed) for i in range(sessions)]
     renderer = make_renderer(template)
     scripts = _ScenarioBook(workspaces, spec, run_dir / "scenarios")
-    model = SideRequestModel(renderer, scripts, run_dir / "side-requests.jsonl")
-    recorder = Recorder(run_dir, renderer, model, harness=harness, reasoning=reasoning)
+    # Side requests are declined (record/side_requests.py): no scripted text reaches a client's title or memory.
+    model = ScriptedModel(renderer, scripts)
+    recorder = Recorder(run_dir, renderer, model, harness=harness, reasoning=reasoning, side_requests="decline")
     socket_dir = Path(tempfile.mkdtemp(prefix="tt-probe-"))
     try:
         with RecorderThread(recorder, unix=socket_dir / "recorder.sock"):
@@ -104,7 +106,7 @@ def probe(
         seed=seed,
         isolation=report["mode"],
         reasoning=reasoning,
-        side_requests=side_request_counts(run_dir / "side-requests.jsonl"),
+        side_requests=side_request_counts(run_dir / "requests.jsonl"),
         variants={f"s{i:02d}": dict(spec.variant(i)) for i in range(sessions) if spec.variant(i)},
     )
     profile["history"] = history_events(run_dir / "dump")

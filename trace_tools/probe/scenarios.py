@@ -15,9 +15,9 @@ their own argument names:
   `cd`s into a subdirectory, Write a notes file whose type varies across sessions (`.md`,
   `.txt`, `.markdown`, ...), Edit the README with every key given in a non-schema order, and
   answer in text. From session `EXTENDED_FROM` on, the extended classes follow (`extended_turns`).
-* **shell only** (mini-swe-agent's single `bash` tool): the same steps as shell commands (`cat`,
-  `grep`, heredocs that write files with trailing whitespace, a Python one-off that edits), two
-  commands in one turn, and the harness's own submit command to finish.
+* **shell only** (mini-swe-agent's single `bash` tool, Codex CLI's `exec_command(cmd)`): the same
+  steps as shell commands (`cat`, `grep`, heredocs that write files with trailing whitespace, a
+  Python one-off that edits), two commands in one turn, and the harness's own submit command to finish.
 
 The trailing characters rotate across sessions through the space, tab and the wider Unicode /
 JavaScript whitespace sets (NBSP, ideographic space, em space, vertical tab, form feed, NEL,
@@ -42,7 +42,9 @@ TASK = (
     "mean() in calc/stats.py returns the wrong value. Fix it, add a regression test under tests/, "
     "run the tests, and leave a short note of the change."
 )
-SHELL_NAMES = ("bash", "shell", "execute_bash", "run_shell_command", "terminal")
+SHELL_NAMES = ("bash", "shell", "execute_bash", "run_shell_command", "terminal", "exec_command")
+# What a shell tool calls its command line: `command`, or `cmd` (Codex CLI's `exec_command`).
+COMMAND_ARGUMENTS = ("command", "cmd")
 # Sessions from this index on add the extended scenario classes (`extended_turns`); sessions 0-2
 # play the base scenario the shipped profiles were measured on, so a short probe stays comparable.
 EXTENDED_FROM = 3
@@ -200,13 +202,14 @@ def build_scenario(ws: Workspace, tools: list[dict] | None, finish_command: str 
     kit = file_tools(names)
     if kit is not None:
         return Script(f"swe-files-{ws.index:02d}", file_tool_turns(ws, kit), _final(ws), TASK)
-    shell = next((name for name in SHELL_NAMES if "command" in names.get(name, set())), None)
+    shell = next((name for name in SHELL_NAMES if _first(COMMAND_ARGUMENTS, names.get(name, set()))), None)
     if shell is not None:
-        turns = shell_turns(ws, shell)
+        argument = _first(COMMAND_ARGUMENTS, names[shell]) or "command"
+        turns = shell_turns(ws, shell, argument)
         final = (
             _final(ws)
             if finish_command is None
-            else ScriptTurn("The fix is in and tested.", "", (ScriptCall(shell, {"command": finish_command}),))
+            else ScriptTurn("The fix is in and tested.", "", (ScriptCall(shell, {argument: finish_command}),))
         )
         return Script(f"swe-shell-{ws.index:02d}", turns, final, TASK)
     return Script("no-usable-tools", [], ScriptTurn(content="I have no tools I can use here."), TASK)
@@ -376,7 +379,7 @@ def notes(ws: Workspace) -> str:
     )
 
 
-def shell_turns(ws: Workspace, shell: str) -> list[ScriptTurn]:
+def shell_turns(ws: Workspace, shell: str, argument: str = "command") -> list[ScriptTurn]:
     root = str(ws.root)
     fix = (
         "python3 - <<'EOF'\n"
@@ -390,7 +393,7 @@ def shell_turns(ws: Workspace, shell: str) -> list[ScriptTurn]:
     write_notes = f"cat > NOTES.md <<'EOF'\n{notes(ws)}EOF"
 
     def bash(command: str) -> ScriptCall:
-        return _call(shell, command=command)
+        return _call(shell, **{argument: command})
 
     return [
         ScriptTurn("Read the module first.", "Reading the module.", (bash("cat calc/stats.py"),)),

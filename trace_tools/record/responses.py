@@ -13,7 +13,8 @@ does; docs/probe.md#responses-requests--trace-schema-messages):
 * an assistant turn is the run of `reasoning`, assistant `message` and `function_call` items
   between two other items: one assistant message with `reasoning_content` (the reasoning item's
   `reasoning_text` content, else the text the recorder sealed in its `encrypted_content`, else its
-  summary), `content`, and `tool_calls` (`call_id` as the id, `arguments` as the JSON text sent);
+  summary), `content` (None when the run has no message item, as a served reply with calls alone
+  has it), and `tool_calls` (`call_id` as the id, `arguments` as the JSON text sent);
 * a `function_call_output` item becomes a `tool` message (`tool_call_id` = its `call_id`);
 * tools: `{"type": "function", "name", "description", "parameters"}` become chat function schemas;
   other tool types (Codex's `local_shell`, freeform `custom` tools, `web_search`) have no chat form
@@ -53,7 +54,7 @@ def request_messages(body: dict) -> list[dict]:
         kind, role = item.get("type", "message"), item.get("role")
         if kind in ("reasoning", "function_call") or (kind == "message" and role == "assistant"):
             if turn is None or _starts_new_turn(turn, kind):
-                turn = {"role": "assistant", "content": ""}
+                turn = {"role": "assistant", "content": None}  # None until a message item brings text
                 out.append(turn)
             _add_to_turn(turn, item, kind)
             continue
@@ -78,7 +79,7 @@ def _add_to_turn(turn: dict, item: dict, kind: str) -> None:
         if thought:
             turn["reasoning_content"] = turn.get("reasoning_content", "") + thought
     elif kind == "message":
-        turn["content"] += _assistant_text(item["content"])
+        turn["content"] = (turn["content"] or "") + _assistant_text(item["content"])
     else:
         call = {
             "id": item["call_id"],

@@ -21,9 +21,10 @@ One turn: convert the request (`protocols.py`, over `anthropic.py`, `openai_chat
 `responses.py` and `gemini.py`), canonicalize it (slime's translate, `render/canonical.py`),
 render it with the chat template and tokenizer (prompt ids), generate (`model.py`), parse the
 output ids with the family's parser, write the turn (`sink.py`), answer in the client's protocol.
-A session's requests are served one at a time, in arrival order. Claude Code's conversation-title
-request is answered (a short title) and logged as a side request, never recorded as a turn, as
-slime's adapter does.
+A session's requests are served one at a time, in arrival order. A side request (a conversation
+title, a next-speaker check, a memory or skill pass: `side_requests.py`) is answered (a short
+title, ...) or, for the probe, declined, and logged as a side request, never recorded as a turn,
+as slime's adapter does with Claude Code's title request.
 
 What the recorder promises (docs/probe.md, "What the recorder keeps"): a reply a client received
 is in the dump. A turn is persisted before the bytes that complete its reply are sent (a JSON
@@ -62,11 +63,11 @@ from trace_tools.record.checks import (
     parse_body,
 )
 from trace_tools.record.model import Generation, Request, ScriptedModel, UpstreamModel
+from trace_tools.record.side_requests import CLAUDE_TITLE, POLICIES, SideMarker, side_answer, side_request_kind
 from trace_tools.record.sink import OutLock, RequestLog, TurnSink, redact
 from trace_tools.render.canonical import canonicalize_messages
 from trace_tools.render.limits import TemplateLimitHit
 
-SIDE_TITLE = "Scripted session"
 # Headers a gateway in front of the recorder may send to place a call in training (docs/probe.md).
 STEP_HEADER, WEIGHT_VERSION_HEADER = "X-Trace-Tools-Step", "X-Trace-Tools-Weight-Version"
 # How a reply carries the model's reasoning: `separate` (Anthropic thinking blocks, OpenAI
@@ -107,13 +108,17 @@ class Recorder:
         render_threads: int = RENDER_THREADS,
         step: int | None = None,
         weight_version: str | None = None,
+        side_requests: str = "answer",
     ):
         if reasoning not in REASONING_MODES:
             raise UnknownName("reasoning mode", reasoning, list(REASONING_MODES))
+        if side_requests not in POLICIES:
+            raise UnknownName("side-request policy", side_requests, list(POLICIES))
         if not max_body > 0 or not body_seconds > 0 or render_threads < 1:
             raise UsageError("--max-body, the body read time and the render threads must be positive")
         self.out_dir = Path(out_dir)
         self.renderer, self.model, self.reasoning = renderer, model, reasoning
+        self.side_requests = side_requests  # answer (record) or decline (probe): record/side_requests.py
         self.max_body, self.body_seconds = max_body, body_seconds
         self.step, self.weight_version = step, weight_version  # a request's headers may name its own
         self._lock = OutLock(self.out_dir)
@@ -244,18 +249,33 @@ class Recorder:
 
     async def _serve(self, request: Any, session: str, protocol: str, body: dict) -> Any:
         protocols.CHECKS[protocol](body)
-        if protocol == "anthropic" and anthropic.is_title_request(body):
-            self.stats.side_requests += 1
-            reply = anthropic.message_body(
-                protocols.new_id("msg_"),
-                body.get("model", ""),
-                [{"type": "text", "text": SIDE_TITLE}],
-                "end_turn",
-                {"input_tokens": 0, "output_tokens": 0},
-            )
-            return await self._send(request, protocol, body, reply, session=session, kind="side")
         messages, tools, unrendered = protocols.conversation(protocol, body)
+        side = CLAUDE_TITLE if protocol == "anthropic" and anthropic.is_title_request(body) else None
+        side = side or side_request_kind(messages)
+        if side is not None:
+            return await self._side_request(request, session, protocol, body, side)
         return await self._serve_turn(request, session, protocol, body, messages, tools, unrendered)
+
+    async def _side_request(self, request: Any, session: str, protocol: str, body: dict, side: SideMarker) -> Any:
+        """Answered (`record`) or declined (`probe`), logged with its kind, never a turn."""
+        self.stats.side_requests += 1
+        log: dict[str, Any] = {"side_request": side.kind, "marker": side.text}
+        if self.side_requests == "decline":
+            message = f"side request ({side.kind}) declined by the recorder: it is not a turn of the session"
+            payload = error_body(protocol, "invalid_request_error", message, status=400)
+            return self._answer(request, session, "side", payload, status=400, body=body, **log)
+        path = split_session(request.path)[1]
+        reply = protocols.reply(
+            protocol,
+            {"role": "assistant", "content": side_answer(side.kind)},
+            f"{session}/side",
+            body,
+            protocols.model(protocol, path, body),
+            "stop",
+            (0, 0),
+            False,
+        )[0]
+        return await self._send(request, protocol, body, reply, session=session, kind="side", **log)
 
     def _declared_size(self, request: Any) -> int:
         """The bytes a request's body will take (a chunked one: the limit); a larger one is refused unread."""
@@ -317,7 +337,16 @@ class Recorder:
         return await self._send(request, protocol, body, reply, session=session, kind="turn", turn=turn)
 
     async def _send(
-        self, request: Any, protocol: str, body: dict, reply: dict, *, session: str, kind: str, turn: Turn | None = None
+        self,
+        request: Any,
+        protocol: str,
+        body: dict,
+        reply: dict,
+        *,
+        session: str,
+        kind: str,
+        turn: Turn | None = None,
+        **log: Any,
     ) -> Any:
         """Log and answer; a turn is persisted before the bytes that complete its reply are sent."""
         from aiohttp import web
@@ -333,6 +362,7 @@ class Recorder:
             "body": body,
             "stream": stream,
             "reply": reply,
+            **log,
         }
         if turn is not None:
             entry["turn_index"] = turn.turn_index

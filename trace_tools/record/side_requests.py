@@ -3,22 +3,21 @@
 Clients send the model requests that are not steps of the session: a conversation title, a
 "who speaks next" check, a background memory extractor or dream pass, a skill review. Each is
 recognised here by the instruction the client itself writes (quoted from its bundle at the pinned
-version), never by position or timing. The probe answers none of them with a scripted turn and
-records none as one: `SideRequestModel` logs each (kind, session, the marker that matched) to
-`side-requests.jsonl` and refuses it, so the dump holds only the agent's own turns.
+version), never by position or timing. The recorder (`server.py`) classifies every request with
+`side_request_kind` before any model sees it and records none as a turn: `record` answers each
+with `side_answer` (a reply the client accepts), `probe` declines each with an error; both log it
+to `requests.jsonl` (kind `side`, `side_request` naming which) and count it.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from trace_tools.errors import TraceToolsError
-from trace_tools.record.model import Generation, Request, ScriptedModel
-from trace_tools.record.script import Script
+from trace_tools.record.sink import read_requests
+
+SIDE_TITLE = "Scripted session"
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,17 @@ MARKERS = (
     # Gemini CLI 0.61.0's bundle holds the same prompt (Qwen Code is a fork of Gemini CLI)
     SideMarker("next_speaker", "qwen-code 0.24.4", "last_user", "who should logically speak next"),
 )
-
-
-class SideRequest(TraceToolsError):
-    """A side request the probe declines (the recorder answers it with an error, records no turn)."""
+# Claude Code's title request is recognised by its shape instead (`anthropic.is_title_request`).
+CLAUDE_TITLE = SideMarker("title", "claude-code", "system", "(no tools; the system prompt asks for a title)")
+# What `record` answers: a title, the JSON the next-speaker check parses (the user speaks next, so
+# the client waits for its user as it would after a real model's answer), else a plain text that
+# ends a background pass without a tool call.
+ANSWERS = {
+    "title": SIDE_TITLE,
+    "next_speaker": json.dumps({"reasoning": "The recorder answers side requests itself.", "next_speaker": "user"}),
+}
+NOTHING_TO_ADD = "Nothing to add."
+POLICIES = ("answer", "decline")
 
 
 def side_request_kind(messages: list[dict]) -> SideMarker | None:
@@ -55,6 +61,10 @@ def side_request_kind(messages: list[dict]) -> SideMarker | None:
     return None
 
 
+def side_answer(kind: str) -> str:
+    return ANSWERS.get(kind, NOTHING_TO_ADD)
+
+
 def _text(message: dict) -> str:
     content = message.get("content")
     if isinstance(content, str):
@@ -64,30 +74,12 @@ def _text(message: dict) -> str:
     return ""
 
 
-class SideRequestModel(ScriptedModel):
-    """The probe's scripted model: side requests are logged and declined before any script is
-    chosen, so a session's script is built from its first real turn (the one that offers tools)."""
-
-    def __init__(self, renderer: Any, scripts: Callable[[str, list[dict] | None], Script], log: Path):
-        super().__init__(renderer, scripts)
-        self.log = log
-        self._lock = threading.Lock()
-
-    def generate(self, request: Request) -> Generation:
-        marker = side_request_kind(request.messages)
-        if marker is None:
-            return super().generate(request)
-        entry = {"session": request.session, "kind": marker.kind, "client": marker.client, "marker": marker.text}
-        with self._lock, self.log.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(entry) + "\n")
-        raise SideRequest(f"side request ({marker.kind}) declined by the probe: it is not a turn of the session")
-
-
 def side_request_counts(log: Path) -> dict[str, int]:
-    """{kind: how many} from a probe's side-requests.jsonl (empty when the harness sent none)."""
+    """{kind: how many} from a recording's requests.jsonl (empty when the harness sent none)."""
     counts: dict[str, int] = {}
     if log.exists():
-        for line in log.read_text(encoding="utf-8").splitlines():
-            kind = json.loads(line)["kind"]
-            counts[kind] = counts.get(kind, 0) + 1
+        for entry in read_requests(log):
+            if entry.get("kind") == "side":
+                kind = entry["side_request"]
+                counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items()))
