@@ -85,11 +85,11 @@ def test_explain_resolves_the_strategy_tokenizer_and_template_once(calls):
 
 # The messages (and exit code 2) these options gave before they were resolved in one place.
 BAD_OPTIONS = [
-    (["-s", "nope"], "unknown strategy 'nope'; choose one of: chains, checkpoint-tree, echo-restore, linear, "),
+    (["-s", "nope"], "unknown strategy 'nope'; choose one of: areal, chains, checkpoint-tree, "),
     (["--tokenizer", "nope"], "unknown tokenizer 'nope'; choose one of: qwen3, qwen3.5, "),
     (["--chat-template", "nope.jinja"], "chat template 'nope.jinja' is neither a known name (qwen3, qwen3.5, "),
     (["--param", "fork_threshold=x"], "invalid fork_threshold 'x'; pass an integer"),
-    (["--param", "nope=1"], "unknown strategy parameter 'nope'; choose one of: delta, "),
+    (["--param", "nope=1"], "unknown strategy parameter 'nope'; choose one of: areal_export, delta, "),
 ]
 
 

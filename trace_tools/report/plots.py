@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from trace_tools.io.rundir import read_table
+from trace_tools.report.palette import STRATEGY_COLOURS
 from trace_tools.strategies.declarations import NAMES, in_column_order
 
 MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
@@ -231,10 +232,7 @@ def _cause_colours(n: int) -> list[Any]:
 
 
 def _colours(names: Any) -> list[Any]:
-    from matplotlib import colormaps
-
-    tab10 = colormaps["tab10"]
-    palette = [tab10(n) for n in range(10)]
+    palette = STRATEGY_COLOURS
     order = {name: n for n, name in enumerate(NAMES)}
     return [palette[order.get(name, len(order) + n) % len(palette)] for n, name in enumerate(names)]
 

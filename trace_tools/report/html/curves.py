@@ -15,8 +15,9 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-# matplotlib's tab10, as the run's PNG plots use: ten hues that stay apart on white.
-COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+from trace_tools.report.palette import STRATEGY_COLOURS
+
+COLOURS = STRATEGY_COLOURS  # the run's PNG plots use the same
 WATCHED_TOOLS = ("Edit", "Write", "Bash")
 WIDTH, HEIGHT = 330, 190
 LEFT, RIGHT, TOP, BOTTOM = 44, 14, 10, 30  # the plot area's margins inside the viewBox
