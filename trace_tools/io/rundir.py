@@ -282,6 +282,13 @@ def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -
         raise UnusableInput(f"{table} is not readable ({reason}); {_REBUILD.format(run=run)}") from None
 
 
+def samples_files(run_dir: Path) -> list[Path]:
+    """The files holding a local run's samples, as one dataset: samples.parquet (none when the run
+    wrote no samples)."""
+    path = run_dir / "samples.parquet"
+    return [path] if path.exists() else []
+
+
 def _read_json(file: Location) -> Any:
     with storage.open_input(file) as handle:
         return json.loads(handle.read().decode("utf-8"))

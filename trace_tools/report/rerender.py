@@ -25,7 +25,7 @@ def rerender(run: str | Path, html: bool = False) -> dict[str, Any]:
 
     with storage.local_run(storage.location(run), write_back=True) as path:
         summary = load_summary(path)
-        write_report(path, summary, read_run(path) | plot_tables(path))
+        write_report(path, summary, plot_tables(path))
         if html:
             from trace_tools.report.html import write_html_report
 
