@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trace_tools.io.rundir import samples_files
+from trace_tools.io.sample_parts import samples_files
 from trace_tools.report.escape import visible_bidi
 
 CHUNK_BYTES = 256 * 1024
@@ -67,7 +67,7 @@ def build_sessions(
     }
     del sessions
     turns = TurnTable(run_dir / "turns.parquet", wanted)
-    bars = sample_bars(samples_files(run_dir), wanted)
+    bars = sample_bars([Path(path) for path in samples_files(run_dir)], wanted)
     drift = read_drift(run_dir / "drift.parquet", wanted)
     reasons = _quarantine_reasons(quarantine)
     codes: dict[str, list[str]] = {"causes": [], "behaviours": []}
