@@ -425,15 +425,16 @@ TURN_COLUMNS = [
 SESSION_COLUMNS = ["strategy", "session_id", *_SESSION_SUMS, *COUNTERS, "extra_counters", "step"]
 
 
-def aggregate_run(run_dir: Path) -> RunAggregate:
-    """One bounded pass over a run directory's tables (only the columns the metrics read)."""
+def aggregate_run(run_dir: Path, rows: int = BATCH_ROWS) -> RunAggregate:
+    """One bounded pass over a run directory's tables (only the columns the metrics read), about
+    `rows` rows at a time."""
     aggregate = RunAggregate()
-    for turns in session_batches(run_dir / "turns.parquet", TURN_COLUMNS):
+    for turns in session_batches(run_dir / "turns.parquet", TURN_COLUMNS, rows):
         aggregate.add_turns(turns)
-    for sessions in session_batches(run_dir / "sessions.parquet", SESSION_COLUMNS):
+    for sessions in session_batches(run_dir / "sessions.parquet", SESSION_COLUMNS, rows):
         aggregate.add_sessions(sessions)
-    for quarantine in table_batches(run_dir / "quarantine.parquet"):
+    for quarantine in table_batches(run_dir / "quarantine.parquet", rows=rows):
         aggregate.add_quarantine(quarantine)
-    for fidelity in table_batches(run_dir / "fidelity.parquet", ["exact"]):
+    for fidelity in table_batches(run_dir / "fidelity.parquet", ["exact"], rows):
         aggregate.add_fidelity(fidelity)
     return aggregate
