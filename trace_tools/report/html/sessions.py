@@ -41,6 +41,8 @@ SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "response_length", "
 
 MAX_SESSIONS = 500  # sessions the page details; a larger run shows the ones losing the most tokens
 BATCH_ROWS = 65_536
+SAMPLE_BATCH_ROWS = 64  # samples hold every token: a few at a time
+DRIFT_BATCH_ROWS = 1024  # drift findings hold the ids and tokens of an echoed window
 
 
 @dataclass
@@ -119,8 +121,9 @@ def pick_sessions(sessions: dict[str, list[Any]], limit: int) -> tuple[list[str]
     return sorted(lost, key=lambda sid: -lost[sid])[:limit], len(lost)
 
 
-def _batches(path: Path, columns: list[str] | None, wanted: set[str]) -> Iterator[Any]:
-    """The record batches of a run table holding rows of the `wanted` sessions, only those rows."""
+def _batches(path: Path, columns: list[str] | None, wanted: set[str], rows: int = BATCH_ROWS) -> Iterator[Any]:
+    """The record batches of a run table (`rows` rows read at a time) holding rows of the `wanted`
+    sessions, only those rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -129,7 +132,7 @@ def _batches(path: Path, columns: list[str] | None, wanted: set[str]) -> Iterato
     if "session_id" not in parquet.schema_arrow.names:  # a table written empty
         return
     keep = pa.array(sorted(wanted), pa.string())
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    for batch in parquet.iter_batches(batch_size=rows, columns=columns):
         batch = batch.filter(pc.is_in(batch.column("session_id"), value_set=keep))
         if batch.num_rows:
             yield batch
@@ -218,7 +221,7 @@ def sample_bars(paths: list[Path], wanted: set[str]) -> dict[tuple[str, str], li
     if not paths:
         return None
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for batch in (batch for path in paths for batch in _batches(path, SAMPLE_COLUMNS, wanted)):
+    for batch in (batch for path in paths for batch in _batches(path, SAMPLE_COLUMNS, wanted, SAMPLE_BATCH_ROWS)):
         keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
         for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
             out[key].append({"i": index, **bar})
@@ -265,7 +268,7 @@ def read_drift(path: Path, wanted: set[str]) -> dict[str, list[dict[str, Any]]] 
     if not path.exists():
         return None
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for batch in _batches(path, None, wanted):
+    for batch in _batches(path, None, wanted, DRIFT_BATCH_ROWS):
         for rec in batch.to_pylist():
             out[rec["session_id"]].append(_drift_entry(rec))
     return dict(out)
