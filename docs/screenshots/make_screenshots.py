@@ -7,7 +7,6 @@ a 64-colour palette to keep the repository small.
 
     python docs/screenshots/make_screenshots.py [RUN]
 """
-
 from __future__ import annotations
 
 import sys
