@@ -145,7 +145,7 @@ class RunAggregate:
         self.quarantined: set[str] = set()
         self.quarantined_by_reason: dict[str, set[str]] = defaultdict(set)
         self.quarantine_examples: dict[str, str] = {}
-        self.fidelity = Counter()
+        self.fidelity: Counter = Counter()
 
     def merge(self, other: "RunAggregate") -> "RunAggregate":
         """Add `other`'s partials (a later part of the run: quarantine examples keep the first)."""
