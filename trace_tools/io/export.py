@@ -172,7 +172,7 @@ def _file_rows(samples: Location, strategy: str, run_name: str, report: ExportRe
 
 
 def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:
-    """One samples.parquet row in the export layout (see the module docstring)."""
+    """One row of the run's samples in the export layout (see the module docstring)."""
     tokens, mask, logprobs = sample["token_ids"], sample["loss_mask"], sample["logprobs"]
     length = sample["response_length"]
     if not (len(mask) == len(logprobs) == length <= len(tokens) == len(sample["source_turn"])):
