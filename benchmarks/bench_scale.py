@@ -15,8 +15,8 @@ fresh subprocess on the same dump:
 
 For a Ray row the driver's CPU (this process, its threads included; Ray's own daemons are other
 processes) is split into set-up (pass 1, checks, shipping options), the replay loop (submitting
-tasks, taking results, writing shards), the samples.parquet encoding (one Parquet file by the
-run-directory contract, so one core encodes it wherever the rest runs) and the end of the run
+tasks, taking results, writing shards), the encoding of the sample parts (one per shard, on a pool
+of driver threads: docs/run_directory.md#samples) and the end of the run
 (merging shard tables). Worker CPU is the CPU of every Ray worker process (their start-up, the
 row-group loader tasks and the session tasks), read when the run ends. Bytes: task arguments the
 driver sent, row data the session tasks received (worker to worker, from the loaders), and
@@ -148,54 +148,45 @@ class _DriverProbe:
     """Splits the driver process's CPU of one run into set-up (until the first task is submitted:
     pass 1, checks, shipping options), the loop (from there until the last result is taken:
     submitting tasks, taking results, writing shards, Ray's own threads in the driver), the end
-    (after the last result: the last shard, merging shard tables) and the samples.parquet writer
-    thread, whose CPU clock is read at both ends of the loop so that the loop excludes it."""
+    (after the last result: the last shard, merging shard tables) and the encoding of the sample
+    parts (`io.sample_parts.encode`, on a pool of threads), whose thread CPU is summed as each
+    part is written, so that the loop excludes what was encoded during it."""
 
     def __init__(self, engine) -> None:
-        from trace_tools.io import rundir
+        from trace_tools.io import sample_parts
         from trace_tools.replay import executors
 
         self.reset()
         probe = self
-        submit, write_all, results = executors._RayReplay._submit, rundir.SamplesFile._write_all, engine.ray_results
+        submit, encode, results = executors._RayReplay._submit, sample_parts.encode, engine.ray_results
+        lock = threading.Lock()
 
         def first_submit(replay, batch):
             if probe.loop_start is None:
                 probe.loop_start = probe._now()
             return submit(replay, batch)
 
-        def samples_thread(samples_file):
-            probe._samples_clock = time.pthread_getcpuclockid(threading.get_ident())
+        def timed_encode(*args):
+            started = time.thread_time()
             try:
-                write_all(samples_file)
+                encode(*args)
             finally:
-                probe._samples_done, probe._samples_clock = time.thread_time(), None
+                with lock:
+                    probe._samples_done += time.thread_time() - started
 
         def taken(*args, **kwargs):
             yield from results(*args, **kwargs)
             probe.loop_end = probe._now()
 
-        executors._RayReplay._submit, rundir.SamplesFile._write_all, engine.ray_results = (
-            first_submit,
-            samples_thread,
-            taken,
-        )
+        executors._RayReplay._submit, sample_parts.encode, engine.ray_results = first_submit, timed_encode, taken
 
     def reset(self) -> None:
-        self.loop_start: tuple[float, float, float] | None = None  # (process, main thread, samples thread)
+        self.loop_start: tuple[float, float, float] | None = None  # (process, main thread, sample parts so far)
         self.loop_end: tuple[float, float, float] | None = None
-        self._samples_clock: int | None = None
         self._samples_done = 0.0
 
-    def _samples_cpu(self) -> float:
-        clock = self._samples_clock
-        try:
-            return time.clock_gettime(clock) if clock is not None else self._samples_done
-        except OSError:  # the thread ended between the two reads
-            return self._samples_done
-
     def _now(self) -> tuple[float, float, float]:
-        return time.process_time(), time.thread_time(), self._samples_cpu()
+        return time.process_time(), time.thread_time(), self._samples_done
 
     def figures(self, run_start: float, driver_cpu: float) -> dict:
         (process0, main0, samples0), (process1, main1, samples1) = self.loop_start, self.loop_end
@@ -308,7 +299,7 @@ def report(shape: dict, results: dict, args: argparse.Namespace) -> str:
         f"{shape['sessions']} simulated `swe-long` sessions ({shape['turns']} turns, {shape['mb']:.0f} MB of "
         "Parquet). Ray rows use a local Ray with that many logical CPUs.",
         "",
-        "| | wall | worker CPU / turn | driver CPU / turn | driver share | main thread | samples.parquet / turn "
+        "| | wall | worker CPU / turn | driver CPU / turn | driver share | main thread | sample parts / turn "
         "| sent / session | rows to tasks / session | results / session |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| `--workers 1` (one process) | {local['wall']:.1f} s "
@@ -354,13 +345,13 @@ def _notes(rays: list[dict], before: dict, local: dict) -> list[str]:
         "",
         "*Driver CPU / turn* is the driver process's CPU from the first task submitted to the last "
         "result taken (submitting tasks, taking results, writing the shards, Ray's own threads in the "
-        "driver), less the samples.parquet writer thread's, whose CPU clock is read at both ends; "
+        "driver), less the CPU of the threads encoding sample parts meanwhile; "
         "*driver share* divides it by the workers' CPU per turn (the target is ≤ 2 %): the median of "
         f"{MEASURED_RUNS} measured replays after a warm-up, their range in brackets; *main thread* is the "
         "share of the one thread that runs the loop. The *driver reads rows* row is the driver's work "
         "per turn before (reading and checking rows, pickling sessions), its share against "
-        "`--workers 1`'s CPU per turn. *samples.parquet* is the encoding of that one file, which the "
-        "run-directory contract makes serial (one core: a thread of the driver); `--no-samples` "
+        "`--workers 1`'s CPU per turn. *Sample parts* is the encoding of the samples, one Parquet part "
+        "per shard on a pool of driver threads (io.sample_parts.ENCODERS of them); `--no-samples` "
         "removes it. Once per run, not per turn: set-up before the first task (pass 1, checks, "
         f"shipping options) cost {c['setup'] * widest['turns']:.0f} ms and the end after the last result "
         f"(the last shard, merging shard tables) {c['end'] * widest['turns']:.0f} ms at "
@@ -382,13 +373,15 @@ def _projection(
     c = costs(widest)
     share = statistics.median(widest["shares"])
     worker, driver = c["worker"] / 1000, share * c["worker"] / 1000
-    samples = c["samples"] / 1000 if args.samples else 0.0
+    from trace_tools.io.sample_parts import ENCODERS
+
+    samples = c["samples"] / 1000 / ENCODERS if args.samples else 0.0  # sample parts encode side by side
     serial = (c["setup"] + c["end"]) / 1000
     of = f"{turns:,}-turn" + (f", {sessions:,}-session" if sessions else "")
     how = (
         "From the widest row's costs per turn: the workers take `turns × worker / N`; the driver's "
-        "loop runs beside them and caps the rate at `1 / driver` turns per second; samples.parquet "
-        "is encoded by its own thread as results come back and caps it at `1 / samples`; set-up "
+        "loop runs beside them and caps the rate at `1 / driver` turns per second; the sample parts "
+        "are encoded by ENCODERS threads as shards close and cap it at `ENCODERS / samples`; set-up "
         "(pass 1, planning) and merging shard tables are serial, before and after. Wall ≈ max(workers, "
         "driver loop, samples.parquet) + set-up + end (cluster start-up and the report not included); "
         "*without samples* drops the samples.parquet term (`--no-samples`). The driver figure is "
@@ -429,7 +422,7 @@ def _projection(
         f"({share:.2%} of a worker's CPU per turn, the median share; its main thread alone at about "
         f"{c['worker'] / c['main']:,.0f})"
         + (
-            f"; before that, encoding samples.parquet on one core limits a run that writes samples to "
+            f"; before that, encoding the sample parts on the driver's encoder threads limits a run that writes samples to "
             f"about **{worker / samples:,.0f} workers** — replay with `--no-samples`, or export only "
             "what a trainer needs, beyond that."
             if samples

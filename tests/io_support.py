@@ -118,8 +118,10 @@ def run_contents(run_dir: Path) -> dict:
     import json
 
     out = {"summary": json.loads((Path(run_dir) / "summary.json").read_text())}
+    from trace_tools.io.sample_parts import read_samples
+
     for name in RUN_TABLES:
-        table = pq.read_table(Path(run_dir) / f"{name}.parquet")
+        table = read_samples(Path(run_dir)) if name == "samples" else pq.read_table(Path(run_dir) / f"{name}.parquet")
         out[name] = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in table.to_pylist()]
     return out
 

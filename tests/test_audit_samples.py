@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from trace_tools.io.sample_parts import read_samples
 from trace_tools.trainer.audit import audit_samples
 from trace_tools.trainer.records import TrainerSample
 
@@ -34,7 +35,7 @@ def tree_summary(tree_run) -> dict:
 
 def trainer_samples(run: Path, steps: int = 1) -> list[TrainerSample]:
     """The tree run's samples as a trainer would hold them, sessions spread over `steps` rollout steps."""
-    rows = pq.read_table(run / "samples.parquet").to_pylist()
+    rows = read_samples(run).to_pylist()
     sessions = list(dict.fromkeys(row["session_id"] for row in rows))
     return [
         TrainerSample(

@@ -6,17 +6,17 @@ import json
 import shutil
 
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.io.export import export_samples, read_export
+from trace_tools.io.sample_parts import read_samples
 
 
 @pytest.fixture(scope="module")
 def run_samples(sample_run):
-    return pq.read_table(sample_run.run_dir / "samples.parquet").to_pandas()
+    return read_samples(sample_run.run_dir).to_pandas()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -83,6 +83,6 @@ def test_default_path_and_usage_errors(sample_run, tmp_path):
     (tmp_path / "bare").mkdir()
     result = runner.invoke(app, ["export", str(tmp_path / "bare"), "--strategy", "tree"])
     assert result.exit_code == 2 and "is not a finished run directory" in result.output
-    (run / "samples.parquet").unlink()
+    shutil.rmtree(run / "samples")
     result = runner.invoke(app, ["export", str(run), "--strategy", "tree"])
     assert result.exit_code == 2 and "replay again without --no-samples" in result.output

@@ -33,6 +33,7 @@ from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import TraceToolsError
 from trace_tools.io import iter_sessions, validate
+from trace_tools.io.sample_parts import read_samples
 
 pytestmark = pytest.mark.slow
 
@@ -232,7 +233,8 @@ def fuzz(tmp_path_factory):
 
 
 def _replayed(result) -> dict[str, pd.DataFrame]:
-    tables = {name: pd.read_parquet(result.run_dir / f"{name}.parquet") for name in ("sessions", "turns", "samples")}
+    tables = {name: pd.read_parquet(result.run_dir / f"{name}.parquet") for name in ("sessions", "turns")}
+    tables["samples"] = read_samples(result.run_dir).to_pandas()
     tables["sessions"] = tables["sessions"].drop(columns=["elapsed_s"])
     tables["quarantine"] = pd.read_parquet(result.run_dir / "quarantine.parquet")
     return tables

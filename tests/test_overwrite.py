@@ -32,16 +32,16 @@ def _export_has_no_samples(run: str) -> None:
 
 
 def test_an_overwrite_without_samples_leaves_no_samples_of_the_previous_run(tmp_path):
-    """The previous run's samples.parquet (other sessions) must not be exported as this run's."""
+    """The previous run's samples (other sessions) must not be exported as this run's."""
     run = tmp_path / "run"
     replay(QWEN3, out=run, strategies=STRATEGIES, workers=1)
-    assert (run / "samples.parquet").is_file()
+    assert (run / "samples" / "manifest.json").is_file()
     assert not _session_ids(QWEN3) & _session_ids(QWEN3_5)  # the two runs share no session
     result = runner.invoke(
         app, ["replay", str(QWEN3_5), "-s", "tree", "--workers", "1", "--out", str(run), "--overwrite", "--no-samples"]
     )
     assert result.exit_code == 0, result.output
-    assert not (run / "samples.parquet").exists()
+    assert not (run / "samples").exists()
     _export_has_no_samples(str(run))
     opened = open_run(run)
     assert opened.samples.empty and set(opened.sessions["session_id"]) == _session_ids(QWEN3_5)
@@ -75,13 +75,13 @@ def test_an_overwrite_without_samples_into_s3_replaces_the_previous_run(s3_runs)
     bucket, first, second = s3_runs
     out = f"{bucket}/runs/overwritten"
     replay(first, out=out, strategies=STRATEGIES, workers=1)
-    assert storage.is_file(f"{out}/samples.parquet")
+    assert storage.is_file(f"{out}/samples/manifest.json")
     result = runner.invoke(
         app, ["replay", second, "-s", "tree", "--workers", "1", "--out", out, "--overwrite", "--no-samples"]
     )
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
-    assert not storage.exists(f"{out}/samples.parquet")
+    assert not storage.exists(f"{out}/samples/manifest.json")
     assert set(open_run(out).sessions["session_id"]) == _session_ids(QWEN3_5)
     _export_has_no_samples(out)
 

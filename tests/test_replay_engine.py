@@ -12,6 +12,7 @@ from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.data import COUNTERS, ReplayResult
 from trace_tools.errors import UsageError
+from trace_tools.io.sample_parts import read_samples
 from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import Declaration
 from trace_tools.strategies.registry import REGISTRY, register
@@ -57,7 +58,7 @@ def test_run_directory_contract(sample_run):
         "run.json",
         "turns.parquet",
         "sessions.parquet",
-        "samples.parquet",
+        "samples/manifest.json",
         "quarantine.parquet",
         "summary.json",
         "report.md",
@@ -66,7 +67,7 @@ def test_run_directory_contract(sample_run):
     assert list((run / "plots").glob("*.png"))
     assert set(SESSION_COLUMNS) <= set(pd.read_parquet(run / "sessions.parquet").columns)
     assert set(TURN_COLUMNS) <= set(pd.read_parquet(run / "turns.parquet").columns)
-    assert set(SAMPLE_COLUMNS) <= set(pd.read_parquet(run / "samples.parquet").columns)
+    assert set(SAMPLE_COLUMNS) <= set(read_samples(run).column_names)
     assert list(pd.read_parquet(run / "quarantine.parquet").columns) == ["session_id", "turn_index", "reason", "detail"]
 
 
@@ -111,7 +112,7 @@ def test_shards_of_another_format_are_never_resumed(simulated_dump, tmp_path, mo
     again = replay(simulated_dump, out=out, strategies=["tree"], overwrite=True)
     fresh = replay(simulated_dump, out=tmp_path / "fresh", strategies=["tree"])
     assert again.resumed_shards == 0
-    assert pd.read_parquet(out / "samples.parquet").equals(pd.read_parquet(tmp_path / "fresh" / "samples.parquet"))
+    assert read_samples(out).equals(read_samples(tmp_path / "fresh"))
     assert again.summary["strategies"] == fresh.summary["strategies"]
 
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from trace_tools.cli.main import app
 from trace_tools.io.rundir import DRIFT_SCHEMA
+from trace_tools.io.sample_parts import read_samples
 from trace_tools.report.html import write_html_report
 from trace_tools.report.html.chromium import Chromium
 from trace_tools.report.html.sessions import iter_chunk_sessions
@@ -77,11 +78,9 @@ def quarantined_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def old_run(run, tmp_path_factory) -> Path:
-    """The sample run as an older trace-tools wrote it: no drift.parquet, no samples.parquet, no report.html."""
+    """The sample run as an older trace-tools wrote it: no drift.parquet, no samples, no report.html."""
     copy = tmp_path_factory.mktemp("old") / "run"
-    shutil.copytree(
-        run, copy, ignore=shutil.ignore_patterns("shards", "drift.parquet", "samples.parquet", "report.html")
-    )
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("shards", "drift.parquet", "samples", "report.html"))
     return copy
 
 
@@ -135,7 +134,7 @@ def test_drift_table_has_the_contract_schema_and_a_visible_filled_argument(run):
 def test_embedded_session_details_match_the_run_tables(run, details):
     turns = pd.read_parquet(run / "turns.parquet")
     sessions = pd.read_parquet(run / "sessions.parquet")
-    samples = pd.read_parquet(run / "samples.parquet", columns=["strategy", "session_id", "source_turn"])
+    samples = read_samples(run, columns=["strategy", "session_id", "source_turn"]).to_pandas()
     assert set(details) == set(sessions.session_id)
     for sid in (SCHEMA_DEFAULT_SESSION, "sim-qwen3.5-s7-0013"):
         detail = details[sid]
@@ -334,7 +333,7 @@ def test_session_page_of_an_older_run_explains_what_is_missing(browser, old_run)
     browser.open(page.as_uri(), ready="window.reportReady")
     _show(browser, f"#/session/{SCHEMA_DEFAULT_SESSION}", "!!document.getElementById('session-body').dataset.session")
     text = browser.evaluate("document.getElementById('session-body').innerText")
-    assert "No drift.parquet" in text and "no samples.parquet" in text
+    assert "No drift.parquet" in text and "has no samples" in text
     assert browser.evaluate("document.querySelectorAll('table.timeline td').length") > 0
 
 
@@ -429,3 +428,29 @@ def test_footnotes_explain_only_the_columns_shown(quarantined_run, page):
     assert "savings vs tree" not in alone.lower() and "⚑ =" not in alone and "Forks max = " in alone
     assert "3 sessions · " in alone and "2 sessions quarantined" in alone
     assert "savings vs tree" in page and "Savings vs tree = " in page
+
+
+def test_a_run_with_more_sessions_than_the_page_holds_details_its_worst_first(run):
+    from trace_tools.report.html.sessions import build_sessions
+
+    sessions = pd.read_parquet(run / "sessions.parquet")
+    lost = (sessions["generated_tokens"] - sessions["trained_tokens"]).groupby(sessions["session_id"]).sum()
+    strategies = list(dict.fromkeys(sessions["strategy"]))
+    data = build_sessions(run, strategies, None, limit=3)
+    shown = [sid for chunk in data.chunks for sid, _ in iter_chunk_sessions(chunk)]
+    assert (data.shown, data.total, len(data.index["sessions"])) == (3, len(lost), 3)
+    assert [lost[sid] for sid in shown] == sorted((lost[sid] for sid in shown), reverse=True)
+    assert min(lost[shown]) >= lost.drop(shown).max()  # none left out loses more than one shown
+    every = build_sessions(run, strategies, None)
+    assert [sid for chunk in every.chunks for sid, _ in iter_chunk_sessions(chunk)] == list(
+        dict.fromkeys(sessions["session_id"])
+    )  # a run the page holds whole: every session, in stream order
+
+
+def test_the_page_names_how_many_sessions_it_details(run, tmp_path, monkeypatch):
+    from trace_tools.report.html import sessions
+
+    monkeypatch.setattr(sessions.build_sessions, "__defaults__", (2,))
+    text = write_html_report(run, out=tmp_path / "page.html").read_text()
+    total = pd.read_parquet(run / "sessions.parquet")["session_id"].nunique()
+    assert f"The 2 sessions of {total} that lose the most generated tokens, worst first" in text

@@ -23,6 +23,7 @@ from trace_tools.api import replay
 from trace_tools.cli.main import app
 from trace_tools.errors import UnusableInput, UsageError
 from trace_tools.io import shards
+from trace_tools.io.sample_parts import samples_files
 
 STRATEGIES = ["tree", "checkpoint-tree"]
 
@@ -164,7 +165,7 @@ def test_a_shard_holding_other_sessions_stops_the_run_saying_why(simulated_dump,
 KILL_POINTS = {  # where the child process dies: module, attribute, on which call
     "between a shard's files and its marker": ("trace_tools.io.shards", "write_json_atomic", 4),
     "while merging the tables": ("trace_tools.io.shards", "_stream_tables", 4),
-    "before the samples file is committed": ("trace_tools.io.rundir", "SamplesFile.commit", 1),
+    "while encoding a shard's samples": ("trace_tools.io.sample_parts", "encode", 2),
     "while writing the report": ("trace_tools.report.render", "write_report", 1),
 }
 
@@ -252,33 +253,25 @@ def test_a_second_writer_is_refused_naming_the_first(simulated_dump, tmp_path):
     assert (out / "summary.json").is_file()
 
 
-def test_samples_writers_never_share_a_temporary_file(tmp_path):
-    from trace_tools.io.rundir import SAMPLES_SCHEMA, SamplesFile, SessionRows, samples_table
+def test_a_resumed_run_reuses_its_sample_parts_and_encodes_only_what_changed(simulated_dump, tmp_path, monkeypatch):
+    from trace_tools.io import sample_parts
 
-    def rows(session: str) -> SessionRows:
-        sample = {
-            "strategy": "tree",
-            "session_id": session,
-            "sample_index": 0,
-            "token_ids": [1, 2, 3],
-            "response_length": 1,
-            "loss_mask": [1],
-            "logprobs": [-0.5],
-            "source_turn": [-1, -1, 0],
-            "reward": None,
-            "metadata": "{}",
-        }
-        return SessionRows(samples=samples_table([sample]))
-
-    first, second = SamplesFile(tmp_path), SamplesFile(tmp_path)
-    first.add(rows("a"))
-    second.add(rows("b"))
-    first.commit()
-    assert pq.read_table(tmp_path / "samples.parquet").column("session_id").to_pylist() == ["a"]
-    second.commit()
-    table = pq.read_table(tmp_path / "samples.parquet")
-    assert table.schema == SAMPLES_SCHEMA and table.column("session_id").to_pylist() == ["b"]
-    assert not list(tmp_path.glob(".*.tmp"))
+    out = tmp_path / "run"
+    _replay(simulated_dump, out)
+    parts = samples_files(out)
+    assert len(parts) > 2 and all(path.parent == out / "samples" for path in parts)
+    expected = run_contents(out)
+    stamps = {path.name: path.stat().st_mtime_ns for path in parts}
+    parts[0].unlink()  # lost
+    parts[1].write_bytes(parts[2].read_bytes())  # another shard's samples under its name
+    encoded: list[str] = []
+    real = sample_parts.encode
+    monkeypatch.setattr(sample_parts, "encode", lambda *args: encoded.append(args[2].name) or real(*args))
+    (out / "summary.json").unlink()
+    _replay(simulated_dump, out)
+    assert sorted(encoded) == sorted([parts[0].name, parts[1].name])
+    assert all(path.stat().st_mtime_ns == stamps[path.name] for path in parts[2:])
+    assert run_contents(out) == expected
 
 
 # -- the fingerprint --------------------------------------------------------------------------------
@@ -320,7 +313,7 @@ def test_many_one_turn_sessions_make_few_shards(tmp_path):
     result = replay(dump, out=tmp_path / "run", strategies=["tree"], workers=1)
     assert result.sessions_replayed == 1500
     assert len(list((tmp_path / "run" / "shards").glob("*.done"))) == 1
-    assert pq.ParquetFile(tmp_path / "run" / "samples.parquet").metadata.num_row_groups == 1
+    assert [pq.ParquetFile(path).metadata.num_row_groups for path in samples_files(tmp_path / "run")] == [1]
     assert pq.read_table(tmp_path / "run" / "turns.parquet").num_rows == 1500
 
 

@@ -142,24 +142,23 @@ def _staged(out: str | Path | None) -> Iterator[tuple[str | Path | None, Any]]:
 def _finish(engine: Any, plots: Any) -> RunResult:
     """run.json, report.html, report.md and plots (drawn by `plots`, a `PlotHelper`) from the
     merged tables, and summary.json last: it marks the run directory finished."""
-    from trace_tools.io import rundir
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
-    from trace_tools.report.metrics import reconstruction_summary, summarize
-    from trace_tools.report.plots import DRIFT_COLUMNS
+    from trace_tools.report.metrics import reconstruction_summary, summarize_run
+    from trace_tools.report.plots import plot_tables
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
     plots.start(run_dir)
-    tables = {name: rundir.read_table(run_dir, name) for name in ("turns", "sessions", "quarantine", "fidelity")}
-    tables["drift"] = rundir.read_table(run_dir, "drift", columns=DRIFT_COLUMNS)  # the plots' drift findings
+    # One bounded pass over the merged tables each (report.metrics.summarize_run, plot_tables): the
+    # end of a run holds sums and the sessions' ids, never the turns.
+    summary = summarize_run(run_dir, engine, engine.options.strategies)
     reconstruction = reconstruction_summary(engine.render_stats)
-    summary = summarize(tables, engine, engine.options.strategies)
     summary["reconstruction"] = reconstruction
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     drawn: list[str] = []
-    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(tables)), summary=summary)
-    write_report(run_dir, summary, tables, drawn)
+    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(plot_tables(run_dir))), summary=summary)
+    write_report(run_dir, summary, {}, drawn)
     write_json_atomic(summary, run_dir / "summary.json")
     return RunResult(
         run_dir,

@@ -67,7 +67,7 @@ def replay_cmd(
         str, typer.Option(help="Adapter translate policy: slime | none | uniagent | miles.")
     ] = "slime",
     samples: Annotated[
-        bool, typer.Option("--samples/--no-samples", help="Write samples.parquet (can be large).")
+        bool, typer.Option("--samples/--no-samples", help="Write the samples (RUN/samples/, can be large).")
     ] = True,
     workers: Annotated[
         Optional[int],

@@ -1,12 +1,13 @@
 """`export_samples`: the samples one strategy emitted in a run, in the layout trainers load
 (docs/commands.md#export-samples-for-a-trainer).
 
-`RUN/samples.parquet` (docs/run_directory.md#what-the-files-hold) keeps every strategy's samples in
+A run's samples (`RUN/samples/`, one part per shard read as one dataset, or an older run's
+`RUN/samples.parquet`: docs/run_directory.md#what-the-files-hold) keep every strategy's samples in
 slime's layout: `token_ids` is the full sequence, `loss_mask` and `logprobs` cover only the response
 region (the last `response_length` tokens), `source_turn` has one entry per token. An export keeps
 that layout (it is what slime's `Sample` and miles' merged samples carry) under the trainers' names:
 
-| export column | from samples.parquet | length |
+| export column | from the run's samples | length |
 |---|---|---|
 | `tokens` | `token_ids` | the sequence |
 | `loss_mask` | `loss_mask` | `response_length` |
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from trace_tools.errors import UnknownName, UnusableInput, UsageError
 from trace_tools.io import storage
 from trace_tools.io.rundir import check_output_file, load_run_info, require_run
+from trace_tools.io.sample_parts import samples_files
 from trace_tools.io.storage import Location
 from trace_tools.io.write import atomic_open
 
@@ -82,7 +84,7 @@ def export_samples(
 ) -> ExportReport:
     """Write `strategy`'s samples from `run` to `out` (default `RUN/export/<strategy>.<fmt>`).
 
-    Raises UnusableInput (no run, no samples.parquet, an inconsistent sample), UnknownName (a
+    Raises UnusableInput (no run, no samples, an inconsistent sample), UnknownName (a
     format, or a strategy the run did not replay) or UsageError (an `out` that is a directory, the
     run's own samples or dump, a file in a run directory or an existing file without
     `overwrite`), all exit 2 on the command line.
@@ -90,9 +92,9 @@ def export_samples(
     if fmt not in FORMATS:
         raise UnknownName("export format", fmt, FORMATS)
     run = storage.location(run)
-    samples = _samples_file(run)
+    samples = _samples_files(run)
     target = storage.location(out) if out else storage.join(run, "export", f"{strategy}.{fmt}")
-    _check_target(target, [samples, *_dump_files(run)], overwrite)
+    _check_target(target, [*samples, *_dump_files(run)], overwrite)
     _check_strategy(samples, strategy)
     report = ExportReport(target, strategy, fmt)
     rows = _export_rows(samples, strategy, storage.name(run), report)
@@ -101,18 +103,18 @@ def export_samples(
     return report
 
 
-def _samples_file(run: Location) -> Location:
+def _samples_files(run: Location) -> list[Location]:
     if not storage.is_dir(run):
         raise UnusableInput(f"no run directory {run}; pass the --out directory of `trace-tools replay`")
     require_run(run)  # finished, and a replay run (not a rescore output)
-    samples = storage.join(run, "samples.parquet")
-    if storage.is_file(samples):
+    samples = samples_files(run)
+    if samples:
         return samples
     info = load_run_info(run)
     why = (
         "was replayed with --no-samples"
         if info.get("options", {}).get("write_samples") is False
-        else "has no samples.parquet"
+        else "has no samples (no samples/manifest.json, no samples.parquet)"
     )
     dump = info.get("inputs", {}).get("dump", "DUMP")
     raise UnusableInput(
@@ -139,14 +141,23 @@ def _dump_files(run: Location) -> list[Location]:
     return [storage.location(name) for name in names if isinstance(name, str)]
 
 
-def _check_strategy(samples: Location, strategy: str) -> None:
-    with storage.open_input(samples) as handle:
-        present = pc.unique(pq.read_table(handle, columns=["strategy"]).column("strategy")).to_pylist()
+def _check_strategy(samples: list[Location], strategy: str) -> None:
+    present: set[str] = set()
+    for file in samples:
+        with storage.open_input(file) as handle:
+            present.update(pc.unique(pq.read_table(handle, columns=["strategy"]).column("strategy")).to_pylist())
     if strategy not in present:
         raise UnknownName("strategy in this run", strategy, sorted(present))
 
 
-def _export_rows(samples: Location, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
+def _export_rows(
+    samples: list[Location], strategy: str, run_name: str, report: ExportReport
+) -> Iterator[dict[str, Any]]:
+    for file in samples:
+        yield from _file_rows(file, strategy, run_name, report)
+
+
+def _file_rows(samples: Location, strategy: str, run_name: str, report: ExportReport) -> Iterator[dict[str, Any]]:
     with storage.open_input(samples) as handle:
         parquet = pq.ParquetFile(handle)
         columns = SAMPLE_COLUMNS + (["metadata"] if "metadata" in parquet.schema_arrow.names else [])
@@ -161,7 +172,7 @@ def _export_rows(samples: Location, strategy: str, run_name: str, report: Export
 
 
 def export_row(sample: dict[str, Any], run_name: str = "") -> dict[str, Any]:
-    """One samples.parquet row in the export layout (see the module docstring)."""
+    """One row of the run's samples in the export layout (see the module docstring)."""
     tokens, mask, logprobs = sample["token_ids"], sample["loss_mask"], sample["logprobs"]
     length = sample["response_length"]
     if not (len(mask) == len(logprobs) == length <= len(tokens) == len(sample["source_turn"])):

@@ -3,7 +3,8 @@
 Replay writes it and reports read it; both import this module and nothing of each other.
 
     RUN/run.json            inputs, options, versions, renderer identities, reconstruction counters
-    RUN/turns.parquet       RUN/sessions.parquet   RUN/samples.parquet   RUN/quarantine.parquet
+    RUN/turns.parquet       RUN/sessions.parquet   RUN/quarantine.parquet
+    RUN/samples/            one Parquet part per shard and manifest.json (`io.sample_parts`)
     RUN/fidelity.parquet    RUN/drift.parquet      (prompt fidelity per turn; drift findings)
     RUN/report.md           RUN/report.html        RUN/plots/*.png
     RUN/summary.json        written last: a run directory without it is unfinished
@@ -21,11 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import queue
 import shutil
-import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,7 +33,6 @@ import pyarrow.parquet as pq
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
 from trace_tools.io import storage
 from trace_tools.io.storage import Location
-from trace_tools.io.write import plain_file_mode, writing
 
 SMALL_TABLES = ("turns", "sessions", "quarantine", "fidelity", "drift")
 REQUIRED_TABLES = ("turns", "sessions", "quarantine")  # in every finished run, since the first format
@@ -69,9 +65,7 @@ SAMPLES_WRITE_OPTIONS: dict[str, Any] = {
     "use_dictionary": ["strategy", "session_id", "metadata"],
 }
 SAMPLES_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
-SAMPLES_QUEUE = 32  # sessions' samples waiting for the samples.parquet writer thread
-# IPC streams are decoded (and decompressed) by the thread that reads them, not Arrow's pool: the
-# samples.parquet writer thread's cost stays its own, beside the loop that hands out work.
+# IPC streams are decoded (and decompressed) by the thread that reads them, not Arrow's pool.
 _READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)
 DRIFT_SCHEMA = pa.schema(
     [
@@ -189,75 +183,14 @@ class TableBuffer:
             self._parts, self._bytes = [], 0
 
 
-class SamplesFile:
-    """RUN/samples.parquet written as the sessions come back, beside the shards.
-
-    Merging the shards' samples at the end would decode and encode every token again (a second
-    on a long dump, after the last session); a run that resumed nothing has every session pass
-    through here in order, so this file is the merged one. A resumed run discards it and merges.
-
-    Encoding Parquet is the costliest thing the driver does per session, so a thread does it
-    (Arrow releases the GIL while encoding): the loop that hands out work and takes results is
-    not held up by it. The queue between them is bounded."""
-
-    def __init__(self, run_dir: Path):
-        self.target = run_dir / "samples.parquet"
-        fd, name = tempfile.mkstemp(dir=run_dir, prefix=".samples.parquet.", suffix=".tmp")  # unique to this writer
-        os.close(fd)
-        self._tmp = Path(name)
-        self._writer = pq.ParquetWriter(self._tmp, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS)
-        self._buffer = TableBuffer(self._writer.write_table)
-        self._queue: Any = queue.Queue(SAMPLES_QUEUE)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write_all, name="trace-tools-samples", daemon=True)
-        self._thread.start()
-
-    def add(self, rows: SessionRows) -> None:
-        if self._error is not None:
-            with writing(self.target):
-                raise self._error
-        self._queue.put(rows)
-
-    def _write_all(self) -> None:
-        while (rows := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # drain, so add() never blocks; commit() raises it
-            try:
-                self._buffer.add(rows.samples_table())
-            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
-                self._error = error
-
-    def commit(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        with writing(self.target):
-            if self._error is not None:
-                raise self._error
-            self._buffer.flush()
-            self._writer.close()
-        os.chmod(self._tmp, plain_file_mode())
-        os.replace(self._tmp, self.target)
-
-    def abandon(self) -> None:
-        """Stop the writer thread and remove the temporary file (the run failed or was interrupted;
-        a killed run's is removed by the next one, `io.shards.prepare`)."""
-        self._queue.put(None)
-        self._thread.join()
-        try:
-            self._writer.close()
-        except (OSError, pa.ArrowException):
-            pass
-        self._tmp.unlink(missing_ok=True)
-
-
 def remove_outputs(run_dir: Path) -> None:
     """Remove every file a previous run wrote into `run_dir` (its tables, summary, reports, plots,
     exports; `io.shards.prepare` removes its shards), before a run with another fingerprint writes
     there: nothing of the previous run may be read as this one's (a `--no-samples` run writes no
-    samples.parquet to replace the old one). Only the names a run owns go; `plots/` and `export/`
+    samples to replace the old ones). Only the names a run owns go; `plots/`, `export/` and `samples/`
     only when the directory held a run, so a user's own folders of those names are left alone."""
     owned = [*OUTPUT_FILES, *(f"{name}.parquet" for name in TABLES)]
-    folders = ["plots", "export"] if directory_kind(run_dir) == "run" else []
+    folders = ["plots", "export", "samples"] if directory_kind(run_dir) == "run" else []
     for name in owned:
         (run_dir / name).unlink(missing_ok=True)
     for name in folders:
@@ -285,7 +218,7 @@ def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -
         raise UnusableInput(f"{table} is not readable ({reason}); {_REBUILD.format(run=run)}") from None
 
 
-def _read_json(file: Location) -> Any:
+def read_json(file: Location) -> Any:
     with storage.open_input(file) as handle:
         return json.loads(handle.read().decode("utf-8"))
 
@@ -299,7 +232,7 @@ def directory_kind(path: Location) -> str | None:
     if not storage.is_file(summary):
         return None
     try:
-        keys = _read_json(summary)
+        keys = read_json(summary)
     except (OSError, ValueError):
         return None
     if isinstance(keys, dict) and "strategies" in keys:
@@ -337,13 +270,13 @@ def require_run(run_dir: Location) -> Location:
 
 
 def load_summary(run_dir: Location) -> dict[str, Any]:
-    return _read_json(storage.join(require_run(run_dir), "summary.json"))
+    return read_json(storage.join(require_run(run_dir), "summary.json"))
 
 
 def load_run_info(run_dir: Location) -> dict[str, Any]:
     """run.json, or {} when it is missing or unreadable."""
     try:
-        info = _read_json(storage.join(run_dir, "run.json"))
+        info = read_json(storage.join(run_dir, "run.json"))
     except (OSError, ValueError, TraceToolsError):
         return {}
     return info if isinstance(info, dict) else {}

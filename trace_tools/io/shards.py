@@ -42,14 +42,7 @@ import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.io import cache, remote_lock, storage
-from trace_tools.io.rundir import (
-    SAMPLES_SCHEMA,
-    SAMPLES_WRITE_OPTIONS,
-    SMALL_TABLES,
-    SessionRows,
-    TableBuffer,
-    _small_table,
-)
+from trace_tools.io.rundir import SMALL_TABLES, SessionRows, _small_table
 from trace_tools.io.write import atomic_open, plain_file_mode, write_json_atomic, write_parquet_atomic, writing
 
 SHARD_FORMAT = 4  # 4: markers with positions, session digest and file checksums; other formats are replayed again
@@ -425,9 +418,9 @@ def check_coverage(markers: list[Marker], sessions: int) -> None:
         raise TraceToolsError(f"the shards hold {expected} sessions of {sessions}; rerun with --overwrite")
 
 
-def merge(run_dir: Path, markers: list[Marker], extra_quarantine: list[dict[str, Any]], write_samples: bool) -> None:
+def merge(run_dir: Path, markers: list[Marker], extra_quarantine: list[dict[str, Any]]) -> None:
     """Write RUN/<table>.parquet from the shard files, streaming shard by shard, one schema per
-    table (samples too when `write_samples`: a run that wrote them with `SamplesFile` passes False).
+    table (the samples stay one part per shard: `io.sample_parts`).
 
     Quarantine lists `extra_quarantine` (rows of no session), then every session quarantined while
     loading, then every replay error, each in stream order."""
@@ -440,8 +433,6 @@ def merge(run_dir: Path, markers: list[Marker], extra_quarantine: list[dict[str,
             extra = _small_table(name, extra_quarantine)
             schemas, tables = [extra.schema, *schemas], chain([extra], _loading_then_replay(paths))
         _stream_tables(schemas, tables, run_dir / f"{name}.parquet")
-    if write_samples:
-        _stream_samples([marker.path(shards, "samples.arrows") for marker in markers], run_dir / "samples.parquet")
 
 
 def _loading_then_replay(paths: list[Path]) -> Iterator[pa.Table]:
@@ -499,23 +490,3 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         else:
             columns.append(pa.nulls(table.num_rows, field_.type))
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _stream_samples(paths: list[Path], target: Path) -> None:
-    read_here = pa.ipc.IpcReadOptions(use_threads=False)
-    with atomic_open(target, "wb") as handle, pq.ParquetWriter(handle, SAMPLES_SCHEMA, **SAMPLES_WRITE_OPTIONS) as out:
-        buffer = TableBuffer(out.write_table)
-        for path in paths:
-            with pa.memory_map(str(path)) as source:
-                for stream in _sample_streams(source.read_buffer()):
-                    buffer.add(pa.ipc.open_stream(stream, options=read_here).read_all())
-        buffer.flush()
-
-
-def _sample_streams(data: pa.Buffer) -> Iterable[pa.Buffer]:
-    """The length-prefixed IPC streams of a shard's samples file (`ShardWriter`)."""
-    offset = 0
-    while offset < data.size:
-        (length,) = struct.unpack_from("<Q", data, offset)
-        yield data.slice(offset + 8, length)
-        offset += 8 + length

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from trace_tools.data import Session
 from trace_tools.errors import UnusableInput
-from trace_tools.io import rundir, shards, storage
+from trace_tools.io import rundir, sample_parts, shards, storage
 from trace_tools.io.bundled import sample_dir
 from trace_tools.io.storage import Location
 from trace_tools.pipeline import Pipeline
@@ -209,9 +209,9 @@ def _replay(
     meta = shards.shard_meta(markers)
     result.render_stats, result.renderers, result.data_warnings = meta.render_stats, meta.renderers, meta.data_warnings
     quarantine = [asdict(entry) for entry in stream.unattributed]
-    shards.merge(run_dir, markers, quarantine, options.write_samples and tracker.samples is None)
+    shards.merge(run_dir, markers, quarantine)
     if tracker.samples is not None:
-        tracker.samples.commit()
+        tracker.samples.finish(markers)
 
 
 def _local_results(
@@ -247,8 +247,9 @@ class _Shards:
     ones, each closed at the shard limits (`io.shards.Limits`) or where a reusable one begins.
 
     Results may arrive in any order (Ray hands them back as they finish); they wait here until
-    every earlier position is written, so each shard, and samples.parquet, is written in stream
-    order, and a shard is closed (and `written(name)` told) as soon as it is full."""
+    every earlier position is written, so each shard is written in stream order, and a shard is
+    closed (its samples handed to `io.sample_parts` to encode, and `written(name)` told) as soon
+    as it is full."""
 
     def __init__(
         self,
@@ -267,8 +268,7 @@ class _Shards:
         self._checked: set[int] = set()  # reusable shards whose every session was found where it recorded
         self._checking: Any = None  # digest of the ids passed so far in the reusable shard being checked
         self._written: list[shards.Marker] = []
-        # A run that resumed nothing has every session pass through here in order: samples.parquet is written then.
-        self.samples = rundir.SamplesFile(run_dir) if write_samples and not reusable else None
+        self.samples = sample_parts.SampleParts(run_dir) if write_samples else None
         self.written: Callable[[str], None] | None = None
         self.redone: list[str] = []  # reusable shards dropped once their sessions came, and why
         self.replayed = 0
@@ -327,8 +327,6 @@ class _Shards:
             if self._writer is None:
                 self._writer = shards.ShardWriter(self.run_dir, self._next, self.write_samples, self.stamp)
             self._writer.add(self._ids.pop(self._next), rows)
-            if self.samples is not None:
-                self.samples.add(rows)
             self._next += 1
             if self._writer.full(self.limits):
                 self._close()
@@ -340,6 +338,8 @@ class _Shards:
         marker = self._writer.close()
         self._writer = None
         self._written.append(marker)
+        if self.samples is not None:
+            self.samples.add(marker)
         if self.written is not None:
             self.written(marker.name)
 
@@ -348,8 +348,8 @@ class _Shards:
         assert not self._waiting and self._writer is None, "a session's result never came back"
 
     def abandon(self) -> None:
-        """The run stops (error or interrupt): the shard being filled and samples.parquet are left
-        unwritten, their temporary files removed."""
+        """The run stops (error or interrupt): the shard being filled is left unwritten, its
+        temporary file removed; sample parts not started yet are not written."""
         if self._writer is not None:
             self._writer.discard()
             self._writer = None

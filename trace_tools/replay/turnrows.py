@@ -156,7 +156,7 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
 
 
 def sample_rows(strategy: str, session_id: str, result: ReplayResult, step: int | None = None) -> list[dict[str, Any]]:
-    """`samples.parquet` rows (`io.rundir.SAMPLES_SCHEMA`); metadata as JSON, `step` the session's."""
+    """Sample rows (`io.rundir.SAMPLES_SCHEMA`, RUN/samples/); metadata as JSON, `step` the session's."""
     return [
         {
             "strategy": strategy,

@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.io.rundir import read_table
 from trace_tools.report.palette import STRATEGY_COLOURS
 from trace_tools.strategies.declarations import NAMES, in_column_order
 
@@ -38,15 +37,36 @@ def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
     return written
 
 
-PLOT_TABLES = ("turns", "sessions")  # what the figures read, besides DRIFT_COLUMNS of drift.parquet
 DRIFT_COLUMNS = ["cause", "token_drift", "divergence", "served_len"]
+_TOOL_COLUMNS = ["tool", "strategy", "trained_tokens", "generated_tokens"]
 
 
 def plot_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The tables the plots read from a run directory (the drift findings without their id lists)."""
+    """What the figures read, from a run directory in one bounded pass: token sums per tool and
+    strategy (`turns`), sessions counted per samples and strategy (`sessions`, a `count` column),
+    and the drifted turns' findings without their id lists (`drift`)."""
+    from trace_tools.report.aggregate import table_batches
 
-    tables = {name: read_table(run_dir, name) for name in PLOT_TABLES}
-    return tables | {"drift": read_table(run_dir, "drift", columns=DRIFT_COLUMNS)}
+    run = Path(run_dir)
+    tools = [
+        b.groupby(_TOOL_COLUMNS[:2])[_TOOL_COLUMNS[2:]].sum()
+        for b in table_batches(run / "turns.parquet", _TOOL_COLUMNS)
+    ]
+    counts = [
+        b.groupby(["samples", "strategy"]).size()
+        for b in table_batches(run / "sessions.parquet", ["samples", "strategy"])
+    ]
+    drift = [b[b["cause"].notna()] for b in table_batches(run / "drift.parquet", DRIFT_COLUMNS) if "cause" in b]
+    return {
+        "turns": _summed(tools).reset_index() if tools else pd.DataFrame(),
+        "sessions": _summed(counts).rename("count").reset_index() if counts else pd.DataFrame(),
+        "drift": pd.concat(drift, ignore_index=True) if drift else pd.DataFrame(),
+    }
+
+
+def _summed(parts: list[Any]) -> Any:
+    """Per-batch sums (one row per group each) added up."""
+    return pd.concat(parts).groupby(level=[0, 1]).sum()
 
 
 class PlotHelper:
@@ -163,7 +183,9 @@ def samples_figure(tables: dict[str, pd.DataFrame]) -> Any:
     sessions = tables["sessions"]
     if not len(sessions):
         return None
-    counts = sessions.groupby(["samples", "strategy"]).size().unstack(fill_value=0)
+    # a row per session, or (plot_tables) a row per samples value and strategy with its `count`
+    weights = sessions["count"] if "count" in sessions else pd.Series(1, index=sessions.index)
+    counts = weights.groupby([sessions["samples"], sessions["strategy"]]).sum().unstack(fill_value=0)
     counts = counts[in_column_order(counts.columns)]
     low, high = int(counts.index.min()), int(counts.index.max())
     if high - low < MAX_SAMPLE_BARS:  # every value on the axis, none skipped

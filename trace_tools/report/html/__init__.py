@@ -82,6 +82,8 @@ def render_html(
         "has_drift_table": data.index["has_drift_table"],
         "index_json": script_json({**data.index, "cause_text": CAUSE_TEXT}),
         "chunks": data.chunks,
+        "sessions_shown": data.shown,
+        "sessions_total": data.total,
         "harness_profile": _harness_profile(run_dir),
         "token_strips": token_strips(run_dir, summary),
     }

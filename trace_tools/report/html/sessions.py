@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trace_tools.io.sample_parts import samples_files
 from trace_tools.report.escape import visible_bidi
 
 CHUNK_BYTES = 256 * 1024
@@ -38,21 +39,38 @@ OPTIONAL_TURN_COLUMNS = ["drift_cause", "behaviour", "genuine"]
 SAMPLE_COLUMNS = ["strategy", "session_id", "sample_index", "response_length", "loss_mask", "source_turn"]
 
 
+MAX_SESSIONS = 500  # sessions the page details; a larger run shows the ones losing the most tokens
+BATCH_ROWS = 65_536
+SAMPLE_BATCH_ROWS = 64  # samples hold every token: a few at a time
+DRIFT_BATCH_ROWS = 1024  # drift findings hold the ids and tokens of an echoed window
+
+
 @dataclass
 class SessionData:
     index: dict[str, Any]
     chunks: list[str] = field(default_factory=list)
+    shown: int = 0  # sessions the page details
+    total: int = 0  # sessions the run replayed
 
 
-def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFrame | None) -> SessionData:
-    """The session index and the compressed per-session chunks of one run directory."""
-    turns = TurnTable(run_dir / "turns.parquet")
-    sessions = _read_columns(run_dir / "sessions.parquet", ["strategy", "session_id", "samples"])
+def build_sessions(
+    run_dir: Path, strategies: list[str], quarantine: pd.DataFrame | None, limit: int = MAX_SESSIONS
+) -> SessionData:
+    """The session index and the compressed per-session chunks of one run directory, for at most
+    `limit` sessions (`pick_sessions`): only their rows are read into memory, whatever the run's size."""
+    columns = ["strategy", "session_id", "samples", "generated_tokens", "trained_tokens"]
+    sessions = _read_columns(run_dir / "sessions.parquet", columns)
+    shown, total = pick_sessions(sessions, limit)
+    wanted = set(shown)
     samples = {
-        (sid, name): n for sid, name, n in zip(sessions["session_id"], sessions["strategy"], sessions["samples"])
+        (sid, name): n
+        for sid, name, n in zip(sessions["session_id"], sessions["strategy"], sessions["samples"])
+        if sid in wanted
     }
-    bars = sample_bars(run_dir / "samples.parquet")
-    drift = read_drift(run_dir / "drift.parquet")
+    del sessions
+    turns = TurnTable(run_dir / "turns.parquet", wanted)
+    bars = sample_bars([Path(path) for path in samples_files(run_dir)], wanted)
+    drift = read_drift(run_dir / "drift.parquet", wanted)
     reasons = _quarantine_reasons(quarantine)
     codes: dict[str, list[str]] = {"causes": [], "behaviours": []}
     entries: list[list[Any]] = []
@@ -60,7 +78,7 @@ def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFram
     chunks: list[str] = []
     pending: list[str] = []
     pending_bytes = 0
-    for position, sid in enumerate(dict.fromkeys(sessions["session_id"])):
+    for position, sid in enumerate(shown):
         detail = session_detail(sid, turns, strategies, bars, drift.get(sid, []) if drift is not None else None)
         pending.append(_json(sid) + ":" + _json(detail))
         pending_bytes += len(pending[-1])
@@ -86,7 +104,38 @@ def build_sessions(run_dir: Path, strategies: list[str], quarantine: pd.DataFram
         "drifted": drifted,
         "has_drift_table": drift is not None,
     }
-    return SessionData(index, chunks)
+    return SessionData(index, chunks, len(shown), total)
+
+
+def pick_sessions(sessions: dict[str, list[Any]], limit: int) -> tuple[list[str], int]:
+    """The sessions the page details, and how many the run has: every one in stream order when
+    there are at most `limit`, else the `limit` that lose the most generated tokens (summed over
+    the strategies), worst first, ties in stream order."""
+    lost: dict[str, int] = {}
+    for sid, generated, trained in zip(
+        sessions["session_id"], sessions["generated_tokens"], sessions["trained_tokens"]
+    ):
+        lost[sid] = lost.get(sid, 0) + int(generated or 0) - int(trained or 0)
+    if len(lost) <= limit:
+        return list(lost), len(lost)
+    return sorted(lost, key=lambda sid: -lost[sid])[:limit], len(lost)
+
+
+def _batches(path: Path, columns: list[str] | None, wanted: set[str], rows: int = BATCH_ROWS) -> Iterator[Any]:
+    """The record batches of a run table (`rows` rows read at a time) holding rows of the `wanted`
+    sessions, only those rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    if "session_id" not in parquet.schema_arrow.names:  # a table written empty
+        return
+    keep = pa.array(sorted(wanted), pa.string())
+    for batch in parquet.iter_batches(batch_size=rows, columns=columns):
+        batch = batch.filter(pc.is_in(batch.column("session_id"), value_set=keep))
+        if batch.num_rows:
+            yield batch
 
 
 class TurnTable:
@@ -96,11 +145,16 @@ class TurnTable:
     a million turn rows, and pandas' per-group overhead would dominate the report's build time.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, wanted: set[str]):
         import pyarrow.parquet as pq
 
         available = set(pq.read_schema(path).names)
-        self.cols = _read_columns(path, TURN_COLUMNS + [c for c in OPTIONAL_TURN_COLUMNS if c in available])
+        columns = TURN_COLUMNS + [c for c in OPTIONAL_TURN_COLUMNS if c in available]
+        self.cols: dict[str, list[Any]] = {c: [] for c in columns}
+        if set(TURN_COLUMNS) <= available:  # a table written empty (every session quarantined) has none
+            for batch in _batches(path, columns, wanted):
+                for name, values in batch.to_pydict().items():
+                    self.cols[name] += values
         rows = len(self.cols["session_id"])
         for column in OPTIONAL_TURN_COLUMNS:
             self.cols.setdefault(column, [None] * rows)
@@ -157,18 +211,17 @@ def session_detail(
     return detail
 
 
-def sample_bars(path: Path) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
+def sample_bars(paths: list[Path], wanted: set[str]) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
     """Per (strategy, session): each sample (by `sample_index`) as run-length segments `[turn, trained, tokens]`.
 
     `turn` is the producing turn (-1 for context); `trained` is 1 where the token carries loss.
-    Read in batches without the token ids and logprobs, so a large samples.parquet stays cheap.
+    Read in batches without the token ids and logprobs, and only the `wanted` sessions' samples, so
+    large sample files stay cheap; None when the run wrote no samples (`paths` empty).
     """
-    import pyarrow.parquet as pq
-
-    if not path.exists():
+    if not paths:
         return None
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for batch in pq.ParquetFile(path).iter_batches(columns=SAMPLE_COLUMNS, batch_size=64):
+    for batch in (batch for path in paths for batch in _batches(path, SAMPLE_COLUMNS, wanted, SAMPLE_BATCH_ROWS)):
         keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
         for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
             out[key].append({"i": index, **bar})
@@ -209,15 +262,15 @@ def _batch_bars(batch) -> list[dict[str, Any]]:
     ]
 
 
-def read_drift(path: Path) -> dict[str, list[dict[str, Any]]] | None:
-    """drift.parquet grouped by session, each echoed turn ready for the page (None when absent)."""
+def read_drift(path: Path, wanted: set[str]) -> dict[str, list[dict[str, Any]]] | None:
+    """The `wanted` sessions' rows of drift.parquet grouped by session, each echoed turn ready for
+    the page (None when absent)."""
     if not path.exists():
         return None
-    import pyarrow.parquet as pq
-
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in pq.read_table(path).to_pylist():
-        out[rec["session_id"]].append(_drift_entry(rec))
+    for batch in _batches(path, None, wanted, DRIFT_BATCH_ROWS):
+        for rec in batch.to_pylist():
+            out[rec["session_id"]].append(_drift_entry(rec))
     return dict(out)
 
 

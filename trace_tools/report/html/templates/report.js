@@ -15,7 +15,7 @@
   const FATES = {trained: "trained", partly: "partly trained",
     context: "context only (its tokens are in a sample, without loss)",
     dropped: "dropped (its generated tokens are in no sample)",
-    untrained: "untrained (no samples.parquet to tell context from dropped)", empty: "empty generation"};
+    untrained: "untrained (no samples to tell context from dropped)", empty: "empty generation"};
   const PROMPT_BADGE = {forked: "fork", realigned: "realign", restored: "restore", healed: "heal", reset: "reset",
     rendered: "render", new_chain: "chain", new_root: "root", rolled_back: "rollback", rejected: "reject",
     failed: "fail", anchored: "anchor"};
@@ -235,7 +235,7 @@
     out.push(el("h3", {id: "timeline", text: "Turn timeline per strategy"}), fateLegend(), timeline(d));
     out.push(el("h3", {id: "samples", text: "Emitted samples"}), barLegend());
     if (Object.values(d.strategies).every((s) => s.samples === null)) {
-      out.push(el("p", {class: "missing", text: "This run has no samples.parquet (replayed with --no-samples): sample bars are not available."}));
+      out.push(el("p", {class: "missing", text: "This run has no samples (replayed with --no-samples): sample bars are not available."}));
     } else {
       const longest = Math.max(1, ...Object.values(d.strategies).flatMap((s) => (s.samples || []).map((x) => x.n)));
       for (const name of STRATEGIES) if (d.strategies[name]) out.push(strategyBars(name, d.strategies[name], longest));
