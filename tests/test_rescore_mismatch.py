@@ -60,10 +60,12 @@ def test_correction_outcomes_by_hand():
     assert got["seq_tis"].tolist() == [KEPT, KEPT, KEPT, CLIPPED]  # only B's product exceeds 2
     assert got["token_mis"].tolist() == [KEPT, MASKED, MASKED, MASKED]  # ρ outside [0.5, 2]
     assert got["seq_mis"].tolist() == [KEPT, KEPT, KEPT, MASKED]
-    assert got["icepop"].tolist() == [KEPT, KEPT, MASKED, KEPT]  # ρ outside [0.5, 5]: only 0.4
+    assert got["icepop"].tolist() == [KEPT, MASKED, MASKED, MASKED]  # ρ outside [0.5, 2], as slime runs it
+    wide = token_outcomes(ratio, SEQUENCE, CorrectionOptions(icepop_high=5.0))
+    assert wide["icepop"].tolist() == [KEPT, KEPT, MASKED, KEPT]  # a wider band: only 0.4 falls out
     # mean k3 of A: (0 + (2.5 − ln 2.5 − 1) + (0.4 − ln 0.4 − 1)) / 3 ≈ 0.30 > 0.01; B: 3 − ln 3 − 1 ≈ 0.90
     assert got["k3_rs"].tolist() == [MASKED] * 4
-    looser = token_outcomes(ratio, SEQUENCE, CorrectionOptions(k3_threshold=0.5, icepop_low=0.3))
+    looser = token_outcomes(ratio, SEQUENCE, CorrectionOptions(k3_threshold=0.5, icepop_low=0.3, icepop_high=5.0))
     assert looser["k3_rs"].tolist() == [KEPT, KEPT, KEPT, MASKED]
     assert looser["icepop"].tolist() == [KEPT] * 4
 
@@ -93,7 +95,7 @@ def test_preview_fractions_by_tool_and_turns_losing_all_gradient():
     assert mis["lost_turns"] == [{"session_id": "s", "turn_index": 1}, {"session_id": "s", "turn_index": 2}]
     tis = got["token_tis"]
     assert tis["clipped_fraction"] == 0.5 and tis["masked_fraction"] == 0 and tis["turns_losing_all_gradient"] == 0
-    assert got["icepop"]["by_tool"]["Edit"]["masked_fraction"] == 0.5
+    assert got["icepop"]["by_tool"]["Edit"]["masked_fraction"] == 1.0  # slime's band is token_mis's [0.5, 2]
 
 
 @pytest.mark.parametrize("kwargs", [{"mis_low": 2.0, "mis_high": 1.0}, {"icepop_low": 0}, {"tis_cap": 0}])

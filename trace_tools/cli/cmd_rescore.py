@@ -84,7 +84,7 @@ def rescore_cmd(
     mis_low: Annotated[float, typer.Option("--mis-low", help="Masked IS: lower bound on ρ.")] = 0.5,
     mis_high: Annotated[float, typer.Option("--mis-high", help="Masked IS: upper bound on ρ.")] = 2.0,
     icepop_low: Annotated[float, typer.Option("--icepop-low", help="IcePop band: lower bound on ρ.")] = 0.5,
-    icepop_high: Annotated[float, typer.Option("--icepop-high", help="IcePop band: upper bound on ρ.")] = 5.0,
+    icepop_high: Annotated[float, typer.Option("--icepop-high", help="IcePop band: upper bound on ρ.")] = 2.0,
     k3_threshold: Annotated[
         float, typer.Option("--k3-threshold", help="k3 rejection: largest mean k3 a sample may have.")
     ] = 0.01,

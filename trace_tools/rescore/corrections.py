@@ -11,8 +11,8 @@ gradient, a smaller one) or `masked` (weight 0: no gradient).
 * `seq_tis`: Π ρ over the sample > C → every token clipped (verl's default level, `"sequence"`);
 * `token_mis`: ρ outside [low, high] → masked ([0.5, 2]: slime `mis.yaml`, `tis_mode: mask`);
 * `seq_mis`: Π ρ over the sample outside [low, high] → every token masked (`tis_level: sequence`);
-* `icepop`: ρ outside [α, β] → masked ([0.5, 5]: the IcePop authors' band; slime's
-  `icepop_function` reads it from `--tis-clip-low` / `--tis-clip`);
+* `icepop`: ρ outside [α, β] → masked ([0.5, 2]: slime's `icepop_function` reads the band from
+  `--tis-clip-low` / `--tis-clip`, and slime 624b824's own IcePop run sets 0.5 and 2.0);
 * `k3_rs`: the sample's mean of e^r − r − 1 > τ → every token masked (τ = 0.01: verl
   `decoupled_k3_rs`, `rollout_rs="seq_mean_k3"`).
 
@@ -43,7 +43,7 @@ class CorrectionOptions:
     mis_low: float = 0.5
     mis_high: float = 2.0
     icepop_low: float = 0.5
-    icepop_high: float = 5.0
+    icepop_high: float = 2.0
     k3_threshold: float = 0.01
 
     def __post_init__(self) -> None:
