@@ -1,6 +1,6 @@
 """`rescore --samples`: the mismatch each strategy's samples hand the trainer, attributed and corrected.
 
-A replay run's `samples.parquet` holds, per emitted sample, its token ids, the loss mask and the
+A replay run's samples (`RUN/samples/`) hold, per emitted sample, its token ids, the loss mask and the
 rollout logprobs over the response region and, per token, the turn that generated it. Each
 trained token is
 
@@ -94,14 +94,14 @@ class SampleMismatch:
 # -- reading the run --------------------------------------------------------------------------------
 def load_samples(run_dir: Path, strategies: Sequence[str] | None = None) -> pd.DataFrame:
     """The samples of `strategies` (all when None), or an error naming the fix."""
-    from trace_tools.io.rundir import read_table, require_run
+    from trace_tools.io.rundir import require_run
+    from trace_tools.io.sample_parts import read_samples
 
     run = require_run(run_dir)
-    samples = read_table(run, "samples", SAMPLE_COLUMNS)
-    if samples.empty:
-        raise UnusableInput(
-            f"{run} holds no samples.parquet (replayed with --no-samples?); replay again without --no-samples"
-        )
+    table = read_samples(run, SAMPLE_COLUMNS)
+    if table is None or not table.num_rows:
+        raise UnusableInput(f"{run} holds no samples (replayed with --no-samples?); replay again without --no-samples")
+    samples = table.to_pandas()
     present = list(dict.fromkeys(samples["strategy"]))
     if strategies:
         unknown = [s for s in strategies if s not in present]

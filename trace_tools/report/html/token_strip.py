@@ -3,7 +3,7 @@
 The turn shown is the (sample, turn) whose trained tokens have the largest |Δ| (Δ = rollout −
 trainer logprob; ties by k3), read from `mismatch_turns.parquet`; its tokens come from
 `mismatch_tokens.parquet` (Δ, context provenance, each correction mode's outcome) and the sample
-itself (`samples.parquet`: the untrained tokens between and around them, shown dimmed). A strip
+itself (its samples: the untrained tokens between and around them, shown dimmed). A strip
 is the turn's run of tokens plus `CONTEXT_BEFORE` tokens of the context before it, at most
 `MAX_TOKENS` (centred on the worst token when the turn is longer), so the page stays small
 whatever the run. Token text comes from the run's tokenizer; ids are shown when it cannot be loaded.
@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trace_tools.io.rundir import load_run_info, read_table
+from trace_tools.io.sample_parts import read_samples
 
 MAX_TOKENS = 320
 CONTEXT_BEFORE = 24
@@ -72,7 +73,8 @@ def _turn_tokens(tokens: pd.DataFrame, key: tuple) -> pd.DataFrame:
 
 
 def _samples_of(run_dir: Path, worst: pd.DataFrame) -> dict[tuple, Any]:
-    samples = read_table(run_dir, "samples", SAMPLE_COLUMNS)
+    table = read_samples(run_dir, SAMPLE_COLUMNS)
+    samples = pd.DataFrame() if table is None else table.to_pandas()
     wanted = set(zip(worst["strategy"], worst["session_id"], worst["sample_index"]))
     return {
         key: row
