@@ -73,7 +73,7 @@ SCENARIOS = {
         ("Bash", {"timeout": 5000, "command": "ls"}, {}),  # echoed {"command", "timeout"}: schema order
     ],
     "markdown-variants": [
-        ("Write", {"file_path": f"{CWD}/docs/intro.mdx", "content": "# Intro  \nline  \n"}, {}),
+        ("Write", {"file_path": f"{CWD}/site/intro.mdx", "content": "# Intro  \nline  \n"}, {}),
         ("Write", {"file_path": f"{CWD}/README.MD", "content": "Read me  \n"}, {}),
     ],
     "cd-prefix": [

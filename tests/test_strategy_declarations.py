@@ -96,6 +96,7 @@ def test_replay_offers_one_flag_per_flagged_parameter_with_a_derived_help():
         "echo_rules",
         "on_break",
         "areal_export",
+        "harness_profile",
     }
     for param in flagged:
         assert param.name in options and "flags" not in options
@@ -136,6 +137,7 @@ def test_flag_values_reach_the_library_as_strategy_params(monkeypatch, tmp_path)
         "matcher": "loose_tool_call",
         "retries": None,
         "echo_rules": None,
+        "harness_profile": None,
         "on_break": None,
         "delta": "false",
         "areal_export": None,

@@ -196,7 +196,7 @@ def test_a_missing_extra_is_one_line_naming_it(stepped, tmp_path, monkeypatch):
     result = _invoke(stepped, "--to", "wandb", "--out", tmp_path)
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[0].startswith("Error: --to wandb needs the wandb package")
-    assert "pip install 'trace-tools[wandb]'" in result.output
+    assert 'pip install ".[wandb]"' in result.output
 
 
 @pytest.mark.parametrize(

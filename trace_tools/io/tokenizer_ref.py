@@ -45,7 +45,7 @@ def is_local_tokenizer(name_or_path: str) -> bool:
     return (path.is_dir() and (path / "tokenizer.json").is_file()) or (path.is_file() and path.name.endswith(".json"))
 
 
-def hub_cache_dir() -> Path:
+def hf_hub_folder() -> Path:
     """Where Hugging Face's hub client keeps models: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
@@ -55,7 +55,7 @@ def hub_cache_dir() -> Path:
 
 def cached_snapshot(model_id: str) -> Path | None:
     """The cached snapshot of `model_id` holding a tokenizer.json: the one `refs/main` names, else the newest."""
-    entry = hub_cache_dir() / ("models--" + model_id.replace("/", "--"))
+    entry = hf_hub_folder() / ("models--" + model_id.replace("/", "--"))
     snapshots = entry / "snapshots"
     if not snapshots.is_dir():
         return None
@@ -95,4 +95,4 @@ def resolve_tokenizer(name_or_path: str) -> TokenizerRef:
 def tokenizer_alternatives() -> list[str]:
     """What `--tokenizer` accepts, as an error lists it (typo suggestions are drawn from these)."""
     ids = [hub_id for family in FAMILIES.values() for hub_id in family.hub_ids]
-    return [*TOKENIZERS, *ids, f"a model id in {hub_cache_dir()}", LOCAL_HINT]
+    return [*TOKENIZERS, *ids, f"a model id in {hf_hub_folder()}", LOCAL_HINT]

@@ -78,7 +78,7 @@ def default_workers() -> int:
 
 
 # Below this many turns a dump replays in this process by default: on the bundled sample (330 turns)
-# starting the worker pool cost more than it saved (docs/performance.md#workers).
+# starting the worker pool cost more than it saved (docs/scale.md#streaming-sessions-every-core-ray).
 SMALL_DUMP_TURNS = 1000
 
 

@@ -36,7 +36,8 @@ def write_report(
 def markdown_report(summary: dict[str, Any], plots: list[str] | None = None) -> str:
     audit = summary.get("audit")  # an `audit-samples` run: the trainer's own samples, nothing replayed
     lines = [f"# trace-tools {'audit-samples' if audit else 'replay'} report", ""]
-    verdict = verdict_lines(summary) if not audit else []
+    # A tool or cause name comes from the dump: escaped, so it stays text in any Markdown viewer.
+    verdict = [markdown_cell(line) for line in verdict_lines(summary)] if not audit else []
     if verdict:
         lines += [
             "## Verdict",

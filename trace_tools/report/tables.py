@@ -18,6 +18,7 @@ from rich.text import Text
 from trace_tools.io import storage
 from trace_tools.io.bundled import shown_dump
 from trace_tools.io.rundir import load_run_info, read_table
+from trace_tools.report.escape import visible
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
 from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.verdict import verdict_lines
@@ -42,7 +43,7 @@ COUNTERS_NOTE = (
 
 def verdict_view(summary: dict[str, Any], gateway: str | None = None) -> list[Any]:
     """The verdict `replay` and `report` open with (`report.verdict`), narrowed to `gateway`."""
-    verdict = [Text(line) for line in verdict_lines(summary, gateway)]
+    verdict = [Text(visible(line)) for line in verdict_lines(summary, gateway)]  # names from the dump
     return _section("Verdict", verdict) if verdict else []
 
 
