@@ -3,7 +3,7 @@
 The sandbox tests need root or unprivileged user namespaces. The Claude Code test needs Claude
 Code installed as docs/probe.md says: outside CI it is skipped when absent (saying why); `.ci/run`
 installs the pinned version and sets TRACE_TOOLS_REQUIRE_CLAUDE, which turns absence into a
-failure. mini-swe-agent is optional everywhere (skipped when absent)."""
+failure; the other harnesses likewise through TRACE_TOOLS_REQUIRE_HARNESSES."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def _without_ids(message: dict) -> str:
 
 
 def test_real_mini_swe_agent_session_end_to_end():
-    _installed_or_skip("mini-swe-agent")
+    _installed_or_skip("mini-swe-agent", _required("mini-swe-agent"))
     _namespaces_or_skip()
     from trace_tools.probe import probe
 

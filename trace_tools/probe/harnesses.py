@@ -235,7 +235,10 @@ def _mini_version(executable: Path) -> list[str]:
 MINI_SWE_AGENT = Harness(
     name="mini-swe-agent",
     version="2.4.6",
-    install="python3 -m venv {dir}/mini-swe-agent-{version} && "
+    # The system interpreter, not whichever python3 is first on PATH: a venv links back to its base
+    # interpreter, and one under a private home (pyenv in /root) cannot run as the unprivileged
+    # user the harness runs as.
+    install="/usr/bin/python3 -m venv {dir}/mini-swe-agent-{version} && "
     "{dir}/mini-swe-agent-{version}/bin/pip install mini-swe-agent=={version}",
     protocol="openai",
     speaks="OpenAI Chat Completions (litellm)",
