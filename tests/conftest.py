@@ -16,6 +16,43 @@ from io_support import free_port
 os.environ.setdefault("TRACE_TOOLS_WORKERS", "1")
 
 
+# The integration extra's tests: each marker names the packages it needs. Without them a marked test
+# is skipped, naming the extra; .ci/run installs the extra and sets TRACE_TOOLS_REQUIRE_INTEGRATION,
+# which turns a missing package into a failure. `-m "not cluster and not object_storage"` leaves them out.
+INTEGRATION_PACKAGES = {
+    "cluster": ("ray",),
+    "object_storage": ("moto", "boto3", "gcp_storage_emulator"),
+    "trackers": ("tensorboard", "wandb"),
+}
+# Tests that use these fixtures carry the marker without saying so.
+MARKER_OF_FIXTURE = {"s3_server": "object_storage", "gcs_server": "object_storage", "local_ray": "cluster", "cluster": "cluster"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture in set(MARKER_OF_FIXTURE) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(MARKER_OF_FIXTURE[fixture])
+
+
+def pytest_runtest_setup(item):
+    for marker in INTEGRATION_PACKAGES:
+        if item.get_closest_marker(marker) is not None:
+            require_integration(marker)
+
+
+def require_integration(marker: str) -> None:
+    """Skip (or, under TRACE_TOOLS_REQUIRE_INTEGRATION, fail) unless the marker's packages import."""
+    import importlib.util
+
+    missing = [name for name in INTEGRATION_PACKAGES[marker] if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    reason = f"{marker} test: {', '.join(missing)} missing; install the integration extra: pip install -e \".[integration]\""
+    if os.environ.get("TRACE_TOOLS_REQUIRE_INTEGRATION"):
+        pytest.fail(f"TRACE_TOOLS_REQUIRE_INTEGRATION is set but this {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(autouse=True)
 def _ctrl_c_handler_restored():
     """A CLI command run in-process that handles Ctrl-C ignores further ones while it exits (as a
@@ -98,13 +135,13 @@ def _local_server(command: list[str], port: int, env: dict[str, str], log: Path,
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A real S3 server on loopback (moto's server mode, from the dev extra), with the usual
+    """A real S3 server on loopback (moto's server mode, from the integration extra), with the usual
     environment pointing at it: `AWS_ENDPOINT_URL` and dummy credentials. Yields a function that
     makes a fresh bucket and returns its `s3://` URI."""
     import sys
     import uuid
 
-    pytest.importorskip("moto", reason="moto[server] (dev extra) runs the local S3 server")
+    require_integration("object_storage")
     port = free_port()
     env = {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
@@ -129,7 +166,7 @@ def s3_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
-    """A Google Cloud Storage emulator on loopback (gcp-storage-emulator, from the dev extra),
+    """A Google Cloud Storage emulator on loopback (gcp-storage-emulator, from the integration extra),
     with `CLOUD_STORAGE_EMULATOR_ENDPOINT` pointing at it (the variable Google's C++ client, and
     so pyarrow, reads). Yields a function that makes a fresh bucket and returns its URI:
     `gs://anonymous@BUCKET`, pyarrow's spelling of a bucket read without credentials."""
@@ -139,9 +176,10 @@ def gcs_server(tmp_path_factory):
 
     import pyarrow.fs as pafs
 
+    require_integration("object_storage")
     emulator = Path(sys.executable).with_name("gcp-storage-emulator")
     if not emulator.exists():
-        pytest.skip("gcp-storage-emulator (dev extra) runs the local Cloud Storage server")
+        pytest.fail(f"gcp-storage-emulator is importable but {emulator} is missing; reinstall the integration extra")
     port = free_port()
     env = {"CLOUD_STORAGE_EMULATOR_ENDPOINT": f"http://127.0.0.1:{port}"}
     command = [str(emulator), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]

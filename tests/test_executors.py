@@ -33,7 +33,8 @@ def test_two_workers_give_the_same_run_directory(simulated_dump, tmp_path, singl
 @pytest.fixture(scope="module")
 def local_ray(s3_server):
     """A local Ray of two CPUs, started once the S3 environment is set (its workers inherit it)."""
-    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    import ray
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

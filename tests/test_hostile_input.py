@@ -330,8 +330,8 @@ def _group_gone(group: int, wait_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.cluster
 def test_an_unreachable_ray_address_is_one_line(simulated_dump, tmp_path):
-    pytest.importorskip("ray", reason="the ray extra is not installed")
     started = time.monotonic()
     result = _cli(
         "replay",

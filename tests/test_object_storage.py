@@ -28,6 +28,8 @@ from trace_tools.io.rundir import load_run_info
 from trace_tools.reconstruct import reconstruct
 from trace_tools.report.compare import compare
 
+pytestmark = pytest.mark.object_storage  # every test here needs the loopback S3 or Cloud Storage server
+
 STRATEGIES = ["tree", "linear", "checkpoint-tree"]
 
 

@@ -138,6 +138,7 @@ def _probe_dir(name: str):
         subprocess.run(["rm", "-rf", str(out)], check=False)
 
 
+@pytest.mark.harness
 def test_real_claude_code_session_end_to_end_in_a_network_namespace(claude_run):
     """Scripted sessions through the real Claude Code CLI: its profile names what 2.1.x does."""
     result, out = claude_run
@@ -161,6 +162,7 @@ def test_real_claude_code_session_end_to_end_in_a_network_namespace(claude_run):
     assert {r["kind"] for r in requests} <= {"turn", "side", "count_tokens", "other"}
 
 
+@pytest.mark.harness
 def test_the_simulator_echoes_exactly_as_the_real_client(claude_run):
     """The same scenario replies through the simulator's claude-code echo (the shipped profile) and
     through a profile measured on this run: every echo the real client sent, field by field and in
@@ -193,6 +195,7 @@ def test_the_simulator_echoes_exactly_as_the_real_client(claude_run):
     assert compared >= 3 * 8
 
 
+@pytest.mark.harness
 def test_checkpoint_tree_trains_real_sessions_once_each(claude_run):
     """Append-only from the client's side: one sample per session, every token trained, about the
     forwarded tokens of one sample per session, and no echo taken for a genuine edit."""
@@ -203,6 +206,7 @@ def test_checkpoint_tree_trains_real_sessions_once_each(claude_run):
     assert {"command_prefix", "whitespace"} <= set(turns["drift_cause"].dropna())
 
 
+@pytest.mark.harness
 def test_checkpoint_tree_trains_sessions_whose_gateway_returned_reasoning_as_text():
     """The recorder sends each reply's reasoning as a text block: Claude Code echoes it as text."""
     _installed_or_skip("claude-code", "TRACE_TOOLS_REQUIRE_CLAUDE")
@@ -246,6 +250,7 @@ def _without_ids(message: dict) -> str:
     return _spelled({**message, "tool_calls": calls} if calls else message)
 
 
+@pytest.mark.harness
 def test_real_mini_swe_agent_session_end_to_end():
     _installed_or_skip("mini-swe-agent", _required("mini-swe-agent"))
     _namespaces_or_skip()
@@ -294,6 +299,7 @@ def qwen_run():
     yield from _probe_one("qwen-code", 4, replay=False)
 
 
+@pytest.mark.harness
 def test_real_qwen_code_sessions_end_to_end_in_a_network_namespace(qwen_run):
     result, out = qwen_run
     calls = result.profile["measured"]["calls"]
@@ -305,6 +311,7 @@ def test_real_qwen_code_sessions_end_to_end_in_a_network_namespace(qwen_run):
     assert "history" in result.profile and "side_requests" in result.profile["measured"]
 
 
+@pytest.mark.harness
 def test_profile_of_the_qwen_code_recording_is_the_probes_own(qwen_run):
     """`trace-tools profile` on the run directory (its `record` dump and request log) derives the
     profile `probe qwen-code` measured: same harness, same rewrites with the same counts."""
@@ -317,6 +324,7 @@ def test_profile_of_the_qwen_code_recording_is_the_probes_own(qwen_run):
     assert derived["measured"]["echoes"] == result.profile["measured"]["echoes"]
 
 
+@pytest.mark.harness
 def test_no_qwen_code_side_request_is_recorded_as_a_turn(qwen_run):
     from trace_tools.io.load import load
     from trace_tools.record.side_requests import side_request_kind
@@ -327,12 +335,14 @@ def test_no_qwen_code_side_request_is_recorded_as_a_turn(qwen_run):
         assert session.turns[0].tools  # every recorded turn offered the agent's tools
 
 
+@pytest.mark.harness
 def test_real_opencode_session_logs_its_title_request_as_a_side_request():
     for result, out in _probe_one("opencode", 1, replay=False):
         assert result.profile["measured"]["side_requests"] == {"title": 1}
         assert result.profile["measured"]["calls"].get("edit", 0) >= 2
 
 
+@pytest.mark.harness
 @pytest.mark.parametrize("name", ["codex", "gemini-cli"])
 def test_real_codex_and_gemini_cli_sessions_write_a_profile(name):
     """Runs once the recorder serves their APIs; each writes a profile from its file-tool or shell scenario."""

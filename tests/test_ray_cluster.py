@@ -85,7 +85,6 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server):
     """A head node (with the dashboard, which serves jobs) and one worker node."""
-    pytest.importorskip("ray", reason="the ray extra is not installed")
     folder = tmp_path_factory.mktemp("ray-cluster")
     sessions = Path(tempfile.mkdtemp(prefix="tt-ray-"))  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}

@@ -131,6 +131,7 @@ def test_jsonl_holds_one_object_per_step(stepped, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
+@pytest.mark.trackers
 def test_tensorboard_reads_back_the_same_values(stepped, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
@@ -148,6 +149,7 @@ def test_tensorboard_reads_back_the_same_values(stepped, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
+@pytest.mark.trackers
 def test_wandb_offline_run_history_holds_the_same_values(stepped, tmp_path, monkeypatch):
     # Any attempt to reach a server would go to a closed local port and be logged: there must be none.
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
@@ -173,6 +175,7 @@ def test_wandb_offline_run_history_holds_the_same_values(stepped, tmp_path, monk
     assert "127.0.0.1:9" not in logs
 
 
+@pytest.mark.trackers
 def test_a_wandb_run_the_caller_has_open_stays_open(stepped, tmp_path, monkeypatch):
     import wandb
 

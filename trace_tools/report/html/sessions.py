@@ -23,6 +23,7 @@ import pandas as pd
 
 from trace_tools.io.sample_parts import samples_files
 from trace_tools.report.escape import visible_bidi
+from trace_tools.strategies.declarations import label
 
 CHUNK_BYTES = 256 * 1024
 TURN_COLUMNS = [
@@ -99,6 +100,7 @@ def build_sessions(
         chunks.append(_pack(pending))
     index = {
         "strategies": strategies,
+        "labels": [label(name) for name in strategies],  # the short column headers (twelve must fit 1,400 px)
         **codes,
         "sessions": entries,
         "drifted": drifted,

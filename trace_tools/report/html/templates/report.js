@@ -70,10 +70,11 @@
   const hasQuarantine = INDEX.sessions.some((e) => e[6]);
   const sessionColumns = [
     {name: "session", text: true, value: (e) => e[0]},
-    hasBehaviour && {name: "behaviour", text: true, value: (e) => INDEX.behaviours[e[1]]},
+    // a zero-width space after each "+" lets a combined behaviour wrap there
+    hasBehaviour && {name: "behaviour", text: true, wide: true, value: (e) => INDEX.behaviours[e[1]].replaceAll("+", "+\u200b")},
     {name: "turns", value: (e) => e[2]},
-    {name: "drift causes", text: true, value: (e) => e[3].map(causeName).join(" ")},
-    ...STRATEGIES.map((s, k) => ({name: s, value: (e) => e[4][k], strategy: true})),
+    {name: "drift causes", text: true, wide: true, value: (e) => e[3].map(causeName).join(" ")},
+    ...STRATEGIES.map((s, k) => ({name: INDEX.labels[k], strategy: s, value: (e) => e[4][k]})),
     hasQuarantine && {name: "quarantined", text: true, value: (e) => e[6] || ""},
   ].filter(Boolean);
   const list = {query: "", sort: null, dir: "ascending", page: 0, rows: INDEX.sessions};
@@ -82,8 +83,8 @@
   function setupSessionList() {
     const head = document.getElementById("session-head");
     sessionColumns.forEach((col, k) => {
-      const th = el("th", {text: col.name, class: col.text ? "txt" : null,
-        title: col.strategy ? "samples emitted by " + col.name : null});
+      const th = el("th", {text: col.name, class: [col.text && "txt", col.wide && "wide-only"].filter(Boolean).join(" ") || null,
+        title: col.strategy ? "samples emitted by " + col.strategy : null});
       th.addEventListener("click", () => {
         list.dir = list.sort === k && list.dir === "ascending" ? "descending" : "ascending";
         list.sort = k;
@@ -128,9 +129,9 @@
     const cells = sessionColumns.map((col) => {
       const v = col.value(e);
       if (col.name === "session") return el("td", {}, el("a", {href: sessionHref(e[0]), class: "mono", text: v}));
-      if (col.name === "drift causes") return el("td", {class: "txt"}, ...e[3].map((c) => el("span", {class: "cause-chip", text: causeName(c)})));
+      if (col.name === "drift causes") return el("td", {class: "txt wide-only"}, ...e[3].map((c) => el("span", {class: "cause-chip", text: causeName(c)})));
       if (col.strategy) return el("td", {class: v > 1 ? "forked" : null, text: num(v)});
-      return el("td", {class: col.text ? "txt" : null, text: col.text ? v : num(v)});
+      return el("td", {class: [col.text && "txt", col.wide && "wide-only"].filter(Boolean).join(" ") || null, text: col.text ? v : num(v)});
     });
     return el("tr", {}, ...cells);
   }
