@@ -25,7 +25,12 @@ INTEGRATION_PACKAGES = {
     "trackers": ("tensorboard", "wandb"),
 }
 # Tests that use these fixtures carry the marker without saying so.
-MARKER_OF_FIXTURE = {"s3_server": "object_storage", "gcs_server": "object_storage", "local_ray": "cluster", "cluster": "cluster"}
+MARKER_OF_FIXTURE = {
+    "s3_server": "object_storage",
+    "gcs_server": "object_storage",
+    "local_ray": "cluster",
+    "cluster": "cluster",
+}
 
 
 def pytest_collection_modifyitems(items):
@@ -47,7 +52,9 @@ def require_integration(marker: str) -> None:
     missing = [name for name in INTEGRATION_PACKAGES[marker] if importlib.util.find_spec(name) is None]
     if not missing:
         return
-    reason = f"{marker} test: {', '.join(missing)} missing; install the integration extra: pip install -e \".[integration]\""
+    reason = (
+        f'{marker} test: {", ".join(missing)} missing; install the integration extra: pip install -e ".[integration]"'
+    )
     if os.environ.get("TRACE_TOOLS_REQUIRE_INTEGRATION"):
         pytest.fail(f"TRACE_TOOLS_REQUIRE_INTEGRATION is set but this {reason}")
     pytest.skip(reason)

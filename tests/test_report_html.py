@@ -407,7 +407,11 @@ def test_every_strategy_column_of_the_session_and_cause_tables_is_in_view(sized_
         titles = browser.evaluate(
             f"[...document.querySelectorAll('#{table} thead th')].filter(th => th.getBoundingClientRect().right <= window.innerWidth).map(th => th.title)"
         )
-        shown = [name for name in strategies if any(title.startswith(f"{name}:") or title.endswith(f" {name}") for title in titles)]
+        shown = [
+            name
+            for name in strategies
+            if any(title.startswith(f"{name}:") or title.endswith(f" {name}") for title in titles)
+        ]
         assert shown == strategies, (browser.width, table, titles)
         browser.screenshot(tmp_path / f"{table}-{browser.width}.png")
     assert browser.console_errors() == []
