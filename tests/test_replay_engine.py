@@ -191,7 +191,7 @@ def test_report_rerenders_a_finished_run(sample_run):
     assert (sample_run.run_dir / "report.md").read_text().startswith("# trace-tools replay report")
 
 
-def test_samples_table_converts_shared_lists_once_and_equals_a_plain_conversion():
+def test_samples_table_converts_shared_lists_and_prefixes_once_and_equals_a_plain_conversion():
     import pyarrow as pa
 
     from trace_tools.io.rundir import SAMPLES_SCHEMA, samples_table
@@ -211,7 +211,17 @@ def test_samples_table_converts_shared_lists_once_and_equals_a_plain_conversion(
             "metadata": "{}",
             "step": 3 if s == "x" else None,
         }
-        for i, (s, tokens) in enumerate([("tree", ids), ("linear", list(ids)), ("chains", ids[:-1] + [7]), ("x", [])])
+        for i, (s, tokens) in enumerate(
+            [
+                ("tree", ids),
+                ("linear", list(ids)),
+                ("chains", ids[:-1] + [7]),  # converts only what follows the prefix it shares with the last one
+                ("areal", ids[:-1] + [7, 8, 9]),  # longer than the list it shares a prefix with
+                ("continuation", ids[:4500]),  # shorter
+                ("message-graph", [9] + ids[1:]),  # parts at once: converted whole
+                ("x", []),
+            ]
+        )
     ]
     table = samples_table(rows)
     assert table.equals(pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
+from trace_tools.ids import common_prefix_len
 from trace_tools.io import storage
 from trace_tools.io.storage import Location
 
@@ -290,8 +291,10 @@ def samples_table(rows: list[dict[str, Any]]) -> pa.Table:
     """`SAMPLES_SCHEMA` rows as a table, converting each distinct id/mask/logprob list once.
 
     A session's strategies mostly emit the same sequences (the same full trajectory, the same
-    provenance); converting 50k-element Python lists is the expensive part, and comparing two
-    lists of shared ints is cheap, so equal lists share one converted array."""
+    provenance), or sequences that share a long prefix (a fork, a healed turn); converting
+    50k-element Python lists is the expensive part, and comparing lists of shared ints is cheap,
+    so equal lists share one converted array, and a list converts only what follows the prefix it
+    shares with the list converted before it."""
     columns: dict[str, Any] = {}
     for field_ in SAMPLES_SCHEMA:
         name = field_.name
@@ -301,19 +304,34 @@ def samples_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=SAMPLES_SCHEMA)
 
 
+_SHARED_PREFIX_MIN = 4096  # shorter shared prefixes convert whole (slicing and joining costs more)
+
+
 def _list_column(values: list[Any], kind: pa.ListType) -> pa.Array:
     converted: dict[int, list[tuple[Any, pa.Array]]] = {}
+    last: tuple[Any, pa.Array] | None = None  # measured: looking further back costs more than it saves
     pieces, offsets = [], [0]
     for value in values:
         same_length = converted.setdefault(len(value), [])
         array = next((array for seen, array in same_length if seen is value or seen == value), None)
         if array is None:
-            array = pa.array(value, kind.value_type)
+            array = _convert(value, kind.value_type, last)
             same_length.append((value, array))
+            last = (value, array)
         pieces.append(array)
         offsets.append(offsets[-1] + len(value))
     flat = pa.concat_arrays(pieces) if pieces else pa.array([], kind.value_type)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=kind)
+
+
+def _convert(value: list[Any], value_type: pa.DataType, last: tuple[Any, pa.Array] | None) -> pa.Array:
+    """`pa.array(value)`, reusing the converted prefix `value` shares with the `last` list converted.
+    Lists are compared with `==`, as the whole-list sharing above does."""
+    if last is None or last[0][:_SHARED_PREFIX_MIN] != value[:_SHARED_PREFIX_MIN]:  # most part early: cheap
+        return pa.array(value, value_type)
+    seen, array = last
+    shared = common_prefix_len(seen, value)
+    return pa.concat_arrays([array.slice(0, shared), pa.array(value[shared:], value_type)])
 
 
 def check_output_file(out: Path, inputs: Iterable[Path], overwrite: bool, option: str = "--out") -> None:
