@@ -111,7 +111,8 @@ def test_a_run_inside_the_dump_directory_is_not_read_as_input(simulated_dump, tm
 
 @pytest.fixture(scope="module")
 def rescore_output(tmp_path_factory):
-    pytest.importorskip("torch", reason="rescore needs torch (the rescore extra)")
+    import torch  # noqa: F401 - rescore needs it (the test extra has it)
+
     from trace_tools.simulate import simulate
 
     folder = tmp_path_factory.mktemp("rescore")

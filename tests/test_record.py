@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import anthropic  # the official clients (the test extra has them)
+import openai
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,9 +24,6 @@ from trace_tools.record import make_renderer, open_recorder
 from trace_tools.record.anthropic import fold_mid_list_system, request_messages
 from trace_tools.record.script import Script, ScriptBook, ScriptCall, ScriptTurn
 from trace_tools.render.canonical import canonicalize_messages
-
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
 
 EDIT_ARGS = {"file_path": "/repo/a.py", "old_string": "x = 1  \n", "new_string": "x = 2\t\n"}
 SCRIPT = Script(

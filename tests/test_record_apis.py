@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 
+import httpx  # the raw requests (the test extra has it)
+import openai  # the official clients (the test extra has them)
 import pytest
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 
 from test_record import EDIT_ARGS, OPENAI_TOOLS, SCRIPT, _wait_rows
 from trace_tools.record import make_renderer, open_recorder
 from trace_tools.record.script import Script, ScriptBook, ScriptCall, ScriptTurn
 from trace_tools.render.canonical import canonicalize_messages
-
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")  # the openai client's own HTTP library
-genai = pytest.importorskip("google.genai")
-from google.genai import errors as genai_errors  # noqa: E402
-from google.genai import types as genai_types  # noqa: E402
 
 BASH_ARGS = {"command": "cd /repo && ls", "description": "List"}
 RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in OPENAI_TOOLS]

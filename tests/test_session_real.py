@@ -6,12 +6,11 @@ import json
 from collections import Counter
 
 import pytest
+import trl  # noqa: F401 - the TRL wheel ships the templates (docs/model_families.md)
 
 from trace_tools.data import Session, Turn
 from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.registry import get_strategy
-
-pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "Read", "description": "Read a file", "parameters": PATH_SCHEMA}}]

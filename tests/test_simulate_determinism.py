@@ -153,7 +153,8 @@ def test_cli_writes_the_dump_and_reports_it(tmp_path):
 
 
 def test_logprobs_model_replaces_the_seeded_logprobs():
-    pytest.importorskip("torch")
+    import torch  # noqa: F401 - the logprob model (the test extra has it)
+
     seeded = simulate(1, seed=6, behaviours=["byte-exact"], max_turns=3)
     scored = simulate(1, seed=6, behaviours=["byte-exact"], max_turns=3, logprobs_model="tiny-qwen3")
     assert scored.column("output_ids").to_pylist() == seeded.column("output_ids").to_pylist()

@@ -6,6 +6,7 @@ import math
 import sys
 
 import pytest
+import torch  # noqa: F401 - the .pt readers (the test extra has it)
 import typer
 
 from trace_tools.errors import UnknownName, UnusableInput
@@ -22,8 +23,6 @@ from trainer_fixtures import (
     write_slime_rollout,
     write_slime_train,
 )
-
-pytest.importorskip("torch")
 
 
 def _read(*paths, **options):
@@ -76,7 +75,6 @@ def test_tensors_and_a_null_loss_mask_are_accepted(tmp_path):
 
 
 def test_miles_dump_details_reads_pt_and_joins_rank_files(tmp_path):
-    import torch
 
     samples = _two_samples()
     write_miles_dump(tmp_path, 2, samples, log_probs=[[-0.1, -0.2, -0.3], [-0.4, -0.5]])
@@ -222,7 +220,6 @@ def test_a_file_over_the_pickle_bound_is_refused_before_loading(tmp_path):
 
 
 def test_not_a_rollout_dump_and_a_truncated_file(tmp_path):
-    import torch
 
     torch.save({"weights": torch.zeros(2)}, tmp_path / "rollout_1.pt")
     with pytest.raises(UnusableInput, match=r"not a slime/miles rollout dump"):

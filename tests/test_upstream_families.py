@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import trl  # noqa: F401 - the TRL wheel ships the templates (docs/model_families.md)
 
 from trace_tools.data import Session, Turn
 from trace_tools.render.canonical import canonicalize_messages
@@ -18,8 +19,6 @@ from trace_tools.render.upstream import ArgumentFormError, UpstreamRender, upstr
 from trace_tools.strategies.base import ReplayContext
 from trace_tools.strategies.helpers import failure_reason
 from trace_tools.strategies.registry import get_strategy
-
-pytest.importorskip("trl")  # the TRL wheel ships the templates (docs/model_families.md)
 
 READ = {"type": "object", "properties": {"file_path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "Read", "description": "Read a file", "parameters": READ}}]
