@@ -44,8 +44,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules, did_you_mean
-from trace_tools.io.rundir import load_summary
-from trace_tools.rescore.mismatch import METRIC_KEYS
+from trace_tools.io.rundir import MISMATCH_METRICS, load_summary
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 TOP_LEVEL = (
@@ -103,7 +102,7 @@ STRATEGY_METRICS = (
 )
 # Each strategy's "mismatch" block, written by `rescore RUN --samples` (docs/rescore_samples.md):
 # the counts, then the metrics under the names rescore writes.
-MISMATCH_KEYS = ("tokens", "sequences", *METRIC_KEYS)
+MISMATCH_KEYS = ("tokens", "sequences", *MISMATCH_METRICS)
 MISMATCH_GROUPS = ("by_behaviour", "by_tool", "by_drift_cause", "by_context", "by_step")
 CORRECTION_KEYS = ("masked_fraction", "clipped_fraction", "turns_losing_all_gradient")
 STRATEGY_METRICS += (
