@@ -174,6 +174,24 @@ def test_strict_exits_1_when_quarantined(tmp_path, simulated_dump):
     assert "bad_json" in strict.output
 
 
+def test_replay_prints_the_dumps_warnings_with_their_fix(tmp_path, monkeypatch):
+    """A warning the loader raises about the dump (here: a row group read as several row ranges)
+    reaches the user, not only `validate`."""
+    import pyarrow.parquet as pq
+
+    from trace_tools.io import dump_files
+    from trace_tools.io.bundled import sample_dir
+
+    monkeypatch.setattr(dump_files, "PIECE_ROWS", 64)
+    path = tmp_path / "one-group.parquet"
+    table = pq.read_table(next(sample_dir().glob("*.parquet")))
+    pq.write_table(table, path, row_group_size=table.num_rows)
+    args = ["replay", str(path), "--strategy", "tree", "--no-samples", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"row group 0 holds {table.num_rows} rows" in result.output and "row_group_size=" in result.output
+
+
 def test_replay_without_argument_runs_on_sample_traces(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["replay", "--strategy", "tree", "--no-samples"])

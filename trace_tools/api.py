@@ -168,7 +168,7 @@ def _finish(engine: Any, plots: Any) -> RunResult:
         engine.resumed_shards,
         reconstruction,
         engine.redone_shards,
-        notes=list(engine.notes),
+        notes=[*engine.warnings, *engine.notes],  # the dump's warnings (io.load) too: they name fixes
     )
 
 

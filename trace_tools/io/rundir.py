@@ -41,6 +41,28 @@ _REBUILD = "replay again into it to rebuild it (`trace-tools replay DUMP --out {
 TABLES = (*SMALL_TABLES, "samples")
 # written into a run by `rescore RUN --samples` (rescore/samples.py, docs/rescore_samples.md)
 MISMATCH_TABLES = ("mismatch_tokens.parquet", "mismatch_turns.parquet", "mismatch_sessions.parquet")
+# The metrics of each "mismatch" block of summary.json, as rescore computes them (rescore/mismatch.py)
+# and gate bounds them (report/gate.py); here, below both, so neither repeats the other's list.
+MISMATCH_METRICS = (
+    "k1_kl",
+    "k3_kl",
+    "training_log_ppl",
+    "rollout_log_ppl",
+    "training_ppl",
+    "rollout_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+    "mean_abs_diff",
+    "max_abs_diff",
+    "p50_abs_diff",
+    "p90_abs_diff",
+    "p99_abs_diff",
+)
 # besides the tables, plots/ and export/
 OUTPUT_FILES = ("summary.json", "run.json", "report.md", "report.html", *MISMATCH_TABLES)
 SAMPLES_SCHEMA = pa.schema(

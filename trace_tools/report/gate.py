@@ -44,7 +44,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from trace_tools.data import COUNTERS
 from trace_tools.errors import MalformedRules, did_you_mean
-from trace_tools.io.rundir import load_summary
+from trace_tools.io.rundir import MISMATCH_METRICS, load_summary
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 TOP_LEVEL = (
@@ -100,30 +100,9 @@ STRATEGY_METRICS = (
     "loss_mask_rules.*.checked",
     "loss_mask_rules.*.violations",
 )
-# Each strategy's "mismatch" block, written by `rescore RUN --samples` (docs/rescore_samples.md);
-# tests/test_rescore_samples.py checks these names against the ones rescore writes.
-MISMATCH_KEYS = (
-    "tokens",
-    "sequences",
-    "k1_kl",
-    "k3_kl",
-    "training_log_ppl",
-    "rollout_log_ppl",
-    "training_ppl",
-    "rollout_ppl",
-    "log_ppl_diff",
-    "log_ppl_abs_diff",
-    "log_ppl_diff_max",
-    "log_ppl_diff_min",
-    "ppl_ratio",
-    "chi2_token",
-    "chi2_seq",
-    "mean_abs_diff",
-    "max_abs_diff",
-    "p50_abs_diff",
-    "p90_abs_diff",
-    "p99_abs_diff",
-)
+# Each strategy's "mismatch" block, written by `rescore RUN --samples` (docs/rescore_samples.md):
+# the counts, then the metrics under the names rescore writes.
+MISMATCH_KEYS = ("tokens", "sequences", *MISMATCH_METRICS)
 MISMATCH_GROUPS = ("by_behaviour", "by_tool", "by_drift_cause", "by_context", "by_step")
 CORRECTION_KEYS = ("masked_fraction", "clipped_fraction", "turns_losing_all_gradient")
 STRATEGY_METRICS += (

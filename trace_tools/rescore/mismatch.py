@@ -27,26 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from trace_tools.io.rundir import MISMATCH_METRICS
+
 SAFETY_BOUND = 20.0  # |log ρ| clamp before exponentiating, verl's and slime's constant
 QUANTILES = {"p50_abs_diff": 0.5, "p90_abs_diff": 0.9, "p99_abs_diff": 0.99}
-METRIC_KEYS = (
-    "k1_kl",
-    "k3_kl",
-    "training_log_ppl",
-    "rollout_log_ppl",
-    "training_ppl",
-    "rollout_ppl",
-    "log_ppl_diff",
-    "log_ppl_abs_diff",
-    "log_ppl_diff_max",
-    "log_ppl_diff_min",
-    "ppl_ratio",
-    "chi2_token",
-    "chi2_seq",
-    "mean_abs_diff",
-    "max_abs_diff",
-    *QUANTILES,
-)
+METRIC_KEYS = MISMATCH_METRICS  # their order in summary.json
 HEADLINE_KEYS = ("max_abs_diff", "k3_kl", "log_ppl_abs_diff")  # what `rescore --samples --json` prints
 
 
