@@ -113,6 +113,12 @@ def _assistant_message(content: Any) -> dict:
         elif kind == "tool_use":
             function = {"name": block.get("name", "tool"), "arguments": block.get("input") or {}}
             calls.append({"id": block.get("id"), "type": "function", "function": function})
+    return chat_assistant(texts, thoughts, calls)
+
+
+def chat_assistant(texts: list[str], thoughts: list[str], calls: list[dict]) -> dict:
+    """An echoed assistant turn as a chat message: its text, its reasoning and its calls, the last
+    two only when present (the Messages and Gemini APIs split a turn into such parts alike)."""
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if thoughts:
         message["reasoning_content"] = "".join(thoughts)

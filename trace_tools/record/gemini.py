@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
+from trace_tools.record.anthropic import chat_assistant
+
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 _PREFIXES = ("/v1beta/models/", "/v1/models/", "/v1alpha/models/")
 
@@ -107,12 +109,7 @@ def _assistant_message(parts: list[dict]) -> dict:
         for p in parts
         if "functionCall" in p
     ]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return chat_assistant(texts, thoughts, calls)
 
 
 def request_tools(body: dict) -> tuple[list[dict] | None, list[str]]:
