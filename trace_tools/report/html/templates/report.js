@@ -77,13 +77,15 @@
     ...STRATEGIES.map((s, k) => ({name: INDEX.labels[k], strategy: s, value: (e) => e[4][k]})),
     hasQuarantine && {name: "quarantined", text: true, value: (e) => e[6] || ""},
   ].filter(Boolean);
+  // a text column aligns left; a wide-only one is left out of narrow windows (report.css)
+  const columnClass = (col) => [col.text && "txt", col.wide && "wide-only"].filter(Boolean).join(" ") || null;
   const list = {query: "", sort: null, dir: "ascending", page: 0, rows: INDEX.sessions};
   let searchText = null;
 
   function setupSessionList() {
     const head = document.getElementById("session-head");
     sessionColumns.forEach((col, k) => {
-      const th = el("th", {text: col.name, class: [col.text && "txt", col.wide && "wide-only"].filter(Boolean).join(" ") || null,
+      const th = el("th", {text: col.name, class: columnClass(col),
         title: col.strategy ? "samples emitted by " + col.strategy : null});
       th.addEventListener("click", () => {
         list.dir = list.sort === k && list.dir === "ascending" ? "descending" : "ascending";
@@ -129,9 +131,9 @@
     const cells = sessionColumns.map((col) => {
       const v = col.value(e);
       if (col.name === "session") return el("td", {}, el("a", {href: sessionHref(e[0]), class: "mono", text: v}));
-      if (col.name === "drift causes") return el("td", {class: "txt wide-only"}, ...e[3].map((c) => el("span", {class: "cause-chip", text: causeName(c)})));
+      if (col.name === "drift causes") return el("td", {class: columnClass(col)}, ...e[3].map((c) => el("span", {class: "cause-chip", text: causeName(c)})));
       if (col.strategy) return el("td", {class: v > 1 ? "forked" : null, text: num(v)});
-      return el("td", {class: [col.text && "txt", col.wide && "wide-only"].filter(Boolean).join(" ") || null, text: col.text ? v : num(v)});
+      return el("td", {class: columnClass(col), text: col.text ? v : num(v)});
     });
     return el("tr", {}, ...cells);
   }
