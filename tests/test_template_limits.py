@@ -102,9 +102,12 @@ def test_the_time_limit_stops_a_loop_and_the_renderer_works_again():
     time.sleep(0.2)  # a stray asynchronous exception would surface here
 
 
-def test_the_watchdog_sleeps_between_deadlines_instead_of_polling():
-    """Thousands of renders and an idle second wake the watchdog a handful of times, not on an
-    interval: a poll takes the GIL from the renders and costs an idle Ray driver CPU."""
+@pytest.mark.parametrize("pause", [0.0, 0.002], ids=["back to back", "between other work"])
+def test_the_watchdog_sleeps_between_deadlines_instead_of_polling(pause):
+    """Renders back to back, or spaced by other work as in a replay (where the watchdog used to
+    find none armed, and the next one woke it: once per render), and then an idle second wake
+    the watchdog a handful of times, not per render: a wake takes the GIL from the renders and
+    costs an idle Ray driver CPU."""
     from trace_tools.render.limits import WATCHDOG
 
     renderer = Renderer(
@@ -115,8 +118,9 @@ def test_the_watchdog_sleeps_between_deadlines_instead_of_polling():
     )
     renderer.render_text([{"role": "user", "content": "warm"}])  # the watchdog thread is started
     before = WATCHDOG.wakeups
-    for index in range(2000):
+    for index in range(300):
         assert renderer.render_text([{"role": "user", "content": str(index)}]) == str(index)
+        time.sleep(pause)
     time.sleep(1.0)
     assert WATCHDOG.wakeups - before <= 3
 

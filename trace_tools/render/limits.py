@@ -189,11 +189,14 @@ class _Watchdog:
     """One daemon thread per process; `arm` and `disarm` bracket each render of each thread.
 
     A render's budget is CPU time of its own thread, which can never pass faster than the wall
-    clock: the watchdog sleeps until the earliest moment a budget could be spent (or until a
-    render is armed, when none is), then reads each thread's clock and sleeps again for what is
-    left. A process that renders thousands of times a second wakes it about once per time limit,
-    not on a polling interval, which would take the GIL from the renders and cost the Ray driver
-    CPU."""
+    clock: the watchdog sleeps until the earliest moment a budget could be spent, then reads each
+    thread's clock and sleeps again for what is left. `arm` wakes it only when the new render's
+    budget could be spent before that moment. When a look finds no render armed but some were
+    armed since the last look (short renders come and go between looks), it looks again one time
+    limit later instead of waiting to be woken: a process that renders thousands of times a
+    second, back to back or between other work, wakes it about once per time limit, not once per
+    render, which would take the GIL from the renders and cost the Ray driver CPU. Only a look
+    after a whole quiet time limit sleeps until the next `arm`."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
@@ -201,6 +204,8 @@ class _Watchdog:
         self._fired: set[int] = set()  # tokens the watchdog raised into
         self._token = 0
         self._wakes_at = math.inf  # wall time the watchdog thread will look next (inf: when notified)
+        self._armed_since_look = False
+        self._last_seconds = 0.0  # the time limit of the latest render armed
         self.wakeups = 0
         self._thread: threading.Thread | None = None
 
@@ -213,6 +218,8 @@ class _Watchdog:
         with self._lock:
             self._token += 1
             self._renders[thread] = _Render(clock, deadline, self._token, outer=self._renders.get(thread))
+            self._armed_since_look = True
+            self._last_seconds = seconds
             self._wake_by(time.monotonic() + seconds)
             return self._token
 
@@ -280,6 +287,9 @@ class _Watchdog:
                         _raise_in(thread, RenderTimeout)
                     else:
                         self._wakes_at = min(self._wakes_at, now + left)
+                if self._wakes_at == math.inf and self._armed_since_look:
+                    self._wakes_at = now + self._last_seconds  # no render can be spent before then
+                self._armed_since_look = False
                 self._lock.wait(None if self._wakes_at == math.inf else max(self._wakes_at - now, 0.0))
 
 
