@@ -56,9 +56,11 @@ def _verify_counts(run: Path) -> dict:
 
 
 def _break_the_fast_encoder(monkeypatch) -> None:
-    """A fast encoder that splits every blank line differently from the tokenizer."""
-    original = FastEncoder._bpe_piece
-    monkeypatch.setattr(FastEncoder, "_bpe_piece", lambda self, piece: original(self, piece.replace("\n\n", "\n \n")))
+    """A fast encoder that splits every blank line differently from the tokenizer. Broken above
+    its memo, which earlier tests in this process have filled with correct pieces (and which
+    then holds only true encodings of the altered pieces)."""
+    original = FastEncoder._piece
+    monkeypatch.setattr(FastEncoder, "_piece", lambda self, piece: original(self, piece.replace("\n\n", "\n \n")))
 
 
 def test_verify_finds_a_broken_fast_encoder_keeps_the_reference_results_and_exits_1(tmp_path, monkeypatch):

@@ -14,8 +14,8 @@ from trace_tools.ids import interned
 from trace_tools.render.tokenizer_files import mergeable_ranks
 from trace_tools.render.tokenizer_recipes import Recipe
 
-_MEMO_MIN = 256  # shorter pieces encode faster than they hash
 _MEMO_CHARS = 16 << 20
+_MEMO_ENTRIES = 1 << 16  # bounds the memo of many short pieces, whose entries outweigh their text
 
 
 class FastEncoder:
@@ -61,17 +61,16 @@ class FastEncoder:
 
     def _piece(self, piece: str) -> list[int]:
         """The ids of a text between added tokens. Replay encodes the same message bodies once per
-        strategy (each cuts its texts at other places, but always at added tokens), so long
-        pieces are memoised, up to `_MEMO_CHARS` characters in all."""
-        if len(piece) < _MEMO_MIN:
-            return self._bpe_piece(piece)
+        strategy (each cuts its texts at other places, but always at added tokens), and the same
+        short pieces (role headers, newlines between turns) thousands of times, so pieces are
+        memoised, up to `_MEMO_CHARS` characters and `_MEMO_ENTRIES` pieces in all."""
         ids = self._memo.get(piece)
         if ids is None:
             ids = self._bpe_piece(piece)
             with self._memo_lock:
                 if self._memo.setdefault(piece, ids) is ids:
                     self._memo_chars += len(piece)
-                while self._memo_chars > _MEMO_CHARS:  # oldest first
+                while self._memo_chars > _MEMO_CHARS or len(self._memo) > _MEMO_ENTRIES:  # oldest first
                     oldest = next(iter(self._memo))
                     del self._memo[oldest]
                     self._memo_chars -= len(oldest)
