@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from trace_tools.errors import TraceToolsError
+from trace_tools.report.gate import MISMATCH_KEYS
 from trace_tools.rescore.corrections import CLIPPED, KEPT, MASKED, CorrectionOptions, preview, token_outcomes
 from trace_tools.rescore.mismatch import mismatch_metrics
 
@@ -45,6 +46,13 @@ def test_metrics_follow_the_verl_definitions_by_hand():
 def test_metrics_of_no_tokens_are_absent_not_zero():
     got = mismatch_metrics(np.empty(0), np.empty(0), np.empty(0))
     assert got["tokens"] == 0 and got["k3_kl"] is None and got["max_abs_diff"] is None
+
+
+@pytest.mark.parametrize("tokens", [0, 4])
+def test_the_names_rescore_writes_are_the_ones_gate_bounds(tokens):
+    """The metrics are computed under literal names; gate knows them from io.rundir's list."""
+    got = mismatch_metrics(TRAIN[:tokens], ROLLOUT[:tokens], SEQUENCE[:tokens])
+    assert tuple(got) == MISMATCH_KEYS
 
 
 def test_identical_logprobs_measure_no_mismatch():

@@ -17,10 +17,10 @@ import torch
 from typer.testing import CliRunner
 
 from trace_tools.errors import TraceToolsError
-from trace_tools.io.rundir import MISMATCH_TABLES
+from trace_tools.io.rundir import MISMATCH_METRICS, MISMATCH_TABLES
 from trace_tools.io.write import write_parquet_atomic
 from trace_tools.rescore import fill_logprobs, load_model
-from trace_tools.rescore.mismatch import HEADLINE_KEYS, METRIC_KEYS
+from trace_tools.rescore.mismatch import HEADLINE_KEYS
 from trace_tools.rescore.samples import NOT_ALIGNED, load_samples, rescore_samples, score_samples
 from trainer_fixtures import spec, write_slime_train
 
@@ -203,7 +203,7 @@ def test_trainer_logprobs_from_a_slime_train_file_give_the_same_metrics(scored, 
     assert report["run_samples_with_trainer_logprobs"] == len(samples)
     for name, entry in result.strategies.items():
         assert aligned.strategies[name]["not_compared"]["tokens"] == 0
-        for key in METRIC_KEYS:
+        for key in MISMATCH_METRICS:
             assert aligned.strategies[name][key] == pytest.approx(entry[key], abs=1e-4), (name, key)
     partial = rescore_samples(run, trainer_dump=[tmp_path / "train_data" / "4.pt"], write=False)
     assert all(e["not_compared"]["by_reason"].keys() == {NOT_ALIGNED} for e in partial.strategies.values())

@@ -31,7 +31,6 @@ from trace_tools.io.rundir import MISMATCH_METRICS
 
 SAFETY_BOUND = 20.0  # |log ρ| clamp before exponentiating, verl's and slime's constant
 QUANTILES = {"p50_abs_diff": 0.5, "p90_abs_diff": 0.9, "p99_abs_diff": 0.99}
-METRIC_KEYS = MISMATCH_METRICS  # their order in summary.json
 HEADLINE_KEYS = ("max_abs_diff", "k3_kl", "log_ppl_abs_diff")  # what `rescore --samples --json` prints
 
 
@@ -40,7 +39,7 @@ def mismatch_metrics(train: np.ndarray, rollout: np.ndarray, sequence: np.ndarra
     train = np.asarray(train, dtype=np.float64)
     rollout = np.asarray(rollout, dtype=np.float64)
     if train.size == 0:
-        return {"tokens": 0, "sequences": 0, **{key: None for key in METRIC_KEYS}}
+        return {"tokens": 0, "sequences": 0, **{key: None for key in MISMATCH_METRICS}}
     _, codes = np.unique(np.asarray(sequence), return_inverse=True)
     ratio = train - rollout
     magnitude = np.abs(ratio)
