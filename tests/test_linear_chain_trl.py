@@ -3,7 +3,7 @@
 The scenarios of TRL's reconciler tests (huggingface/trl 197db06, `TestReconciler`), in our own
 data, through the strategy: each session's turns carry recorded prompt ids, so no renderer is
 needed. The last test drives the installed `trl` package's own reconciler as an oracle on random
-chains (skipped where `trl` is not installed).
+chains (the test extra installs `trl`).
 """
 
 from __future__ import annotations
