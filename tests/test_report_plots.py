@@ -50,6 +50,28 @@ def test_samples_axis_shows_every_count(sample_run):
     assert ticks == [str(n) for n in range(int(tables["sessions"]["samples"].min()), most + 1)]
 
 
+def test_each_bar_stands_for_its_cell():
+    """The coverage bars are the table's cells: a bar per tool and strategy at its coverage, and
+    none where the tool generated no token (no coverage to show)."""
+    import pandas as pd
+
+    turns = pd.DataFrame(
+        {
+            "tool": ["Edit", "Edit", "Bash", "Bash"],
+            "strategy": ["tree", "linear", "tree", "linear"],
+            "trained_tokens": [3, 4, 0, 5],
+            "generated_tokens": [4, 4, 0, 10],
+        }
+    )
+    ax = coverage_figure({"turns": turns}).axes[0]
+    bars = {
+        collection.get_label(): sorted(round(path.vertices[:, 1].max(), 3) for path in collection.get_paths())
+        for collection in ax.collections
+    }
+    assert bars == {"tree": [0.75], "linear": [0.5, 1.0]}
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["Bash", "Edit"]
+
+
 def test_drift_plot_agrees_with_the_drift_cause_table(sample_run):
     """Drawn from the drift findings the cause table counts: each cause's count in the legend is its
     drifted turns there, and the title names the turns whose ids did not drift."""
