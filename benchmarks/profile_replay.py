@@ -205,13 +205,14 @@ def main() -> None:
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_replay import dumps
+    from bench_replay import compile_bytecode, dumps
 
     dump, _ = dumps(args.sessions, args.seed)
     if args.run is not None:  # the measured process
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(profile(dump, None if args.run == "all" else args.run.split(","), Path(tmp) / "run")))
         return
+    compile_bytecode()
     results = {}
     # Each run in a fresh process, so imports and in-process caches start cold alike. One run is
     # thrown away first: it pays for reading the dump and the libraries from disk into the page
