@@ -255,7 +255,7 @@ def _grouped_bars(ax: Any, table: pd.DataFrame, width: float = 0.85) -> None:
         ax.add_collection(PolyCollection(corners, facecolors=[colour], edgecolors="none", label=str(name)))
     ax.set_xticks(centres, [str(label) for label in table.index], rotation=90)
     ax.set_xlim(-0.5, groups - 0.5)
-    top = np.nanmax(table.to_numpy(dtype=float), initial=0.0) if groups and bars else 0.0
+    top = np.nanmax(table.to_numpy(dtype=float), initial=0.0)  # 0 for an empty or all-missing table
     ax.set_ylim(0, (top or 1.0) * 1.05)
 
 
