@@ -160,8 +160,12 @@ def _strategy_seconds(out: Path) -> dict[str, float]:
 
 
 def run_task(task: str, dump: Path, out: Path) -> None:
-    """Runs inside the measured subprocess; prints one JSON line."""
+    """Runs inside the measured subprocess; prints one JSON line. Every row, the naive method and
+    the bound included, allocates Arrow's buffers as the command line does (`arrow_pool`)."""
+    from trace_tools.arrow_pool import prefer_jemalloc
+
     started = time.perf_counter()
+    prefer_jemalloc()
     run = {"naive": naive, "bound": tokenize_new_text}.get(task)
     result = run(dump) if run else project(task, dump, out)
     elapsed = time.perf_counter() - started

@@ -130,6 +130,9 @@ class Stopwatch:
 
 
 def profile(dump: Path, strategies: list[str] | None, out: Path) -> tuple[Counter, float, int]:
+    from trace_tools.arrow_pool import prefer_jemalloc
+
+    prefer_jemalloc()  # Arrow's allocator as the command line chooses it
     watch = Stopwatch()
     watch.install()
     from trace_tools.api import replay

@@ -175,6 +175,8 @@ def _finish(engine: Any, plots: Any) -> RunResult:
 def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
     import platform
 
+    import pyarrow as pa
+
     from trace_tools import __version__
     from trace_tools.io import storage
 
@@ -195,6 +197,7 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
         "renderers": engine.renderers,
         "reconstruction": reconstruction,
         "versions": {"python": platform.python_version(), **_versions()},
+        "arrow_memory_pool": pa.default_memory_pool().backend_name,  # trace_tools.arrow_pool
     }
 
 

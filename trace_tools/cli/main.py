@@ -95,13 +95,16 @@ def _register() -> None:
 
 def _guard(command):
     """Turn library errors into a one-line message and the exit code of
-    docs/commands.md#exit-codes-and-errors, never a traceback."""
+    docs/commands.md#exit-codes-and-errors, never a traceback. The command owns its process, so
+    Arrow allocates with jemalloc there (`arrow_pool`)."""
 
     @functools.wraps(command)
     def guarded(*args, **kwargs):
+        from trace_tools.arrow_pool import prefer_jemalloc
         from trace_tools.errors import TraceToolsError
         from trace_tools.render.limits import TemplateLimitHit
 
+        prefer_jemalloc()
         try:
             return command(*args, **kwargs)
         except TraceToolsError as exc:
