@@ -13,9 +13,9 @@ def prefer_jemalloc() -> str | None:
     when the user already chose one in ARROW_DEFAULT_MEMORY_POOL or this pyarrow has no jemalloc.
 
     Why (docs/performance.md#arrows-allocator): reading a dump decodes its large columns batch by
-    batch, and pyarrow's default allocator (mimalloc) keeps asking the kernel for fresh pages, which
-    cost far more on a virtual machine than reusing freed ones. On the benchmark's dump the first
-    full read took 0.5–2.0 s of wall time under mimalloc (most of it in the kernel) and 0.5–0.6 s
+    batch, and pyarrow's default allocator (mimalloc) puts them in fresh memory, which a virtual
+    machine can be slow to hand out the first time. On the benchmark's dump the first full read
+    took 0.5–2.1 s of wall time under mimalloc (up to 1.3 s of it in the kernel) and 0.5–0.7 s
     under jemalloc, with a lower peak.
     """
     if os.environ.get(POOL_VARIABLE):
