@@ -17,6 +17,7 @@ LAYERS = [
     "ids",
     "memo",
     "options",
+    "arrow_pool",
     "data",
     "families",
     "io",
