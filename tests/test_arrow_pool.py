@@ -20,12 +20,15 @@ needs_jemalloc = pytest.mark.skipif(
 
 
 @pytest.fixture
-def own_pool(monkeypatch):
-    """Restore this process's pool and the variable after the test changes them."""
-    before = pa.default_memory_pool()
-    monkeypatch.delenv(POOL_VARIABLE, raising=False)
+def own_pool():
+    """Restore this process's pool and the variable after the test changes them (prefer_jemalloc
+    sets the variable itself, which monkeypatch would not undo when it was unset before)."""
+    before, variable = pa.default_memory_pool(), os.environ.pop(POOL_VARIABLE, None)
     yield
     pa.set_memory_pool(before)
+    os.environ.pop(POOL_VARIABLE, None)
+    if variable is not None:
+        os.environ[POOL_VARIABLE] = variable
 
 
 def _child_pool(queue) -> None:
