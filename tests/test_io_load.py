@@ -503,3 +503,13 @@ def test_a_directory_mixing_recordings_keeps_each_files_metadata(tmp_path):
     assert (metas[False].tokenizer, metas[False].chat_template) == ("qwen3", "{{ a }}")
     assert (metas[True].tokenizer, metas[True].chat_template) == ("qwen3.5", "{{ b }}")
     assert any("each session keeps its own file's value" in w for w in dump.warnings)
+
+
+def test_stream_batches_hold_a_few_mib_of_rows_whatever_the_row_size():
+    """Record batches are sized by bytes (`STREAM_BATCH_BYTES` at the file's mean row size), up to
+    `ROW_BATCH_ROWS` rows: wide rows (80 kB of messages) come a few dozen at a time."""
+    limit = dump_files.STREAM_BATCH_BYTES
+    assert dump_files.batch_rows_within([(22, 2_600_000)] * 3, 128) == limit * 66 // 7_800_000
+    assert dump_files.batch_rows_within([(1000, 50_000)], 128) == 128  # narrow rows: the row cap
+    assert dump_files.batch_rows_within([(2, 40 * limit)], 128) == 1  # one row past the limit: one at a time
+    assert dump_files.batch_rows_within([], 128) == dump_files.batch_rows_within([(0, 0)], 128) == 128

@@ -244,3 +244,22 @@ def test_samples_table_converts_shared_lists_and_prefixes_once_and_equals_a_plai
     table = samples_table(rows)
     assert table.equals(pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))
     assert table.column("token_ids").to_pylist()[2][-1] == 7 and samples_table([]).num_rows == 0
+
+
+def test_integer_lists_convert_through_numpy_as_arrow_converts_them_nulls_and_overflow_included():
+    import pyarrow as pa
+    import pytest
+
+    from trace_tools.io.rundir import _arrow_values
+
+    for values, kind in [
+        ([5, 0, 151_935], pa.int32()),
+        ([1, 0, 1], pa.int8()),
+        ([], pa.int32()),
+        ([-0.5], pa.float64()),
+    ]:
+        converted = _arrow_values(values, kind)
+        assert converted.type == kind and converted.equals(pa.array(values, kind))
+    assert _arrow_values([1, None, 3], pa.int32()).to_pylist() == [1, None, 3]  # a null stays a null
+    with pytest.raises(pa.ArrowInvalid):  # an id past int32 is named, as Arrow names it
+        _arrow_values([1, 2**40], pa.int32())

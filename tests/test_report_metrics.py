@@ -15,7 +15,7 @@ import pytest
 
 from trace_tools.api import Run
 from trace_tools.data import COUNTERS, ReplayResult, Sample, Session, Turn
-from trace_tools.replay.turnrows import session_row, trained_by_turn, turn_event, turn_rows
+from trace_tools.replay.turnrows import check_trained_once, session_row, trained_by_turn, turn_event, turn_rows
 from trace_tools.report.metrics import drift_causes, summarize, token_savings
 
 # (session, turn, tool, generated, drift cause); the drift cause is the strategy-independent fact
@@ -323,6 +323,15 @@ def test_turn_rows_count_trained_tokens_by_provenance():
         (1, "Bash", ["Bash", "Read"], 2, 1, "partly_trained", "forked", 7),
         (2, "text", [], 1, 0, "zeroed_by_realign", "clean", 10),
     ]
+
+
+def test_the_trained_once_check_returns_the_counts_the_rows_use():
+    session, result = _replayed()
+    trained = check_trained_once(session, result)
+    assert trained == trained_by_turn(result) == {0: 3, 1: 1}
+    rows = turn_rows("tree", session, result, {}, {}, trained)
+    assert rows == turn_rows("tree", session, result, {}, {})
+    assert session_row("tree", session, result, 0.5, trained) == session_row("tree", session, result, 0.5)
 
 
 def test_session_row_forks_and_token_totals():

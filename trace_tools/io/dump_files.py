@@ -86,6 +86,16 @@ def read_file_schema(path: Location) -> tuple[pa.Schema, list[tuple[int, int]]]:
 
 
 STREAM_BUFFER_BYTES = 2**20
+# A record batch's decoded size, at most: below jemalloc's 8 MiB `oversize_threshold`, past which
+# each allocation gets fresh pages from the kernel and gives them back when freed (docs/performance.md).
+STREAM_BATCH_BYTES = 4 * 2**20
+
+
+def batch_rows_within(groups: list[tuple[int, int]], most: int, limit: int = STREAM_BATCH_BYTES) -> int:
+    """Rows per record batch of a file whose row groups have these (rows, uncompressed bytes):
+    as many as fit in `limit` bytes at the file's mean row size, between 1 and `most`."""
+    rows, size = sum(count for count, _ in groups), sum(nbytes for _, nbytes in groups)
+    return max(1, min(most, limit * rows // size)) if rows and size else most
 
 
 def iter_batches(

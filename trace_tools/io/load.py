@@ -45,6 +45,7 @@ from trace_tools.data import DumpMeta, QuarantineEntry, Session, Turn
 from trace_tools.io import storage
 from trace_tools.io.dump_files import (  # noqa: F401 (find_files, read_dump_meta, PIECE_ROWS: re-exported)
     PIECE_ROWS,
+    batch_rows_within,
     check_schema_version,
     find_files,
     group_start,
@@ -196,6 +197,7 @@ class _FileInfo:
     columns: list[str]  # schema-v1 columns present in the file
     problems: list[tuple[str, str, str]]  # (column, reason, detail) from check_schema
     keys: dict[str, str]  # trace_tools.* metadata, prefix stripped
+    groups: list[tuple[int, int]]  # each row group's (rows, uncompressed bytes)
 
 
 @dataclass(slots=True)
@@ -331,7 +333,9 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
             label = path.relative_to(root).as_posix() if isinstance(path, Path) else path[len(str(root)) + 1 :]
         columns = [column.name for column in COLUMNS if column.name in schema.names]
         rows = sum(count for count, _ in groups)
-        return _FileInfo(path, label, rows, pieces(groups), columns, check_schema(schema), trace_tools_keys(schema))
+        return _FileInfo(
+            path, label, rows, pieces(groups), columns, check_schema(schema), trace_tools_keys(schema), groups
+        )
 
     def _init_meta(self, **overrides: str | None) -> None:
         for info in self._infos:
@@ -471,7 +475,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         columns = [c for c in info.columns if self._wanted is None or c in self._wanted]
         vocab = self._file_vocab[number]
         row = 0
-        for batch in iter_batches(info.path, columns, ROW_BATCH_ROWS):
+        for batch in iter_batches(info.path, columns, batch_rows_within(info.groups, ROW_BATCH_ROWS)):
             batch, oversized = without_oversized(batch, self._cell_limit)
             checked = batch_ids_ok(batch, vocab)
             for index, record in enumerate(batch_records(utc_batch(batch), checked, self._id_arrays)):

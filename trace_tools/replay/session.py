@@ -125,17 +125,17 @@ class SessionReplayer:
         try:
             result = strategy(ctx).replay(prepared)
             elapsed = time.perf_counter() - started
-            check_trained_once(prepared.session, result)
+            trained = check_trained_once(prepared.session, result)
         except Exception as exc:  # quarantined per strategy: the other strategies still replay it
             rows.quarantine.append(_quarantine(prepared.session_id, f"strategy {name}: {_describe(exc)}"))
             return []
         session = prepared.session
-        turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths)
+        turns = turn_rows(name, session, result, facts.tool_names, facts.prompt_lengths, trained)
         causes = facts.drift_causes
         for row in turns:
             row["drift_cause"] = causes.get(row["turn_index"])
         rows.turns.extend(turns)
-        row = session_row(name, session, result, elapsed)
+        row = session_row(name, session, result, elapsed, trained)
         row["extra_counters"] = json.dumps(extra_counters(result), sort_keys=True)
         rows.sessions.append(row)
         return sample_rows(name, session.session_id, result, session.step) if self.options.write_samples else []

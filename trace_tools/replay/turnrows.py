@@ -18,17 +18,22 @@ class TrainedTwice(ReplayError):
 
 def trained_by_turn(result: ReplayResult) -> Counter:
     """Loss-1 tokens per producing turn, counted by provenance over every emitted sample."""
+    return _summed([Counter(compress(*_trained_region(sample))) for sample in result.samples])
+
+
+def _summed(by_sample: list[Counter]) -> Counter:
+    """Per-sample counts of trained tokens by producing turn, added up; context (-1) left out."""
     trained: Counter = Counter()
-    for sample in result.samples:
-        region = sample.source_turn[len(sample.source_turn) - sample.response_length :]
-        trained.update(compress(region, sample.loss_mask))  # C-level: samples run to 50k tokens
+    for counts in by_sample:
+        trained.update(counts)  # C-level counting: samples run to 50k tokens
     for source in [source for source in trained if source < 0]:
         del trained[source]
     return trained
 
 
-def check_trained_once(session: Session, result: ReplayResult) -> None:
-    """Raise `TrainedTwice` unless every generated token carries loss 1 in at most one sample.
+def check_trained_once(session: Session, result: ReplayResult) -> Counter:
+    """Raise `TrainedTwice` unless every generated token carries loss 1 in at most one sample;
+    return the counts it checked, `trained_by_turn(result)`, so the rows need not count again.
 
     The per-turn metrics count trained tokens by provenance, so they rely on this (docs/metrics.md#invariants).
     Samples name only a token's producing turn, not its position in that turn's output, so a
@@ -41,12 +46,14 @@ def check_trained_once(session: Session, result: ReplayResult) -> None:
     shared = {source for source, n in Counter(s for c in by_sample for s in c).items() if n > 1 and source in outputs}
     if shared:
         _check_shared_turns(result, outputs, shared)
-    for source, count in sum(by_sample, Counter()).items():
+    trained = _summed(by_sample)
+    for source, count in trained.items():
         if source in outputs and count > len(outputs[source]):
             raise TrainedTwice(
                 f"turn {source} has {count} tokens with loss 1 in samples {_samples_training(result, source)} "
                 f"but generated {len(outputs[source])}; a generated token may be trained in one sample only"
             )
+    return trained
 
 
 def _trained_region(sample: Sample) -> tuple[list[int], list[int]]:
@@ -97,8 +104,10 @@ def turn_rows(
     result: ReplayResult,
     tool_names: dict[int, list[str]],
     prompt_lengths: dict[int, int],
+    trained: Counter | None = None,
 ) -> list[dict[str, Any]]:
-    trained = trained_by_turn(result)
+    """One row per turn; `trained` is `trained_by_turn(result)` when the caller has it already."""
+    trained = trained_by_turn(result) if trained is None else trained
     behaviour = behaviour_label(_ground_truth(session.turns[0].metadata, "behaviours") if session.turns else None)
     step = session.step
     rows = []
@@ -129,9 +138,12 @@ def turn_rows(
     return rows
 
 
-def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s: float) -> dict[str, Any]:
+def session_row(
+    strategy: str, session: Session, result: ReplayResult, elapsed_s: float, trained: Counter | None = None
+) -> dict[str, Any]:
+    """The session's row; `trained` is `trained_by_turn(result)` when the caller has it already."""
     generated = sum(len(t.output_ids) for t in session.turns)
-    trained = sum(trained_by_turn(result).values())
+    trained_tokens = sum((trained_by_turn(result) if trained is None else trained).values())
     forwarded = sum(len(s.token_ids) for s in result.samples)
     row: dict[str, Any] = {
         "strategy": strategy,
@@ -140,9 +152,9 @@ def session_row(strategy: str, session: Session, result: ReplayResult, elapsed_s
         "samples": len(result.samples),
         "forks": max(len(result.samples) - 1, 0),
         "generated_tokens": generated,
-        "trained_tokens": trained,
+        "trained_tokens": trained_tokens,
         "forwarded_tokens": forwarded,
-        "context_tokens": forwarded - trained,
+        "context_tokens": forwarded - trained_tokens,
         "reward": session.reward,
         "elapsed_s": elapsed_s,
         "step": session.step,
