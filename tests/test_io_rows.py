@@ -129,3 +129,23 @@ def test_validate_cli_prints_the_warnings_with_an_example(tmp_path):
     assert "warning: 1 session(s) with a turn_index gap (a dropped request?), e.g. session alpha: turn 1" in " ".join(
         result.output.split()
     )
+
+
+def test_a_session_parser_reuses_the_previous_rows_messages_and_checks_only_the_new_ones():
+    from trace_tools.io.rows import BadRow, HistoryParser, turn_from_record
+
+    first = [{"role": "user", "content": "fix it"}]
+    second = [*first, {"role": "assistant", "content": "done"}]
+    parser = HistoryParser()
+    earlier = parser(json.dumps(first))
+    assert earlier == first and parser.reused == 0
+    parsed = parser(json.dumps(second))
+    assert parsed == second and parser.reused == 1 and parsed[0] is earlier[0]  # the same, already checked
+    assert parser(json.dumps([{"role": "user", "content": "other"}])) and parser.reused == 0  # not an extension
+
+    record = {"session_id": "s", "turn_index": 0, "messages": json.dumps(first), "output_ids": [1]}
+    parser = HistoryParser()
+    turn_from_record(record, VOCAB, parser)
+    appended = json.dumps([*first, {"content": "no role"}])  # the new message is still checked
+    with pytest.raises(BadRow, match="messages\\[1\\] has no role"):
+        turn_from_record({**record, "turn_index": 1, "messages": appended}, VOCAB, parser)

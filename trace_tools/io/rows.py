@@ -158,6 +158,7 @@ class HistoryParser:
         self._body: str | None = None
         self._value: list[Any] = []
         self._tools: tuple[str, Any] | None = None
+        self.reused = 0  # leading elements of the latest value that are the previous row's objects
 
     def tools(self, text: str) -> Any:
         if self._tools is None or self._tools[0] != text:
@@ -165,9 +166,11 @@ class HistoryParser:
         return self._tools[1]
 
     def __call__(self, text: str) -> Any:
+        reused = len(self._value)
         value = self._extend(text)
         if value is None:
-            value = parse_json(text)
+            value, reused = parse_json(text), 0
+        self.reused = reused
         if isinstance(value, list):
             body = text.rstrip()
             self._body = body[:-1].rstrip() if body.endswith("]") else None
@@ -300,7 +303,10 @@ def _messages(record: dict[str, Any], parse: Callable[[str], Any] = parse_json) 
     messages = _json_value(record, "messages", list, parse)
     if not messages:
         raise BadRow("empty_messages", "messages is null" if messages is None else "messages is an empty array")
-    for position, message in enumerate(messages):
+    # A session's parser hands back the previous row's messages as they were: checked with that row
+    # (a row that fails ends its session's reading, so nothing unchecked is ever reused).
+    checked = getattr(parse, "reused", 0)
+    for position, message in enumerate(messages[checked:], checked):
         if not isinstance(message, dict):
             raise BadRow("bad_json", f"messages[{position}] is a JSON {type(message).__name__}, not an object")
         _check_message(message, f"messages[{position}]")
