@@ -121,7 +121,7 @@ def test_the_plot_helper_draws_what_this_process_draws(sample_run, tmp_path):
     with _fresh_helper() as helper:
         assert helper._process is not None  # a real helper process, not the fallback
         helper.start(run)
-        drawn = helper.result(tables)
+        drawn = helper.result()
     here = write_plots(tmp_path / "here", tables)
     assert [p.rsplit("/", 1)[1] for p in drawn] == [p.rsplit("/", 1)[1] for p in here]
     for helper_png, own_png in zip(drawn, here):
@@ -129,14 +129,12 @@ def test_the_plot_helper_draws_what_this_process_draws(sample_run, tmp_path):
 
 
 def test_plots_are_drawn_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch):
-    from trace_tools.report.plots import plot_tables
-
     for executable in (str(tmp_path / "no-such-python"), "/bin/false"):
         run = _copy_without_plots(sample_run.run_dir, tmp_path / executable.rsplit("/", 1)[1])
         monkeypatch.setattr(sys, "executable", executable)
         with _fresh_helper() as helper:
             helper.start(run)
-            drawn = helper.result(plot_tables(run))
+            drawn = helper.result()
         assert sorted(p.rsplit("/", 1)[1] for p in drawn) == [
             "coverage_by_tool.png",
             "drift_start.png",

@@ -145,19 +145,18 @@ def _finish(engine: Any, plots: Any) -> RunResult:
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
     from trace_tools.report.metrics import reconstruction_summary, summarize_run
-    from trace_tools.report.plots import plot_tables
     from trace_tools.report.render import write_report
 
     run_dir = engine.run_dir
     plots.start(run_dir)
-    # One bounded pass over the merged tables each (report.metrics.summarize_run, plot_tables): the
-    # end of a run holds sums and the sessions' ids, never the turns.
+    # One bounded pass over the merged tables each (report.metrics.summarize_run, and the plot
+    # helper's plot_tables): the end of a run holds sums and the sessions' ids, never the turns.
     summary = summarize_run(run_dir, engine, engine.options.strategies)
     reconstruction = reconstruction_summary(engine.render_stats)
     summary["reconstruction"] = reconstruction
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     drawn: list[str] = []
-    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result(plot_tables(run_dir))), summary=summary)
+    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result()), summary=summary)
     write_report(run_dir, summary, {}, drawn)
     write_json_atomic(summary, run_dir / "summary.json")
     return RunResult(

@@ -116,8 +116,9 @@ class PlotHelper:
         except OSError:
             self._stop()
 
-    def result(self, tables: dict[str, pd.DataFrame]) -> list[str]:
-        """The plot files written: the helper's, or drawn here from `tables` when it failed."""
+    def result(self) -> list[str]:
+        """The plot files written: the helper's, or drawn here when it failed (only then are the
+        run's tables read in this process)."""
         if self._plot_dir is None:
             raise RuntimeError("PlotHelper.start(run_dir) comes before its result")
         if self._process is not None:
@@ -128,7 +129,7 @@ class PlotHelper:
             except (subprocess.TimeoutExpired, ValueError):
                 pass
             self._stop()
-        return write_plots(self._plot_dir, tables)
+        return write_plots(self._plot_dir, plot_tables(self._plot_dir.parent))
 
     def _stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
