@@ -86,8 +86,9 @@ def read_file_schema(path: Location) -> tuple[pa.Schema, list[tuple[int, int]]]:
 
 
 STREAM_BUFFER_BYTES = 2**20
-# A record batch's decoded size, at most: below jemalloc's 8 MiB `oversize_threshold`, past which
-# each allocation gets fresh pages from the kernel and gives them back when freed (docs/performance.md).
+# A record batch's decoded size, at most: below jemalloc's 8 MiB `oversize_threshold`. Batches of
+# 10 MiB columns took 80,000 page faults a read of the benchmark's dump, 4 MiB ones a tenth or fewer
+# (docs/performance.md#arrows-allocator).
 STREAM_BATCH_BYTES = 4 * 2**20
 
 
