@@ -71,6 +71,24 @@ def test_run_directory_contract(sample_run):
     assert list(pd.read_parquet(run / "quarantine.parquet").columns) == ["session_id", "turn_index", "reason", "detail"]
 
 
+def test_samples_parts_carry_statistics_for_the_one_value_columns_only(sample_run):
+    """docs/run_directory.md#samples: a reader can filter a part's row groups on strategy, session,
+    sample index, response length, reward and step; the token lists carry no min/max."""
+    import pyarrow.parquet as pq
+
+    from trace_tools.io.sample_parts import samples_files
+
+    one_value = {"strategy", "session_id", "sample_index", "response_length", "reward", "step"}
+    for part in samples_files(sample_run.run_dir):
+        metadata = pq.ParquetFile(part).metadata
+        for group in range(metadata.num_row_groups):
+            columns = [metadata.row_group(group).column(i) for i in range(metadata.num_columns)]
+            with_statistics = {c.path_in_schema for c in columns if c.is_stats_set}  # step: its null count
+            assert with_statistics == one_value
+            strategy = next(c for c in columns if c.path_in_schema == "strategy").statistics
+            assert strategy.min <= strategy.max  # real bounds a filter can use
+
+
 def test_summary_numbers_match_the_tables(sample_run):
     run = sample_run.run_dir
     summary = json.loads((run / "summary.json").read_text())
