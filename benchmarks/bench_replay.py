@@ -17,7 +17,7 @@ The baseline is the naive method of docs/pipeline.md#where-the-time-goes, writte
 turn, transformers' `apply_chat_template(..., tokenize=True)` of the whole conversation with the
 dump's template and tokenizer, then the `tree` strategy on those ids, in one process. Ratios are
 against it, measured in the same run. The naive prompts are checked to equal ours token for token.
-`replay -s tree` is measured as a user types it (default `--workers`: every core) and at
+`replay -s tree` is measured as a user types it (default `--workers`, which `replay.executors.auto_workers` picks) and at
 `--workers 1`; all strategies at `--workers 1` and `--workers 2`. The `bound` row reads the
 dump and tokenizes only the text each turn adds (what reconstruction cannot avoid), so the
 distance from `reconstruct` to it is visible; a second table gives each strategy's own time per
@@ -40,7 +40,7 @@ TASKS = {
     "naive": "naive method (full render + tokenize every turn, then tree)",
     "bound": "tokenize only the new text (the reconstruction bound)",
     "reconstruct": "`reconstruct`",
-    "tree": "`replay -s tree` (default `--workers`: every core)",
+    "tree": "`replay -s tree` (default `--workers`)",
     "tree-w1": "`replay -s tree --workers 1`",
     "all-w1": "`replay` (all strategies), `--workers 1`",
     "all-w2": "`replay` (all strategies), `--workers 2`",

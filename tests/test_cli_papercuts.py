@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from trace_tools.cli.main import app
 from trace_tools.io.bundled import sample_dir, shown_dump
 from trace_tools.replay import executors
-from trace_tools.replay.executors import SMALL_DUMP_TURNS, auto_workers, default_workers
+from trace_tools.replay.executors import SHARED_TURN_WORK, SMALL_REPLAY_WORK, auto_workers, default_workers
+from trace_tools.strategies.registry import available_strategies
 
 REPO = Path(__file__).parents[1]
 
@@ -71,18 +72,23 @@ def test_short_labels_are_accepted_where_they_are_printed(sample_run, tmp_path):
     assert compared.exit_code == 0 and "A = checkpoint-tree, B = linear+restore" in compared.output
 
 
-def test_small_dumps_replay_in_one_process(simulated_dump, monkeypatch):
+def test_small_replays_run_in_one_process(simulated_dump, monkeypatch):
+    """The default worker count weighs the turns by the strategies replayed (executors.SMALL_REPLAY_WORK)."""
     monkeypatch.delenv("TRACE_TOOLS_WORKERS", raising=False)
     import pyarrow.parquet as pq
 
-    assert pq.read_metadata(simulated_dump).num_rows < SMALL_DUMP_TURNS
-    assert auto_workers(Path(simulated_dump)) == 1
-    assert auto_workers(sample_dir()) == 1
-    monkeypatch.setattr(executors, "SMALL_DUMP_TURNS", 10)
-    assert auto_workers(Path(simulated_dump)) == default_workers()
+    turns = pq.read_metadata(simulated_dump).num_rows
+    every = len(available_strategies())
+    assert turns * (SHARED_TURN_WORK + every) < SMALL_REPLAY_WORK
+    assert auto_workers(Path(simulated_dump), every) == 1
+    assert auto_workers(sample_dir(), every) == 1  # the bundled sample, every strategy: one process
+    work = turns * (SHARED_TURN_WORK + 1)  # one strategy: less work than two
+    monkeypatch.setattr(executors, "SMALL_REPLAY_WORK", work + 1)
+    assert auto_workers(Path(simulated_dump), 1) == 1
+    assert auto_workers(Path(simulated_dump), 2) == default_workers()  # more strategies, more work
     monkeypatch.setenv("TRACE_TOOLS_WORKERS", "3")
-    monkeypatch.setattr(executors, "SMALL_DUMP_TURNS", 10**9)
-    assert auto_workers(Path(simulated_dump)) == 3  # the user's choice wins
+    monkeypatch.setattr(executors, "SMALL_REPLAY_WORK", 10**9)
+    assert auto_workers(Path(simulated_dump), every) == 3  # the user's choice wins
 
 
 def test_the_bundled_sample_is_shown_and_taken_as_sample_traces(sample_run, tmp_path):

@@ -72,8 +72,8 @@ def replay_cmd(
     workers: Annotated[
         Optional[int],
         typer.Option(
-            help="Processes replaying sessions (default: the machine's cores, 1 for a dump under 1,000 turns; "
-            "1 = in this process); with "
+            help="Processes replaying sessions (default: the machine's cores, 1 for a small replay: under about "
+            "1,200 turns for one strategy, 450 for all; 1 = in this process); with "
             "--executor ray, the CPUs of the local Ray it starts (with --address, the cluster's CPUs count)."
         ),
     ] = None,

@@ -117,9 +117,10 @@ def run(
     line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
 
     dump_path = storage.location(dump) if dump is not None else default_dump()
-    workers = workers or (auto_workers(dump_path) if executor == "local" else default_workers())
-    check_executor(executor, workers)
     options.strategies = list(options.strategies or available_strategies())
+    local = executor == "local"
+    workers = workers or (auto_workers(dump_path, len(options.strategies)) if local else default_workers())
+    check_executor(executor, workers)
     check_options(options)  # the one check of the strategy names and parameters, before any work
     pipeline = Pipeline(
         dump_path,

@@ -77,14 +77,20 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# Below this many turns a dump replays in this process by default: on the bundled sample (330 turns)
-# starting the worker pool cost more than it saved (docs/scale.md#streaming-sessions-every-core-ray).
-SMALL_DUMP_TURNS = 1000
+# A local dump whose replay is smaller than SMALL_REPLAY_WORK replays in this process by default:
+# starting the worker pool (a process per core, each importing the libraries and building its
+# tokenizer) costs seconds that a small replay never wins back. A replay's work is counted in
+# turn-strategies, a turn's shared reading and reconstruction counting as SHARED_TURN_WORK
+# strategies. Both are fitted to where two workers start to pay on a 2-core machine: about 1,200
+# turns for one strategy, 450 for all twelve (docs/scale.md#streaming-sessions-every-core-ray).
+SHARED_TURN_WORK = 6
+SMALL_REPLAY_WORK = 8_500
 
 
-def auto_workers(dump: Any) -> int:
-    """`default_workers()`, except 1 for a local dump of fewer than `SMALL_DUMP_TURNS` turns (rows,
-    read from the Parquet footers) when `$TRACE_TOOLS_WORKERS` does not say otherwise."""
+def auto_workers(dump: Any, strategies: int) -> int:
+    """`default_workers()`, except 1 for a local dump whose replay of `strategies` strategies is
+    small: `turns × (SHARED_TURN_WORK + strategies) < SMALL_REPLAY_WORK` (turns: rows, read from
+    the Parquet footers), when `$TRACE_TOOLS_WORKERS` does not say otherwise."""
     if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit() or not isinstance(dump, Path):
         return default_workers()
     import pyarrow.parquet as pq
@@ -94,7 +100,7 @@ def auto_workers(dump: Any) -> int:
         rows = sum(pq.read_metadata(file).num_rows for file in files)
     except (OSError, ValueError):  # not Parquet: the loader says so with its own message
         return default_workers()
-    return 1 if rows < SMALL_DUMP_TURNS else default_workers()
+    return 1 if rows * (SHARED_TURN_WORK + strategies) < SMALL_REPLAY_WORK else default_workers()
 
 
 def check_executor(executor: str, workers: int) -> None:
