@@ -77,8 +77,8 @@ def replay(
     a local dump (`replay.executors.auto_workers`; 1 replays in this process); `executor="ray"`
     runs the same session function on Ray (`address` of a cluster, or a local one). The output
     does not depend on either. `tool_format` overrides the tool-call format detected from the
-    chat template (`--tool-format`). A run directory holding a run made
-    with other options is refused unless `overwrite`. `dump` and `out` may be object-storage URIs
+    chat template (`--tool-format`). A run directory holding a run made with other options is
+    refused unless `overwrite`. `dump` and `out` may be object-storage URIs
     (`s3://…`, `gs://…`; `io.storage`). `render_path="reference"` renders and tokenizes with
     transformers end to end; `"verify"` runs the fast path and compares every result with the
     reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).

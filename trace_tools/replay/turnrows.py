@@ -18,14 +18,19 @@ class TrainedTwice(ReplayError):
 
 def trained_by_turn(result: ReplayResult) -> Counter:
     """Loss-1 tokens per producing turn, counted by provenance over every emitted sample."""
-    return _summed([Counter(compress(*_trained_region(sample))) for sample in result.samples])
+    return _summed(_trained_per_sample(result))
+
+
+def _trained_per_sample(result: ReplayResult) -> list[Counter]:
+    """Each sample's loss-1 tokens per producing turn (C-level counting: samples run to 50k tokens)."""
+    return [Counter(compress(*_trained_region(sample))) for sample in result.samples]
 
 
 def _summed(by_sample: list[Counter]) -> Counter:
     """Per-sample counts of trained tokens by producing turn, added up; context (-1) left out."""
     trained: Counter = Counter()
     for counts in by_sample:
-        trained.update(counts)  # C-level counting: samples run to 50k tokens
+        trained.update(counts)
     for source in [source for source in trained if source < 0]:
         del trained[source]
     return trained
@@ -42,7 +47,7 @@ def check_trained_once(session: Session, result: ReplayResult) -> Counter:
     an id the turn generated once, and never faults a strategy that trains each output position
     at most once."""
     outputs = {turn.turn_index: turn.output_ids for turn in session.turns}
-    by_sample = [Counter(compress(*_trained_region(sample))) for sample in result.samples]
+    by_sample = _trained_per_sample(result)
     shared = {source for source, n in Counter(s for c in by_sample for s in c).items() if n > 1 and source in outputs}
     if shared:
         _check_shared_turns(result, outputs, shared)

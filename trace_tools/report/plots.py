@@ -84,7 +84,7 @@ class PlotHelper:
     """
 
     def __init__(self, helper: bool = True) -> None:
-        self._plot_dir: Path | None = None
+        self._run_dir: Path | None = None
         self._process: subprocess.Popen | None = None
         if not helper or "matplotlib.figure" in sys.modules:
             return
@@ -107,7 +107,7 @@ class PlotHelper:
 
     def start(self, run_dir: Path) -> None:
         """Have the helper draw RUN/plots from RUN's merged tables."""
-        self._plot_dir = run_dir / "plots"
+        self._run_dir = run_dir
         if self._process is None or self._process.stdin is None:
             return
         try:
@@ -119,7 +119,7 @@ class PlotHelper:
     def result(self) -> list[str]:
         """The plot files written: the helper's, or drawn here when it failed (only then are the
         run's tables read in this process)."""
-        if self._plot_dir is None:
+        if self._run_dir is None:
             raise RuntimeError("PlotHelper.start(run_dir) comes before its result")
         if self._process is not None:
             try:
@@ -129,7 +129,7 @@ class PlotHelper:
             except (subprocess.TimeoutExpired, ValueError):
                 pass
             self._stop()
-        return write_plots(self._plot_dir, plot_tables(self._plot_dir.parent))
+        return write_plots(self._run_dir / "plots", plot_tables(self._run_dir))
 
     def _stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
