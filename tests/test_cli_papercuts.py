@@ -117,3 +117,35 @@ def test_install_hints_use_the_repository_not_a_package_index():
         text = example.read_text()
         assert 'pip install "./trace-tools[templates]"' in text and "download.pytorch.org/whl/cpu" in text
         assert text.index("whl/cpu") < text.index("./trace-tools[templates]")  # the CPU torch first
+
+
+def test_the_command_line_exits_without_teardown_yet_runs_exit_handlers(tmp_path):
+    """`cli.main._exit`: the interpreter's teardown is skipped, not the exit handlers, the exit
+    code or output still buffered in a pipe."""
+    script = (
+        "import atexit, sys; atexit.register(lambda: print('exit handler ran', flush=True)); "
+        "from trace_tools.cli.main import main; main()"
+    )
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    ok = subprocess.run([sys.executable, "-c", script, "--version"], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "exit handler ran", ok.stdout + ok.stderr
+    assert ok.stdout.splitlines()[0].startswith("trace-tools")
+    bad = subprocess.run([sys.executable, "-c", script, "replay", "--bogus"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "No such option" in bad.stderr and "exit handler ran" in bad.stdout
+
+
+def test_a_running_non_daemon_thread_is_waited_for(tmp_path):
+    """The fast exit would kill it: the ordinary exit joins it first."""
+    marker = tmp_path / "thread-finished"
+    script = (
+        "import threading, time, pathlib\n"
+        "def work():\n"
+        "    time.sleep(0.5)\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('done')\n"
+        "threading.Thread(target=work).start()\n"
+        "from trace_tools.cli.main import main; main()\n"
+    )
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script, "--version"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "done"

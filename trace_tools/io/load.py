@@ -70,6 +70,7 @@ from trace_tools.io.id_columns import (  # noqa: F401 (materialize_ids: re-expor
     utc_batch,
     without_oversized,
 )
+from trace_tools.io.read_ahead import read_ahead
 from trace_tools.io.rows import (
     BadRow,
     BadText,
@@ -472,16 +473,25 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         """
         if info.problems or "session_id" not in info.columns:
             return
-        columns = [c for c in info.columns if self._wanted is None or c in self._wanted]
         vocab = self._file_vocab[number]
         row = 0
-        for batch in iter_batches(info.path, columns, batch_rows_within(info.groups, ROW_BATCH_ROWS)):
-            batch, oversized = without_oversized(batch, self._cell_limit)
-            checked = batch_ids_ok(batch, vocab)
-            for index, record in enumerate(batch_records(utc_batch(batch), checked, self._id_arrays)):
+        # The next batch is decoded and checked (Arrow's code, the GIL released) while this one
+        # becomes rows and turns.
+        for batch, checked, oversized in read_ahead(self._checked_batches(info, vocab)):
+            for index, record in enumerate(batch_records(batch, checked, self._id_arrays)):
                 self._take_row(record, f"{info.label} row {row}", buffers, vocab, checked, oversized.get(index))
                 row += 1
             yield row
+
+    def _checked_batches(
+        self, info: _FileInfo, vocab: int | None
+    ) -> Iterator[tuple[pa.RecordBatch, frozenset[str], dict[int, str]]]:
+        """The file's record batches with oversized cells nulled, timestamps in UTC, the token-id
+        columns found in range, and what was too large per row."""
+        columns = [c for c in info.columns if self._wanted is None or c in self._wanted]
+        for batch in iter_batches(info.path, columns, batch_rows_within(info.groups, ROW_BATCH_ROWS)):
+            batch, oversized = without_oversized(batch, self._cell_limit)
+            yield utc_batch(batch), batch_ids_ok(batch, vocab), oversized
 
     def _take_row(
         self,

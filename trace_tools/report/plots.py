@@ -7,6 +7,7 @@ leaves the notebook's inline plots working. Each strategy keeps one colour in ev
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from io import BytesIO
@@ -153,7 +154,10 @@ def _serve() -> None:
     run_dir = sys.stdin.readline().strip()
     if not run_dir:  # the replay ended without reaching its plots
         return
-    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir))))
+    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir))), flush=True)
+    # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
+    # and pandas took 0.17 s of a 4 s replay; the plots are written and reported, nothing is left.
+    os._exit(0)
 
 
 def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
