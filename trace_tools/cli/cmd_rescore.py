@@ -49,7 +49,13 @@ def rescore_cmd(
             help="Per-token |Δ| (nats) counted as a mismatch; a turn whose mean |Δ| exceeds it is flagged.",
         ),
     ] = 0.05,
-    json_out: Annotated[bool, json_option("Print summary.json instead of tables.")] = False,
+    json_out: Annotated[
+        bool,
+        json_option(
+            "Print summary.json instead of tables; with --samples, each strategy's max_abs_diff, k3_kl and "
+            "log_ppl_abs_diff, overall and by behaviour (the rest is in the run's summary.json)."
+        ),
+    ] = False,
     tokenizer: Annotated[
         Optional[str],
         tokenizer_option(
