@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMED = [
     ("trace_tools.io.load", "read_row_group", "read the dump (Parquet)"),
     ("trace_tools.io.load", "read_session", "read the dump (sessions)"),
-    # `--workers 1` reads in this process, through the stream, not through the two above.
+    # `--workers 1` reads in this process, through the stream, not through the two above; the
+    # stream decodes its batches on its reading-ahead thread (`other threads`).
     ("trace_tools.io.load", "iter_batches", "read the dump (Parquet)"),
     ("trace_tools.io.load", "SessionStream._read_rows", "read the dump (checks, Arrow to Python)"),
     ("trace_tools.io.load", "SessionStream._take_row", "read the dump (rows to turns)"),
@@ -104,6 +106,8 @@ class Stopwatch:
         return timed
 
     def _enter(self, phase: str, args: tuple) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # other threads' CPU is their own row: a timed call there is not nested in ours
         outer = None
         if phase.startswith("strategy logic"):
             outer, self.owner = self.owner, args[0].name
@@ -111,6 +115,8 @@ class Stopwatch:
         self._stack.append([name, time.thread_time(), 0.0, outer])
 
     def _leave(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
         name, started, inner, outer = self._stack.pop()
         elapsed = time.thread_time() - started
         self.spent[name] += elapsed - inner
@@ -141,7 +147,7 @@ def profile(dump: Path, strategies: list[str] | None, out: Path) -> tuple[Counte
     result = replay(dump, out=out, strategies=strategies, workers=1)
     total, here = time.process_time() - started, time.thread_time() - started_here
     watch.spent["other (engine loop, gc, imports elsewhere)"] = here - sum(watch.spent.values())
-    watch.spent["other threads (samples writer, template watchdog)"] = total - here
+    watch.spent["other threads (samples writer, reading ahead, template watchdog)"] = total - here
     return watch.spent, total, result.summary["turns_total"]
 
 
