@@ -12,6 +12,7 @@ from trace_tools.data import ReplayResult, Sample
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import MESSAGE_GRAPH
+from trace_tools.strategies.helpers import read_only_list
 from trace_tools.strategies.message_graph_core import MessageGraph, trainable_branches
 
 
@@ -46,7 +47,7 @@ def commit_turn(graph: MessageGraph, prepared: PreparedTurn) -> str:
     done = graph.commit(
         turn.messages,
         turn.tools,
-        list(prepared.prompt_ids),  # compared with node ids as lists
+        read_only_list(prepared.prompt_ids),  # compared with node ids as lists
         reply,
         turn.output_ids,
         turn.output_logprobs or (),

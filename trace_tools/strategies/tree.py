@@ -18,7 +18,7 @@ from trace_tools.pipeline.prepared import PreparedSession
 from trace_tools.render.upstream import ArgumentFormError, check_render, took_lenient
 from trace_tools.strategies.base import Strategy
 from trace_tools.strategies.declarations import TREE
-from trace_tools.strategies.helpers import failure_reason, release_tree
+from trace_tools.strategies.helpers import failure_reason, read_only_list, release_tree
 from trace_tools.strategies.tree_core import (
     BaseSample,
     TrajectoryManager,
@@ -98,11 +98,11 @@ class TreeStrategy(Strategy):
 def turn_record(prepared: Any) -> TurnRecord:
     """The engine-side view of a prepared turn: prompt ids fed, ids sampled, their logprobs."""
     turn = prepared.turn
-    return TurnRecord(
-        prompt_ids=list(prepared.prompt_ids),
-        output_ids=list(turn.output_ids),
+    return TurnRecord(  # the manager reads these lists and never modifies them
+        prompt_ids=read_only_list(prepared.prompt_ids),
+        output_ids=read_only_list(turn.output_ids),
         finish_reason=turn.finish_reason or "stop",
-        output_log_probs=list(turn.output_logprobs or ()),
+        output_log_probs=read_only_list(turn.output_logprobs or ()),
         ill_formed=bool(prepared.ill_formed),
     )
 
