@@ -170,13 +170,16 @@ def test_ray_tasks_start_at_most_a_window_after_the_oldest_unfinished_one():
 def test_a_pool_stopped_early_leaves_no_thread_behind(simulated_dump):
     """A caller that stops reading (what Ctrl-C does to the stream) ends the workers and the pool's
     manager thread before the stream closes: a manager thread still closing its pipes when the
-    interpreter exits meets concurrent.futures' exit hook writing to them, an EBADF traceback."""
+    interpreter exits meets concurrent.futures' exit hook writing to them, an EBADF traceback.
+    The pool closes the sessions it was given too, so the thread reading the dump ahead ends
+    (the sessions are read as the engine reads them, pass 2 with positions)."""
     from trace_tools.pipeline import Pipeline
     from trace_tools.replay.executors import run_sessions
     from trace_tools.replay.session import ReplayOptions
 
     before = set(threading.enumerate())
-    sessions = (s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
+    pipeline = Pipeline(simulated_dump, id_arrays=True)
+    sessions = (item for _, item in pipeline.stream.positioned() if hasattr(item, "turns"))
     stream = run_sessions(sessions, ReplayOptions(strategies=["tree"], write_samples=False), workers=2)
     assert next(stream).turns
     stream.close()

@@ -77,3 +77,18 @@ def test_a_parquet_file_reads_the_same_batches_ahead(tmp_path):
     ahead = list(read_ahead(iter_batches(path, ["session_id", "turn_index"], 30)))
     assert [b.to_pydict() for b in ahead] == [b.to_pydict() for b in plain]
     assert len(ahead) == 17
+
+
+def test_finding_one_session_stops_reading_the_dump():
+    """`Pipeline.session` returns at the session it wants; the reader thread and the open file go
+    with it rather than waiting for the garbage collector (the stream refers to itself)."""
+    from pathlib import Path
+
+    from trace_tools.pipeline import Pipeline
+
+    dump = Path(__file__).resolve().parents[1] / "sample_traces" / "qwen3.parquet"
+    first = pq.read_table(dump, columns=["session_id"]).column(0)[0].as_py()
+    pipeline = Pipeline(dump)
+    assert pipeline.session(first).session.session_id == first
+    assert not _live_workers()
+    assert list(pipeline) == []  # closed: read once

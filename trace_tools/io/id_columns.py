@@ -138,7 +138,7 @@ def _int_objects(size: int) -> Any:
 
 def without_oversized(batch: pa.RecordBatch, limit: int) -> tuple[pa.RecordBatch, dict[int, str]]:
     """The batch with every cell over `limit` bytes nulled before anything decodes it, and for each
-    such row (by position) what was too large; `_row_turn` quarantines its session."""
+    such row (by position) what was too large; `io.session_checks.row_turn` quarantines its session."""
     oversized: dict[int, str] = {}
     columns = list(batch.columns)
     for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):

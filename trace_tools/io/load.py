@@ -34,10 +34,9 @@ session ends up either valid or quarantined. Rows that cannot be attributed to a
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -71,14 +70,7 @@ from trace_tools.io.id_columns import (  # noqa: F401 (materialize_ids: re-expor
     without_oversized,
 )
 from trace_tools.io.read_ahead import read_ahead
-from trace_tools.io.rows import (
-    BadRow,
-    BadText,
-    HistoryParser,
-    max_cell_bytes,
-    text_values,
-    turn_from_record,
-)
+from trace_tools.io.rows import BadText, HistoryParser, max_cell_bytes, text_values
 from trace_tools.io.schema import (
     COLUMNS,
     COLUMNS_BY_NAME,
@@ -86,6 +78,7 @@ from trace_tools.io.schema import (
     check_schema,
     expected_type,
 )
+from trace_tools.io.session_checks import finished_session, row_turn, session_key, session_warnings
 from trace_tools.io.storage import Location
 
 INDEX_BATCH_ROWS = 65_536  # pass 1 reads one small column
@@ -118,71 +111,6 @@ class LoadedDump:
     def quarantined_sessions(self) -> list[str]:
         """Ids of quarantined sessions, each once, in input order."""
         return list(dict.fromkeys(e.session_id for e in self.quarantine if e.session_id is not None))
-
-
-# ---------------------------------------------------------------------------------------------
-# Session checks (rows are checked in `trace_tools.io.rows`)
-
-
-def _duplicates(turns: list[Turn], label: str) -> list[tuple[int, str]]:
-    """(turn_index, detail) for every turn_index that occurs more than once in a session."""
-    counts = Counter(turn.turn_index for turn in turns)
-    return [(index, f"{label}: turn_index {index} occurs {n} times") for index, n in sorted(counts.items()) if n > 1]
-
-
-def finished_session(session_id: str, turns: list[Turn], meta: DumpMeta) -> Session | list[QuarantineEntry]:
-    """All of a valid session's rows have been read: the session (turns sorted by `turn_index`), or
-    one `duplicate_turn` entry per repeated index."""
-    turns.sort(key=lambda turn: turn.turn_index)
-    duplicates = [
-        QuarantineEntry(session_id, index, "duplicate_turn", detail)
-        for index, detail in _duplicates(turns, f"session {session_id}")
-    ]
-    return duplicates or Session(session_id, turns, meta)
-
-
-def session_warnings(session: Session) -> dict[str, tuple[int, str]]:
-    """Legal but worth a look (docs/trace_schema.md#loading-validation-and-quarantine), as {kind:
-    (count, example)}: a turn_index gap (a dropped request; one per session) and empty generations
-    (one per turn)."""
-    indices = sorted({turn.turn_index for turn in session.turns})
-    missing = [expected for expected, actual in enumerate(indices) if expected != actual][:1]
-    empty = [turn.turn_index for turn in session.turns if not len(turn.output_ids)]
-    found = {}
-    for kind, turns, count in (("turn_index_gap", missing, 1), ("empty_generation", empty, len(empty))):
-        if turns:
-            found[kind] = (count, f"session {session.session_id}: turn {turns[0]}")
-    return found
-
-
-def _row_turn(
-    record: dict[str, Any],
-    where: str,
-    session_id: str,
-    vocab_size: int | None,
-    parser: HistoryParser,
-    ids_checked: frozenset[str],
-    oversized: str | None = None,
-) -> Turn | QuarantineEntry:
-    """One row of a session as a `Turn`, or the entry that quarantines the session (`oversized`
-    says which of its cells was over the cell limit, and nulled unread: `without_oversized`)."""
-    if oversized is not None:
-        return QuarantineEntry(session_id, record.get("turn_index"), "cell_too_large", f"{where}: {oversized}")
-    try:
-        return turn_from_record(record, vocab_size, parser, ids_checked)
-    except BadRow as bad:
-        return QuarantineEntry(session_id, record.get("turn_index"), bad.reason, f"{where}: {bad.detail}")
-
-
-def session_key(value: Any) -> str | None:
-    """The session a row belongs to; None for a null or blank id (such rows belong to no session).
-
-    An id that is not valid UTF-8 keeps a printable stand-in, so both passes agree on it."""
-    if isinstance(value, BadText):
-        return value.lossy
-    if value is None or not str(value).strip():
-        return None
-    return str(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,6 +230,11 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
     def __next__(self) -> Session | QuarantineEntry:
         return next(self._items)
 
+    def close(self) -> None:
+        """Stop reading: the file being read and the thread reading ahead in it go now, not
+        whenever the garbage collector finds the stream (which refers to itself)."""
+        self._items.close()
+
     @property
     def unattributed(self) -> list[QuarantineEntry]:
         """Entries for rows that belong to no session (known from pass 1)."""
@@ -405,7 +338,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
                 self._spans[session_id].problems.append(entry)
 
     # -- pass 2 --------------------------------------------------------------------------------
-    def _generate(self) -> Iterator[Session | QuarantineEntry]:
+    def _generate(self) -> Generator[Session | QuarantineEntry, None, None]:
         yield from self._unattributed
         for _position, item in self.positioned():
             if isinstance(item, Session):
@@ -511,7 +444,7 @@ class SessionStream(Iterator["Session | QuarantineEntry"]):
         parser = self._parsers.get(session_id)
         if parser is None:
             parser = self._parsers[session_id] = HistoryParser()
-        item = _row_turn(record, where, session_id, vocab_size, parser, ids_checked, oversized)
+        item = row_turn(record, where, session_id, vocab_size, parser, ids_checked, oversized)
         if isinstance(item, QuarantineEntry):
             span.problems.append(item)
             buffers.pop(session_id, None)
@@ -590,7 +523,7 @@ def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table])
         checked = batch_ids_ok(batch, vocab)
         for index, (row, record) in enumerate(zip(rows, batch_records(utc_batch(batch), checked, False))):
             where = f"{context.labels[number]} row {row}"
-            item = _row_turn(record, where, slot.session_id, vocab, parser, checked, oversized.get(index))
+            item = row_turn(record, where, slot.session_id, vocab, parser, checked, oversized.get(index))
             if isinstance(item, QuarantineEntry):
                 return [item]
             turns.append(item)

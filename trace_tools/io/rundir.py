@@ -137,7 +137,7 @@ class SessionRows:
     samples_ipc: pa.Buffer | None = None  # the samples as one Arrow IPC stream, once packed
     render_stats: dict[str, int] = field(default_factory=dict)
     renderer: dict[str, Any] = field(default_factory=dict)  # identity of the renderer used
-    data_warnings: dict[str, int] = field(default_factory=dict)  # io.load.session_warnings counts
+    data_warnings: dict[str, int] = field(default_factory=dict)  # io.session_checks.session_warnings counts
     tables: dict[str, pa.Buffer] = field(default_factory=dict)  # SMALL_TABLES as IPC streams, once packed
     replayed: bool = True  # False: quarantined while loading, never replayed
     cpu_s: float = 0.0  # CPU the replay took where it ran (not written: the benchmark reads it)

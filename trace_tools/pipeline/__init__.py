@@ -218,8 +218,19 @@ class Pipeline:
             if prepared.renderer is not None and hasattr(prepared.renderer, "reset_caches"):
                 prepared.renderer.reset_caches()
 
+    def close(self) -> None:
+        """Stop reading the dump (`SessionStream.close`); iterating afterwards yields nothing."""
+        self.stream.close()
+
     def session(self, session_id: str) -> PreparedSession:
-        """One session, prepared (the others are read past, not prepared)."""
+        """One session, prepared (the others are read past, not prepared). Reading stops there:
+        the pipeline is closed afterwards."""
+        try:
+            return self._find(session_id)
+        finally:
+            self.close()
+
+    def _find(self, session_id: str) -> PreparedSession:
         seen: dict[str, None] = {}
         for item in self:
             if item.session_id != session_id:

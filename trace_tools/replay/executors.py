@@ -169,6 +169,10 @@ def _pool(
     except BaseException:  # Ctrl-C, or the caller stopped reading: the workers go at once
         _stop(pool, context)
         raise
+    finally:  # and so does whatever reads `sessions` ahead (a thread, an open file)
+        close = getattr(sessions, "close", None)
+        if close is not None:
+            close()
     pool.shutdown()
 
 

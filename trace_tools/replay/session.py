@@ -18,8 +18,8 @@ from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TemplateLimitExceeded, TraceToolsError
-from trace_tools.io.load import session_warnings
 from trace_tools.io.rundir import SessionRows, samples_table
+from trace_tools.io.session_checks import session_warnings
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.facts import drift_rows, session_facts
 from trace_tools.pipeline.prepared import PreparedSession, prepare_session
