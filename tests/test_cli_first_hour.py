@@ -343,3 +343,17 @@ def test_help_paragraphs_wrap_as_paragraphs(name, module, func):
 
     doc = inspect.cleandoc(getattr(importlib.import_module(f"trace_tools.cli.{module}"), func).__doc__ or "")
     assert all("\n" not in paragraph for paragraph in doc.split("\n\n")[1:]), name
+
+
+def test_reconstruct_prints_the_worst_sessions_of_a_large_dump(simulated_dump, monkeypatch):
+    """Past `SESSIONS_SHOWN` sessions the table keeps the lowest rates and says how many it left out;
+    --json still has every session."""
+    from trace_tools.cli import cmd_reconstruct
+    from trace_tools.reconstruct import reconstruct
+
+    rates = reconstruct(simulated_dump).sessions.set_index("session_id")["rate"]
+    monkeypatch.setattr(cmd_reconstruct, "SESSIONS_SHOWN", 3)
+    output = _invoke("reconstruct", simulated_dump, COLUMNS="200").output
+    shown = [sid for sid in rates.index if f" {sid} " in output]
+    assert len(shown) == 3 and f"… {len(rates) - 3} more (--json: all)" in output
+    assert max(rates[shown]) <= min(rates.drop(shown).fillna(1.0))

@@ -59,6 +59,9 @@ def reconstruct_cmd(
     verify_outcome(result.summary.get("verify"))
 
 
+SESSIONS_SHOWN = 20  # a dump of thousands of sessions prints its worst ones, not a page per session
+
+
 def _print_table(result, out: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -66,9 +69,16 @@ def _print_table(result, out: Path | None) -> None:
     table = Table(title="Prompt reconstruction fidelity")
     for name in ("session", "turns", "compared", "exact", "rate"):
         table.add_column(name, justify="left" if name == "session" else "right")
-    for row in result.sessions.itertuples(index=False):
+    sessions = result.sessions
+    if len(sessions) > SESSIONS_SHOWN:  # lowest rate first; sessions with nothing compared last
+        table.title += f" (the lowest {SESSIONS_SHOWN} of {len(sessions)} sessions)"
+        sessions = sessions.sort_values("rate", kind="stable", na_position="last").head(SESSIONS_SHOWN)
+    for row in sessions.itertuples(index=False):
         table.add_row(str(row.session_id), str(row.turns), str(row.turns_compared), str(row.exact), _rate(row.rate))
     summary = result.summary
+    hidden = len(result.sessions) - len(sessions)
+    if hidden:
+        table.add_row(f"… {hidden} more (--json: all)", style="dim")
     table.add_section()
     table.add_row(
         "overall",
