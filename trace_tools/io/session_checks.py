@@ -1,7 +1,9 @@
-"""What is checked of a session as a whole once all its rows are read (each row is checked in
-`trace_tools.io.rows`): duplicated turn indices quarantine it, gaps and empty generations are
-counted as warnings. Shared by the stream (`io.load`) and the workers that read a session from its
-slot (`io.load.read_session`), so both quarantine with the same entries and details."""
+"""A session's rows as turns, and the session as a whole once all its rows are read: which row
+belongs to which session (`session_key`), a row as a `Turn` or the entry that quarantines its
+session (`row_turn`; the row itself is checked in `trace_tools.io.rows`), duplicated turn indices
+(quarantine) and gaps or empty generations (warnings). Shared by the stream (`io.load`) and the
+workers that read a session from its slot (`io.load.read_session`), so both quarantine with the
+same entries and details."""
 
 from __future__ import annotations
 
