@@ -66,13 +66,13 @@ def _print_table(result, out: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Prompt reconstruction fidelity")
+    title, sessions = "Prompt reconstruction fidelity", result.sessions
+    if len(sessions) > SESSIONS_SHOWN:  # lowest rate first; sessions with nothing compared last
+        title += f" (the lowest {SESSIONS_SHOWN} of {len(sessions)} sessions)"
+        sessions = sessions.sort_values("rate", kind="stable", na_position="last").head(SESSIONS_SHOWN)
+    table = Table(title=title)
     for name in ("session", "turns", "compared", "exact", "rate"):
         table.add_column(name, justify="left" if name == "session" else "right")
-    sessions = result.sessions
-    if len(sessions) > SESSIONS_SHOWN:  # lowest rate first; sessions with nothing compared last
-        table.title += f" (the lowest {SESSIONS_SHOWN} of {len(sessions)} sessions)"
-        sessions = sessions.sort_values("rate", kind="stable", na_position="last").head(SESSIONS_SHOWN)
     for row in sessions.itertuples(index=False):
         table.add_row(str(row.session_id), str(row.turns), str(row.turns_compared), str(row.exact), _rate(row.rate))
     summary = result.summary
