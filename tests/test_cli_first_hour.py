@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -345,15 +346,26 @@ def test_help_paragraphs_wrap_as_paragraphs(name, module, func):
     assert all("\n" not in paragraph for paragraph in doc.split("\n\n")[1:]), name
 
 
-def test_reconstruct_prints_the_worst_sessions_of_a_large_dump(simulated_dump, monkeypatch):
+def test_reconstruct_prints_the_worst_sessions_of_a_large_dump(simulated_dump, tmp_path, monkeypatch):
     """Past `SESSIONS_SHOWN` sessions the table keeps the lowest rates and says how many it left out;
-    --json still has every session."""
+    --out still writes every session's turns. Two sessions get a recorded prompt token changed, so their
+    rates drop below the others' 100 %."""
     from trace_tools.cli import cmd_reconstruct
-    from trace_tools.reconstruct import reconstruct
 
-    rates = reconstruct(simulated_dump).sessions.set_index("session_id")["rate"]
+    table = pq.read_table(simulated_dump)
+    ids = sorted(set(table.column("session_id").to_pylist()))
+    damaged = {ids[-1], ids[-3]}  # late in the input: only the sort can bring them into view
+    rows = table.to_pylist()
+    for row in rows:
+        if row["session_id"] in damaged and row["turn_index"] == 1:
+            row["prompt_ids"][-1] = 13 if row["prompt_ids"][-1] != 13 else 14
+    dump = tmp_path / "damaged.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), dump)
+
     monkeypatch.setattr(cmd_reconstruct, "SESSIONS_SHOWN", 3)
-    output = _invoke("reconstruct", simulated_dump, COLUMNS="200").output
-    shown = [sid for sid in rates.index if f" {sid} " in output]
-    assert len(shown) == 3 and f"… {len(rates) - 3} more (--json: all)" in output
-    assert max(rates[shown]) <= min(rates.drop(shown).fillna(1.0))
+    output = _invoke("reconstruct", dump, "--out", tmp_path / "out", COLUMNS="200").output
+    shown = [sid for sid in ids if f" {sid} " in output]
+    assert len(shown) == 3 and damaged < set(shown)
+    assert f"… {len(ids) - 3} more (--out: all)" in output
+    written = pq.read_table(tmp_path / "out" / "turns.parquet", columns=["session_id"]).column(0)
+    assert sorted(set(written.to_pylist())) == ids

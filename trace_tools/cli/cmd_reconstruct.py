@@ -78,7 +78,7 @@ def _print_table(result, out: Path | None) -> None:
     summary = result.summary
     hidden = len(result.sessions) - len(sessions)
     if hidden:
-        table.add_row(f"… {hidden} more (--json: all)", style="dim")
+        table.add_row(f"… {hidden} more (--out: all)", style="dim")
     table.add_section()
     table.add_row(
         "overall",
