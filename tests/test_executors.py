@@ -186,6 +186,37 @@ def test_a_pool_stopped_early_leaves_no_thread_behind(simulated_dump):
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
 
+def _exiting_worker(log: str, code: int) -> None:
+    """A worker body: an exit handler and an object freed only by the interpreter's teardown."""
+    import atexit
+
+    atexit.register(lambda: Path(log).open("a").write("exit handler;"))
+    globals()["_freed_at_teardown"] = _WritesWhenFreed(log)
+    raise SystemExit(code)
+
+
+class _WritesWhenFreed:
+    def __init__(self, log: str):
+        # what __del__ needs is held here: the teardown clears module globals first
+        self.fd, self.write = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), os.write
+
+    def __del__(self) -> None:
+        self.write(self.fd, b"teardown;")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_worker_process_exits_with_its_code_and_handlers_but_without_the_teardown(tmp_path, code):
+    """Freeing a worker's caches object by object held the pool's shutdown (docs/performance.md)."""
+    from trace_tools.replay.executors import _QuietSpawn
+
+    log = tmp_path / "log"
+    process = _QuietSpawn(hide_main=False).Process(target=_exiting_worker, args=(str(log), code))
+    process.start()
+    process.join(60)
+    assert process.exitcode == code
+    assert log.read_text() == "exit handler;"
+
+
 # -- a dump written as one huge row group; the tasks' priority ------------------------------------
 # These run last in the module: they renice the shared Ray's workers.
 

@@ -165,7 +165,8 @@ def test_a_shard_holding_other_sessions_stops_the_run_saying_why(simulated_dump,
 KILL_POINTS = {  # where the child process dies: module, attribute, on which call
     "between a shard's files and its marker": ("trace_tools.io.shards", "write_json_atomic", 4),
     "while merging the tables": ("trace_tools.io.shards", "_stream_tables", 4),
-    "while encoding a shard's samples": ("trace_tools.io.sample_parts", "encode", 2),
+    "while encoding a session's samples": ("trace_tools.io.sample_parts", "_PartWriter.add", 3),
+    "while finishing a shard's samples part": ("trace_tools.io.sample_parts", "_PartWriter.close", 2),
     "while writing the report": ("trace_tools.report.render", "write_report", 1),
 }
 

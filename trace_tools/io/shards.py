@@ -322,7 +322,9 @@ class ShardWriter:
             self._samples_tmp = Path(name)
             self._samples = os.fdopen(fd, "wb")
 
-    def add(self, session_id: str, rows: SessionRows) -> None:
+    def add(self, session_id: str, rows: SessionRows) -> pa.Buffer | None:
+        """Take a session's rows; returns the samples stream it appended to the shard's samples
+        file (None: no samples)."""
         self._first = session_id if self._first is None else self._first
         self._ids.add(session_id)
         self.end += 1
@@ -346,6 +348,7 @@ class ShardWriter:
                 self._samples.write(struct.pack("<Q", stream.size))
                 self._samples.write(stream)
             self.samples_bytes += stream.size
+        return stream
 
     def full(self, limits: Limits) -> bool:
         return (

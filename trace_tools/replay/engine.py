@@ -248,9 +248,9 @@ class _Shards:
     ones, each closed at the shard limits (`io.shards.Limits`) or where a reusable one begins.
 
     Results may arrive in any order (Ray hands them back as they finish); they wait here until
-    every earlier position is written, so each shard is written in stream order, and a shard is
-    closed (its samples handed to `io.sample_parts` to encode, and `written(name)` told) as soon
-    as it is full."""
+    every earlier position is written, so each shard is written in stream order (each session's
+    samples handed on to `io.sample_parts`, which encodes the shard's part as it fills), and a
+    shard is closed (its part finished, and `written(name)` told) as soon as it is full."""
 
     def __init__(
         self,
@@ -327,7 +327,10 @@ class _Shards:
                 return
             if self._writer is None:
                 self._writer = shards.ShardWriter(self.run_dir, self._next, self.write_samples, self.stamp)
-            self._writer.add(self._ids.pop(self._next), rows)
+            stream = self._writer.add(self._ids.pop(self._next), rows)
+            if stream is not None and self.samples is not None:  # its part encodes as the shard fills
+                samples = stream if rows.samples is None else rows.samples  # the table, when there is one
+                self.samples.append(shards.shard_name(self._writer.start), samples)
             self._next += 1
             if self._writer.full(self.limits):
                 self._close()
