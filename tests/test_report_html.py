@@ -93,6 +93,49 @@ def test_replay_writes_a_self_contained_report(run, page):
     assert len(images) == len(list((run / "plots").glob("*.png"))) > 0
 
 
+def test_the_page_written_with_the_bars_gathered_during_replay_equals_one_built_from_the_run(
+    simulated_dump, tmp_path, monkeypatch
+):
+    """Replay gathers the sample bars as it writes the samples; the page built from them is the
+    page `trace-tools report` builds from the finished run, which reads the samples back. A
+    resumed run whose sample parts are reused as they are reads them back too."""
+    from trace_tools.api import replay
+    from trace_tools.report.html import render_html, sessions
+
+    real, reads = sessions.sample_bars, []
+    monkeypatch.setattr(sessions, "sample_bars", lambda *args: reads.append(1) or real(*args))
+    out = tmp_path / "run"
+    replay(simulated_dump, out=out, strategies=["tree", "linear", "session-v2"], workers=1)
+    assert reads == []  # gathered, not read back
+    assert (out / "report.html").read_text() == render_html(out)
+    assert reads == [1]
+    (out / "summary.json").unlink()
+    replay(simulated_dump, out=out, strategies=["tree", "linear", "session-v2"], workers=1)
+    assert reads == [1, 1]
+    assert (out / "report.html").read_text() == render_html(out)
+
+
+def test_bars_are_not_gathered_past_the_sessions_the_page_can_detail():
+    import pyarrow as pa
+
+    from trace_tools.io.rundir import SAMPLES_SCHEMA
+    from trace_tools.report.html.sessions import GatheredBars
+
+    def samples(session: str) -> pa.Table:
+        row = {"strategy": "tree", "session_id": session, "sample_index": 0, "token_ids": [1, 2, 3]}
+        row |= {"response_length": 1, "loss_mask": [1], "logprobs": [-0.1], "source_turn": [-1, 0, 0]}
+        return pa.Table.from_pylist([row], schema=SAMPLES_SCHEMA)
+
+    gathered = GatheredBars(limit=2)
+    gathered.add(samples("a"))
+    gathered.add(samples("b"))
+    assert gathered.bars({"a"}) == {
+        ("tree", "a"): [{"i": 0, "n": 3, "trained": 1, "segs": [[-1, 0, 1], [0, 0, 1], [0, 1, 1]]}]
+    }
+    gathered.add(samples("c"))
+    assert gathered.bars({"a"}) is None
+
+
 def test_html_parses_cleanly_with_unique_ids_and_resolving_anchors(page):
     import html5lib
 
@@ -474,7 +517,7 @@ def test_a_run_with_more_sessions_than_the_page_holds_details_its_worst_first(ru
 def test_the_page_names_how_many_sessions_it_details(run, tmp_path, monkeypatch):
     from trace_tools.report.html import sessions
 
-    monkeypatch.setattr(sessions.build_sessions, "__defaults__", (2,))
+    monkeypatch.setattr(sessions.build_sessions, "__defaults__", (2, None))  # limit, gathered
     text = write_html_report(run, out=tmp_path / "page.html").read_text()
     total = pd.read_parquet(run / "sessions.parquet")["session_id"].nunique()
     assert f"The 2 sessions of {total} that lose the most generated tokens, worst first" in text

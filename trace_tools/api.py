@@ -101,8 +101,10 @@ def replay(
         render_path,
     )
     from trace_tools.io import storage
+    from trace_tools.report.html.sessions import GatheredBars
     from trace_tools.report.plots import PlotHelper
 
+    bars = GatheredBars()  # the report's sample bars, gathered as the samples are written
     with PlotHelper(helper=owns_process) as plots, _staged(out) as (local_out, mirror):
         engine, result = run(
             dump,
@@ -114,8 +116,9 @@ def replay(
             progress=progress,
             overwrite=overwrite,
             mirror=mirror,
-            finish=lambda engine: (engine, _finish(engine, plots)),
+            finish=lambda engine: (engine, _finish(engine, plots, bars)),
             owns_process=owns_process,
+            observe_samples=bars.add,
         )
     if executor == "ray":
         stats = engine.ray
@@ -139,9 +142,10 @@ def _staged(out: str | Path | None) -> Iterator[tuple[str | Path | None, Any]]:
         yield mirror.local, mirror
 
 
-def _finish(engine: Any, plots: Any) -> RunResult:
+def _finish(engine: Any, plots: Any, bars: Any) -> RunResult:
     """run.json, report.html, report.md and plots (drawn by `plots`, a `PlotHelper`) from the
-    merged tables, and summary.json last: it marks the run directory finished."""
+    merged tables, and summary.json last: it marks the run directory finished. `bars`: the sample
+    bars gathered while the samples were written (`GatheredBars`), used if they cover the run."""
     from trace_tools.io.write import write_json_atomic
     from trace_tools.report.html import write_html_report
     from trace_tools.report.metrics import reconstruction_summary, summarize_run
@@ -156,7 +160,8 @@ def _finish(engine: Any, plots: Any) -> RunResult:
     summary["reconstruction"] = reconstruction
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
     drawn: list[str] = []
-    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result()), summary=summary)
+    gathered = bars if engine.samples_observed else None
+    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result()), summary=summary, gathered=gathered)
     write_report(run_dir, summary, {}, drawn)
     write_json_atomic(summary, run_dir / "summary.json")
     return RunResult(

@@ -21,7 +21,7 @@ import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,8 +43,12 @@ _READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)  # the encoding thread dec
 class SampleParts:
     """The parts of one run, encoded as its shards close (`add`) and listed by `finish`."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, observe: Callable[[pa.Table], None] | None = None):
+        """`observe` is handed every samples table this run encodes (`observed_all`: every part
+        of the run was), on the thread that encodes it."""
         self.run_dir, self.dir = run_dir, run_dir / DIR
+        self.observe = observe
+        self.observed_all = True
         self.dir.mkdir(exist_ok=True)
         for stale in self.dir.glob(".*.tmp"):  # a killed run's (this process holds the run's lock)
             stale.unlink()
@@ -57,7 +61,7 @@ class SampleParts:
         """A session's samples (a table, or its IPC stream) joined shard `shard`, which is being
         written: encode them into its part now, in the background."""
         if self._live is None or self._live.shard != shard:
-            self._live = _LivePart(shard, self.dir / f"{shard}.parquet", self._live_thread)
+            self._live = _LivePart(shard, self.dir / f"{shard}.parquet", self._live_thread, self.observe)
         self._live.append(samples)
 
     def add(self, marker: Any) -> None:
@@ -69,13 +73,18 @@ class SampleParts:
             if self._live is not None and self._live.shard == marker.name:
                 self._jobs[marker.name], self._live = self._live.close(sha), None
             else:
-                self._jobs[marker.name] = self._pool.submit(encode, source, sha, self.dir / f"{marker.name}.parquet")
+                target = self.dir / f"{marker.name}.parquet"
+                self._jobs[marker.name] = self._pool.submit(encode, source, sha, target, self.observe)
 
     def finish(self, markers: list[Any]) -> None:
         """Every shard is written: encode the parts a reused shard has no current part for, wait
         for every part, drop any other file, then write the manifest."""
         for marker in markers:
-            if marker.name not in self._jobs and not _current(self.dir / f"{marker.name}.parquet", marker):
+            if marker.name in self._jobs:
+                continue
+            if _current(self.dir / f"{marker.name}.parquet", marker):
+                self.observed_all = False  # reused as it is: its samples are not read
+            else:
                 self.add(marker)
         with writing(self.dir):
             try:
@@ -121,9 +130,9 @@ def _current(part: Path, marker: Any) -> bool:
     return metadata.get(SOURCE_KEY) == source[1].encode()
 
 
-def encode(source: Path, sha: str, target: Path) -> None:
+def encode(source: Path, sha: str, target: Path, observe: Callable[[pa.Table], None] | None = None) -> None:
     """A shard's samples file (length-prefixed IPC streams, one per session) as one Parquet part."""
-    part = _PartWriter(target)
+    part = _PartWriter(target, observe)
     try:
         with pa.memory_map(str(source)) as mapped:
             for stream in sample_streams(mapped.read_buffer()):
@@ -139,8 +148,8 @@ class _PartWriter:
     renamed into place by `close`, which records the sha256 of the shard samples file holding the
     same samples. The first error is kept: later samples are not written, `close` raises it."""
 
-    def __init__(self, target: Path):
-        self.target = target
+    def __init__(self, target: Path, observe: Callable[[pa.Table], None] | None = None):
+        self.target, self.observe = target, observe
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(fd)
         self.tmp = Path(name)
@@ -161,6 +170,8 @@ class _PartWriter:
                 if isinstance(samples, pa.Buffer):
                     samples = pa.ipc.open_stream(samples, options=_READ_HERE).read_all()
                 self._buffer.add(samples.replace_schema_metadata(None))
+            if self.observe is not None:
+                self.observe(samples)
         except BaseException as error:
             self._error = error
             raise
@@ -193,9 +204,11 @@ class _LivePart:
     `append` waits for the oldest, so a replay faster than the encoding does not pile them up in
     memory."""
 
-    def __init__(self, shard: str, target: Path, thread: ThreadPoolExecutor):
+    def __init__(
+        self, shard: str, target: Path, thread: ThreadPoolExecutor, observe: Callable[[pa.Table], None] | None
+    ):
         self.shard, self._thread = shard, thread
-        self._part = _PartWriter(target)
+        self._part = _PartWriter(target, observe)
         self._waiting: deque[tuple[Future, int]] = deque()
         self._waiting_bytes = 0
 

@@ -69,6 +69,7 @@ class EngineResult:
     data_warnings: dict[str, int] = field(default_factory=dict)  # legal oddities of valid sessions (io.load)
     notes: list[str] = field(default_factory=list)  # one line each for whoever started the run
     ray: RayStats = field(default_factory=RayStats)  # what a Ray run sent and where it ran (not written)
+    samples_observed: bool = False  # `observe_samples` was handed every sample of the run (not written)
 
 
 def default_dump() -> Path:
@@ -105,6 +106,7 @@ def run(
     mirror: Any = None,
     finish: Callable[[EngineResult], T],
     owns_process: bool = False,
+    observe_samples: Callable[[Any], None] | None = None,
 ) -> T:
     """Replay `dump` under `options` into a run directory (tables only; see the module docstring),
     then `finish(result)` (the summary and reports) while this process still holds the run's lock.
@@ -114,7 +116,9 @@ def run(
     `io.storage.StagedRun`, for a run directory in object storage) fetches the shards this run
     may reuse, hears when the shards were reset and when each one is written, and stops the run
     when an upload failed. `owns_process`: the caller owns this process (the command
-    line), so sessions replayed here may pause its garbage collector (`SessionReplayer`)."""
+    line), so sessions replayed here may pause its garbage collector (`SessionReplayer`).
+    `observe_samples` is handed each samples table the run encodes into RUN/samples/, on the
+    thread encoding it (`io.sample_parts`; `result.samples_observed`: it saw every one)."""
 
     dump_path = storage.location(dump) if dump is not None else default_dump()
     options.strategies = list(options.strategies or available_strategies())
@@ -165,7 +169,7 @@ def run(
             redone_shards=verdict.redone,
             notes=[harness_note] if harness_note else [],
         )
-        where = (workers, executor, address, owns_process)
+        where = (workers, executor, address, owns_process, observe_samples)
         resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer
         _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
         return finish(result)
@@ -176,17 +180,17 @@ def _replay(
     result: EngineResult,
     reusable: list[shards.Marker],
     stamp: str,
-    where: tuple[int, str, str | None, bool],
+    where: tuple[int, str, str | None, bool, Callable[[Any], None] | None],
     progress: Callable[[int, int], None] | None,
     mirror: Any,
     resolved: dict[tuple, Any],
 ) -> None:
     """Replay the sessions no reusable shard holds into new shards, then merge every shard.
-    `where`: (workers, executor, Ray address, whether the caller owns this process); `resolved`:
-    the render specs preflight resolved (`RendererPool.resolved`)."""
+    `where`: (workers, executor, Ray address, whether the caller owns this process, who observes
+    the samples); `resolved`: the render specs preflight resolved (`RendererPool.resolved`)."""
     options, run_dir = result.options, result.run_dir
-    workers, executor, address, owns_process = where
-    tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress)
+    workers, executor, address, owns_process, observe = where
+    tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress, observe)
     tracker.written = mirror.shard_written if mirror is not None else None
     if executor == "ray":
         slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
@@ -213,6 +217,7 @@ def _replay(
     shards.merge(run_dir, markers, quarantine)
     if tracker.samples is not None:
         tracker.samples.finish(markers)
+        result.samples_observed = observe is not None and tracker.samples.observed_all
 
 
 def _local_results(
@@ -260,6 +265,7 @@ class _Shards:
         write_samples: bool,
         stamp: str,
         progress: Callable[[int, int], None] | None,
+        observe: Callable[[Any], None] | None = None,
     ):
         self.run_dir, self.total, self.progress, self.stamp = run_dir, total, progress, stamp
         self.write_samples = write_samples
@@ -269,7 +275,7 @@ class _Shards:
         self._checked: set[int] = set()  # reusable shards whose every session was found where it recorded
         self._checking: Any = None  # digest of the ids passed so far in the reusable shard being checked
         self._written: list[shards.Marker] = []
-        self.samples = sample_parts.SampleParts(run_dir) if write_samples else None
+        self.samples = sample_parts.SampleParts(run_dir, observe) if write_samples else None
         self.written: Callable[[str], None] | None = None
         self.redone: list[str] = []  # reusable shards dropped once their sessions came, and why
         self.replayed = 0

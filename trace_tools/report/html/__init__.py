@@ -19,7 +19,7 @@ from trace_tools.report.escape import BIDI, visible_bidi
 from trace_tools.report.explain_view import CAUSE_TEXT
 from trace_tools.report.harness_profile import page_rows, title
 from trace_tools.report.html import curves, overview
-from trace_tools.report.html.sessions import build_sessions
+from trace_tools.report.html.sessions import GatheredBars, build_sessions
 from trace_tools.report.html.token_strip import token_strips
 from trace_tools.report.layout import ABSENT, count, signed_pct
 from trace_tools.report.metrics import upstream_lines
@@ -34,23 +34,28 @@ def write_html_report(
     out: str | Path | None = None,
     plots_drawn: Callable[[], object] | None = None,
     summary: dict[str, Any] | None = None,
+    gathered: GatheredBars | None = None,
 ) -> Path:
     """Write `RUN/report.html` (or `out`) from a finished run directory; returns its path.
 
     `plots_drawn` is called, when given, just before RUN/plots are read: the page's other parts
     are built while the plots are still being drawn elsewhere. `summary` is the run's summary
-    when the caller has it and summary.json is not written yet (replay writes it last)."""
+    when the caller has it and summary.json is not written yet (replay writes it last);
+    `gathered`, the sample bars replay gathered as it wrote every sample of the run."""
 
     run = Path(run_dir)
     if summary is None:
         require_run(run)
     target = Path(out) if out is not None else run / REPORT_NAME
-    write_text_atomic(render_html(run, plots_drawn, summary), target)
+    write_text_atomic(render_html(run, plots_drawn, summary, gathered), target)
     return target
 
 
 def render_html(
-    run_dir: Path, plots_drawn: Callable[[], object] | None = None, summary: dict[str, Any] | None = None
+    run_dir: Path,
+    plots_drawn: Callable[[], object] | None = None,
+    summary: dict[str, Any] | None = None,
+    gathered: GatheredBars | None = None,
 ) -> str:
     """The page's HTML text for a finished run directory."""
     import pandas as pd
@@ -60,7 +65,7 @@ def render_html(
     quarantine_path = run_dir / "quarantine.parquet"
     quarantine = pd.read_parquet(quarantine_path) if quarantine_path.exists() else None
     strategies = list(summary["strategies"])
-    data = build_sessions(run_dir, strategies, quarantine)
+    data = build_sessions(run_dir, strategies, quarantine, gathered=gathered)
     tools = overview.tool_columns(summary)
     if plots_drawn is not None:
         plots_drawn()

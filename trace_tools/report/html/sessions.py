@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,10 +56,16 @@ class SessionData:
 
 
 def build_sessions(
-    run_dir: Path, strategies: list[str], quarantine: pd.DataFrame | None, limit: int = MAX_SESSIONS
+    run_dir: Path,
+    strategies: list[str],
+    quarantine: pd.DataFrame | None,
+    limit: int = MAX_SESSIONS,
+    gathered: GatheredBars | None = None,
 ) -> SessionData:
     """The session index and the compressed per-session chunks of one run directory, for at most
-    `limit` sessions (`pick_sessions`): only their rows are read into memory, whatever the run's size."""
+    `limit` sessions (`pick_sessions`): only their rows are read into memory, whatever the run's size.
+    `gathered`: the bars of every sample the run wrote, gathered as it wrote them (the samples
+    are read back otherwise)."""
     columns = ["strategy", "session_id", "samples", "generated_tokens", "trained_tokens"]
     sessions = _read_columns(run_dir / "sessions.parquet", columns)
     shown, total = pick_sessions(sessions, limit)
@@ -70,7 +77,10 @@ def build_sessions(
     }
     del sessions
     turns = TurnTable(run_dir / "turns.parquet", wanted)
-    bars = sample_bars([Path(path) for path in samples_files(run_dir)], wanted)
+    paths = [Path(path) for path in samples_files(run_dir)]
+    bars = gathered.bars(wanted) if gathered is not None and paths else None
+    if bars is None:
+        bars = sample_bars(paths, wanted)
     drift = read_drift(run_dir / "drift.parquet", wanted)
     reasons = _quarantine_reasons(quarantine)
     codes: dict[str, list[str]] = {"causes": [], "behaviours": []}
@@ -225,10 +235,52 @@ def sample_bars(paths: list[Path], wanted: set[str]) -> dict[tuple[str, str], li
         return None
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for batch in (batch for path in paths for batch in _batches(path, SAMPLE_COLUMNS, wanted, SAMPLE_BATCH_ROWS)):
-        keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
-        for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
-            out[key].append({"i": index, **bar})
+        _add_bars(out, batch)
+    return _sorted_bars(out)
+
+
+def _add_bars(out: dict[tuple[str, str], list[dict[str, Any]]], batch: Any) -> None:
+    keys = zip(batch.column("strategy").to_pylist(), batch.column("session_id").to_pylist())
+    for key, index, bar in zip(keys, batch.column("sample_index").to_pylist(), _batch_bars(batch)):
+        out[key].append({"i": index, **bar})
+
+
+def _sorted_bars(out: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     return {key: sorted(bars, key=lambda bar: bar["i"]) for key, bars in out.items()}
+
+
+class GatheredBars:
+    """The sample bars of a run gathered while it writes its samples (`add` is handed each
+    session's samples table, from whichever thread encodes it), so that the report at the run's
+    end need not read the samples back: for a run of up to `limit` sessions with samples, every
+    session the page can detail. Past `limit` it stops and holds nothing (`bars()` is None)."""
+
+    def __init__(self, limit: int = MAX_SESSIONS):
+        self.limit = limit
+        self._bars: dict[tuple[str, str], list[dict[str, Any]]] | None = defaultdict(list)
+        self._sessions: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, table: Any) -> None:
+        if self._bars is None or not table.num_rows:
+            return
+        batches = table.select(SAMPLE_COLUMNS).combine_chunks().to_batches()
+        sessions = set(table.column("session_id").unique().to_pylist())
+        with self._lock:
+            if self._bars is None:
+                return
+            self._sessions |= sessions
+            if len(self._sessions) > self.limit:
+                self._bars = None
+                return
+            for batch in batches:
+                _add_bars(self._bars, batch)
+
+    def bars(self, wanted: set[str]) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
+        """The bars of the `wanted` sessions; None past the limit."""
+        if self._bars is None:
+            return None
+        return _sorted_bars({key: bars for key, bars in self._bars.items() if key[1] in wanted})
 
 
 def _batch_bars(batch) -> list[dict[str, Any]]:
