@@ -41,7 +41,8 @@ _READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)  # the encoding thread dec
 
 
 class SampleParts:
-    """The parts of one run, encoded as its shards close (`add`) and listed by `finish`."""
+    """The parts of one run: encoded as their shards fill (`append`), or from a closed shard's
+    file (`add`, for a shard whose samples were not appended), and listed by `finish`."""
 
     def __init__(self, run_dir: Path, observe: Callable[[pa.Table], None] | None = None):
         """`observe` is handed every samples table this run encodes (`observed_all`: every part
