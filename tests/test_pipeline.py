@@ -121,6 +121,36 @@ def test_the_template_check_runs_once_per_template_and_is_remembered(tmp_path, m
     assert len(checks) == 2 and json.loads(verdict.read_text())["rules"] is not None
 
 
+def test_a_window_two_conversations_share_is_rendered_once(tmp_path, monkeypatch):
+    """Strategies build their own histories: conversations that differ only before the window an
+    extension renders (the last assistant message on) share that window's render. Both texts are
+    still exactly the full renders."""
+    from trace_tools.render.templates import resolve_template
+
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
+    template, _ = resolve_template("qwen3")
+    renderer = Renderer("qwen3", template)
+
+    def conversation(first_answer: str) -> list[dict]:
+        return [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": first_answer},
+            {"role": "tool", "content": "ran"},
+            {"role": "assistant", "content": "now edit"},
+            {"role": "tool", "content": "edited"},
+        ]
+
+    for messages in (conversation("look first"), conversation("read the file")):
+        renderer.render(messages[:4])
+    renders: list[list[dict]] = []
+    real = renderer.engine._apply
+    monkeypatch.setattr(renderer.engine, "_apply", lambda m, *rest: renders.append(list(m)) or real(m, *rest))
+    texts = [renderer.render_text(conversation(answer)) for answer in ("look first", "read the file")]
+    windows = [[m["content"] for m in window] for window in renders]
+    assert windows.count(["fix it", "now edit", "edited"]) == 1  # the window the two extensions share
+    assert texts == [real(conversation(answer), None, True, {}) for answer in ("look first", "read the file")]
+
+
 def test_reconstruct_renders_each_file_with_its_own_template():
     from trace_tools.reconstruct import reconstruct
     from trace_tools.replay.engine import default_dump

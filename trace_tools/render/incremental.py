@@ -208,17 +208,20 @@ class IncrementalRenderer:
         self, head: list[dict], messages: list[dict], tools, generation: bool, kwargs: dict
     ) -> tuple[str, str]:
         """(plain render, render as asked) of a window: one render when the template's generation
-        prompt is a pure suffix (the head's own generation prompt tells which)."""
+        prompt is a pure suffix (the head's own generation prompt tells which). Windows are kept
+        (`_window_text`): conversations that differ only before the window (strategies build
+        their own histories) and the same conversation asked with and without the generation
+        prompt render the same window, a sixth of a replay's window renders."""
         if not generation:
-            plain = self._apply(messages, tools, False, kwargs)
+            plain = self._window_text(messages, tools, False, kwargs)
             return plain, plain
-        after = self._apply(messages, tools, True, kwargs)
+        after = self._window_text(messages, tools, True, kwargs)
         assert self.rules is not None, "window renders belong to the incremental path"
         if self.rules.suffix:
             prompt = self._generation_prompt(head, tools, kwargs)
             if prompt is not None and after.endswith(prompt):
                 return after[: len(after) - len(prompt)], after
-        return self._apply(messages, tools, False, kwargs), after
+        return self._window_text(messages, tools, False, kwargs), after
 
     def _generation_prompt(self, head: list[dict], tools, kwargs: dict) -> str | None:
         plain = self._window_text(head, tools, False, kwargs)
