@@ -159,3 +159,32 @@ def test_request_kwargs_merge_but_cannot_override_family_constants():
     with pytest.raises(RequestRejected):
         t.for_request(["not", "an", "object"])
     assert tito("default").for_request({"clear_thinking": True}).template_kwargs == {"clear_thinking": True}
+
+
+def test_the_dummy_base_renders_as_an_extension_of_the_dummy_system(tmp_path, monkeypatch):
+    """The base changes every turn (it carries the last tool calls), the dummy system and the
+    tools do not: after the first request only windows without the tools are rendered, and the
+    suffix ids are those of full renders."""
+    from trace_tools.render.renderer import Renderer
+    from trace_tools.render.templates import resolve_template
+
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
+    renderer = Renderer("qwen3", resolve_template("qwen3")[0])
+    t = TitoTokenizer(renderer, FAMILIES["qwen3"])
+    history = [user("fix the bug")]
+    fulls = []
+    for turn in range(4):
+        calls = [call("Read", f'{{"path": "f{turn}.py"}}', call_id=f"r{turn}")]
+        old = [*history, assistant("", *calls)]
+        new = [*old, tool(f"contents {turn}")]
+        suffix = t.tokenize_additional(old, new, TOOLS)
+        base = [system("dummy system"), template_messages([assistant("", *calls)])[0]]
+        base[1]["reasoning_content"] = " "
+        before = renderer._apply_template(template_messages(base), sglang_tools(TOOLS), False, {})
+        after = renderer._apply_template(
+            template_messages(base + [tool(f"contents {turn}")]), sglang_tools(TOOLS), True, {}
+        )
+        assert suffix == renderer.encode(after[len(before) :])
+        fulls.append(renderer.engine.stats["full"])
+        history = new
+    assert fulls[0] >= 1 and fulls[-1] == fulls[0]  # nothing rendered in full after the first request

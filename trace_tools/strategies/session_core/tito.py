@@ -236,6 +236,9 @@ class TitoTokenizer:
             dict(self.DUMMY_SYSTEM),
             {"role": "assistant", "content": "", "reasoning_content": " ", "tool_calls": last_calls},
         ]
+        # The dummy system alone, rendered once per session and kept (the renderer's cache): base
+        # then renders as its extension, a window without the tools, instead of in full with them.
+        self.render_text(base[:1], tools, False)
         before = self.render_text(base, tools, False)
         after = self.render_text(base + list(new[len(old) :]), tools, True)
         if not after.startswith(before):
