@@ -96,7 +96,7 @@ def test_gate_never_passes_on_the_previous_run_of_an_interrupted_overwrite_in_s3
     rules.write_text('[[rule]]\nmetric = "samples"\nstrategy = "tree"\nop = ">="\nvalue = 1\n')
     assert runner.invoke(app, ["gate", out, "--rules", str(rules)]).exit_code == 0
 
-    def interrupted(engine, plots):
+    def interrupted(engine, plots, bars):
         raise KeyboardInterrupt  # every shard written and uploaded, the summary not yet
 
     monkeypatch.setattr(api, "_finish", interrupted)

@@ -236,9 +236,7 @@ class TitoTokenizer:
             dict(self.DUMMY_SYSTEM),
             {"role": "assistant", "content": "", "reasoning_content": " ", "tool_calls": last_calls},
         ]
-        # The dummy system alone, rendered once per session and kept (the renderer's cache): base
-        # then renders as its extension, a window without the tools, instead of in full with them.
-        self.render_text(base[:1], tools, False)
+        self._keep_dummy_system(base[:1], tools)
         before = self.render_text(base, tools, False)
         after = self.render_text(base + list(new[len(old) :]), tools, True)
         if not after.startswith(before):
@@ -247,6 +245,16 @@ class TitoTokenizer:
                 f"base + appended as an extension of base"
             )
         return self.renderer.encode(after[len(before) :])
+
+    def _keep_dummy_system(self, system: list[dict], tools: Sequence[dict] | None) -> None:
+        """Render the dummy system alone, once per session (the renderer keeps it), so that the
+        base renders as its extension (a window without the tools) instead of in full with every
+        tool definition. Only a shortcut: a template that refuses the system alone (Llama 3.1
+        puts the tools in the first user message) leaves the base to render in full, as before."""
+        try:
+            self.render_text(system, tools, False)
+        except Exception:  # noqa: BLE001 - whatever it raised, the base's own render decides
+            pass
 
     def _check_append_only(self, old: Sequence[dict], new: Sequence[dict]) -> None:
         # Always passes when called from the session paths (they pass the stored objects as the
