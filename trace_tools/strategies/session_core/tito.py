@@ -176,6 +176,7 @@ class TitoTokenizer:
         # Every request re-sends the history: each message and tool list is prepared once, and
         # keeps one identity for the render caches (entries hold their source, so ids stay unique).
         self._prepared: IdentityMemo[Any] = IdentityMemo()
+        self._dummy_refused: list[bool] = [False]  # the template refused the dummy system alone (shared)
 
     def for_request(self, request_kwargs: Any) -> "TitoTokenizer":
         """The tokenizer one request renders with: its chat_template_kwargs merged over the family's.
@@ -196,6 +197,7 @@ class TitoTokenizer:
                 )
         derived = TitoTokenizer(self.renderer, self.family, {**self.template_kwargs, **request_kwargs})
         derived._boundary_id, derived._prepared = self._boundary_id, self._prepared
+        derived._dummy_refused = self._dummy_refused
         return derived
 
     # -- renders ---------------------------------------------------------------------------------
@@ -250,11 +252,14 @@ class TitoTokenizer:
         """Render the dummy system alone, once per session (the renderer keeps it), so that the
         base renders as its extension (a window without the tools) instead of in full with every
         tool definition. Only a shortcut: a template that refuses the system alone (Llama 3.1
-        puts the tools in the first user message) leaves the base to render in full, as before."""
+        puts the tools in the first user message, Qwen 3.5 wants a user query) leaves the base to
+        render in full, as before, and is not asked again."""
+        if self._dummy_refused[0]:
+            return
         try:
             self.render_text(system, tools, False)
         except Exception:  # noqa: BLE001 - whatever it raised, the base's own render decides
-            pass
+            self._dummy_refused[0] = True
 
     def _check_append_only(self, old: Sequence[dict], new: Sequence[dict]) -> None:
         # Always passes when called from the session paths (they pass the stored objects as the
