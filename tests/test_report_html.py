@@ -521,3 +521,16 @@ def test_the_page_names_how_many_sessions_it_details(run, tmp_path, monkeypatch)
     text = write_html_report(run, out=tmp_path / "page.html").read_text()
     total = pd.read_parquet(run / "sessions.parquet")["session_id"].nunique()
     assert f"The 2 sessions of {total} that lose the most generated tokens, worst first" in text
+
+
+def test_a_failure_gathering_the_bars_leaves_the_report_to_read_the_samples(simulated_dump, tmp_path, monkeypatch):
+    from trace_tools.api import replay
+    from trace_tools.report.html import render_html, sessions
+
+    def broken(self, table):
+        raise ValueError("gathering broke")
+
+    monkeypatch.setattr(sessions.GatheredBars, "add", broken)
+    out = tmp_path / "run"
+    replay(simulated_dump, out=out, strategies=["tree", "linear"], workers=1)
+    assert (out / "report.html").read_text() == render_html(out)

@@ -103,3 +103,23 @@ def test_an_abandoned_run_leaves_no_part_of_the_shard_being_written(tmp_path):
     parts.append("0000000", _samples("a", 2))
     parts.abandon()
     assert not list((tmp_path / "samples").iterdir())
+
+
+def test_an_observer_that_fails_is_given_up_and_the_part_is_still_written(tmp_path, caplog):
+    seen: list[str] = []
+
+    def observe(table: pa.Table) -> None:
+        seen.append(table.column("session_id")[0].as_py())
+        if len(seen) == 2:
+            raise RuntimeError("observer bug")
+
+    parts = sample_parts.SampleParts(tmp_path, observe=observe)
+    for session in ("a", "b", "c"):
+        parts.append("0000000", _samples(session, 2))
+    marker = _Marker("0000000", {"0000000.samples.arrows": [1, "abc"]})
+    parts.add(marker)
+    parts.finish([marker])
+    assert seen == ["a", "b"]  # not asked again after it failed
+    assert not parts.observed_all
+    assert pq.read_table(tmp_path / "samples" / "0000000.parquet").num_rows == 6
+    assert "observer bug" in caplog.text

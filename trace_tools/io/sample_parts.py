@@ -15,6 +15,7 @@ a pool of threads.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import tempfile
@@ -38,6 +39,7 @@ SOURCE_KEY = b"trace_tools.shard_samples_sha256"
 ENCODERS = max(1, min(4, os.cpu_count() or 1))  # shards of a resumed run encoding at once
 LIVE_BACKLOG_BYTES = 64 * 2**20  # samples waiting for the live part's thread before `append` waits
 _READ_HERE = pa.ipc.IpcReadOptions(use_threads=False)  # the encoding thread decodes its own input
+log = logging.getLogger(__name__)
 
 
 class SampleParts:
@@ -48,8 +50,8 @@ class SampleParts:
         """`observe` is handed every samples table this run encodes (`observed_all`: every part
         of the run was), on the thread that encodes it."""
         self.run_dir, self.dir = run_dir, run_dir / DIR
-        self.observe = observe
         self.observed_all = True
+        self.observe = None if observe is None else self._observing(observe)
         self.dir.mkdir(exist_ok=True)
         for stale in self.dir.glob(".*.tmp"):  # a killed run's (this process holds the run's lock)
             stale.unlink()
@@ -57,6 +59,22 @@ class SampleParts:
         self._live_thread = ThreadPoolExecutor(1, thread_name_prefix="trace-tools-samples-live")
         self._live: _LivePart | None = None
         self._jobs: dict[str, Future] = {}
+
+    def _observing(self, observe: Callable[[pa.Table], None]) -> Callable[[pa.Table], None]:
+        """`observe`, kept from the samples' own path: an observer that fails is not asked again
+        and the run goes on (`observed_all` turns false, so whoever wanted every table reads the
+        samples back instead), since what it gathers is an optimisation, not output."""
+
+        def observe_or_give_up(samples: pa.Table) -> None:
+            if not self.observed_all:
+                return
+            try:
+                observe(samples)
+            except Exception as error:
+                log.warning("gathering the report's sample bars failed (%r); the report reads the samples", error)
+                self.observed_all = False
+
+        return observe_or_give_up
 
     def append(self, shard: str, samples: pa.Table | pa.Buffer) -> None:
         """A session's samples (a table, or its IPC stream) joined shard `shard`, which is being

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from trace_tools.errors import ReplayError, UnknownName
@@ -160,6 +161,16 @@ def _template_failure(what: str, exc: BaseException) -> ServerError:
     return ServerError(f"{what}: {exc}", render_failure_reason(what, exc))
 
 
+@dataclass
+class _SessionState:
+    """What a session's tokenizer shares with those derived for its requests (`for_request`)."""
+
+    # Every request re-sends the history: each message and tool list is prepared once, and
+    # keeps one identity for the render caches (entries hold their source, so ids stay unique).
+    prepared: IdentityMemo[Any] = field(default_factory=IdentityMemo)
+    dummy_refused: bool = False  # the template refused the dummy system alone
+
+
 class TitoTokenizer:
     """Token-in-token-out prompt construction over any `RendererLike`.
 
@@ -173,10 +184,7 @@ class TitoTokenizer:
         self.renderer, self.family = renderer, family
         self.template_kwargs = {**dict(family.extra_kwargs), **(template_kwargs or {})}
         self._boundary_id: int | None | bool = False  # False = not looked up yet
-        # Every request re-sends the history: each message and tool list is prepared once, and
-        # keeps one identity for the render caches (entries hold their source, so ids stay unique).
-        self._prepared: IdentityMemo[Any] = IdentityMemo()
-        self._dummy_refused: list[bool] = [False]  # the template refused the dummy system alone (shared)
+        self._shared = _SessionState()
 
     def for_request(self, request_kwargs: Any) -> "TitoTokenizer":
         """The tokenizer one request renders with: its chat_template_kwargs merged over the family's.
@@ -196,8 +204,7 @@ class TitoTokenizer:
                     f"{self.family.name} fixed template value {fixed!r}"
                 )
         derived = TitoTokenizer(self.renderer, self.family, {**self.template_kwargs, **request_kwargs})
-        derived._boundary_id, derived._prepared = self._boundary_id, self._prepared
-        derived._dummy_refused = self._dummy_refused
+        derived._boundary_id, derived._shared = self._boundary_id, self._shared
         return derived
 
     # -- renders ---------------------------------------------------------------------------------
@@ -209,8 +216,9 @@ class TitoTokenizer:
         return self._render(self.renderer.render_text, messages, tools, add_generation_prompt)
 
     def _render(self, fn: Callable, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool) -> Any:
-        prepared = [self._prepared.get(message, _template_message) for message in messages]
-        tool_defs = self._prepared.get(tools, sglang_tools) if tools else None
+        memo = self._shared.prepared
+        prepared = [memo.get(message, _template_message) for message in messages]
+        tool_defs = memo.get(tools, sglang_tools) if tools else None
         errors = _template_errors()
         try:
             return fn(prepared, tool_defs, generation, **self.template_kwargs)
@@ -254,12 +262,12 @@ class TitoTokenizer:
         tool definition. Only a shortcut: a template that refuses the system alone (Llama 3.1
         puts the tools in the first user message, Qwen 3.5 wants a user query) leaves the base to
         render in full, as before, and is not asked again."""
-        if self._dummy_refused[0]:
+        if self._shared.dummy_refused:
             return
         try:
             self.render_text(system, tools, False)
         except Exception:  # noqa: BLE001 - whatever it raised, the base's own render decides
-            self._dummy_refused[0] = True
+            self._shared.dummy_refused = True
 
     def _check_append_only(self, old: Sequence[dict], new: Sequence[dict]) -> None:
         # Always passes when called from the session paths (they pass the stored objects as the
