@@ -96,6 +96,25 @@ def test_full_fidelity_when_prompts_came_from_the_same_template(name):
     assert result.sessions["rate"].tolist() == [1.0, 1.0]
 
 
+def test_reconstruction_compares_prompts_without_parsing_responses(monkeypatch):
+    """Responses are a replay's business: reconstruct renders and compares the prompts only, and
+    prepares the same prompts as replay does."""
+    from trace_tools.pipeline.prepared import prepare_session
+
+    renderer = _renderer("qwen3")
+    parsed: list[int] = []
+    real = Renderer.parse_response
+    monkeypatch.setattr(Renderer, "parse_response", lambda self, *args: parsed.append(1) or real(self, *args))
+    session = _session("qwen3", "s", steps=2)
+    assert reconstruct([session], renderer=renderer).summary["exact"] == 3
+    assert parsed == []
+    full = prepare_session(session, renderer)
+    assert len(parsed) == 3 and all(turn.response_message for turn in full.turns)
+    prompts_only = prepare_session(session, renderer, responses=False)
+    assert [turn.response_message for turn in prompts_only.turns] == [None] * 3
+    assert [t.rendered_prompt_ids() for t in prompts_only.turns] == [t.rendered_prompt_ids() for t in full.turns]
+
+
 def test_turn_kwargs_are_honoured():
     session = _session("qwen3", "s", steps=1, kwargs={"enable_thinking": False})
     for turn in session.turns:

@@ -160,7 +160,7 @@ def _sessions(
 def _session_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
     try:
         renderer = pool.for_session(session)
-        prepared = prepare_session(session, renderer, canonicalization, "auto")
+        prepared = prepare_session(session, renderer, canonicalization, "auto", responses=False)
     except TraceToolsError as exc:
         return [_row(turn, None, error=str(exc)) for turn in session.turns]
     identity = dict(getattr(renderer, "identity", {}) or {})
