@@ -142,4 +142,5 @@ def test_reconstruct_on_the_reference_path_matches_every_recorded_prompt():
     reference = reconstruct(SAMPLE, render_path="reference")
     assert (reference.summary["exact"], reference.summary["turns_compared"]) == (330, 330)
     verified = reconstruct(SAMPLE / "qwen3.parquet", render_path="verify").summary["verify"]
-    assert verified["checked"] >= 2 * 165 and verified["differences"] == 0, verified
+    # a render a turn (reconstruct parses no response, so decodes nothing on an exact sample)
+    assert verified["checked"] >= 165 and verified["differences"] == 0, verified
