@@ -13,15 +13,14 @@ import pytest
 from trace_tools.io.dump_files import iter_batches
 from trace_tools.io.read_ahead import read_ahead
 
+_BEFORE: list[threading.Thread] = []  # the reading threads alive when the test began
+
 
 @pytest.fixture(autouse=True)
 def _earlier_workers() -> None:
     """The reading threads alive before each test (another test's unfinished stream is not this
     module's concern): `_live_workers` counts only those the test started."""
     _BEFORE[:] = [t for t in threading.enumerate() if t.name == "trace-tools-read-ahead"]
-
-
-_BEFORE: list[threading.Thread] = []
 
 
 def _live_workers() -> list[threading.Thread]:
