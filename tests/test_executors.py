@@ -25,9 +25,43 @@ def single_process_run(simulated_dump, tmp_path_factory):
     return run_contents(out)
 
 
-def test_two_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
+def test_two_spawned_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run, monkeypatch):
+    monkeypatch.setenv("TRACE_TOOLS_WORKER_START", "spawn")
     replay(simulated_dump, out=tmp_path / "run", workers=2)
     assert run_contents(tmp_path / "run") == single_process_run
+
+
+def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
+    """A fresh process (one thread) forks its workers, before it opens the dump."""
+    code = (
+        "import sys; from pathlib import Path; from trace_tools.api import replay; "
+        "from trace_tools.replay import executors; made = executors.WorkerPool.__init__; "
+        "executors.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
+        f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["_QuietFork"]
+    assert run_contents(tmp_path / "run") == single_process_run
+
+
+def _pool_started(env: dict[str, str], thread: bool = False) -> subprocess.CompletedProcess:
+    """What a WorkerPool of two made in a fresh process starts with: its context, and how many
+    workers exist before any session was sent."""
+    code = (
+        "import threading, time; from trace_tools.replay.executors import WorkerPool; "
+        + ("threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); " if thread else "")
+        + "pool = WorkerPool(2); print(type(pool.context).__name__, len(pool.context.started)); pool.stop()"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_workers_fork_at_once_only_from_a_single_thread_and_unless_told_to_spawn():
+    assert _pool_started({}).stdout.split() == ["_QuietFork", "2"]
+    assert _pool_started({}, thread=True).stdout.split() == ["_QuietSpawn", "0"]  # a notebook, a service
+    assert _pool_started({"TRACE_TOOLS_WORKER_START": "spawn"}).stdout.split() == ["_QuietSpawn", "0"]
+    refused = _pool_started({"TRACE_TOOLS_WORKER_START": "vfork"})
+    assert refused.returncode != 0 and "TRACE_TOOLS_WORKER_START=vfork is not a start method" in refused.stderr
 
 
 @pytest.fixture(scope="module")

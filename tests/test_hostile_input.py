@@ -259,26 +259,30 @@ def test_a_run_missing_a_table_is_named(command, small_run, tmp_path):
     _one_line_error(_cli(command, broken, *extra.get(command, [])), 2, "has no sessions.parquet", "replay again")
 
 
-def _spawned_workers(pid: int) -> list[int]:
-    """The multiprocessing workers among a process's children (not its plot helper or resource
-    tracker)."""
+def _workers(pid: int, spawned: bool = True) -> list[int]:
+    """The multiprocessing workers among a process's children: forked ones (the parent's own
+    command line) and, unless `spawned` is false, spawned ones; not its plot helper or resource
+    tracker."""
     workers = []
+    parent = Path(f"/proc/{pid}/cmdline").read_bytes()
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
         for child in task.read_text().split():
             try:
                 command = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"spawn_main" in command:
+            if (spawned and b"spawn_main" in command) or command == parent:
                 workers.append(int(child))
     return workers
 
 
-def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path):
-    """SIGINT to the whole process group (what a terminal's Ctrl-C sends) while spawned workers are
-    still importing: the parent stops them and says how to resume; no worker prints a traceback.
-    The signal goes out as soon as the workers exist, and once more a moment later, so it lands
-    while they start however fast the machine is."""
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C sends) while the workers start
+    (spawned ones import; forked ones, started before the run opens its dump, wait for their first
+    session): the parent stops them and says how to resume; no worker prints a traceback. The
+    signal goes out as soon as the workers exist, and once more a moment later, so it lands while
+    they start however fast the machine is."""
     for delay in (0.0, 0.5):
         process = subprocess.Popen(
             [
@@ -298,9 +302,10 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path):
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            env={**os.environ, "TRACE_TOOLS_WORKER_START": start},
         )
         deadline = time.monotonic() + 60
-        while len(_spawned_workers(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        while len(_workers(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert process.poll() is None, "the replay ended before its workers started"
         time.sleep(delay)
@@ -393,3 +398,44 @@ def test_a_wrong_type_column_names_the_type_to_write(simulated_dump, tmp_path):
         "column output_ids is string; expected a list of integers",
         "write it as a list of integers (list<int32>)",
     )
+
+
+def test_at_a_terminal_replay_forks_its_workers_and_then_shows_its_bar(simulated_dump, tmp_path):
+    """The progress bar's redrawing thread starts at the first session's end, after the workers
+    forked: a replay at a terminal forks them as one in a pipe does, and the bar still runs."""
+    import pty
+    import threading
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trace_tools.cli.main", "replay", str(simulated_dump), "--workers", "2"]
+        + ["-s", "tree", "--out", str(tmp_path / "run")],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
+    )
+    os.close(terminal)
+    shown: list[bytes] = []
+    reader = threading.Thread(target=_read_all, args=(controller, shown), daemon=True)
+    reader.start()
+    forked: list[int] = []
+    while process.poll() is None and len(forked) < 2:
+        forked = _workers(process.pid, spawned=False)
+        time.sleep(0.01)
+    assert process.wait(timeout=300) == 0
+    reader.join(10)
+    screen = b"".join(shown).decode(errors="replace")
+    assert len(forked) == 2, screen
+    assert "replaying" in screen and "sessions" in screen, screen  # the bar, redrawn once sessions ended
+
+
+def _read_all(descriptor: int, into: list[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(descriptor, 65536)
+        except OSError:  # the terminal's other end closed
+            return
+        if not chunk:
+            return
+        into.append(chunk)

@@ -127,9 +127,8 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
     with pytest.raises(TypeError, match="materialize"):
         SessionReplayer(options)(shipped)
 
-    executors._init_worker(options, None)
     try:
-        rows = executors._replay_in_worker(shipped)
+        rows = executors._replay_in_worker(shipped, executors._Setup.now(options, {}))
     finally:
         executors._WORKER = None
     assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in shipped.turns)

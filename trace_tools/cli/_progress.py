@@ -12,25 +12,31 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 LINE_SECONDS = 5.0  # at most one progress line per this many seconds in a pipe
 
 
 @contextmanager
-def progress_bar(action: str, unit: str, disable: bool = False) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(
+    action: str, unit: str, disable: bool = False, still_until_first_call: bool = False
+) -> Iterator[Callable[[int, int], None]]:
+    """`still_until_first_call`: at a terminal, the bar is drawn once and stands still until the
+    first call, with no thread redrawing it: `replay` forks its worker processes before any session
+    ends, and forks only from a process running one thread (`replay.executors.can_fork`)."""
     from trace_tools.cli._output import err_console
 
     if disable:
         yield lambda done, total: None
     elif err_console.is_terminal:
-        with _bar(action, unit) as advance:
+        with _bar(action, unit, still_until_first_call) as advance:
             yield advance
     else:
         yield _lines(action, unit)
 
 
 @contextmanager
-def _bar(action: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+def _bar(action: str, unit: str, still: bool) -> Iterator[Callable[[int, int], None]]:
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from trace_tools.cli._output import err_console
@@ -42,13 +48,28 @@ def _bar(action: str, unit: str) -> Iterator[Callable[[int, int], None]]:
         TextColumn("{task.fields[count]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=err_console, transient=True) as progress:
+
+    def started(redrawn: bool) -> tuple[Progress, Any]:
+        # auto_refresh: a thread redraws the bar ten times a second (the spinner, the time)
+        progress = Progress(*columns, console=err_console, transient=True, auto_refresh=redrawn)
         task = progress.add_task("reading the input", total=None, count="")
+        progress.start()
+        return progress, task
 
-        def advance(done: int, total: int) -> None:
-            progress.update(task, description=action, completed=done, total=total, count=f"{done}/{total} {unit}")
+    progress, task = started(redrawn=not still)
 
+    def advance(done: int, total: int) -> None:
+        nonlocal progress, task, still
+        if still:  # the still bar gives way to one redrawn by its thread
+            progress.stop()
+            progress, task = started(redrawn=True)
+            still = False
+        progress.update(task, description=action, completed=done, total=total, count=f"{done}/{total} {unit}")
+
+    try:
         yield advance
+    finally:
+        progress.stop()
 
 
 def _lines(action: str, unit: str) -> Callable[[int, int], None]:

@@ -115,7 +115,7 @@ def replay_cmd(
     path = render_path(reference, verify)
     out = out or str(default_run_dir(dump or default_dump()))  # known before the run, for the interrupt hint
     try:
-        with progress_bar("replaying", "sessions", disable=json_out) as advance:
+        with progress_bar("replaying", "sessions", disable=json_out, still_until_first_call=True) as advance:
             result = replay(
                 dump,
                 out=out,

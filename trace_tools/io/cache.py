@@ -47,8 +47,9 @@ KINDS = {
     "bench": "benchmark dumps (benchmarks/)",
 }
 ENV_VAR = "TRACE_TOOLS_CACHE"
-# Set once the unusable cache was reported: worker processes started later inherit it and stay quiet.
-_WARNED_VAR = "TRACE_TOOLS_CACHE_WARNED"
+# Set once the unusable cache was reported: worker processes inherit it (a forked one from the
+# first task it is sent, `replay.executors`) and stay quiet.
+WARNED_VAR = "TRACE_TOOLS_CACHE_WARNED"
 # `CacheKey.path`'s names (`NAME-DIGEST` plus a suffix), and the writers' dot-prefixed temporaries of them.
 _ARTEFACT = re.compile(r"\.?[\w.+-]+-[0-9a-f]{16}(?:[.-].*)?")
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -139,9 +140,9 @@ def store(target: Path, write: Callable[[Path], None]) -> bool:
 
 def _warn_unusable(error: Exception) -> None:
     root = str(cache_dir())
-    if os.environ.get(_WARNED_VAR) == root:
+    if os.environ.get(WARNED_VAR) == root:
         return
-    os.environ[_WARNED_VAR] = root
+    os.environ[WARNED_VAR] = root
     reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
     sys.stderr.write(
         f"warning: the trace-tools cache {root} cannot be written ({reason}); what it would keep is "

@@ -35,11 +35,13 @@ from trace_tools.pipeline import Pipeline
 from trace_tools.render.harness_identity import resolve_auto_profile
 from trace_tools.replay.executors import (
     RayStats,
+    WorkerPool,
     auto_workers,
     check_executor,
     default_workers,
     ray_results,
     run_sessions,
+    started_workers,
 )
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
@@ -126,53 +128,55 @@ def run(
     workers = workers or (auto_workers(dump_path, len(options.strategies)) if local else default_workers())
     check_executor(executor, workers)
     check_options(options)  # the one check of the strategy names and parameters, before any work
-    pipeline = Pipeline(
-        dump_path,
-        tokenizer=options.tokenizer,
-        chat_template=options.chat_template,
-        canonicalization=options.canonicalization,
-        prompt_source=options.prompt_source,
-        tool_format=options.tool_format,
-        id_arrays=workers > 1,
-        render_path=options.render_path,
-    )
-    options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
-    run_dir = Path(out) if out is not None else default_run_dir(dump_path)
-    stream = pipeline.stream
-    harness_note = _auto_harness_profile(options, stream.meta, dump_path)
-    current = shards.fingerprint(options.recorded(), stream.files)
-    check_dump(dump_path, stream, options, pipeline.renderers.specs())
-    pipeline.renderers.check_templates()
-    check_run_dir(run_dir, current, overwrite)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with shards.RunLock(run_dir):
-        recorded = shards.recorded_fingerprint(run_dir)
-        if recorded is None or recorded.get("stamp") != current["stamp"]:
-            rundir.remove_outputs(run_dir)  # another run's (`--overwrite`): none of it may pass for this one's
-        (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
-        if mirror is not None:
-            mirror.fetch_reused(current["stamp"])  # only the shards this run may reuse come down
-        verdict = shards.prepare(run_dir, current)
-        if mirror is not None:
-            mirror.reset()
-        result = EngineResult(
-            run_dir,
+    # Before the dump is opened or anything renders: forked workers start from one thread.
+    with started_workers(workers if local else 1) as pool:
+        pipeline = Pipeline(
             dump_path,
-            options,
-            stream.files,
-            stream.rows,
-            stream.session_count,
-            0,
-            stream.vocab_checked,
-            stream.meta,
-            list(stream.warnings),
-            redone_shards=verdict.redone,
-            notes=[harness_note] if harness_note else [],
+            tokenizer=options.tokenizer,
+            chat_template=options.chat_template,
+            canonicalization=options.canonicalization,
+            prompt_source=options.prompt_source,
+            tool_format=options.tool_format,
+            id_arrays=workers > 1,
+            render_path=options.render_path,
         )
-        where = (workers, executor, address, owns_process, observe_samples)
-        resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer
-        _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
-        return finish(result)
+        options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
+        run_dir = Path(out) if out is not None else default_run_dir(dump_path)
+        stream = pipeline.stream
+        harness_note = _auto_harness_profile(options, stream.meta, dump_path)
+        current = shards.fingerprint(options.recorded(), stream.files)
+        check_dump(dump_path, stream, options, pipeline.renderers.specs())
+        pipeline.renderers.check_templates()
+        check_run_dir(run_dir, current, overwrite)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with shards.RunLock(run_dir):
+            recorded = shards.recorded_fingerprint(run_dir)
+            if recorded is None or recorded.get("stamp") != current["stamp"]:
+                rundir.remove_outputs(run_dir)  # another run's (`--overwrite`): none of it may pass for this one's
+            (run_dir / "summary.json").unlink(missing_ok=True)  # unfinished until it is written again, last
+            if mirror is not None:
+                mirror.fetch_reused(current["stamp"])  # only the shards this run may reuse come down
+            verdict = shards.prepare(run_dir, current)
+            if mirror is not None:
+                mirror.reset()
+            result = EngineResult(
+                run_dir,
+                dump_path,
+                options,
+                stream.files,
+                stream.rows,
+                stream.session_count,
+                0,
+                stream.vocab_checked,
+                stream.meta,
+                list(stream.warnings),
+                redone_shards=verdict.redone,
+                notes=[harness_note] if harness_note else [],
+            )
+            where = (workers, executor, address, owns_process, observe_samples, pool)
+            resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer
+            _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
+            return finish(result)
 
 
 def _replay(
@@ -180,23 +184,23 @@ def _replay(
     result: EngineResult,
     reusable: list[shards.Marker],
     stamp: str,
-    where: tuple[int, str, str | None, bool, Callable[[Any], None] | None],
+    where: tuple[int, str, str | None, bool, Callable[[Any], None] | None, WorkerPool | None],
     progress: Callable[[int, int], None] | None,
     mirror: Any,
     resolved: dict[tuple, Any],
 ) -> None:
     """Replay the sessions no reusable shard holds into new shards, then merge every shard.
     `where`: (workers, executor, Ray address, whether the caller owns this process, who observes
-    the samples); `resolved`: the render specs preflight resolved (`RendererPool.resolved`)."""
+    the samples, the local worker pool); `resolved`: the render specs preflight resolved (`RendererPool.resolved`)."""
     options, run_dir = result.options, result.run_dir
-    workers, executor, address, owns_process, observe = where
+    workers, executor, address, owns_process, observe, pool = where
     tracker = _Shards(run_dir, reusable, stream.session_count, options.write_samples, stamp, progress, observe)
     tracker.written = mirror.shard_written if mirror is not None else None
     if executor == "ray":
         slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
-        results = _local_results(stream, options, workers, tracker, owns_process, resolved)
+        results = _local_results(stream, options, (workers, pool), tracker, owns_process, resolved)
     try:
         for position, rows in results:
             tracker.add(position, rows)
@@ -223,14 +227,14 @@ def _replay(
 def _local_results(
     stream: Any,
     options: ReplayOptions,
-    workers: int,
+    workers: tuple[int, WorkerPool | None],
     tracker: "_Shards",
     owns_process: bool,
     resolved: dict[tuple, Any],
 ) -> Iterator[tuple[int, Any]]:
     """(position, rows) of every session not resumed, in stream order: this process reads the
-    sessions (pass 2) and `run_sessions` replays them; a session quarantined while loading goes
-    straight to the shards."""
+    sessions (pass 2) and `run_sessions` replays them (`workers`: how many, and their pool); a
+    session quarantined while loading goes straight to the shards."""
     in_flight: deque[int] = deque()
 
     def to_replay() -> Iterator[Session]:
@@ -244,7 +248,8 @@ def _local_results(
             else:
                 tracker.add(position, rundir.SessionRows.quarantined(item))
 
-    for rows in run_sessions(to_replay(), options, workers, owns_process, resolved):
+    count, pool = workers
+    for rows in run_sessions(to_replay(), options, count, owns_process, resolved, pool):
         yield in_flight.popleft(), rows
 
 

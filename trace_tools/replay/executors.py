@@ -35,6 +35,7 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
 from types import FrameType
@@ -42,6 +43,7 @@ from typing import Any, Iterable, Iterator, NoReturn
 
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
+from trace_tools.io.cache import WARNED_VAR
 from trace_tools.io.load import DumpContext, SessionSlot, materialize_ids, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
@@ -116,64 +118,149 @@ def run_sessions(
     workers: int,
     owns_process: bool = False,
     resolved: dict[tuple, Any] | None = None,
+    pool: "WorkerPool | None" = None,
 ) -> Iterator[SessionRows]:
     """Replay `sessions` on this machine (`workers` processes; 1 = this one) and yield their rows
     in the same order. Worker processes pause their garbage collector during each session; this
     process does only when the caller owns it (`owns_process`: the command line). `resolved`: the
-    render specs the run already resolved (`RendererPool.resolved`), handed to every replayer."""
+    render specs the run already resolved (`RendererPool.resolved`), handed to every replayer.
+    `pool`: the run's workers, started earlier (`started_workers`); else they start here."""
     check_executor("local", workers)
     if workers == 1:
         return map(SessionReplayer(options, pause_gc=owns_process, resolved=resolved), sessions)
-    return _pool(sessions, options, workers, resolved)
+    return (pool or WorkerPool(workers)).replay(sessions, options, resolved or {})
 
 
 # -- local process pool --------------------------------------------------------------------------
 _WORKER: SessionReplayer | None = None
 
 
-def _init_worker(options: ReplayOptions, resolved: dict[tuple, Any] | None) -> None:
-    global _WORKER
+def _init_worker() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER = SessionReplayer(options, pause_gc=True, resolved=resolved)
 
 
-def _replay_in_worker(session: Session) -> SessionRows:
+def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
     """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle), turned
-    into the data model's `list[int]` once, here, then replayed."""
-    assert _WORKER is not None, "worker not initialised"
+    into the data model's `list[int]` once, here, then replayed. The worker's replayer is built
+    on its first session, from `setup` as the run settled it: a forked worker starts before the
+    run has resolved its render specs or made its template path absolute."""
+    global _WORKER
+    if _WORKER is None:
+        os.environ.update(setup.environment)
+        _WORKER = SessionReplayer(setup.options, pause_gc=True, resolved=setup.resolved)
     return _WORKER(materialize_ids(session))
 
 
-def _pool(
-    sessions: Iterable[Session], options: ReplayOptions, workers: int, resolved: dict[tuple, Any] | None
-) -> Iterator[SessionRows]:
+@dataclass(frozen=True)
+class _Setup:
+    """What a worker's replayer is built from: the run's options, the render specs its preflight
+    resolved, and the variables the driver set since (`cache.WARNED_VAR`: a forked worker has the
+    driver's environment as it was at the fork, and would warn again)."""
 
-    # spawn, not fork: the parent runs Arrow's and the tokenizers' threads, which fork would copy
-    # in whatever state they are in.
-    context = _QuietSpawn(hide_main=_main_not_reimportable())
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(options, resolved))
-    try:
-        pending: deque = deque()
-        for session in sessions:
-            pending.append(pool.submit(_replay_in_worker, session))
-            if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
+    options: ReplayOptions
+    resolved: dict[tuple, Any]
+    environment: dict[str, str]
+
+    @classmethod
+    def now(cls, options: ReplayOptions, resolved: dict[tuple, Any]) -> "_Setup":
+        marked = os.environ.get(WARNED_VAR)
+        return cls(options, resolved, {WARNED_VAR: marked} if marked is not None else {})
+
+
+def _started() -> None:
+    """A task that does nothing: submitting it makes a fork-started pool create its workers."""
+
+
+START_VARIABLE = "TRACE_TOOLS_WORKER_START"
+START_METHODS = ("auto", "spawn")
+
+
+def can_fork() -> bool:
+    """Whether worker processes may be forked from this one: on Linux, while this process runs no
+    thread of Python's but its main one, unless `$TRACE_TOOLS_WORKER_START` is `spawn`. A fork
+    copies only the thread calling it, and every lock another thread held stays held in the
+    child; the native threads present by then (numpy's BLAS, Arrow's jemalloc) reset themselves
+    in a child. A notebook's kernel or a service runs threads: it spawns."""
+    method = os.environ.get(START_VARIABLE, "").strip() or "auto"
+    if method not in START_METHODS:
+        raise UsageError(f"{START_VARIABLE}={method} is not a start method; set one of: {', '.join(START_METHODS)}")
+    return method == "auto" and sys.platform == "linux" and threading.active_count() == 1
+
+
+class WorkerPool:
+    """The worker processes of a local replay.
+
+    Forked (`can_fork`) as soon as the pool is made, which `started_workers` does before the run
+    opens its dump, renders or reads ahead on a thread: a forked worker shares the modules this
+    process imported, where a spawned one imports them again (0.45 s of CPU each on the
+    benchmark's machine, docs/performance.md). Otherwise spawned, each when the first sessions
+    reach it. Either way the run directory is the same."""
+
+    def __init__(self, workers: int):
+        if can_fork():
+            self.context: _QuietFork | _QuietSpawn = _QuietFork()
+        else:
+            self.context = _QuietSpawn(hide_main=_main_not_reimportable())
+        self.workers = workers
+        self.executor = ProcessPoolExecutor(workers, mp_context=self.context, initializer=_init_worker)
+        self.closed = False
+        if isinstance(self.context, _QuietFork):
+            try:
+                self.executor.submit(_started)  # a fork context starts every worker at the first task
+            except BaseException:  # a Ctrl-C held back while they forked strikes here
+                self.stop()
+                raise
+
+    def replay(
+        self, sessions: Iterable[Session], options: ReplayOptions, resolved: dict[tuple, Any]
+    ) -> Iterator[SessionRows]:
+        """Rows of `sessions` in their order, at most `IN_FLIGHT_PER_WORKER` per worker queued;
+        the pool is shut down when they are done, and stopped at once on an error."""
+        try:
+            pending: deque = deque()
+            for session in sessions:
+                setup = _Setup.now(options, resolved)
+                pending.append(self.executor.submit(_replay_in_worker, session, setup))
+                if len(pending) >= self.workers * IN_FLIGHT_PER_WORKER:
+                    yield pending.popleft().result()
+            while pending:
                 yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    except BrokenProcessPool:
-        _stop(pool, context)
-        raise TraceToolsError(
-            "a worker process died (out of memory, or killed); rerun with --workers 1, or fewer workers; "
-            "finished shards are kept and the rerun resumes"
-        ) from None
-    except BaseException:  # Ctrl-C, or the caller stopped reading: the workers go at once
-        _stop(pool, context)
-        raise
-    finally:  # and so does whatever reads `sessions` ahead (a thread, an open file)
-        close = getattr(sessions, "close", None)
-        if close is not None:
-            close()
-    pool.shutdown()
+        except BrokenProcessPool:
+            self.stop()
+            raise TraceToolsError(
+                "a worker process died (out of memory, or killed); rerun with --workers 1, or fewer workers; "
+                "finished shards are kept and the rerun resumes"
+            ) from None
+        except BaseException:  # Ctrl-C, or the caller stopped reading: the workers go at once
+            self.stop()
+            raise
+        finally:  # and so does whatever reads `sessions` ahead (a thread, an open file)
+            close = getattr(sessions, "close", None)
+            if close is not None:
+                close()
+        self.executor.shutdown()
+        self.closed = True
+
+    def stop(self) -> None:
+        """End the workers now, unless the pool was shut down already (`replay` finished)."""
+        if not self.closed:
+            _stop(self.executor, self.context)
+            self.closed = True
+
+
+@contextmanager
+def started_workers(workers: int) -> Iterator[WorkerPool | None]:
+    """The worker pool of a local replay on `workers` > 1 processes (else None), made now so that
+    its workers fork before the run starts any thread (`WorkerPool`), and stopped on the way out
+    if the run did not reach the end of its sessions (a usage error found before, say)."""
+    if workers < 2:
+        yield None
+        return
+    pool = WorkerPool(workers)
+    try:
+        yield pool
+    finally:
+        pool.stop()
 
 
 def _main_not_reimportable() -> bool:
@@ -303,14 +390,49 @@ class _QuietSpawn(multiprocessing.context.SpawnContext):
         return process
 
 
-def _stop(pool: Any, context: _QuietSpawn) -> None:
+class _QuietForkProcess(multiprocessing.context.ForkProcess):
+    """A forked worker that never sees Ctrl-C (`_interrupts_held`). It ends as every forked child
+    of multiprocessing does, with `os._exit` after its work: the exit handlers it inherited are
+    this process's, and none of them may run there."""
+
+    held_popen: Any = None
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        with _interrupts_held():
+            process_obj.held_popen = multiprocessing.context.ForkProcess._Popen(process_obj)
+            return process_obj.held_popen
+
+
+class _QuietFork(multiprocessing.context.ForkContext):
+    """Forks `_QuietForkProcess`es and remembers every one it started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[_QuietForkProcess] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> _QuietForkProcess:  # type: ignore[override]  # noqa: N802
+        process = _QuietForkProcess(*args, **kwargs)
+        self.started.append(process)
+        return process
+
+
+def _stop(pool: Any, context: "_QuietSpawn | _QuietFork") -> None:
     """Cancel what is queued and end the workers without waiting for their sessions, including
     one whose start a Ctrl-C cut short (the pool never learnt of it)."""
-    manager = pool._executor_manager_thread  # shutdown forgets it
+    manager, results = pool._executor_manager_thread, pool._result_queue  # shutdown forgets both
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in context.started:
-        if process.held_popen is not None and process.held_popen.poll() is None:
-            process.held_popen.terminate()
+    started = [process.held_popen for process in context.started if process.held_popen is not None]
+    for popen in started:
+        if popen.poll() is None:
+            popen.terminate()
+    for popen in started:
+        popen.wait(MANAGER_EXIT_TIMEOUT_S)
+    # A worker ended while it sent a result leaves half a message in the results pipe, and the
+    # manager thread waits for the rest. This process holds the pipe's writing end too, so neither
+    # the rest nor an end of file would ever come: closing it, now that no worker is left to
+    # write, ends that wait (the manager then finds the pool broken and cleans up).
+    results._writer.close()
     # The pool's manager thread closes its wake-up pipe once it sees the workers gone. If it is
     # still at it when the interpreter exits, concurrent.futures' exit hook writes to that pipe
     # without a lock and prints an EBADF traceback; so let it finish first (quick: the workers
