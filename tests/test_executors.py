@@ -35,8 +35,8 @@ def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path
     """A fresh process (one thread) forks its workers, before it opens the dump."""
     code = (
         "import sys; from pathlib import Path; from trace_tools.api import replay; "
-        "from trace_tools.replay import executors; made = executors.WorkerPool.__init__; "
-        "executors.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
+        "from trace_tools.replay import local_pool; made = local_pool.WorkerPool.__init__; "
+        "local_pool.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
         f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -49,7 +49,7 @@ def _pool_started(env: dict[str, str], thread: bool = False) -> subprocess.Compl
     """What a WorkerPool of two made in a fresh process starts with: its context, and how many
     workers exist before any session was sent."""
     code = (
-        "import threading, time; from trace_tools.replay.executors import WorkerPool; "
+        "import threading, time; from trace_tools.replay.local_pool import WorkerPool; "
         + ("threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); " if thread else "")
         + "pool = WorkerPool(2); print(type(pool.context).__name__, len(pool.context.started)); pool.stop()"
     )
@@ -192,7 +192,8 @@ def test_ray_tasks_share_many_short_sessions_and_end_with_single_ones():
 
 
 def test_ray_tasks_start_at_most_a_window_after_the_oldest_unfinished_one():
-    from trace_tools.replay.executors import IN_FLIGHT_PER_WORKER, REORDER_WINDOW_PER_CPU
+    from trace_tools.replay.executors import REORDER_WINDOW_PER_CPU
+    from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER
 
     planner, _ = _ray_planner(1, [1])
     assert planner._room({}, 0)
@@ -241,7 +242,7 @@ class _WritesWhenFreed:
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_worker_process_exits_with_its_code_and_handlers_but_without_the_teardown(tmp_path, code):
     """Freeing a worker's caches object by object held the pool's shutdown (docs/performance.md)."""
-    from trace_tools.replay.executors import _QuietSpawn
+    from trace_tools.replay.local_pool import _QuietSpawn
 
     log = tmp_path / "log"
     process = _QuietSpawn(hide_main=False).Process(target=_exiting_worker, args=(str(log), code))

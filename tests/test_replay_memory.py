@@ -118,7 +118,7 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
     into `list[int]` once, and the replay itself refuses any other type instead of guessing."""
     import numpy as np
 
-    from trace_tools.replay import executors
+    from trace_tools.replay import local_pool
 
     options = ReplayOptions(strategies=["tree"], write_samples=False)
     shipped = next(s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
@@ -128,9 +128,9 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
         SessionReplayer(options)(shipped)
 
     try:
-        rows = executors._replay_in_worker(shipped, executors._Setup.now(options, {}))
+        rows = local_pool._replay_in_worker(shipped, local_pool._Setup.now(options, {}))
     finally:
-        executors._WORKER = None
+        local_pool._WORKER = None
     assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in shipped.turns)
     assert [t.prompt_ids for t in shipped.turns] == [t.prompt_ids for t in plain.turns]
     assert rows.turns == SessionReplayer(options)(plain).turns

@@ -35,14 +35,13 @@ from trace_tools.pipeline import Pipeline
 from trace_tools.render.harness_identity import resolve_auto_profile
 from trace_tools.replay.executors import (
     RayStats,
-    WorkerPool,
     auto_workers,
     check_executor,
     default_workers,
     ray_results,
     run_sessions,
-    started_workers,
 )
+from trace_tools.replay.local_pool import WorkerPool, started_workers
 from trace_tools.replay.preflight import check_dump, check_options, check_run_dir
 from trace_tools.replay.session import ReplayOptions
 from trace_tools.strategies.registry import available_strategies
