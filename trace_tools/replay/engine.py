@@ -199,7 +199,7 @@ def _replay(
         slots = (slot for slot in stream.slots() if not tracker.resumed(slot.position, slot.session_id))
         results = ray_results(slots, stream.context(), options, workers, address, result.ray)
     else:
-        results = _local_results(stream, options, (workers, pool), tracker, owns_process, resolved)
+        results = _local_results(stream, options, workers, pool, tracker, owns_process, resolved)
     try:
         for position, rows in results:
             tracker.add(position, rows)
@@ -226,14 +226,15 @@ def _replay(
 def _local_results(
     stream: Any,
     options: ReplayOptions,
-    workers: tuple[int, WorkerPool | None],
+    workers: int,
+    pool: WorkerPool | None,
     tracker: "_Shards",
     owns_process: bool,
     resolved: dict[tuple, Any],
 ) -> Iterator[tuple[int, Any]]:
     """(position, rows) of every session not resumed, in stream order: this process reads the
-    sessions (pass 2) and `run_sessions` replays them (`workers`: how many, and their pool); a
-    session quarantined while loading goes straight to the shards."""
+    sessions (pass 2) and `run_sessions` replays them (on `pool`, the run's workers, when
+    `workers` > 1); a session quarantined while loading goes straight to the shards."""
     in_flight: deque[int] = deque()
 
     def to_replay() -> Iterator[Session]:
@@ -247,8 +248,7 @@ def _local_results(
             else:
                 tracker.add(position, rundir.SessionRows.quarantined(item))
 
-    count, pool = workers
-    for rows in run_sessions(to_replay(), options, count, owns_process, resolved, pool):
+    for rows in run_sessions(to_replay(), options, workers, owns_process, resolved, pool):
         yield in_flight.popleft(), rows
 
 
