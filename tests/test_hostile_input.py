@@ -318,6 +318,40 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start)
         assert _group_gone(process.pid), "a worker outlived the interrupted replay"
 
 
+def test_ctrl_c_between_the_forks_and_the_pools_manager_thread_stops_the_whole_pool():
+    """The window the process-group test above hits only now and then: the workers are forked and
+    the pool's manager thread is about to start. The Ctrl-C waits until the pool is whole, then
+    stops it: one KeyboardInterrupt for the CLI to turn into its line, no other error."""
+    script = textwrap.dedent(
+        """
+        import signal
+        from concurrent.futures import process
+        from trace_tools.replay import local_pool
+
+        start = process._ExecutorManagerThread.start
+        def interrupted_start(thread):  # the workers are forked; the manager thread is not running
+            signal.raise_signal(signal.SIGINT)
+            start(thread)
+        process._ExecutorManagerThread.start = interrupted_start
+        made = []
+        class Remembered(local_pool._QuietFork):
+            def __init__(self):
+                super().__init__()
+                made.append(self)
+        local_pool._QuietFork = Remembered
+        try:
+            local_pool.WorkerPool(2)
+        except KeyboardInterrupt:
+            workers = [worker.held_popen for worker in made[0].started]
+            print("interrupted", len(workers), [worker.poll() is None for worker in workers])
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "2", "[False,", "False]"], result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
 def _group_gone(group: int, wait_s: float = 10.0) -> bool:
     """No process of the process group is left (zombies aside) within `wait_s`."""
     deadline = time.monotonic() + wait_s

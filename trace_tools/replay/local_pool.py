@@ -106,8 +106,11 @@ class WorkerPool:
         self.closed = False
         if isinstance(self.context, _QuietFork):
             try:
-                self.executor.submit(_started)  # a fork context starts every worker at the first task
-            except BaseException:  # a Ctrl-C held back while they forked strikes here
+                # A fork context starts every worker, then its manager thread, at the first task.
+                # Ctrl-C is held until all of them run, so that `stop` finds a whole pool to end.
+                with _interrupts_held():
+                    self.executor.submit(_started)
+            except BaseException:  # the Ctrl-C held back strikes here
                 self.stop()
                 raise
 
@@ -337,5 +340,5 @@ def _stop(pool: Any, context: "_QuietSpawn | _QuietFork") -> None:
     # still at it when the interpreter exits, concurrent.futures' exit hook writes to that pipe
     # without a lock and prints an EBADF traceback; so let it finish first (quick: the workers
     # are terminated).
-    if manager is not None:
+    if manager is not None and manager.ident is not None:  # started
         manager.join(timeout=MANAGER_EXIT_TIMEOUT_S)
