@@ -32,17 +32,36 @@ def test_two_spawned_workers_give_the_same_run_directory(simulated_dump, tmp_pat
 
 
 def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
-    """A fresh process (one thread) forks its workers, before it opens the dump."""
+    """A fresh process (one thread) forks its workers, before it opens the dump, and leaves no
+    process behind it (a forked pool starts no resource tracker, which would outlive it)."""
     code = (
         "import sys; from pathlib import Path; from trace_tools.api import replay; "
         "from trace_tools.replay import local_pool; made = local_pool.WorkerPool.__init__; "
         "local_pool.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
         f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["_QuietFork"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert _in_group(process.pid) == []
+    assert stdout.split() == ["_QuietFork"]
     assert run_contents(tmp_path / "run") == single_process_run
+
+
+def _in_group(group: int) -> list[str]:
+    """The processes of a process group, zombies included: `pid (name) state`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text.rpartition(")")[2].split()
+        if int(fields[2]) == group:
+            found.append(text.rpartition(")")[0] + ") " + fields[0])
+    return found
 
 
 def _pool_started(env: dict[str, str], thread: bool = False) -> subprocess.CompletedProcess:

@@ -222,10 +222,6 @@ def _interrupts_held() -> Iterator[None]:
     half-way through sending a worker its arguments. Blocking the signal is not enough for the
     latter: another thread of this process takes it, and Python raises KeyboardInterrupt in the
     main thread all the same; so a handler records it meanwhile."""
-
-    # Spawning starts multiprocessing's resource tracker on first use, and that start unblocks
-    # SIGINT on its way out, which the worker would inherit. Start it first.
-    resource_tracker.ensure_running()
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets Ctrl-C
         yield
         return
@@ -250,6 +246,10 @@ class _QuietProcess(multiprocessing.context.SpawnProcess):
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        # Spawning starts multiprocessing's resource tracker on first use, and that start unblocks
+        # SIGINT on its way out, which the worker would inherit: start it first. (A forked pool
+        # needs no tracker: its locks are unlinked at once, never registered.)
+        resource_tracker.ensure_running()
         with _interrupts_held(), _main_hidden() if process_obj.hide_main else nullcontext():
             # Kept before the block ends: a Ctrl-C held back strikes right then, before
             # multiprocessing records the child, and `_stop` must still find it.
