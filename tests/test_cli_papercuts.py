@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from trace_tools.cli.main import app
 from trace_tools.io.bundled import sample_dir, shown_dump
 from trace_tools.replay import executors
-from trace_tools.replay.executors import SHARED_TURN_WORK, SMALL_REPLAY_WORK, auto_workers, default_workers
+from trace_tools.replay.executors import SMALL_REPLAY, auto_workers, default_workers
 from trace_tools.strategies.registry import available_strategies
 
 REPO = Path(__file__).parents[1]
@@ -72,22 +72,27 @@ def test_short_labels_are_accepted_where_they_are_printed(sample_run, tmp_path):
     assert compared.exit_code == 0 and "A = checkpoint-tree, B = linear+restore" in compared.output
 
 
-def test_small_replays_run_in_one_process(simulated_dump, monkeypatch):
-    """The default worker count weighs the turns by the strategies replayed (executors.SMALL_REPLAY_WORK)."""
+@pytest.mark.parametrize("forks", [True, False])
+def test_small_replays_run_in_one_process(simulated_dump, monkeypatch, forks):
+    """The default worker count weighs the turns by the strategies replayed, against the threshold
+    of the way workers start (executors.SMALL_REPLAY): forked ones pay sooner."""
     monkeypatch.delenv("TRACE_TOOLS_WORKERS", raising=False)
+    monkeypatch.setattr(executors, "can_fork", lambda: forks)
     import pyarrow.parquet as pq
 
     turns = pq.read_metadata(simulated_dump).num_rows
     every = len(available_strategies())
-    assert turns * (SHARED_TURN_WORK + every) < SMALL_REPLAY_WORK
+    shared, small = SMALL_REPLAY["fork" if forks else "spawn"]
+    assert turns * (shared + every) < small
     assert auto_workers(Path(simulated_dump), every) == 1
-    assert auto_workers(sample_dir(), every) == 1  # the bundled sample, every strategy: one process
-    work = turns * (SHARED_TURN_WORK + 1)  # one strategy: less work than two
-    monkeypatch.setattr(executors, "SMALL_REPLAY_WORK", work + 1)
+    # the bundled sample (330 turns), every strategy: two forked workers pay, two spawned ones do not
+    assert auto_workers(sample_dir(), every) == (default_workers() if forks else 1)
+    work = turns * (shared + 1)  # one strategy: less work than two
+    monkeypatch.setitem(SMALL_REPLAY, "fork" if forks else "spawn", (shared, work + 1))
     assert auto_workers(Path(simulated_dump), 1) == 1
     assert auto_workers(Path(simulated_dump), 2) == default_workers()  # more strategies, more work
     monkeypatch.setenv("TRACE_TOOLS_WORKERS", "3")
-    monkeypatch.setattr(executors, "SMALL_REPLAY_WORK", 10**9)
+    monkeypatch.setitem(SMALL_REPLAY, "fork" if forks else "spawn", (shared, 10**9))
     assert auto_workers(Path(simulated_dump), every) == 3  # the user's choice wins
 
 

@@ -73,7 +73,8 @@ def replay_cmd(
         Optional[int],
         typer.Option(
             help="Processes replaying sessions (default: the machine's cores, 1 for a small replay: under about "
-            "1,200 turns for one strategy, 450 for all; 1 = in this process); with "
+            "700 turns for one strategy, 150 for all, or 1,200 and 450 where workers are spawned; 1 = in this "
+            "process); with "
             "--executor ray, the CPUs of the local Ray it starts (with --address, the cluster's CPUs count)."
         ),
     ] = None,

@@ -34,7 +34,7 @@ from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
 from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
-from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER, WorkerPool
+from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER, WorkerPool, can_fork
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 EXECUTORS = ("local", "ray")
@@ -66,20 +66,21 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# A local dump whose replay is smaller than SMALL_REPLAY_WORK replays in this process by default:
-# starting the worker pool (a process per core, each importing the libraries and building its
-# tokenizer) costs seconds that a small replay never wins back. A replay's work is counted in
-# turn-strategies, a turn's shared reading and reconstruction counting as SHARED_TURN_WORK
-# strategies. Both are fitted to where two workers start to pay on a 2-core machine: about 1,200
-# turns for one strategy, 450 for all twelve (docs/scale.md#streaming-sessions-every-core-ray).
-SHARED_TURN_WORK = 6
-SMALL_REPLAY_WORK = 8_500
+# A local dump whose replay is small replays in this process by default: starting the worker pool
+# costs time that a small replay never wins back. A replay's work is counted in turn-strategies,
+# a turn's shared reading and reconstruction counting as some strategies; a replay is small under
+# a threshold of that work. Both are fitted, for each way of starting workers, to where two
+# workers start to pay on a 2-core machine (docs/scale.md#streaming-sessions-every-core-ray):
+# forked workers start in milliseconds and pay from about 700 turns of one strategy and 150 of
+# all twelve; spawned ones import the libraries again (seconds), from about 1,200 and 450.
+SMALL_REPLAY = {"fork": (2, 2_200), "spawn": (6, 8_500)}  # start method → (shared turn work, small work)
 
 
 def auto_workers(dump: Any, strategies: int) -> int:
     """`default_workers()`, except 1 for a local dump whose replay of `strategies` strategies is
-    small: `turns × (SHARED_TURN_WORK + strategies) < SMALL_REPLAY_WORK` (turns: rows, read from
-    the Parquet footers), when `$TRACE_TOOLS_WORKERS` does not say otherwise."""
+    small: `turns × (shared + strategies) < small` (turns: rows, read from the Parquet footers;
+    `SMALL_REPLAY` of the start method `local_pool.can_fork` picks), when `$TRACE_TOOLS_WORKERS`
+    does not say otherwise."""
     if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit() or not isinstance(dump, Path):
         return default_workers()
     import pyarrow.parquet as pq
@@ -89,7 +90,8 @@ def auto_workers(dump: Any, strategies: int) -> int:
         rows = sum(pq.read_metadata(file).num_rows for file in files)
     except (OSError, ValueError):  # not Parquet: the loader says so with its own message
         return default_workers()
-    return 1 if rows * (SHARED_TURN_WORK + strategies) < SMALL_REPLAY_WORK else default_workers()
+    shared, small = SMALL_REPLAY["fork" if can_fork() else "spawn"]
+    return 1 if rows * (shared + strategies) < small else default_workers()
 
 
 def check_executor(executor: str, workers: int) -> None:
