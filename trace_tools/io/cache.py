@@ -48,7 +48,7 @@ KINDS = {
 }
 ENV_VAR = "TRACE_TOOLS_CACHE"
 # Set once the unusable cache was reported: worker processes inherit it (a forked one from the
-# first task it is sent, `replay.executors`) and stay quiet.
+# first task it is sent, `replay.local_pool`) and stay quiet.
 WARNED_VAR = "TRACE_TOOLS_CACHE_WARNED"
 # `CacheKey.path`'s names (`NAME-DIGEST` plus a suffix), and the writers' dot-prefixed temporaries of them.
 _ARTEFACT = re.compile(r"\.?[\w.+-]+-[0-9a-f]{16}(?:[.-].*)?")

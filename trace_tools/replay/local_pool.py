@@ -294,17 +294,18 @@ class _QuietSpawn(multiprocessing.context.SpawnContext):
 
 
 class _QuietForkProcess(multiprocessing.context.ForkProcess):
-    """A forked worker that never sees Ctrl-C (`_interrupts_held`). It ends as every forked child
-    of multiprocessing does, with `os._exit` after its work: the exit handlers it inherited are
-    this process's, and none of them may run there."""
+    """A forked worker that never sees Ctrl-C: a fork pool starts all its workers at its first task,
+    which `WorkerPool` submits with Ctrl-C held (`_interrupts_held`), so each inherits a blocked
+    SIGINT. It ends as every forked child of multiprocessing does, with `os._exit` after its work:
+    the exit handlers it inherited are this process's, and none of them may run there."""
 
     held_popen: Any = None
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:  # noqa: N802 - multiprocessing's name
-        with _interrupts_held():
-            process_obj.held_popen = multiprocessing.context.ForkProcess._Popen(process_obj)
-            return process_obj.held_popen
+        # Kept as soon as it exists, for `_stop`: the held Ctrl-C strikes before the pool records it.
+        process_obj.held_popen = multiprocessing.context.ForkProcess._Popen(process_obj)
+        return process_obj.held_popen
 
 
 class _QuietFork(multiprocessing.context.ForkContext):
