@@ -35,3 +35,16 @@ def one_turn_dump(path: Path, sessions: int) -> Path:
             columns = [pa.array(rows.get(f.name, [None] * len(ids)), f.type) for f in schema]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema))
     return path
+
+
+def process_group(group: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process of a process group, zombies (state `Z`) included."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == group:
+            members.append((int(stat.parent.name), fields[0]))
+    return members

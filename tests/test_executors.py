@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from io_support import run_contents
+from run_support import process_group
 from trace_tools.api import replay
 from trace_tools.errors import UsageError
 from trace_tools.io import storage
@@ -45,23 +46,9 @@ def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path
     )
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
-    assert _in_group(process.pid) == []
+    assert process_group(process.pid) == []
     assert stdout.split() == ["_QuietFork"]
     assert run_contents(tmp_path / "run") == single_process_run
-
-
-def _in_group(group: int) -> list[str]:
-    """The processes of a process group, zombies included: `pid (name) state`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = text.rpartition(")")[2].split()
-        if int(fields[2]) == group:
-            found.append(text.rpartition(")")[0] + ") " + fields[0])
-    return found
 
 
 def _pool_started(env: dict[str, str], thread: bool = False) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from run_support import process_group
 from trace_tools.api import replay
 from trace_tools.cli.main import app
 
@@ -356,15 +357,7 @@ def _group_gone(group: int, wait_s: float = 10.0) -> bool:
     """No process of the process group is left (zombies aside) within `wait_s`."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        alive = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == group and fields[0] != "Z":
-                alive.append(stat.parent.name)
-        if not alive:
+        if all(state == "Z" for _, state in process_group(group)):
             return True
         time.sleep(0.2)
     return False
