@@ -124,7 +124,7 @@ QUARANTINE_COLUMNS = {"session_id": pa.string(), "turn_index": pa.int32(), "reas
 class SessionRows:
     """What replaying one session produced, in run-directory rows; `samples` is an Arrow table
     (compact, cheap to ship from a worker process). `pack()` turns every table into an Arrow IPC
-    stream (`tables`, `samples_ipc`), so a result crosses from a Ray worker to the driver as a few
+    stream (`tables`, `samples_ipc`), so a result crosses from a worker to the driver as a few
     buffers: no per-row or per-column decoding in Python there, and the samples' stream is
     appended to the shard as it is."""
 

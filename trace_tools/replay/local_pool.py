@@ -41,14 +41,16 @@ def _init_worker() -> None:
 
 def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
     """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle), turned
-    into the data model's `list[int]` once, here, then replayed. The worker's replayer is built
-    on its first session, from `setup` as the run settled it: a forked worker starts before the
-    run has resolved its render specs or made its template path absolute."""
+    into the data model's `list[int]` once, here, then replayed; its rows go back packed
+    (`SessionRows.pack`), the samples as the compressed IPC stream the shard stores as it is,
+    about a hundredth of the table's size. The worker's replayer is built on its first session,
+    from `setup` as the run settled it: a forked worker starts before the run has resolved its
+    render specs or made its template path absolute."""
     global _WORKER
     if _WORKER is None:
         os.environ.update(setup.environment)
         _WORKER = SessionReplayer(setup.options, pause_gc=True, resolved=setup.resolved)
-    return _WORKER(materialize_ids(session))
+    return _WORKER(materialize_ids(session)).pack()
 
 
 @dataclass(frozen=True)
