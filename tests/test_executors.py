@@ -227,6 +227,40 @@ def test_a_pool_stopped_early_leaves_no_thread_behind(simulated_dump):
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
 
+def test_one_process_packs_each_sessions_samples_on_a_thread_while_the_next_replays(simulated_dump, monkeypatch):
+    """With one process, a session's samples stream (the compressed IPC its shard stores) is made
+    on a thread of its own while the next session replays; its rows come one session later, in
+    order, holding the stream and the table, as a plain replay would make them."""
+    from trace_tools.io.rundir import SessionRows
+    from trace_tools.pipeline import Pipeline
+    from trace_tools.replay.executors import run_sessions
+    from trace_tools.replay.session import ReplayOptions, SessionReplayer
+
+    options = ReplayOptions(strategies=["tree"])
+    sessions = [s for s in Pipeline(simulated_dump) if hasattr(s, "turns")][:4]
+    plain = [SessionReplayer(options)(session).samples_stream() for session in sessions]
+    made_on, sent = [], []
+    stream = SessionRows.samples_stream
+    monkeypatch.setattr(
+        SessionRows, "samples_stream", lambda rows: (made_on.append(threading.current_thread().name), stream(rows))[1]
+    )
+
+    def sending():
+        for session in sessions:
+            sent.append(session.session_id)
+            yield session
+
+    results = run_sessions(sending(), options, workers=1)
+    first = next(results)
+    assert len(sent) == 2  # the second session replayed before the first's rows came
+    rows = [first, *results]
+    assert [r.sessions[0]["session_id"] for r in rows] == [s.session_id for s in sessions]
+    assert all(r.samples is not None for r in rows)
+    assert [r.samples_ipc.to_pybytes() for r in rows] == [p.to_pybytes() for p in plain]
+    assert set(made_on) == {"trace-tools-samples-pack_0"}
+    assert not any(t.name.startswith("trace-tools-samples-pack") for t in threading.enumerate())
+
+
 def _exiting_worker(log: str, code: int) -> None:
     """A worker body: an exit handler and an object freed only by the interpreter's teardown."""
     import atexit
