@@ -156,3 +156,48 @@ def test_a_process_with_matplotlib_loaded_draws_its_own_plots(sample_run):
 
     with PlotHelper() as helper:
         assert helper._process is None
+
+
+def _drawn(paths: list[str]) -> dict[str, bytes]:
+    return {path.rsplit("/", 1)[1]: open(path, "rb").read() for path in paths}
+
+
+def test_forked_drawers_write_what_one_process_writes(sample_run, tmp_path, monkeypatch):
+    """The plot helper draws the second and third figures in processes forked from it, at once; a
+    figure with nothing to show is written by none."""
+    import os
+
+    from trace_tools.report import plots
+
+    tables = plots.plot_tables(sample_run.run_dir)
+    forks = []
+    fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: (forks.append(1), fork())[1])
+    assert _drawn(plots.write_plots(tmp_path / "forked", tables, forked=True)) == _drawn(
+        plots.write_plots(tmp_path / "here", tables)
+    )
+    assert len(forks) == 2
+    quiet = {**tables, "drift": tables["drift"].iloc[0:0]}
+    assert [p.rsplit("/", 1)[1] for p in plots.write_plots(tmp_path / "quiet", quiet, forked=True)] == [
+        "coverage_by_tool.png",
+        "samples_per_session.png",
+    ]
+
+
+def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample_run, tmp_path, monkeypatch):
+    import os
+
+    from trace_tools.report import plots
+
+    tables = plots.plot_tables(sample_run.run_dir)
+    here, save = os.getpid(), plots._save
+
+    def fails_in_a_child(figure, path):
+        if os.getpid() != here:
+            raise OSError("disk full")
+        save(figure, path)
+
+    monkeypatch.setattr(plots, "_save", fails_in_a_child)
+    written = plots.write_plots(tmp_path / "forked", tables, forked=True)
+    monkeypatch.setattr(plots, "_save", save)
+    assert _drawn(written) == _drawn(plots.write_plots(tmp_path / "here", tables))

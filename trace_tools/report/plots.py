@@ -12,7 +12,7 @@ import subprocess
 import sys
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -22,20 +22,64 @@ from trace_tools.strategies.declarations import NAMES, in_column_order
 MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
 
 
-def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
+def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame], forked: bool = False) -> list[str]:
+    """The run's figures as PNGs in `plot_dir`; the paths written. `forked`: all but the first
+    drawn at once in processes forked from this one (the plot helper's way, `_serve`), each drawn
+    here instead should its process fail."""
     plot_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, draw in (
+    figures = (
         ("coverage_by_tool", coverage_figure),
         ("samples_per_session", samples_figure),
         ("drift_start", drift_figure),
-    ):
-        figure = draw(tables)
-        if figure is not None:
-            path = plot_dir / f"{name}.png"
-            _save(figure, path)
+    )
+    children = (
+        {name: _draw_forked(plot_dir / f"{name}.png", draw, tables) for name, draw in figures[1:]} if forked else {}
+    )
+    written = []
+    for name, draw in figures:
+        path = plot_dir / f"{name}.png"
+        drawn = _drawn_by(children[name]) if name in children else None
+        if drawn is None:
+            drawn = _draw(path, draw, tables)
+        if drawn:
             written.append(str(path))
     return written
+
+
+def _draw(path: Path, draw: Callable[[dict[str, pd.DataFrame]], Any], tables: dict[str, pd.DataFrame]) -> bool:
+    """Whether `draw` had a figure to save (as `path`)."""
+    figure = draw(tables)
+    if figure is not None:
+        _save(figure, path)
+    return figure is not None
+
+
+_NO_FIGURE = 3  # a forked drawer's exit code when its figure has nothing to show
+
+
+def _draw_forked(
+    path: Path, draw: Callable[[dict[str, pd.DataFrame]], Any], tables: dict[str, pd.DataFrame]
+) -> int | None:
+    """A process forked to draw one figure (its pid), or None where it could not be forked."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if _draw(path, draw, tables) else _NO_FIGURE
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _drawn_by(pid: int | None) -> bool | None:
+    """Whether a forked drawer saved its figure; None when it failed (or never ran)."""
+    if pid is None:
+        return None
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return True if code == 0 else False if code == _NO_FIGURE else None
 
 
 DRIFT_COLUMNS = ["cause", "token_drift", "divergence", "served_len"]
@@ -75,8 +119,9 @@ class PlotHelper:
 
     Plots are the slowest step of the serial end of a run. The helper imports matplotlib while
     the sessions replay, then draws while this process writes the summary and builds
-    report.html. Where it cannot start or fails, `result` draws the plots here instead, so a run
-    never loses them. Use it as a context manager: leaving it stops an unused helper.
+    report.html, the second and third figures in processes it forks (`write_plots(forked=True)`).
+    Where it cannot start or fails, `result` draws the plots here instead, so a run never loses
+    them. Use it as a context manager: leaving it stops an unused helper.
 
     A process that has matplotlib loaded already (a notebook, a second replay) draws the plots
     itself: there is no import left to hide, and a fresh helper would have to import it again.
@@ -154,7 +199,7 @@ def _serve() -> None:
     run_dir = sys.stdin.readline().strip()
     if not run_dir:  # the replay ended without reaching its plots
         return
-    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir))), flush=True)
+    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir), forked=True)), flush=True)
     # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
     # and pandas took 0.17 s of a 4 s replay; the plots are written and reported, nothing is left.
     os._exit(0)
