@@ -201,3 +201,56 @@ def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample
     written = plots.write_plots(tmp_path / "forked", tables, forked=True)
     monkeypatch.setattr(plots, "_save", save)
     assert _drawn(written) == _drawn(plots.write_plots(tmp_path / "here", tables))
+
+
+def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, monkeypatch):
+    """A Ctrl-C in the helper while its forked drawers draw: they are ended and reaped before it
+    goes, none left a zombie for init to collect."""
+    import os
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    from trace_tools.report import plots
+
+    tables = plots.plot_tables(sample_run.run_dir)
+    here, fork, drawers = os.getpid(), os.fork, []
+
+    def forking():
+        pid = fork()
+        if pid:
+            drawers.append(pid)
+        return pid
+
+    def interrupted(figure, path):
+        if os.getpid() != here:
+            time.sleep(60)  # a drawer still drawing
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fork", forking)
+    monkeypatch.setattr(plots, "_save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        plots.write_plots(tmp_path, tables, forked=True)
+    assert len(drawers) == 2
+    assert [pid for pid in drawers if Path(f"/proc/{pid}").exists()] == []
+
+
+def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_path):
+    import time
+    from pathlib import Path
+
+    def drawers(helper_pid: int) -> list[int]:
+        return [
+            int(pid) for task in Path(f"/proc/{helper_pid}/task").glob("*/children") for pid in task.read_text().split()
+        ]
+
+    run = _copy_without_plots(sample_run.run_dir, tmp_path)
+    with _fresh_helper() as helper:
+        helper.start(run)
+        seen, deadline = [], time.monotonic() + 60
+        while not seen and helper._process.poll() is None and time.monotonic() < deadline:
+            seen = drawers(helper._process.pid)
+            time.sleep(0.001)
+    assert seen
+    assert [pid for pid in seen if Path(f"/proc/{pid}").exists()] == []

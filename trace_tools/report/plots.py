@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from io import BytesIO
@@ -36,14 +37,29 @@ def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame], forked: bool = 
         {name: _draw_forked(plot_dir / f"{name}.png", draw, tables) for name, draw in figures[1:]} if forked else {}
     )
     written = []
-    for name, draw in figures:
-        path = plot_dir / f"{name}.png"
-        drawn = _drawn_by(children[name]) if name in children else None
-        if drawn is None:
-            drawn = _draw(path, draw, tables)
-        if drawn:
-            written.append(str(path))
+    try:
+        for name, draw in figures:
+            path = plot_dir / f"{name}.png"
+            drawn = _drawn_by(children[name]) if name in children else None
+            children.pop(name, None)
+            if drawn is None:
+                drawn = _draw(path, draw, tables)
+            if drawn:
+                written.append(str(path))
+    finally:  # a Ctrl-C: end the drawers and reap them, so none is left a zombie for init to collect
+        for pid in children.values():
+            _end(pid)
     return written
+
+
+def _end(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _draw(path: Path, draw: Callable[[dict[str, pd.DataFrame]], Any], tables: dict[str, pd.DataFrame]) -> bool:
@@ -178,13 +194,23 @@ class PlotHelper:
         return write_plots(self._run_dir / "plots", plot_tables(self._run_dir))
 
     def _stop(self) -> None:
+        """End a helper still running. One that is drawing is interrupted, as Ctrl-C does, and
+        given a moment to end the drawers it forked and reap them (`write_plots`) before it is
+        killed: killed first, it would leave them to init."""
         if self._process is not None and self._process.poll() is None:
+            if self._run_dir is not None:
+                self._process.send_signal(signal.SIGINT)
+                try:
+                    self._process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
             self._process.kill()
             self._process.wait()
         self._process = None
 
 
 HELPER_TIMEOUT_S = 300
+STOP_GRACE_S = 2.0  # how long an interrupted helper may take to end its drawers
 
 
 def _serve() -> None:
