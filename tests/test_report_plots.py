@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from trace_tools.report.plots import coverage_figure, drift_figure, samples_figure
 from trace_tools.report.rerender import read_run
@@ -165,8 +170,6 @@ def _drawn(paths: list[str]) -> dict[str, bytes]:
 def test_forked_drawers_write_what_one_process_writes(sample_run, tmp_path, monkeypatch):
     """The plot helper draws the second and third figures in processes forked from it, at once; a
     figure with nothing to show is written by none."""
-    import os
-
     from trace_tools.report import plots
 
     tables = plots.plot_tables(sample_run.run_dir)
@@ -185,8 +188,6 @@ def test_forked_drawers_write_what_one_process_writes(sample_run, tmp_path, monk
 
 
 def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample_run, tmp_path, monkeypatch):
-    import os
-
     from trace_tools.report import plots
 
     tables = plots.plot_tables(sample_run.run_dir)
@@ -206,12 +207,6 @@ def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample
 def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, monkeypatch):
     """A Ctrl-C in the helper while its forked drawers draw: they are ended and reaped before it
     goes, none left a zombie for init to collect."""
-    import os
-    import time
-    from pathlib import Path
-
-    import pytest
-
     from trace_tools.report import plots
 
     tables = plots.plot_tables(sample_run.run_dir)
@@ -237,9 +232,6 @@ def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, mo
 
 
 def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_path):
-    import time
-    from pathlib import Path
-
     def drawers(helper_pid: int) -> list[int]:
         return [
             int(pid) for task in Path(f"/proc/{helper_pid}/task").glob("*/children") for pid in task.read_text().split()

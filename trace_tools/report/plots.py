@@ -40,8 +40,8 @@ def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame], forked: bool = 
     try:
         for name, draw in figures:
             path = plot_dir / f"{name}.png"
-            drawn = _drawn_by(children[name]) if name in children else None
-            children.pop(name, None)
+            drawn = _drawn_by(children.get(name))
+            children.pop(name, None)  # reaped: only after the wait, which a Ctrl-C may cut short
             if drawn is None:
                 drawn = _draw(path, draw, tables)
             if drawn:
