@@ -131,7 +131,7 @@ def project(task: str, dump: Path, out: Path) -> dict:
     if task == "reconstruct":
         from trace_tools.reconstruct import reconstruct
 
-        result = reconstruct(dump)
+        result = reconstruct(dump, owns_process=True)  # as the command line runs it
         return {"turns": result.summary["turns"], "exact": result.summary["exact"]}
     from trace_tools.api import replay
 

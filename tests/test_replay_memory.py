@@ -4,6 +4,7 @@ while a session replays (each of its passes walks every live token-id list)."""
 from __future__ import annotations
 
 import gc
+import importlib
 
 import pytest
 
@@ -107,10 +108,93 @@ def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, 
         )
     finally:
         REGISTRY.pop("test-collector-probe")
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     assert _CollectorProbe.seen and set(_CollectorProbe.seen) == {not owns_process}
     assert len(started) == (1 if owns_process else 0)
     assert (tmp_path / "run" / "plots").is_dir()
+
+
+@pytest.mark.parametrize("owns_process", [False, True])
+def test_a_process_the_run_owns_keeps_the_collector_off_between_sessions_too(
+    simulated_dump, tmp_path, monkeypatch, owns_process
+):
+    """Reading the next session and writing the last one's rows allocate as much as replaying it:
+    an owned process runs the whole replay with the collector off and what lived before frozen,
+    and ends it with both as they were."""
+    from trace_tools.api import replay
+    from trace_tools.replay import engine
+
+    states = []
+    monkeypatch.setattr(engine, "session_done", lambda: states.append((gc.isenabled(), gc.get_freeze_count() > 0)))
+    replay(simulated_dump, out=tmp_path / "run", strategies=["tree"], workers=1, owns_process=owns_process)
+    assert states and set(states) == {(not owns_process, owns_process)}
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("owns_process", [False, True])
+def test_reconstruct_renders_with_the_collector_off_only_when_it_owns_the_process(
+    simulated_dump, monkeypatch, owns_process
+):
+    module = importlib.import_module("trace_tools.reconstruct")  # the package exports the function
+    states = []
+    monkeypatch.setattr(module, "session_done", lambda: states.append(gc.isenabled()))
+    result = module.reconstruct(simulated_dump, owns_process=owns_process)
+    assert states and set(states) == {not owns_process}
+    assert result.summary["turns"] > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_with_the_collector_off_cycles_are_collected_every_few_sessions(monkeypatch):
+    """What cycles hold (an exception's traceback can hold a session's data) is freed every
+    COLLECT_EVERY sessions, not kept to the end of the run."""
+    import weakref
+
+    from trace_tools import collector
+
+    class Node:
+        pass
+
+    monkeypatch.setattr(collector, "COLLECT_EVERY", 3)
+    monkeypatch.setattr(collector, "_sessions", 0)
+    with collector.collector_off(True):
+        node = Node()
+        node.itself = node
+        alive = weakref.ref(node)
+        del node
+        collector.session_done()
+        collector.session_done()
+        assert alive() is not None  # reference counting alone cannot free a cycle
+        collector.session_done()
+        assert alive() is None
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_caller_that_keeps_the_collector_off_finds_it_off_after_an_owned_run():
+    from trace_tools import collector
+
+    gc.disable()
+    try:
+        with collector.collector_off(True):
+            assert not gc.isenabled()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_local_workers_run_with_the_collector_off():
+    """A worker process is the run's from its start, however it was started."""
+    from trace_tools.replay.local_pool import WorkerPool
+
+    pool = WorkerPool(2)
+    try:
+        states = {pool.executor.submit(_collector_state).result() for _ in range(4)}
+    finally:
+        pool.stop()
+    assert states == {(False, True)}
+
+
+def _collector_state() -> tuple[bool, bool]:
+    return gc.isenabled(), gc.get_freeze_count() > 0
 
 
 def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simulated_dump):

@@ -82,9 +82,9 @@ def replay(
     (`s3://…`, `gs://…`; `io.storage`). `render_path="reference"` renders and tokenizes with
     transformers end to end; `"verify"` runs the fast path and compares every result with the
     reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).
-    `owns_process=True` (the command line) lets the replay act on the whole process: pause the
-    garbage collector while each session replays here and draw plots in a helper process started
-    at once; by default (a notebook, a service) it does neither.
+    `owns_process=True` (the command line) lets the replay act on the whole process: run with the
+    cyclic garbage collector off (`trace_tools.collector`) and draw plots in a helper process
+    started at once; by default (a notebook, a service) it does neither.
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions

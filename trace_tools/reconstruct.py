@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
+from trace_tools.collector import collector_off, session_done
 from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
 from trace_tools.ids import common_prefix_len
@@ -85,6 +86,7 @@ def reconstruct(
     progress: Callable[[int, int], None] | None = None,
     tool_format: str | None = None,
     render_path: str = "fast",
+    owns_process: bool = False,
 ) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
@@ -94,15 +96,18 @@ def reconstruct(
     the dump's metadata, `tool_format` the detected tool-call format; `renderer` (any RendererLike)
     skips resolution altogether. `render_path`: fast | reference | verify
     (`render.spec.RENDER_PATHS`); with verify, `summary["verify"]` counts what was checked and
-    what differed.
+    what differed. `owns_process`: the caller owns this process (the command line), so the
+    sessions may render with Python's cyclic collector off (`trace_tools.collector`).
     """
     sessions, quarantined, total, pool = _sessions(dump, tokenizer, chat_template, renderer, tool_format, render_path)
     rows: list[dict[str, Any]] = []
     identities: dict[str, Any] = {}
-    for done, session in enumerate(sessions, start=1):
-        rows += _session_rows(session, pool, canonicalization, identities)
-        if progress:
-            progress(done, total)
+    with collector_off(owns_process):
+        for done, session in enumerate(sessions, start=1):
+            rows += _session_rows(session, pool, canonicalization, identities)
+            session_done()
+            if progress:
+                progress(done, total)
     turns = pd.DataFrame(rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
     summary = {**summarize(turns), "quarantined_sessions": len(quarantined)}
     if render_path == "verify":

@@ -49,6 +49,7 @@ def reconstruct_cmd(
             tool_format=tool_format,
             progress=advance,
             render_path=path,
+            owns_process=True,
         )
     if out is not None:
         result.save(out)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from trace_tools.collector import collector_off, session_done
 from trace_tools.data import Session
 from trace_tools.errors import UnusableInput
 from trace_tools.io import rundir, sample_parts, shards, storage
@@ -174,8 +175,9 @@ def run(
             )
             where = (workers, executor, address, owns_process, observe_samples, pool)
             resolved = pipeline.renderers.resolved  # the render specs preflight resolved, reused by every replayer
-            _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
-            return finish(result)
+            with collector_off(owns_process):
+                _replay(stream, result, verdict.reusable, current["stamp"], where, progress, mirror, resolved)
+                return finish(result)
 
 
 def _replay(
@@ -203,6 +205,7 @@ def _replay(
     try:
         for position, rows in results:
             tracker.add(position, rows)
+            session_done()
             if mirror is not None:
                 mirror.check()  # a failed upload stops the run now, not at its end
         tracker.finish()

@@ -111,8 +111,9 @@ def run_sessions(
     pool: "WorkerPool | None" = None,
 ) -> Iterator[SessionRows]:
     """Replay `sessions` on this machine (`workers` processes; 1 = this one) and yield their rows
-    in the same order. Worker processes pause their garbage collector during each session; this
-    process does only when the caller owns it (`owns_process`: the command line). `resolved`: the
+    in the same order. Worker processes run with the cyclic collector off (`trace_tools.collector`);
+    this process pauses it during each session only when the caller owns it (`owns_process`: the
+    command line, whose run keeps it off throughout, `replay.engine`). `resolved`: the
     render specs the run already resolved (`RendererPool.resolved`), handed to every replayer.
     `pool`: the run's workers, started earlier (`started_workers`); else they start here."""
     check_executor("local", workers)

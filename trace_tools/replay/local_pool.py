@@ -21,6 +21,7 @@ from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any, Iterable, Iterator, NoReturn
 
+from trace_tools.collector import off_for_good, session_done
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.io.cache import WARNED_VAR
@@ -37,6 +38,7 @@ _WORKER: SessionReplayer | None = None
 
 def _init_worker() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    off_for_good()  # the process is the run's (`trace_tools.collector`)
 
 
 def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
@@ -50,7 +52,9 @@ def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
     if _WORKER is None:
         os.environ.update(setup.environment)
         _WORKER = SessionReplayer(setup.options, pause_gc=True, resolved=setup.resolved)
-    return _WORKER(materialize_ids(session)).pack()
+    rows = _WORKER(materialize_ids(session)).pack()
+    session_done()
+    return rows
 
 
 @dataclass(frozen=True)
