@@ -18,6 +18,7 @@ LAYERS = [
     "memo",
     "options",
     "arrow_pool",
+    "collector",
     "data",
     "families",
     "io",
