@@ -206,6 +206,25 @@ def test_cache_hits_return_independent_copies():
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
+def test_encoding_a_growing_text_reuses_its_last_ids_and_equals_the_tokenizer(name):
+    """AReaL's ChatML text grows by a turn each call: only what follows the last added token the
+    two texts share is encoded again, and the ids are the tokenizer's whole-text ids, also where a
+    text shares no boundary with the last (a BPE merge across the cut would otherwise differ)."""
+    from trace_tools.strategies.areal import chatml
+
+    renderer = Renderer(load_tokenizer(name), _renderer(name).chat_template)
+    texts = [chatml(CONVERSATION[:end]) for end in range(1, len(CONVERSATION) + 1)]
+    texts += ["no boundary at all\n\n", "no boundary at all\n\nextended", texts[2], texts[-1] + "\n\n\n"]
+    for text in texts:
+        reused = renderer.cache_info().get("tokens_reused", 0)
+        assert renderer.encode_growing(text) == _reference_tokenizer(name).encode(text, add_special_tokens=False)
+        if text.startswith(texts[0]) and text is not texts[0]:
+            assert renderer.cache_info()["tokens_reused"] > reused
+    renderer.reset_caches()  # a new session starts from nothing
+    assert renderer.encode_growing(texts[1]) == renderer.encode(texts[1])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
 def test_render_delta_appends_tool_results(name):
     renderer = _renderer(name)
     prev, new = CONVERSATION[:5], CONVERSATION[5:7]

@@ -132,6 +132,7 @@ class IncrementalRenderer:
         self._links: dict[tuple[bytes, int], tuple[Any, bytes]] = {}
         self._contexts: IdentityMemo[bytes] = IdentityMemo()
         self._last: _Text | None = None
+        self._last_encoded: _Text | None = None  # `encode_text`'s previous text
 
     # -- public --------------------------------------------------------------------------------
     def text(self, messages: Sequence[dict], tools: Sequence[dict] | None, generation: bool, kwargs: dict) -> str:
@@ -142,9 +143,16 @@ class IncrementalRenderer:
         return self._ids_of(self._render(list(messages), tools, generation, kwargs))
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids of an arbitrary text, reusing the ids of the cached text it shares most with."""
-        entry = _Text(text, self._last, common_prefix_len(self._last.text, text) if self._last else 0)
-        return self._ids_of(entry)
+        """Ids of a text that usually extends the one encoded here before (a strategy's own prompt
+        text, a turn longer each call): the ids of what the two share, up to its last hard
+        boundary, are reused and only the rest is encoded. The list is kept: callers must not
+        modify it."""
+        last = self._last_encoded
+        entry = _Text(text, last, common_prefix_len(last.text, text) if last else 0)
+        ids = self._ids_of(entry)
+        entry.base = None  # the next call's base, not a chain holding every earlier text
+        self._last_encoded = entry
+        return ids
 
     # -- rendering -----------------------------------------------------------------------------
     def _render(self, messages: list[dict], tools, generation: bool, kwargs: dict) -> _Text:

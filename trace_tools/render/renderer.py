@@ -206,6 +206,13 @@ class Renderer:
         again, so encodings are memoised in a small per-renderer LRU)."""
         return list(self._on_path("encode", self._encode_memoised, self.tokenizer.encode_reference, (text,)))
 
+    def encode_growing(self, text: str) -> list[int]:
+        """`encode` of a text that usually extends the previous one passed here (AReaL's ChatML
+        text of a whole conversation, a turn longer each call): the ids of the part the two share,
+        up to its last hard boundary, are reused (`IncrementalRenderer.encode_text`). The list is
+        shared: callers must not modify it."""
+        return self._on_path("encode", self.engine.encode_text, self.tokenizer.encode_reference, (text,))
+
     def _encode_memoised(self, text: str) -> list[int]:
         ids = self._encoded.get(text)
         if ids is None:

@@ -134,7 +134,9 @@ class ArealStrategy(Strategy):
         if concat:
             call.parent = find_parent(cache, call.messages)
             remaining = call.messages[len(call.parent.messages) + 1 :] if call.parent else call.messages
-            text_ids = prepared.renderer.encode(chatml(remaining))
+            # Without a parent the text is the whole conversation's: the last call's and a turn.
+            encode = getattr(prepared.renderer, "encode_growing", prepared.renderer.encode)
+            text_ids = encode(chatml(remaining))
             base = [*call.parent.prompt_ids, *call.parent.output_ids] if call.parent else []
             call.prompt_ids = [*base, *text_ids]
         else:
