@@ -1,5 +1,6 @@
-"""Replay frees what it builds through reference counting, so the cyclic collector can stay paused
-while a session replays (each of its passes walks every live token-id list)."""
+"""Replay frees what it builds through reference counting, so the cyclic collector can stay off
+while a session replays, and in a process the run owns for the whole run (each of its passes
+walks every live token-id list)."""
 
 from __future__ import annotations
 
@@ -169,16 +170,24 @@ def test_with_the_collector_off_cycles_are_collected_every_few_sessions(monkeypa
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
-def test_a_caller_that_keeps_the_collector_off_finds_it_off_after_an_owned_run():
+def test_a_caller_that_keeps_the_collector_off_finds_it_off_and_never_collected_for(monkeypatch):
+    """The process's owner switched it off: neither the run nor its session count changes that."""
     from trace_tools import collector
 
+    monkeypatch.setattr(collector, "COLLECT_EVERY", 1)
+    collected = []
+    gc.callbacks.append(lambda phase, info: collected.append(phase))
     gc.disable()
     try:
         with collector.collector_off(True):
+            collector.session_done()
             assert not gc.isenabled()
+        collector.session_done()
         assert not gc.isenabled() and gc.get_freeze_count() == 0
     finally:
+        gc.callbacks.pop()
         gc.enable()
+    assert collected == []
 
 
 def test_local_workers_run_with_the_collector_off():

@@ -21,12 +21,14 @@ from typing import Iterator
 
 COLLECT_EVERY = 64  # sessions between full collections while the collector is off
 _sessions = 0  # sessions this process has counted (`session_done`)
+_off_here = False  # switched off here (not by the process's owner, whose choice is left alone)
 
 
 @contextmanager
 def collector_off(owned: bool) -> Iterator[None]:
     """The collector off, what lives now frozen, until the block ends (for an `owned` process
     whose collector is on; otherwise nothing changes)."""
+    global _off_here
     if not (owned and gc.isenabled()):
         yield
         return
@@ -34,19 +36,22 @@ def collector_off(owned: bool) -> Iterator[None]:
     try:
         yield
     finally:
+        _off_here = False
         gc.unfreeze()
         gc.enable()
 
 
 def off_for_good() -> None:
     """Freeze what lives now and switch the collector off: a worker process, from its start."""
+    global _off_here
+    _off_here = True
     gc.freeze()
     gc.disable()
 
 
 def session_done() -> None:
-    """Count a session; every `COLLECT_EVERY`-th collects in full while the collector is off."""
+    """Count a session; every `COLLECT_EVERY`-th collects in full while the collector is off here."""
     global _sessions
     _sessions += 1
-    if _sessions % COLLECT_EVERY == 0 and not gc.isenabled():
+    if _off_here and _sessions % COLLECT_EVERY == 0:
         gc.collect()
