@@ -134,7 +134,8 @@ class ArealStrategy(Strategy):
         if concat:
             call.parent = find_parent(cache, call.messages)
             remaining = call.messages[len(call.parent.messages) + 1 :] if call.parent else call.messages
-            # Without a parent the text is the whole conversation's: the last call's and a turn.
+            # Without a parent the text is the whole conversation's, the last call's and a turn, so
+            # most of its ids are the last call's; a parent's short remainder encodes whole as before.
             encode = getattr(prepared.renderer, "encode_growing", prepared.renderer.encode)
             text_ids = encode(chatml(remaining))
             base = [*call.parent.prompt_ids, *call.parent.output_ids] if call.parent else []
