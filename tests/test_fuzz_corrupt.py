@@ -224,12 +224,12 @@ def fuzz(tmp_path_factory):
     clean_path = directory / "clean.parquet"
     simulate(sessions=10, seed=SEED, template="qwen3", behaviours=BEHAVIOURS, max_turns=3, out=str(clean_path))
     clean = pq.read_table(clean_path)
-    original, plots.write_plots = plots.write_plots, lambda plot_dir, tables: []  # plots are not under test here
+    original, plots.FIGURES = plots.FIGURES, ()  # plots are not under test here
     try:
         baseline = _replayed(replay(clean_path, out=directory / "clean-run", strategies=STRATEGIES))
         yield clean, baseline, _variants(clean, directory), directory
     finally:
-        plots.write_plots = original
+        plots.FIGURES = original
 
 
 def _replayed(result) -> dict[str, pd.DataFrame]:

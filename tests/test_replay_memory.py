@@ -83,20 +83,20 @@ def test_the_collector_is_paused_only_while_a_session_replays(simulated_dump):
 
 @pytest.mark.parametrize("owns_process", [False, True])
 def test_an_api_replay_acts_on_the_process_only_when_it_owns_it(simulated_dump, tmp_path, monkeypatch, owns_process):
-    """The API in a notebook keeps the collector running and starts no plot helper; the command
-    line (`owns_process=True`) pauses the collector during sessions and draws in a helper."""
+    """The API in a notebook keeps the collector running and starts no report helper; the command
+    line (`owns_process=True`) pauses the collector during sessions and writes the report in a helper."""
     import subprocess
     import sys
     from types import SimpleNamespace
 
     from trace_tools.api import replay
-    from trace_tools.report import plots
+    from trace_tools.report import finish
 
     started = []
     real_popen = subprocess.Popen
-    monkeypatch.setattr(plots.subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
+    monkeypatch.setattr(finish.subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
     # as in a fresh process, where matplotlib is not loaded yet
-    monkeypatch.setattr(plots, "sys", SimpleNamespace(modules={}, executable=sys.executable))
+    monkeypatch.setattr(finish, "sys", SimpleNamespace(modules={}, executable=sys.executable))
     register(_CollectorProbe)
     _CollectorProbe.seen = []
     try:

@@ -98,71 +98,6 @@ def test_drift_plot_agrees_with_the_drift_cause_table(sample_run):
     assert sum(patch.get_height() for patch in ax.patches) == sum(placed.values())
 
 
-def _fresh_helper():
-    """A PlotHelper as a process without matplotlib gets one (this test process has it loaded)."""
-    from trace_tools.report.plots import PlotHelper
-
-    loaded = sys.modules.pop("matplotlib.figure", None)
-    try:
-        return PlotHelper()
-    finally:
-        if loaded is not None:
-            sys.modules["matplotlib.figure"] = loaded
-
-
-def _copy_without_plots(run_dir, tmp_path):
-    import shutil
-
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("plots", "shards"))
-    return copy
-
-
-def test_the_plot_helper_draws_what_this_process_draws(sample_run, tmp_path):
-    from trace_tools.report.plots import plot_tables, write_plots
-
-    run = _copy_without_plots(sample_run.run_dir, tmp_path)
-    tables = plot_tables(run)
-    with _fresh_helper() as helper:
-        assert helper._process is not None  # a real helper process, not the fallback
-        helper.start(run)
-        drawn = helper.result()
-    here = write_plots(tmp_path / "here", tables)
-    assert [p.rsplit("/", 1)[1] for p in drawn] == [p.rsplit("/", 1)[1] for p in here]
-    for helper_png, own_png in zip(drawn, here):
-        assert open(helper_png, "rb").read() == open(own_png, "rb").read()
-
-
-def test_plots_are_drawn_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch):
-    for executable in (str(tmp_path / "no-such-python"), "/bin/false"):
-        run = _copy_without_plots(sample_run.run_dir, tmp_path / executable.rsplit("/", 1)[1])
-        monkeypatch.setattr(sys, "executable", executable)
-        with _fresh_helper() as helper:
-            helper.start(run)
-            drawn = helper.result()
-        assert sorted(p.rsplit("/", 1)[1] for p in drawn) == [
-            "coverage_by_tool.png",
-            "drift_start.png",
-            "samples_per_session.png",
-        ]
-        assert all((run / "plots" / name).is_file() for name in ("coverage_by_tool.png", "drift_start.png"))
-
-
-def test_an_unused_plot_helper_is_stopped():
-    with _fresh_helper() as helper:
-        process = helper._process
-    assert process is not None and process.poll() is not None
-
-
-def test_a_process_with_matplotlib_loaded_draws_its_own_plots(sample_run):
-    import matplotlib.figure  # noqa: F401 - what a notebook or an earlier replay has loaded
-
-    from trace_tools.report.plots import PlotHelper
-
-    with PlotHelper() as helper:
-        assert helper._process is None
-
-
 def _drawn(paths: list[str]) -> dict[str, bytes]:
     return {path.rsplit("/", 1)[1]: open(path, "rb").read() for path in paths}
 
@@ -229,20 +164,3 @@ def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, mo
         plots.write_plots(tmp_path, tables, forked=True)
     assert len(drawers) == 2
     assert [pid for pid in drawers if Path(f"/proc/{pid}").exists()] == []
-
-
-def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_path):
-    def drawers(helper_pid: int) -> list[int]:
-        return [
-            int(pid) for task in Path(f"/proc/{helper_pid}/task").glob("*/children") for pid in task.read_text().split()
-        ]
-
-    run = _copy_without_plots(sample_run.run_dir, tmp_path)
-    with _fresh_helper() as helper:
-        helper.start(run)
-        seen, deadline = [], time.monotonic() + 60
-        while not seen and helper._process.poll() is None and time.monotonic() < deadline:
-            seen = drawers(helper._process.pid)
-            time.sleep(0.001)
-    assert seen
-    assert [pid for pid in seen if Path(f"/proc/{pid}").exists()] == []

@@ -19,11 +19,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from trace_tools.errors import UsageError
+
+if TYPE_CHECKING:  # a replay from the command line never imports pandas (`report.finish`)
+    import pandas as pd
 
 # The engine, the report writers and the HTML report are imported inside the functions that use
 # them: at module top they cost `import trace_tools.api` (and `tt.open_run`) 1.6x the CPU time
@@ -89,6 +90,11 @@ def replay(
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
 
+    if owns_process:
+        from trace_tools.arrow_pool import arrow_without_pandas
+
+        arrow_without_pandas()  # nothing in this process uses pandas (`report.finish`)
+
     options = ReplayOptions(
         list(strategies or []),
         prompt_source,
@@ -101,11 +107,11 @@ def replay(
         render_path,
     )
     from trace_tools.io import storage
-    from trace_tools.report.html.sessions import GatheredBars
-    from trace_tools.report.plots import PlotHelper
+    from trace_tools.report.finish import ReportHelper
+    from trace_tools.report.sample_bars import GatheredBars
 
     bars = GatheredBars()  # the report's sample bars, gathered as the samples are written
-    with PlotHelper(helper=owns_process) as plots, _staged(out) as (local_out, mirror):
+    with ReportHelper(helper=owns_process) as helper, _staged(out) as (local_out, mirror):
         engine, result = run(
             dump,
             options,
@@ -116,7 +122,7 @@ def replay(
             progress=progress,
             overwrite=overwrite,
             mirror=mirror,
-            finish=lambda engine: (engine, _finish(engine, plots, bars)),
+            finish=lambda engine: (engine, _finish(engine, helper, bars)),
             owns_process=owns_process,
             observe_samples=bars.add,
         )
@@ -142,27 +148,19 @@ def _staged(out: str | Path | None) -> Iterator[tuple[str | Path | None, Any]]:
         yield mirror.local, mirror
 
 
-def _finish(engine: Any, plots: Any, bars: Any) -> RunResult:
-    """run.json, report.html, report.md and plots (drawn by `plots`, a `PlotHelper`) from the
-    merged tables, and summary.json last: it marks the run directory finished. `bars`: the sample
-    bars gathered while the samples were written (`GatheredBars`), used if they cover the run."""
+def _finish(engine: Any, helper: Any, bars: Any) -> RunResult:
+    """run.json, then report.html, report.md and plots (written by `helper`, a `ReportHelper`) from
+    the merged tables, and summary.json last: it marks the run directory finished. `bars`: the
+    sample bars gathered while the samples were written (`GatheredBars`), used if they cover the run."""
     from trace_tools.io.write import write_json_atomic
-    from trace_tools.report.html import write_html_report
-    from trace_tools.report.metrics import reconstruction_summary, summarize_run
-    from trace_tools.report.render import write_report
+    from trace_tools.report.finish import ReportJob, RunFacts, reconstruction_summary
 
     run_dir = engine.run_dir
-    plots.start(run_dir)
-    # One bounded pass over the merged tables each (report.metrics.summarize_run, and the plot
-    # helper's plot_tables): the end of a run holds sums and the sessions' ids, never the turns.
-    summary = summarize_run(run_dir, engine, engine.options.strategies)
     reconstruction = reconstruction_summary(engine.render_stats)
-    summary["reconstruction"] = reconstruction
     write_json_atomic(_run_info(engine, reconstruction), run_dir / "run.json")
-    drawn: list[str] = []
     gathered = bars if engine.samples_observed else None
-    write_html_report(run_dir, plots_drawn=lambda: drawn.extend(plots.result()), summary=summary, gathered=gathered)
-    write_report(run_dir, summary, {}, drawn)
+    job = ReportJob(run_dir, RunFacts.of(engine), engine.options.strategies, reconstruction, gathered)
+    summary = helper.report(job)
     write_json_atomic(summary, run_dir / "summary.json")
     return RunResult(
         run_dir,
@@ -242,6 +240,8 @@ class Run:
 
     def strategy_table(self) -> pd.DataFrame:
         """One row per strategy: samples, forks, coverage and token totals."""
+        import pandas as pd
+
         rows = [_strategy_row(name, s) for name, s in self.summary["strategies"].items()]
         return pd.DataFrame(rows).set_index("strategy")
 
@@ -252,6 +252,8 @@ class Run:
 
     def by_step(self) -> pd.DataFrame:
         """`strategy_table` per step: one row per (step, strategy), in step order."""
+        import pandas as pd
+
         rows = [
             {"step": item["step"], **_strategy_row(name, s)}
             for item in self._steps()
@@ -263,6 +265,8 @@ class Run:
         """One curve per strategy: a summary metric's dotted path (`coverage`, `forks.mean`,
         `coverage_by_tool.Edit`, `counters.<name>`) per step (rows) and strategy (columns); NaN
         where a step does not measure it (a tool no turn of that step calls)."""
+        import pandas as pd
+
         from trace_tools.report.gate import lookup
 
         rows = {item["step"]: {name: lookup(item, metric, name) for name in self.strategies} for item in self._steps()}

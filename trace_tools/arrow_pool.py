@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"  # Arrow's own: read once, at a process's first allocation
 
@@ -27,3 +28,44 @@ def prefer_jemalloc() -> str | None:
     pa.set_memory_pool(pa.jemalloc_memory_pool())
     os.environ[POOL_VARIABLE] = "jemalloc"
     return "jemalloc"
+
+
+def arrow_without_pandas() -> bool:
+    """Keep pyarrow from importing pandas in a process that never uses pandas: the command line's
+    replay and its workers (`report.finish` writes the report in a helper process). True when
+    pyarrow now holds pandas for missing.
+
+    pyarrow looks for pandas on its first conversion of Python objects (`pa.array([...])`, every
+    table built from rows), and imports it if installed: 0.2 s of CPU time in every such process
+    (docs/performance.md#no-pandas-in-the-replaying-process). Here that first look happens while
+    importing pandas fails, so pyarrow records it missing and never looks again on that path.
+    pandas itself stays importable, and pyarrow finds it again as soon as anything asks it for
+    pandas (`to_pandas`); `pandas_interop()` does so at once."""
+    if "pandas" in sys.modules or os.environ.get("TT_AB_PANDAS"):
+        return False
+    import pyarrow as pa
+
+    blocker = _NoPandas()
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(blocker)
+    return True
+
+
+def pandas_interop() -> None:
+    """pyarrow's conversions of pandas objects as pyarrow makes them with pandas found, in a process
+    `arrow_without_pandas` ran in (a no-op elsewhere): the first `to_pandas` looks for it again."""
+    import pyarrow as pa
+
+    pa.table({"_": [0]}).to_pandas()
+
+
+class _NoPandas:
+    """An import finder that fails `import pandas` (only while pyarrow takes its first look)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not imported in this process", name=name)
+        return None

@@ -232,15 +232,22 @@ def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -
     run may be a path or a URI (only that table is read)."""
     import pandas as pd
 
+    table = read_arrow(run_dir, name, columns)
+    return pd.DataFrame() if table is None else table.to_pandas()
+
+
+def read_arrow(run_dir: Location, name: str, columns: list[str] | None = None) -> pa.Table | None:
+    """`read_table` as an Arrow table, None when absent: for a caller that needs no pandas (the
+    command line's replay process, `report.helper`)."""
     table = storage.join(run_dir, f"{name}.parquet")
     if not storage.is_file(table):
-        return pd.DataFrame()
+        return None
     try:
         with storage.open_input(table) as handle:
             parquet = pq.ParquetFile(handle)
             if columns is not None:
                 columns = [c for c in columns if c in parquet.schema_arrow.names]
-            return parquet.read(columns=columns).to_pandas()
+            return parquet.read(columns=columns)
     except (pa.ArrowException, OSError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         run = storage.location(run_dir)

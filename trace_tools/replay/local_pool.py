@@ -21,6 +21,7 @@ from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any, Iterable, Iterator, NoReturn
 
+from trace_tools.arrow_pool import arrow_without_pandas
 from trace_tools.collector import off_for_good, session_done
 from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UsageError
@@ -39,6 +40,7 @@ _WORKER: SessionReplayer | None = None
 def _init_worker() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     off_for_good()  # the process is the run's (`trace_tools.collector`)
+    arrow_without_pandas()  # and uses no pandas
 
 
 def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:

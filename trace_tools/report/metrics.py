@@ -8,7 +8,6 @@ from typing import Any
 
 import pandas as pd
 
-from trace_tools.render.renderer import verify_summary
 from trace_tools.report.aggregate import RunAggregate, aggregate_run, failures_of, token_savings
 
 __all__ = ["drift_causes", "step_summaries", "summarize", "summarize_run", "token_savings", "upstream_failures"]
@@ -53,37 +52,3 @@ def upstream_failures(turns: pd.DataFrame, name: str) -> dict[str, Any]:
     """Requests the reproduced upstream system answers with an error (turns `failed` or `rejected`),
     by reason, and `headline`: one line naming the most common reason when they are most requests."""
     return failures_of(turns).upstream(name)
-
-
-def upstream_lines(summary: dict[str, Any]) -> list[str]:
-    """The one-line notes every view prints: lenient renders, and strategies failing most requests."""
-    lines = []
-    for s in summary.get("strategies", {}).values():
-        if "lenient_render" in s:
-            lines.append(s["lenient_render"]["label"])
-        headline = (s.get("upstream_failures") or {}).get("headline")
-        if headline:
-            lines.append(headline)
-    return lines
-
-
-def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
-    """How the run's prompts were rendered: incrementally, or in full and why (`render.incremental`).
-
-    `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
-    the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
-    template re-renders earlier turns, `appended_role` for a new user or system message)."""
-
-    reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
-    return {
-        "incremental_renders": int(stats.get("incremental", 0)),
-        "full_renders": int(stats.get("full", 0)),
-        "full_renders_by_reason": reasons,
-        "cache_hits": int(stats.get("cache_hits", 0)),
-        "tokens_encoded": int(stats.get("tokens_encoded", 0)),
-        "tokens_reused": int(stats.get("tokens_reused", 0)),
-        "templates_not_incremental": int(stats.get("template_not_incremental", 0)),
-        # only on the other render paths, so a default run's summary is what it was
-        **({"reference_renders": int(stats["reference_renders"])} if stats.get("reference_renders") else {}),
-        **({"verify": verify_summary(stats)} if stats.get("verify:checked") else {}),
-    }

@@ -6,14 +6,10 @@ leaves the notebook's inline plots working. Each strategy keeps one colour in ev
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-from io import BytesIO
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -25,31 +21,46 @@ MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins coun
 
 def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame], forked: bool = False) -> list[str]:
     """The run's figures as PNGs in `plot_dir`; the paths written. `forked`: all but the first
-    drawn at once in processes forked from this one (the plot helper's way, `_serve`), each drawn
-    here instead should its process fail."""
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    figures = (
-        ("coverage_by_tool", coverage_figure),
-        ("samples_per_session", samples_figure),
-        ("drift_start", drift_figure),
-    )
-    children = (
-        {name: _draw_forked(plot_dir / f"{name}.png", draw, tables) for name, draw in figures[1:]} if forked else {}
-    )
-    written = []
-    try:
-        for name, draw in figures:
-            path = plot_dir / f"{name}.png"
-            drawn = _drawn_by(children.get(name))
-            children.pop(name, None)  # reaped: only after the wait, which a Ctrl-C may cut short
-            if drawn is None:
-                drawn = _draw(path, draw, tables)
-            if drawn:
-                written.append(str(path))
-    finally:  # a Ctrl-C: end the drawers and reap them, so none is left a zombie for init to collect
-        for pid in children.values():
+    drawn at once in processes forked from this one, each drawn here instead should its process
+    fail."""
+    return PendingPlots(plot_dir, tables, fork=[name for name, _ in FIGURES[1:]] if forked else ()).result()
+
+
+class PendingPlots:
+    """The run's figures being drawn: those named in `fork` at once, in processes forked from this
+    one; the others, and any whose drawer failed, here when `result` is asked for. The report
+    helper (`report.finish`) forks every figure and builds the report while they are drawn."""
+
+    def __init__(self, plot_dir: Path, tables: dict[str, pd.DataFrame], fork: Iterable[str] = ()) -> None:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        self._dir, self._tables = plot_dir, tables
+        forked = set(fork)
+        self._children = {
+            name: _draw_forked(plot_dir / f"{name}.png", draw, tables) for name, draw in FIGURES if name in forked
+        }
+
+    def result(self) -> list[str]:
+        """The paths written, in the figures' order, once every figure is drawn."""
+        written = []
+        try:
+            for name, draw in FIGURES:
+                path = self._dir / f"{name}.png"
+                drawn = _drawn_by(self._children.get(name))
+                self._children.pop(name, None)  # reaped: only after the wait, which a Ctrl-C may cut short
+                if drawn is None:
+                    drawn = _draw(path, draw, self._tables)
+                if drawn:
+                    written.append(str(path))
+        finally:
+            self.close()
+        return written
+
+    def close(self) -> None:
+        """End the drawers not reaped yet (a Ctrl-C, an error before `result`), so none is left a
+        zombie for init to collect."""
+        for pid in self._children.values():
             _end(pid)
-    return written
+        self._children = {}
 
 
 def _end(pid: int | None) -> None:
@@ -128,107 +139,6 @@ def plot_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
 def _summed(parts: list[Any]) -> Any:
     """Per-batch sums (one row per group each) added up."""
     return pd.concat(parts).groupby(level=[0, 1]).sum()
-
-
-class PlotHelper:
-    """A run's plots, drawn by a helper process started when the replay starts.
-
-    Plots are the slowest step of the serial end of a run. The helper imports matplotlib while
-    the sessions replay, then draws while this process writes the summary and builds
-    report.html, the second and third figures in processes it forks (`write_plots(forked=True)`).
-    Where it cannot start or fails, `result` draws the plots here instead, so a run never loses
-    them. Use it as a context manager: leaving it stops an unused helper.
-
-    A process that has matplotlib loaded already (a notebook, a second replay) draws the plots
-    itself: there is no import left to hide, and a fresh helper would have to import it again.
-    So does one that asks for no helper (`helper=False`: the API, unless its caller owns the
-    process, as the command line does).
-    """
-
-    def __init__(self, helper: bool = True) -> None:
-        self._run_dir: Path | None = None
-        self._process: subprocess.Popen | None = None
-        if not helper or "matplotlib.figure" in sys.modules:
-            return
-        try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-        except OSError:
-            self._process = None
-
-    def __enter__(self) -> "PlotHelper":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop()
-
-    def start(self, run_dir: Path) -> None:
-        """Have the helper draw RUN/plots from RUN's merged tables."""
-        self._run_dir = run_dir
-        if self._process is None or self._process.stdin is None:
-            return
-        try:
-            self._process.stdin.write(f"{run_dir}\n")
-            self._process.stdin.flush()
-        except OSError:
-            self._stop()
-
-    def result(self) -> list[str]:
-        """The plot files written: the helper's, or drawn here when it failed (only then are the
-        run's tables read in this process)."""
-        if self._run_dir is None:
-            raise RuntimeError("PlotHelper.start(run_dir) comes before its result")
-        if self._process is not None:
-            try:
-                out, _ = self._process.communicate(timeout=HELPER_TIMEOUT_S)
-                if self._process.returncode == 0:
-                    return json.loads(out)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-            self._stop()
-        return write_plots(self._run_dir / "plots", plot_tables(self._run_dir))
-
-    def _stop(self) -> None:
-        """End a helper still running. One that is drawing is interrupted, as Ctrl-C does, and
-        given a moment to end the drawers it forked and reap them (`write_plots`) before it is
-        killed: killed first, it would leave them to init."""
-        if self._process is not None and self._process.poll() is None:
-            if self._run_dir is not None:
-                self._process.send_signal(signal.SIGINT)
-                try:
-                    self._process.wait(timeout=STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            self._process.kill()
-            self._process.wait()
-        self._process = None
-
-
-HELPER_TIMEOUT_S = 300
-STOP_GRACE_S = 2.0  # how long an interrupted helper may take to end its drawers
-
-
-def _serve() -> None:
-    """The helper: import what drawing needs now, then draw the run named on stdin."""
-
-    from matplotlib.figure import Figure
-
-    warm_up = Figure()  # fonts and the Agg renderer load on a first drawing: do it ahead too
-    warm_up.text(0.5, 0.5, "warm-up")
-    warm_up.savefig(BytesIO())
-
-    run_dir = sys.stdin.readline().strip()
-    if not run_dir:  # the replay ended without reaching its plots
-        return
-    print(json.dumps(write_plots(Path(run_dir) / "plots", plot_tables(run_dir), forked=True)), flush=True)
-    # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
-    # and pandas took 0.17 s of a 4 s replay; the plots are written and reported, nothing is left.
-    os._exit(0)
 
 
 def coverage_figure(tables: dict[str, pd.DataFrame]) -> Any:
@@ -335,6 +245,13 @@ def _grouped_bars(ax: Any, table: pd.DataFrame, width: float = 0.85) -> None:
     ax.set_ylim(0, (top or 1.0) * 1.05)
 
 
+FIGURES = (
+    ("coverage_by_tool", coverage_figure),
+    ("samples_per_session", samples_figure),
+    ("drift_start", drift_figure),
+)
+
+
 def _figure(width: float, height: float) -> tuple[Any, Any]:
     from matplotlib.figure import Figure
 
@@ -367,7 +284,3 @@ def _save(figure: Any, path: Path) -> None:
     # the time a figure took to save, and the end of a run waits for the plots).
     figure.savefig(tmp, dpi=100, bbox_inches="tight")
     tmp.replace(path)
-
-
-if __name__ == "__main__":
-    _serve()

@@ -10,10 +10,9 @@ import pandas as pd
 from trace_tools.io.write import write_text_atomic
 from trace_tools.report.escape import markdown_cell
 from trace_tools.report.layout import ABSENT, signed_pct
-from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.plots import write_plots
 from trace_tools.report.samples_audit import audit_markdown
-from trace_tools.report.verdict import verdict_lines
+from trace_tools.report.verdict import upstream_lines, verdict_lines
 from trace_tools.strategies.declarations import BY_NAME, counter_applies
 
 COUNTERFACTUAL_NOTE = (

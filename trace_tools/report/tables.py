@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,10 @@ from rich.text import Text
 
 from trace_tools.io import storage
 from trace_tools.io.bundled import shown_dump
-from trace_tools.io.rundir import load_run_info, read_table
+from trace_tools.io.rundir import load_run_info, read_arrow
 from trace_tools.report.escape import visible
 from trace_tools.report.layout import ABSENT, Column, count, fit, label, legend, signed_pct
-from trace_tools.report.metrics import upstream_lines
-from trace_tools.report.verdict import verdict_lines
+from trace_tools.report.verdict import upstream_lines, verdict_lines
 from trace_tools.strategies.declarations import counter_applies
 
 HEADLINE_NOTE = (
@@ -198,7 +198,7 @@ def next_steps(run_dir: Path | str) -> list[str]:
     lines = ["next:", f"  open {storage.join(run, 'report.html')} in a browser"]
     dump = load_run_info(run).get("inputs", {}).get("dump")
     columns = ["session_id", "turn_index", "cause", "token_drift"]
-    worst = _most_drifted(read_table(run, "drift", columns=columns)) if dump else None
+    worst = _most_drifted(read_arrow(run, "drift", columns=columns)) if dump else None
     if worst is not None:
         session, turn, cause = worst
         lines += [
@@ -225,17 +225,18 @@ def _shown(location: Path | str) -> str:
 
 def _most_drifted(drift: Any) -> tuple[str, int, str] | None:
     """The session with the most turns whose ids drifted (first by id on a tie), its first such turn
-    and the cause; turns whose drift no token shows (a tool-call id) only where no other drifted."""
-    if not len(drift) or "cause" not in drift:
+    and the cause; turns whose drift no token shows (a tool-call id) only where no other drifted.
+    `drift`: the drift table as Arrow (or None), read without pandas (`report.helper`)."""
+    if drift is None or "cause" not in drift.column_names:
         return None
-    drifted = drift[drift["cause"].notna()]
-    if "token_drift" in drifted and drifted["token_drift"].any():
-        drifted = drifted[drifted["token_drift"].astype(bool)]
-    if not len(drifted):
+    drifted = [row for row in drift.to_pylist() if row["cause"] is not None]
+    if any(row.get("token_drift") for row in drifted):
+        drifted = [row for row in drifted if row.get("token_drift")]
+    if not drifted:
         return None
-    counts = drifted.groupby("session_id").size()
-    session = sorted(counts.index, key=lambda sid: (-counts[sid], sid))[0]
-    first = drifted[drifted["session_id"] == session].sort_values("turn_index").iloc[0]
+    counts = Counter(row["session_id"] for row in drifted)
+    session = min(counts, key=lambda sid: (-counts[sid], sid))
+    first = min((row for row in drifted if row["session_id"] == session), key=lambda row: row["turn_index"])
     return str(session), int(first["turn_index"]), str(first["cause"])
 
 

@@ -92,3 +92,15 @@ def _fix_line(summary: dict[str, Any], base: str, cause: str, base_lost: int) ->
         system = f" ({_system(name)})" if _system(name) else ""
         fixes.append(f"{name}{system} recovers {_pct((base_lost - lost) / base_lost)}")
     return f"  {cause}: {'; '.join(fixes)} of the tokens {base} loses to it."
+
+
+def upstream_lines(summary: dict[str, Any]) -> list[str]:
+    """The one-line notes every view prints: lenient renders, and strategies failing most requests."""
+    lines = []
+    for s in summary.get("strategies", {}).values():
+        if "lenient_render" in s:
+            lines.append(s["lenient_render"]["label"])
+        headline = (s.get("upstream_failures") or {}).get("headline")
+        if headline:
+            lines.append(headline)
+    return lines

@@ -22,9 +22,8 @@ from trace_tools.report.html import curves, overview
 from trace_tools.report.html.sessions import GatheredBars, build_sessions
 from trace_tools.report.html.token_strip import token_strips
 from trace_tools.report.layout import ABSENT, count, signed_pct
-from trace_tools.report.metrics import upstream_lines
 from trace_tools.report.render import COUNTERFACTUAL_NOTE, counterfactual_names
-from trace_tools.report.verdict import verdict_lines
+from trace_tools.report.verdict import upstream_lines, verdict_lines
 
 REPORT_NAME = "report.html"
 

@@ -1,0 +1,195 @@
+"""The end of a replay: summary, report.html, report.md and plots, from the run's merged tables.
+
+`write_run_report(job)` writes them in this process. The command line hands the job to a helper
+process instead (`ReportHelper`), started when the replay starts: it imports pandas, matplotlib
+and the report's modules on the other core while the sessions replay, then, once handed the job,
+draws the three figures in processes it forks while it builds the summary and the pages. The
+replaying process never imports pandas (about 0.2 s of a 3 s run, docs/performance.md), and its
+result is the same: the helper's summary comes back pickled, unchanged, and where the helper
+cannot start or fails the report is written here instead.
+
+Nothing at this module's top imports pandas or matplotlib.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_tools.render.renderer import verify_summary
+
+STOP_GRACE_S = 2.0  # how long an interrupted helper may take to end its drawers
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary takes from the replay besides its tables (`report.aggregate`)."""
+
+    session_count: int
+    rows: int
+    vocab_checked: bool
+    data_warnings: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, loaded: Any) -> "RunFacts":
+        warnings = getattr(loaded, "data_warnings", {}) or {}
+        return cls(int(loaded.session_count), int(loaded.rows), bool(loaded.vocab_checked), dict(warnings))
+
+
+@dataclass
+class ReportJob:
+    """Everything the end of a run needs, picklable: the helper is sent one."""
+
+    run_dir: Path
+    facts: RunFacts
+    strategies: list[str]
+    reconstruction: dict[str, Any]
+    gathered: Any = None  # the sample bars gathered while the samples were written (`report.sample_bars`)
+
+
+def write_run_report(job: ReportJob, fork_plots: bool = False) -> dict[str, Any]:
+    """report.html, report.md and the plots of `job.run_dir`; returns the summary (summary.json is
+    the caller's to write, last: it marks the run finished). `fork_plots`: draw every figure in a
+    process forked from this one while the summary and the pages are built (the helper's way)."""
+    from trace_tools.arrow_pool import pandas_interop
+    from trace_tools.report.html import write_html_report
+    from trace_tools.report.metrics import summarize_run
+    from trace_tools.report.plots import FIGURES, PendingPlots, plot_tables
+    from trace_tools.report.render import write_report
+
+    pandas_interop()  # here too where the replay kept pyarrow from pandas (a helper that failed)
+    run_dir = Path(job.run_dir)
+    # One bounded pass over the merged tables each (summarize_run, plot_tables): the end of a
+    # run holds sums and the sessions' ids, never the turns.
+    fork = [name for name, _ in FIGURES] if fork_plots else []
+    plots = PendingPlots(run_dir / "plots", plot_tables(run_dir), fork=fork)
+    try:
+        summary = summarize_run(run_dir, job.facts, job.strategies)
+        summary["reconstruction"] = job.reconstruction
+        drawn: list[str] = []
+        write_html_report(
+            run_dir, plots_drawn=lambda: drawn.extend(plots.result()), summary=summary, gathered=job.gathered
+        )
+        write_report(run_dir, summary, {}, drawn)
+    finally:
+        plots.close()
+    return summary
+
+
+def reconstruction_summary(stats: dict[str, int]) -> dict[str, Any]:
+    """How the run's prompts were rendered: incrementally, or in full and why (`render.incremental`).
+
+    `full_renders_by_reason["no_cached_prefix"]` counts the first render of each conversation;
+    the other reasons are fallbacks from the incremental path (e.g. `history_rewrite` where a
+    template re-renders earlier turns, `appended_role` for a new user or system message)."""
+
+    reasons = {key.split(":", 1)[1]: int(value) for key, value in sorted(stats.items()) if key.startswith("full:")}
+    return {
+        "incremental_renders": int(stats.get("incremental", 0)),
+        "full_renders": int(stats.get("full", 0)),
+        "full_renders_by_reason": reasons,
+        "cache_hits": int(stats.get("cache_hits", 0)),
+        "tokens_encoded": int(stats.get("tokens_encoded", 0)),
+        "tokens_reused": int(stats.get("tokens_reused", 0)),
+        "templates_not_incremental": int(stats.get("template_not_incremental", 0)),
+        # only on the other render paths, so a default run's summary is what it was
+        **({"reference_renders": int(stats["reference_renders"])} if stats.get("reference_renders") else {}),
+        **({"verify": verify_summary(stats)} if stats.get("verify:checked") else {}),
+    }
+
+
+class ReportHelper:
+    """The end of a run written by a helper process started when the replay starts (see the module's
+    docstring). `report(job)` returns the summary: the helper's, or, where it cannot start or
+    fails, written in this process. Use it as a context manager: leaving it stops an unused
+    helper.
+
+    A process that has matplotlib loaded already (a notebook, a second replay) writes the report
+    itself: there is no import left to hide, and a fresh helper would have to import it again.
+    So does one that asks for no helper (`helper=False`: the API, unless its caller owns the
+    process, as the command line does).
+    """
+
+    def __init__(self, helper: bool = True) -> None:
+        self._process: subprocess.Popen | None = None
+        self._handed = False
+        if not helper or "matplotlib.figure" in sys.modules:
+            return
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:
+            self._process = None
+
+    def __enter__(self) -> "ReportHelper":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def report(self, job: ReportJob) -> dict[str, Any]:
+        if self._process is not None:
+            self._handed = True
+            try:
+                out, _ = self._process.communicate(pickle.dumps(job))
+                if self._process.returncode == 0:
+                    return pickle.loads(out)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                pass
+            self._stop()
+        return write_run_report(job)
+
+    def _stop(self) -> None:
+        """End a helper still running. One handed its job is interrupted, as Ctrl-C does, and given
+        a moment to end the drawers it forked and reap them (`PendingPlots.close`) before it is
+        killed: killed first, it would leave them to init."""
+        if self._process is not None and self._process.poll() is None:
+            if self._handed:
+                self._process.send_signal(signal.SIGINT)
+                try:
+                    self._process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+
+def _serve() -> None:
+    """The helper: import what the end of a run needs now, then write the report of the job read
+    from stdin and answer with its summary."""
+    from io import BytesIO
+
+    from matplotlib.figure import Figure
+
+    import trace_tools.report.html  # noqa: F401 - pandas and the pages' builders
+    import trace_tools.report.metrics  # noqa: F401
+    import trace_tools.report.render  # noqa: F401
+
+    warm_up = Figure()  # fonts and the Agg renderer load on a first drawing: do it ahead too
+    warm_up.text(0.5, 0.5, "warm-up")
+    warm_up.savefig(BytesIO())
+
+    handed = sys.stdin.buffer.read()
+    if not handed:  # the replay ended without reaching its report
+        return
+    summary = write_run_report(pickle.loads(handed), fork_plots=True)
+    sys.stdout.buffer.write(pickle.dumps(summary))
+    sys.stdout.buffer.flush()
+    # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
+    # and pandas took 0.17 s of a 4 s replay; the report is written and its summary sent.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _serve()
