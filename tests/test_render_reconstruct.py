@@ -248,3 +248,55 @@ def test_end_to_end_from_parquet_and_cli(tmp_path):
     written = pq.read_table(out / "turns.parquet").to_pandas()
     assert written["exact"].tolist() == [True] * 7
     assert json.loads((out / "summary.json").read_text())["rate"] == 1.0
+
+
+def test_rows_give_the_summary_and_the_tables_as_pandas_did():
+    """The command line prints from the rows (`session_rows`) and builds no DataFrame; the API's
+    `turns` and `sessions` are built from the same rows when asked for."""
+    import math
+
+    from trace_tools.reconstruct import ReconstructResult, summarize
+
+    def row(session, turn, exact, error=None):
+        return {
+            "session_id": session,
+            "turn_index": turn,
+            "rendered_len": None if error else 10,
+            "recorded_len": None if exact is None else 10,
+            "exact": exact,
+            "first_divergence": 4 if exact is False else None,
+            "context": None,
+            "error": error,
+        }
+
+    rows = [row("b", 0, True), row("b", 1, False), row("a", 0, None), row("b", 2, None, "boom"), row("a", 1, None)]
+    summary = summarize(rows)
+    assert summary == {"turns_compared": 2, "exact": 1, "rate": 0.5, "turns": 5, "sessions": 2, "render_errors": 1}
+    result = ReconstructResult(rows, summary)
+    assert result.session_rows() == [
+        {"session_id": "b", "turns": 3, "turns_compared": 2, "exact": 1, "rate": 0.5},
+        {"session_id": "a", "turns": 2, "turns_compared": 0, "exact": 0, "rate": None},
+    ]
+    sessions = result.sessions
+    assert list(sessions["session_id"]) == ["b", "a"] and math.isnan(sessions["rate"].iloc[1])
+    assert str(sessions["turns"].dtype) == "int64"
+    turns = result.turns
+    assert str(turns["exact"].dtype) == "boolean" and str(turns["recorded_len"].dtype) == "Int64"
+    assert turns["exact"].isna().sum() == 3 and turns["recorded_len"].isna().sum() == 3
+
+
+def test_the_reconstruct_command_imports_no_pandas(tmp_path):
+    """Its table is printed from the rows; pyarrow is kept from importing pandas (`arrow_pool`)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, runpy, sys; "
+        "atexit.register(lambda: print('pandas imported:', 'pandas' in sys.modules)); "
+        "sys.argv = ['trace-tools', 'reconstruct', 'sample_traces/']; "
+        "runpy.run_module('trace_tools.cli.main', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "overall" in done.stdout and "100.0%" in done.stdout
+    assert done.stdout.strip().endswith("pandas imported: False")

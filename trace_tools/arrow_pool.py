@@ -41,7 +41,7 @@ def arrow_without_pandas() -> bool:
     importing pandas fails, so pyarrow records it missing and never looks again on that path.
     pandas itself stays importable, and pyarrow finds it again as soon as anything asks it for
     pandas (`to_pandas`); `pandas_interop()` does so at once."""
-    if "pandas" in sys.modules or os.environ.get("TT_AB_PANDAS"):
+    if "pandas" in sys.modules:
         return False
     import pyarrow as pa
 

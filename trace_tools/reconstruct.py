@@ -10,11 +10,11 @@ token and shows the text around it.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from trace_tools.collector import collector_off, session_done
 from trace_tools.data import Session, Turn
@@ -24,6 +24,9 @@ from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 from trace_tools.pipeline import RendererPool
 from trace_tools.pipeline.prepared import prepare_session
 from trace_tools.render.canonical import canonicalize_messages
+
+if TYPE_CHECKING:  # built when asked for: the command line prints its table without pandas
+    import pandas as pd
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
 TURN_COLUMNS = [
@@ -48,12 +51,42 @@ TURN_DTYPES = {
 
 @dataclass
 class ReconstructResult:
-    """`turns`: one row per turn; `sessions`: per-session exact rate; `summary`: run-level fidelity."""
+    """`rows`: one dict per turn (TURN_COLUMNS); `summary`: run-level fidelity. `turns` (one row
+    per turn) and `sessions` (per-session exact rate) are the same as DataFrames, built when first
+    asked for: the command line prints `session_rows()` and imports no pandas."""
 
-    turns: pd.DataFrame
-    sessions: pd.DataFrame
+    rows: list[dict[str, Any]]
     summary: dict[str, Any]
     renderer_identity: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def turns(self) -> pd.DataFrame:
+        import pandas as pd
+
+        from trace_tools.arrow_pool import pandas_interop
+
+        pandas_interop()  # pyarrow converts this frame where `reconstruct` kept it from pandas
+        return pd.DataFrame(self.rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
+
+    @cached_property
+    def sessions(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.session_rows(), columns=SESSION_COLUMNS)
+
+    def session_rows(self) -> list[dict[str, Any]]:
+        """Per session, in the order of the turns: turns, turns compared (prompt ids recorded),
+        exact turns and their rate (None where nothing was compared)."""
+        order: dict[str, dict[str, Any]] = {}
+        for row in self.rows:
+            entry = order.setdefault(row["session_id"], {"turns": 0, "turns_compared": 0, "exact": 0})
+            entry["turns"] += 1
+            entry["turns_compared"] += row["exact"] is not None
+            entry["exact"] += row["exact"] is True
+        return [
+            {"session_id": sid, **n, "rate": n["exact"] / n["turns_compared"] if n["turns_compared"] else None}
+            for sid, n in order.items()
+        ]
 
     def save(self, directory: str | os.PathLike) -> list[Path]:
         """Write `turns.parquet` and `summary.json` (atomically) into `directory`."""
@@ -63,6 +96,9 @@ class ReconstructResult:
         write_parquet_atomic(self.turns, out / "turns.parquet")
         write_json_atomic({**self.summary, "renderer": self.renderer_identity}, out / "summary.json")
         return [out / "turns.parquet", out / "summary.json"]
+
+
+SESSION_COLUMNS = ["session_id", "turns", "turns_compared", "exact", "rate"]
 
 
 RECONSTRUCT_COLUMNS = (
@@ -99,6 +135,10 @@ def reconstruct(
     what differed. `owns_process`: the caller owns this process (the command line), so the
     sessions may render with Python's cyclic collector off (`trace_tools.collector`).
     """
+    if owns_process:
+        from trace_tools.arrow_pool import arrow_without_pandas
+
+        arrow_without_pandas()  # the command line builds no DataFrame (`ReconstructResult`)
     sessions, quarantined, total, pool = _sessions(dump, tokenizer, chat_template, renderer, tool_format, render_path)
     rows: list[dict[str, Any]] = []
     identities: dict[str, Any] = {}
@@ -108,14 +148,13 @@ def reconstruct(
             session_done()
             if progress:
                 progress(done, total)
-    turns = pd.DataFrame(rows, columns=TURN_COLUMNS).astype(TURN_DTYPES)
-    summary = {**summarize(turns), "quarantined_sessions": len(quarantined)}
+    summary = {**summarize(rows), "quarantined_sessions": len(quarantined)}
     if render_path == "verify":
         from trace_tools.render.renderer import verify_summary
 
         summary["verify"] = verify_summary(pool.render_stats())
     identity = next(iter(identities.values()), {}) if len(identities) <= 1 else {"renderers": list(identities.values())}
-    return ReconstructResult(turns, session_table(turns), summary, identity)
+    return ReconstructResult(rows, summary, identity)
 
 
 def _sessions(
@@ -234,31 +273,16 @@ def divergence_context(
     return f"…{shared}⟨recorded: {theirs!r} | rendered: {ours!r}⟩"
 
 
-def session_table(turns: pd.DataFrame) -> pd.DataFrame:
-    """Per session: turns, turns compared (prompt ids recorded), exact turns and their rate."""
-    columns = ["session_id", "turns", "turns_compared", "exact", "rate"]
-    if turns.empty:
-        return pd.DataFrame(columns=columns)
-    grouped = turns.assign(compared=turns["exact"].notna(), hit=turns["exact"].fillna(False).astype(bool))
-    table = (
-        grouped.groupby("session_id", sort=False)
-        .agg(turns=("turn_index", "size"), turns_compared=("compared", "sum"), exact=("hit", "sum"))
-        .reset_index()
-    )
-    table["rate"] = [float(e / c) if c else None for e, c in zip(table["exact"], table["turns_compared"])]
-    return table[columns]
-
-
-def summarize(turns: pd.DataFrame) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`{"turns_compared", "exact", "rate"}` (`prompt_fidelity`, docs/metrics.md#per-run) plus
-    totals and render errors."""
-    compared = int(turns["exact"].notna().sum()) if not turns.empty else 0
-    exact = int(turns["exact"].fillna(False).astype(bool).sum()) if not turns.empty else 0
+    totals and render errors, from the turns' rows (TURN_COLUMNS)."""
+    counts = Counter(row["exact"] for row in rows)
+    compared = counts[True] + counts[False]
     return {
         "turns_compared": compared,
-        "exact": exact,
-        "rate": exact / compared if compared else None,
-        "turns": int(len(turns)),
-        "sessions": int(turns["session_id"].nunique()) if not turns.empty else 0,
-        "render_errors": int(turns["error"].notna().sum()) if not turns.empty else 0,
+        "exact": counts[True],
+        "rate": counts[True] / compared if compared else None,
+        "turns": len(rows),
+        "sessions": len({row["session_id"] for row in rows}),
+        "render_errors": sum(row["error"] is not None for row in rows),
     }

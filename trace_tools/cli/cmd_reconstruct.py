@@ -67,17 +67,20 @@ def _print_table(result, out: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title, sessions = "Prompt reconstruction fidelity", result.sessions
-    if len(sessions) > SESSIONS_SHOWN:  # lowest rate first; sessions with nothing compared last
-        title += f" (the lowest {SESSIONS_SHOWN} of {len(sessions)} sessions)"
-        sessions = sessions.sort_values("rate", kind="stable", na_position="last").head(SESSIONS_SHOWN)
+    title, every = "Prompt reconstruction fidelity", result.session_rows()  # no pandas: a fast start
+    sessions = every
+    if len(every) > SESSIONS_SHOWN:  # lowest rate first; sessions with nothing compared last
+        title += f" (the lowest {SESSIONS_SHOWN} of {len(every)} sessions)"
+        sessions = sorted(every, key=lambda s: (s["rate"] is None, s["rate"] or 0.0))[:SESSIONS_SHOWN]
     table = Table(title=title)
     for name in ("session", "turns", "compared", "exact", "rate"):
         table.add_column(name, justify="left" if name == "session" else "right")
-    for row in sessions.itertuples(index=False):
-        table.add_row(str(row.session_id), str(row.turns), str(row.turns_compared), str(row.exact), _rate(row.rate))
+    for row in sessions:
+        table.add_row(
+            str(row["session_id"]), *(str(row[k]) for k in ("turns", "turns_compared", "exact")), _rate(row["rate"])
+        )
     summary = result.summary
-    hidden = len(result.sessions) - len(sessions)
+    hidden = len(every) - len(sessions)
     if hidden:
         table.add_row(f"… {hidden} more (--out: all)", style="dim")
     table.add_section()
