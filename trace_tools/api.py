@@ -90,7 +90,7 @@ def replay(
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions
 
-    if owns_process:
+    if owns_process and executor == "local":  # Ray's driver is Ray's: left as it is
         from trace_tools.arrow_pool import arrow_without_pandas
 
         arrow_without_pandas()  # nothing in this process uses pandas (`report.finish`)

@@ -238,7 +238,7 @@ def read_table(run_dir: Location, name: str, columns: list[str] | None = None) -
 
 def read_arrow(run_dir: Location, name: str, columns: list[str] | None = None) -> pa.Table | None:
     """`read_table` as an Arrow table, None when absent: for a caller that needs no pandas (the
-    command line's replay process, `report.helper`)."""
+    command line's replay process, `report.finish`)."""
     table = storage.join(run_dir, f"{name}.parquet")
     if not storage.is_file(table):
         return None

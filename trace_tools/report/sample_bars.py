@@ -2,7 +2,7 @@
 not), computed from samples tables, and gathered while a replay writes its samples.
 
 Kept apart from the page's builders, which need pandas: the process that replays gathers the
-bars, and the command line's replay process never imports pandas (`report.helper`).
+bars, and the command line's replay process never imports pandas (`report.finish`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class GatheredBars:
                 add_bars(self._bars, batch)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What the report helper is sent (`report.helper`): the bars, not the lock."""
+        """What the report helper is sent (`report.finish`): the bars, not the lock."""
         with self._lock:
             return {"limit": self.limit, "_bars": self._bars, "_sessions": self._sessions}
 

@@ -226,7 +226,7 @@ def _shown(location: Path | str) -> str:
 def _most_drifted(drift: Any) -> tuple[str, int, str] | None:
     """The session with the most turns whose ids drifted (first by id on a tie), its first such turn
     and the cause; turns whose drift no token shows (a tool-call id) only where no other drifted.
-    `drift`: the drift table as Arrow (or None), read without pandas (`report.helper`)."""
+    `drift`: the drift table as Arrow (or None), read without pandas (`report.finish`)."""
     if drift is None or "cause" not in drift.column_names:
         return None
     drifted = [row for row in drift.to_pylist() if row["cause"] is not None]
