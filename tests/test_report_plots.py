@@ -102,27 +102,32 @@ def _drawn(paths: list[str]) -> dict[str, bytes]:
     return {path.rsplit("/", 1)[1]: open(path, "rb").read() for path in paths}
 
 
+def _forked(plot_dir, tables) -> list[str]:
+    """The second and third figures drawn in forked processes, the first here (`PendingPlots`)."""
+    from trace_tools.report import plots
+
+    return plots.PendingPlots(plot_dir, tables, fork=["samples_per_session", "drift_start"]).result()
+
+
 def test_forked_drawers_write_what_one_process_writes(sample_run, tmp_path, monkeypatch):
-    """The plot helper draws the second and third figures in processes forked from it, at once; a
-    figure with nothing to show is written by none."""
+    """Figures drawn in processes forked at once (the report helper forks every figure) are the
+    bytes one process writes; a figure with nothing to show is written by none."""
     from trace_tools.report import plots
 
     tables = plots.plot_tables(sample_run.run_dir)
     forks = []
     fork = os.fork
     monkeypatch.setattr(os, "fork", lambda: (forks.append(1), fork())[1])
-    assert _drawn(plots.write_plots(tmp_path / "forked", tables, forked=True)) == _drawn(
-        plots.write_plots(tmp_path / "here", tables)
-    )
+    assert _drawn(_forked(tmp_path / "forked", tables)) == _drawn(plots.write_plots(tmp_path / "here", tables))
     assert len(forks) == 2
     quiet = {**tables, "drift": tables["drift"].iloc[0:0]}
-    assert [p.rsplit("/", 1)[1] for p in plots.write_plots(tmp_path / "quiet", quiet, forked=True)] == [
+    assert [p.rsplit("/", 1)[1] for p in _forked(tmp_path / "quiet", quiet)] == [
         "coverage_by_tool.png",
         "samples_per_session.png",
     ]
 
 
-def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample_run, tmp_path, monkeypatch):
+def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_forking_process(sample_run, tmp_path, monkeypatch):
     from trace_tools.report import plots
 
     tables = plots.plot_tables(sample_run.run_dir)
@@ -134,7 +139,7 @@ def test_a_figure_whose_forked_drawer_fails_is_drawn_by_the_helper_itself(sample
         save(figure, path)
 
     monkeypatch.setattr(plots, "_save", fails_in_a_child)
-    written = plots.write_plots(tmp_path / "forked", tables, forked=True)
+    written = _forked(tmp_path / "forked", tables)
     monkeypatch.setattr(plots, "_save", save)
     assert _drawn(written) == _drawn(plots.write_plots(tmp_path / "here", tables))
 
@@ -161,6 +166,6 @@ def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, mo
     monkeypatch.setattr(os, "fork", forking)
     monkeypatch.setattr(plots, "_save", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        plots.write_plots(tmp_path, tables, forked=True)
+        _forked(tmp_path, tables)
     assert len(drawers) == 2
     assert [pid for pid in drawers if Path(f"/proc/{pid}").exists()] == []

@@ -84,8 +84,9 @@ def replay(
     transformers end to end; `"verify"` runs the fast path and compares every result with the
     reference (differences in `summary["reconstruction"]["verify"]`; `render.spec.RENDER_PATHS`).
     `owns_process=True` (the command line) lets the replay act on the whole process: run with the
-    cyclic garbage collector off (`trace_tools.collector`) and draw plots in a helper process
-    started at once; by default (a notebook, a service) it does neither.
+    cyclic garbage collector off (`trace_tools.collector`), keep pyarrow from importing pandas
+    (`arrow_pool.arrow_without_pandas`, local executor) and have a helper process started at once
+    write the report (`report.finish`); by default (a notebook, a service) it does none of these.
     """
     from trace_tools.replay.engine import run
     from trace_tools.replay.session import ReplayOptions

@@ -19,11 +19,9 @@ from trace_tools.strategies.declarations import NAMES, in_column_order
 MAX_SAMPLE_BARS = 40  # beyond this many samples per session, the axis bins counts
 
 
-def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame], forked: bool = False) -> list[str]:
-    """The run's figures as PNGs in `plot_dir`; the paths written. `forked`: all but the first
-    drawn at once in processes forked from this one, each drawn here instead should its process
-    fail."""
-    return PendingPlots(plot_dir, tables, fork=[name for name, _ in FIGURES[1:]] if forked else ()).result()
+def write_plots(plot_dir: Path, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The run's figures as PNGs in `plot_dir`, drawn here; the paths written."""
+    return PendingPlots(plot_dir, tables).result()
 
 
 class PendingPlots:
