@@ -231,3 +231,35 @@ def test_report_never_replays(sample_run):
     fidelity = pd.read_parquet(sample_run.run_dir / "fidelity.parquet")
     assert fidelity["exact"].all() and len(fidelity) == 330
     assert json.loads((sample_run.run_dir / "run.json").read_text())["reconstruction"]["incremental_renders"] > 0
+
+
+def test_last_boundary_and_its_index_match_the_plain_search():
+    """`_Boundaries.last` and `_nth_from_end` against their plain definitions (every token's
+    `rfind`, a step-by-step walk back), on texts dense with tokens, with near-miss `<`, and
+    without any token, over every window a replay may search."""
+    import random
+
+    from trace_tools.render.incremental import _Boundaries, _independent, _nth_from_end
+
+    tokens = _independent({"<|im_start|>": 1, "<|im_end|>": 2, "<tool_call>": 3, "</tool_call>": 4, "[gMASK]": 5})
+    boundaries = _Boundaries(tokens)
+    pieces = [*tokens, "<", "<|im", "a <b> c", "[", "x" * 40, "\n"]
+    rng = random.Random(7)
+    for _ in range(300):
+        parts = [rng.choice(pieces) for _ in range(rng.randrange(0, 60))]
+        text = "".join(parts)
+        ids = [tokens.get(part, 0) for part in parts]  # one id per piece: tokens keep their ids
+        for _ in range(5):
+            start = rng.randrange(0, len(text) + 1)
+            limit = rng.randrange(start, len(text) + 1)
+            plain = max(((text.rfind(token, start, limit), token) for token in tokens), default=(-1, ""))
+            assert boundaries.last(text, start, limit) == (None if plain[0] < 0 else plain)
+        for token, token_id in tokens.items():
+            for nth in range(1, ids.count(token_id) + 1):
+                index, left = len(ids), nth
+                while left:
+                    index -= 1
+                    left -= ids[index] == token_id
+                assert _nth_from_end(ids, token_id, nth) == index
+    long_ids = [9] * 5000 + [2] + [9] * 3000 + [2, 2] + [9] * 700  # windows double past several sizes
+    assert [_nth_from_end(long_ids, 2, n) for n in (1, 2, 3)] == [8002, 8001, 5000]

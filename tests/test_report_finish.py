@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from trace_tools.report import finish
 from trace_tools.report.finish import ReportHelper, ReportJob, RunFacts, write_run_report
 
 REPORT_FILES = ("report.html", "report.md", "summary.json", "plots")
@@ -30,6 +31,18 @@ def _job(run: Path, sample_run) -> ReportJob:
     summary = sample_run.summary
     facts = RunFacts(summary["sessions_total"], summary["turns_total"], summary["vocab_checked"], summary["warnings"])
     return ReportJob(run, facts, list(summary["strategies"]), summary["reconstruction"])
+
+
+@pytest.fixture(params=["forked", "spawned"])
+def start(request, monkeypatch) -> str:
+    """How the helper starts: forked from this process (where the replay's workers could be, as
+    the command line's process is), or a fresh interpreter. Forking is forced here: this test
+    process keeps idle threads of earlier runs (the template watchdog), which the helper's child
+    never uses."""
+    from trace_tools.replay import local_pool
+
+    monkeypatch.setattr(local_pool, "can_fork", lambda: request.param == "forked")
+    return request.param
 
 
 def _fresh_helper() -> ReportHelper:
@@ -50,11 +63,12 @@ def _written(run: Path) -> dict[str, bytes]:
     return files
 
 
-def test_the_report_helper_writes_what_this_process_writes(sample_run, tmp_path):
+def test_the_report_helper_writes_what_this_process_writes(sample_run, tmp_path, start):
     helped = _unreported_copy(sample_run.run_dir, tmp_path / "helped" / "run")
     here = _unreported_copy(sample_run.run_dir, tmp_path / "here" / "run")  # the same name: pages show it
     with _fresh_helper() as helper:
-        assert helper._process is not None  # a real helper process, not the fallback
+        kind = finish._ForkedHelper if start == "forked" else subprocess.Popen
+        assert isinstance(helper._process, kind)  # a real helper process, not the fallback
         summary = helper.report(_job(helped, sample_run))
     assert summary == write_run_report(_job(here, sample_run)) == sample_run.summary
     assert _written(helped) == _written(here)
@@ -67,25 +81,52 @@ def test_the_report_helper_writes_what_this_process_writes(sample_run, tmp_path)
     ]
 
 
-def test_the_report_is_written_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch):
-    for executable in (str(tmp_path / "no-such-python"), "/bin/false"):
-        run = _unreported_copy(sample_run.run_dir, tmp_path / executable.rsplit("/", 1)[1])
-        monkeypatch.setattr(sys, "executable", executable)
-        with _fresh_helper() as helper:
-            summary = helper.report(_job(run, sample_run))
-        assert summary == sample_run.summary
-        assert sorted(p.name for p in (run / "plots").iterdir()) == [
-            "coverage_by_tool.png",
-            "drift_start.png",
-            "samples_per_session.png",
-        ]
-        assert (run / "report.html").is_file() and (run / "report.md").is_file()
+def _failing_serve(jobs, answers):
+    raise RuntimeError("a helper that fails")
 
 
-def test_an_unused_report_helper_is_stopped():
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ("spawned", "executable", "no-such-python"),  # cannot start
+        ("spawned", "executable", "/bin/false"),  # exits 1 without an answer
+        ("forked", "fork", None),  # cannot start: fork refused
+        ("forked", "serve", None),  # fails in the child
+    ],
+)
+def test_the_report_is_written_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch, failure):
+    from trace_tools.replay import local_pool
+
+    way, what, value = failure
+    monkeypatch.setattr(local_pool, "can_fork", lambda: way == "forked")
+    if what == "executable":
+        monkeypatch.setattr(sys, "executable", value if value.startswith("/") else str(tmp_path / value))
+    elif what == "fork":
+
+        def refused():
+            raise BlockingIOError("fork: resources temporarily unavailable")
+
+        monkeypatch.setattr(os, "fork", refused)
+    else:
+        monkeypatch.setattr(finish, "_serve", _failing_serve)
+    run = _unreported_copy(sample_run.run_dir, tmp_path / "run")
+    with _fresh_helper() as helper:
+        assert (helper._process is None) == (what == "fork" or value == "no-such-python")
+        summary = helper.report(_job(run, sample_run))
+    assert summary == sample_run.summary
+    assert sorted(p.name for p in (run / "plots").iterdir()) == [
+        "coverage_by_tool.png",
+        "drift_start.png",
+        "samples_per_session.png",
+    ]
+    assert (run / "report.html").is_file() and (run / "report.md").is_file()
+
+
+def test_an_unused_report_helper_is_stopped(start):
     with _fresh_helper() as helper:
         process = helper._process
     assert process is not None and process.poll() is not None
+    assert not Path(f"/proc/{process.pid}").exists()  # reaped, not left a zombie
 
 
 def test_a_process_with_matplotlib_loaded_writes_its_own_report():
@@ -95,7 +136,7 @@ def test_a_process_with_matplotlib_loaded_writes_its_own_report():
         assert helper._process is None
 
 
-def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_path):
+def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_path, start):
     def drawers(helper_pid: int) -> list[int]:
         return [
             int(pid) for task in Path(f"/proc/{helper_pid}/task").glob("*/children") for pid in task.read_text().split()
@@ -118,7 +159,11 @@ def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_
 
 _NO_PANDAS_REPLAY = """
 import atexit, runpy, sys
-atexit.register(lambda: print("pandas imported:", "pandas" in sys.modules))
+from trace_tools.report import finish
+helpers = []
+started = finish.ReportHelper.__init__
+finish.ReportHelper.__init__ = lambda self, *a, **k: (started(self, *a, **k), helpers.append(type(self._process).__name__))[0]
+atexit.register(lambda: print("helper:", *helpers, "pandas imported:", "pandas" in sys.modules))
 sys.argv = ["trace-tools", "replay", "--out", sys.argv[1], "-s", "tree", "-s", "linear", "--workers", "1"]
 runpy.run_module("trace_tools.cli.main", run_name="__main__")
 """
@@ -131,7 +176,7 @@ def test_the_command_line_replay_never_imports_pandas_and_writes_the_whole_repor
         [sys.executable, "-c", _NO_PANDAS_REPLAY, str(run)], capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("pandas imported: False")
+    assert done.stdout.strip().endswith("helper: _ForkedHelper pandas imported: False")  # forked: one thread
     summary = json.loads((run / "summary.json").read_text())
     for name in ("tree", "linear"):
         assert summary["strategies"][name] == sample_run.summary["strategies"][name]

@@ -18,9 +18,10 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NoReturn
 
 from trace_tools.render.renderer import verify_summary
 
@@ -110,6 +111,11 @@ class ReportHelper:
     fails, written in this process. Use it as a context manager: leaving it stops an unused
     helper.
 
+    The helper is forked from this process where forking is safe (`replay.local_pool.can_fork`,
+    as the replay's workers are), so it shares the modules imported here (pyarrow, numpy and
+    trace_tools' own: about half of the 0.9 s of CPU a fresh interpreter spent to get ready);
+    elsewhere it is a fresh interpreter, `python -m trace_tools.report.finish`.
+
     A process that has matplotlib loaded already (a notebook, a second replay) writes the report
     itself: there is no import left to hide, and a fresh helper would have to import it again.
     So does one that asks for no helper (`helper=False`: the API, unless its caller owns the
@@ -117,17 +123,14 @@ class ReportHelper:
     """
 
     def __init__(self, helper: bool = True) -> None:
-        self._process: subprocess.Popen | None = None
+        self._process: _ForkedHelper | subprocess.Popen | None = None
         self._handed = False
         if not helper or "matplotlib.figure" in sys.modules:
             return
+        from trace_tools.replay.local_pool import can_fork
+
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
+            self._process = _ForkedHelper() if can_fork() else _spawned_helper()
         except OSError:
             self._process = None
 
@@ -165,9 +168,93 @@ class ReportHelper:
         self._process = None
 
 
-def _serve() -> None:
+def _spawned_helper() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+
+
+class _ForkedHelper:
+    """The helper as a child forked from this process, driven as `subprocess.Popen` drives the
+    spawned one (the job on its standard input, the summary on its standard output), through a
+    pipe each way."""
+
+    def __init__(self) -> None:
+        job_read, job_write = os.pipe()
+        answer_read, answer_write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            _forked_serve(job_read, answer_write, (job_write, answer_read))
+        os.close(job_read)
+        os.close(answer_write)
+        self.stdin = open(job_write, "wb")
+        self._answer = open(answer_read, "rb")
+        self.returncode: int | None = None
+
+    def communicate(self, job: bytes) -> tuple[bytes, None]:
+        try:
+            self.stdin.write(job)
+            self.stdin.close()
+            answer = self._answer.read()
+        finally:
+            self._close()
+        self.wait()
+        return answer, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                self._close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"report helper {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None, "poll() returns the exit code once the helper ended"
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _close(self) -> None:
+        for pipe in (self.stdin, self._answer):
+            try:
+                pipe.close()
+            except OSError:  # the helper ended while the job was still being written
+                pass
+
+
+def _forked_serve(job_read: int, answer_write: int, parents_ends: tuple[int, ...]) -> NoReturn:
+    """The forked helper's whole life: it never returns into the caller's code. Its standard input
+    and error go to /dev/null, as the spawned helper's do (an interrupted helper writes nothing)."""
+    code = 1
+    try:
+        for end in parents_ends:
+            os.close(end)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 2)
+        with open(job_read, "rb") as jobs, open(answer_write, "wb") as answers:
+            _serve(jobs, answers)
+        code = 0
+    except BaseException:  # noqa: BLE001 - Ctrl-C or a failure: the caller writes the report itself
+        pass
+    finally:
+        os._exit(code)
+
+
+def _serve(jobs: BinaryIO, answers: BinaryIO) -> None:
     """The helper: import what the end of a run needs now, then write the report of the job read
-    from stdin and answer with its summary."""
+    from `jobs` and answer with its summary."""
     from io import BytesIO
 
     from matplotlib.figure import Figure
@@ -180,16 +267,16 @@ def _serve() -> None:
     warm_up.text(0.5, 0.5, "warm-up")
     warm_up.savefig(BytesIO())
 
-    handed = sys.stdin.buffer.read()
+    handed = jobs.read()
     if not handed:  # the replay ended without reaching its report
         return
     summary = write_run_report(pickle.loads(handed), fork_plots=True)
-    sys.stdout.buffer.write(pickle.dumps(summary))
-    sys.stdout.buffer.flush()
-    # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
-    # and pandas took 0.17 s of a 4 s replay; the report is written and its summary sent.
-    os._exit(0)
+    answers.write(pickle.dumps(summary))
+    answers.flush()
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    # The run waits for this process to exit. Tearing down an interpreter that holds matplotlib
+    # and pandas took 0.17 s of a 4 s replay; the report is written and its summary sent.
+    os._exit(0)
