@@ -62,3 +62,45 @@ def test_starts_with_matches_the_definition_across_sequence_types():
         prefix = [rng.randrange(3) for _ in range(rng.randrange(6))]
         expected = list(seq[: len(prefix)]) == prefix
         assert starts_with(seq, prefix) == starts_with(tuple(seq), prefix) == expected, (seq, prefix)
+
+
+def _long_pairs(seed: int, count: int):
+    """Long lists as replay compares them: shared ints (the same objects in both lists), with
+    runs of equal values in different objects, floats (NaN too: equal to itself as one object,
+    as a list comparison takes it), and first differences anywhere, bisection edges included."""
+    from trace_tools.ids import interned
+
+    rng = random.Random(seed)
+    nan = float("nan")
+    for _ in range(count):
+        size = rng.choice([256, 257, 300, 1000, 4096, 20000])
+        base = interned([rng.randrange(5) for _ in range(size)], 8)
+        kind = rng.random()
+        if kind < 0.2:  # values from elsewhere: equal ints that are other objects
+            other = [int(str(x)) + 1000 - 1000 if rng.random() < 0.5 else x for x in base]
+        elif kind < 0.3:
+            base = [nan if x == 0 else float(x) for x in base]
+            other = [x if rng.random() < 0.9 else float(x) for x in base]  # same values, other objects
+        else:
+            other = list(base)
+        at = rng.choice([0, 1, 31, 32, 33, size // 2, size - 1, size, rng.randrange(size)])
+        if at < size and rng.random() < 0.8:
+            other[at] = -1  # a value in neither list
+        other = other[: rng.choice([size, size - 5, at]) or size] + [3] * rng.randint(0, 3)
+        yield base, other
+
+
+def _same_as_list_comparison(a, b) -> int:
+    """The common prefix as Python's own list comparison sees it (identity, then ==)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if not (x is y or x == y)), min(len(a), len(b)))
+
+
+def test_long_lists_compare_by_their_objects_as_python_does():
+    from trace_tools import ids
+
+    assert ids._same_objects is not None  # CPython: the fast path is on, so this test exercises it
+    for a, b in _long_pairs(seed=6, count=600):
+        expected = _same_as_list_comparison(a, b)
+        assert ids.common_prefix_len(a, b) == ids.common_prefix_len(b, a) == expected
+        assert ids.starts_with(a, b) == (expected == len(b) <= len(a))
+        assert ids.starts_with(b, a) == (expected == len(a) <= len(b))

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError
-from trace_tools.ids import common_prefix_len
+from trace_tools.ids import common_prefix_len, same_items
 from trace_tools.io import storage
 from trace_tools.io.storage import Location
 
@@ -348,7 +348,7 @@ def _list_column(values: list[Any], kind: pa.ListType) -> pa.Array:
     pieces, offsets = [], [0]
     for value in values:
         same_length = converted.setdefault(len(value), [])
-        array = next((array for seen, array in same_length if seen is value or seen == value), None)
+        array = next((array for seen, array in same_length if same_items(seen, value)), None)
         if array is None:
             array = _convert(value, kind.value_type, last)
             same_length.append((value, array))

@@ -25,7 +25,7 @@ from typing import Any
 
 from trace_tools.data import ReplayResult, Session, Turn
 from trace_tools.errors import ReplayError
-from trace_tools.ids import common_prefix_len
+from trace_tools.ids import common_prefix_len, same_items
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn, prompt_for
 from trace_tools.render.harness_echo import HarnessEcho, load_profile, shipped_echoes, working_directory
 from trace_tools.strategies.base import ReplayContext, Strategy, prepare
@@ -209,7 +209,7 @@ class CheckpointReplay:
         self.counters["healed_prefix_tokens"] += len(parent.token_ids) + len(assembly.glue)
         self.counters["boundary_fallbacks"] += assembly.mode == "anchored"
         self.counters["truncated_extensions"] += parent.truncated
-        if turn.prompt_ids is not None and list(turn.prompt_ids) != assembly.ids:
+        if turn.prompt_ids is not None and not same_items(turn.prompt_ids, assembly.ids):
             self.counters["counterfactual_prompts"] += 1
             self.result.drift_positions[turn.turn_index] = common_prefix_len(turn.prompt_ids, assembly.ids)
 
