@@ -34,22 +34,18 @@ def _job(run: Path, sample_run) -> ReportJob:
 
 
 @pytest.fixture(params=["forked", "spawned"])
-def start(request, monkeypatch) -> str:
-    """How the helper starts: forked from this process (where the replay's workers could be, as
-    the command line's process is), or a fresh interpreter. Forking is forced here: this test
-    process keeps idle threads of earlier runs (the template watchdog), which the helper's child
-    never uses."""
-    from trace_tools.replay import local_pool
-
-    monkeypatch.setattr(local_pool, "can_fork", lambda: request.param == "forked")
+def start(request) -> str:
+    """How the helper starts: forked from this process (as the command line's replay does where
+    its workers could be forked), or a fresh interpreter. This test process keeps idle threads of
+    earlier runs (the template watchdog), which the helper's child never uses."""
     return request.param
 
 
-def _fresh_helper() -> ReportHelper:
+def _fresh_helper(start: str = "spawned") -> ReportHelper:
     """A ReportHelper as a process without matplotlib gets one (this test process has it loaded)."""
     loaded = sys.modules.pop("matplotlib.figure", None)
     try:
-        return ReportHelper()
+        return ReportHelper(fork=start == "forked")
     finally:
         if loaded is not None:
             sys.modules["matplotlib.figure"] = loaded
@@ -66,7 +62,7 @@ def _written(run: Path) -> dict[str, bytes]:
 def test_the_report_helper_writes_what_this_process_writes(sample_run, tmp_path, start):
     helped = _unreported_copy(sample_run.run_dir, tmp_path / "helped" / "run")
     here = _unreported_copy(sample_run.run_dir, tmp_path / "here" / "run")  # the same name: pages show it
-    with _fresh_helper() as helper:
+    with _fresh_helper(start) as helper:
         kind = finish._ForkedHelper if start == "forked" else subprocess.Popen
         assert isinstance(helper._process, kind)  # a real helper process, not the fallback
         summary = helper.report(_job(helped, sample_run))
@@ -95,10 +91,7 @@ def _failing_serve(jobs, answers):
     ],
 )
 def test_the_report_is_written_here_when_the_helper_cannot_run(sample_run, tmp_path, monkeypatch, failure):
-    from trace_tools.replay import local_pool
-
     way, what, value = failure
-    monkeypatch.setattr(local_pool, "can_fork", lambda: way == "forked")
     if what == "executable":
         monkeypatch.setattr(sys, "executable", value if value.startswith("/") else str(tmp_path / value))
     elif what == "fork":
@@ -110,7 +103,7 @@ def test_the_report_is_written_here_when_the_helper_cannot_run(sample_run, tmp_p
     else:
         monkeypatch.setattr(finish, "_serve", _failing_serve)
     run = _unreported_copy(sample_run.run_dir, tmp_path / "run")
-    with _fresh_helper() as helper:
+    with _fresh_helper(way) as helper:
         assert (helper._process is None) == (what == "fork" or value == "no-such-python")
         summary = helper.report(_job(run, sample_run))
     assert summary == sample_run.summary
@@ -123,7 +116,7 @@ def test_the_report_is_written_here_when_the_helper_cannot_run(sample_run, tmp_p
 
 
 def test_an_unused_report_helper_is_stopped(start):
-    with _fresh_helper() as helper:
+    with _fresh_helper(start) as helper:
         process = helper._process
     assert process is not None and process.poll() is not None
     assert not Path(f"/proc/{process.pid}").exists()  # reaped, not left a zombie
@@ -143,7 +136,7 @@ def test_a_helper_stopped_while_drawing_leaves_no_drawer_behind(sample_run, tmp_
         ]
 
     run = _unreported_copy(sample_run.run_dir, tmp_path / "run")
-    with _fresh_helper() as helper:
+    with _fresh_helper(start) as helper:
         process = helper._process
         assert process is not None and process.stdin is not None
         helper._handed = True  # as `report` does, without waiting for the answer

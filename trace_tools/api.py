@@ -108,11 +108,12 @@ def replay(
         render_path,
     )
     from trace_tools.io import storage
+    from trace_tools.replay.local_pool import can_fork
     from trace_tools.report.finish import ReportHelper
     from trace_tools.report.sample_bars import GatheredBars
 
     bars = GatheredBars()  # the report's sample bars, gathered as the samples are written
-    with ReportHelper(helper=owns_process) as helper, _staged(out) as (local_out, mirror):
+    with ReportHelper(helper=owns_process, fork=can_fork()) as helper, _staged(out) as (local_out, mirror):
         engine, result = run(
             dump,
             options,

@@ -111,10 +111,10 @@ class ReportHelper:
     fails, written in this process. Use it as a context manager: leaving it stops an unused
     helper.
 
-    The helper is forked from this process where forking is safe (`replay.local_pool.can_fork`,
-    as the replay's workers are), so it shares the modules imported here (pyarrow, numpy and
-    trace_tools' own: about half of the 0.9 s of CPU a fresh interpreter spent to get ready);
-    elsewhere it is a fresh interpreter, `python -m trace_tools.report.finish`.
+    `fork`: fork the helper from this process, which the caller says is safe (the replay passes
+    `replay.local_pool.can_fork()`, as for its workers), so that it shares the modules imported
+    here (pyarrow, numpy and trace_tools' own: about half of the 0.9 s of CPU a fresh interpreter
+    spent to get ready); otherwise it is a fresh interpreter, `python -m trace_tools.report.finish`.
 
     A process that has matplotlib loaded already (a notebook, a second replay) writes the report
     itself: there is no import left to hide, and a fresh helper would have to import it again.
@@ -122,15 +122,13 @@ class ReportHelper:
     process, as the command line does).
     """
 
-    def __init__(self, helper: bool = True) -> None:
+    def __init__(self, helper: bool = True, fork: bool = False) -> None:
         self._process: _ForkedHelper | subprocess.Popen | None = None
         self._handed = False
         if not helper or "matplotlib.figure" in sys.modules:
             return
-        from trace_tools.replay.local_pool import can_fork
-
         try:
-            self._process = _ForkedHelper() if can_fork() else _spawned_helper()
+            self._process = _ForkedHelper() if fork else _spawned_helper()
         except OSError:
             self._process = None
 
@@ -182,7 +180,12 @@ class _ForkedHelper:
     def __init__(self) -> None:
         job_read, job_write = os.pipe()
         answer_read, answer_write = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            for end in (job_read, job_write, answer_read, answer_write):
+                os.close(end)
+            raise
         if self.pid == 0:
             _forked_serve(job_read, answer_write, (job_write, answer_read))
         os.close(job_read)
