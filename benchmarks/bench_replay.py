@@ -101,8 +101,10 @@ def naive(dump: Path) -> dict:
 # -- the bound: read the dump, tokenize only what each turn adds ---------------------------------
 def tokenize_new_text(dump: Path) -> dict:
     """What reconstruction cannot do without: read every turn's messages, parse only what each
-    turn appends (`io.rows.HistoryParser`, as the loader does) and encode each new message's text
-    once (no template, no prompt ids assembled, nothing compared with the recorded prompt)."""
+    turn appends (`io.rows.HistoryParser`, as the loader does) and encode once each text the
+    prompt gains: a new message's content, reasoning and tool calls, and a session's tool
+    schemas, which the template renders into its first prompt (no template, no prompt ids
+    assembled, nothing compared with the recorded prompt)."""
     import pyarrow.parquet as pq
 
     from trace_tools.io.load import read_dump_meta
@@ -112,19 +114,20 @@ def tokenize_new_text(dump: Path) -> dict:
     tokenizer = load_tokenizer(read_dump_meta(dump).tokenizer)
     # Read as one Parquet file, not through `pq.read_table`: that goes through pyarrow's dataset
     # layer, which imports pandas (0.25 s here), and `reconstruct` never does.
-    rows = pq.ParquetFile(dump).read(columns=["session_id", "turn_index", "messages"]).to_pylist()
+    rows = pq.ParquetFile(dump).read(columns=["session_id", "turn_index", "messages", "tools"]).to_pylist()
     parsers: dict[str, HistoryParser] = {}
     seen: dict[str, int] = {}  # session → messages already encoded
     encoded = 0
     for row in sorted(rows, key=lambda r: (r["session_id"], r["turn_index"])):
         session = row["session_id"]
+        if session not in parsers and row["tools"]:
+            encoded += len(tokenizer.encode(row["tools"]))
         messages = parsers.setdefault(session, HistoryParser())(row["messages"])
         new, seen[session] = messages[seen.get(session, 0) :], len(messages)
         for message in new:
-            text = message.get("content")
-            text = text if isinstance(text, str) else json.dumps(text) if text else ""
-            calls = message.get("tool_calls")
-            encoded += len(tokenizer.encode(text + (json.dumps(calls) if calls else "")))
+            texts = [message.get(key) for key in ("content", "reasoning_content", "tool_calls")]
+            text = "".join(t if isinstance(t, str) else json.dumps(t) for t in texts if t)
+            encoded += len(tokenizer.encode(text))
     return {"turns": len(rows), "tokens": encoded}
 
 

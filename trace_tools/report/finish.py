@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+from trace_tools.collector import off_for_good
 from trace_tools.render.renderer import verify_summary
 
 STOP_GRACE_S = 2.0  # how long an interrupted helper may take to end its drawers
@@ -241,6 +242,7 @@ def _forked_serve(job_read: int, answer_write: int, parents_ends: tuple[int, ...
     and error go to /dev/null, as the spawned helper's do (an interrupted helper writes nothing)."""
     code = 1
     try:
+        off_for_good()  # a collection would walk, and so copy, every object this child shares
         for end in parents_ends:
             os.close(end)
         devnull = os.open(os.devnull, os.O_RDWR)
