@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from trace_tools.data import DumpMeta
 from trace_tools.errors import ReplayError, TemplateLimitExceeded, TemplateUnusable, TraceToolsError, UnknownName
+from trace_tools.ids import starts_with
 from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.render import families
 from trace_tools.render.base import ParsedResponse
@@ -273,7 +274,7 @@ class Renderer:
         """
         prefix = self.render_shared(prev, tools, False, **template_kwargs)
         full = self.render_shared([*prev, *new], tools, True, **template_kwargs)
-        if full[: len(prefix)] != prefix:
+        if not starts_with(full, prefix):
             return None
         prefix_text = self.render_text(prev, tools, False, **template_kwargs)
         if not self.render_text([*prev, *new], tools, True, **template_kwargs).startswith(prefix_text):

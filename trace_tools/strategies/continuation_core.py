@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from trace_tools.ids import starts_with
 from trace_tools.render.base import RendererLike
 from trace_tools.strategies.declarations import ON_BREAK
 from trace_tools.strategies.session_core.tito import TitoTokenizer, family_for
@@ -155,11 +156,11 @@ class Continuation:
         render = getattr(self.renderer, "render_shared", self.renderer.render)  # no copy where it can
         before = render(base.messages, tools, False, **base.kwargs)
         after = render(restored, tools, True, **base.kwargs)
-        if after[: len(before)] != before:
+        if not starts_with(after, before):
             return Step(None, "failed", "template")
-        served = [*base.prompt_ids, *base.output_ids]
-        ids = self.junction.fix_boundary(served)  # a new list
-        self.counters["junction_fixes"] += len(ids) != len(served)
+        served = len(base.prompt_ids) + len(base.output_ids)
+        ids = self.junction.fix_boundary_in_place(base.prompt_ids + base.output_ids)
+        self.counters["junction_fixes"] += len(ids) != served
         self.counters["restored_echoes"] += count
         self.counters["healed_turns"] += 1
         self.counters["healed_prefix_tokens"] += len(ids)

@@ -288,13 +288,17 @@ class TitoTokenizer:
 
     def fix_boundary(self, ids: Sequence[int]) -> list[int]:
         """Append "\\n" after a trailing boundary token (Qwen's `<|im_end|>`), drop a trailing stop
-        token that opens the next message (GLM); identity otherwise."""
+        token that opens the next message (GLM); identity otherwise. A new list."""
+        return self.fix_boundary_in_place(list(ids))
+
+    def fix_boundary_in_place(self, ids: list[int]) -> list[int]:
+        """`fix_boundary` on a list of the caller's own, changed in place and returned."""
         boundary = self._boundary()
         if boundary is not None and ids and ids[-1] == boundary:
-            return [*ids, *self.renderer.encode("\n")]
-        if ids and ids[-1] in self._dropped():
-            return list(ids[:-1])
-        return list(ids)
+            ids += self.renderer.encode("\n")
+        elif ids and ids[-1] in self._dropped():
+            del ids[-1]
+        return ids
 
     def _boundary(self) -> int | None:
         if self._boundary_id is False:
