@@ -88,18 +88,19 @@ def _batch_bars(batch) -> list[dict[str, Any]]:
             )
     trained &= source >= 0
     key = np.where(source >= 0, source * 2 + trained, -1)
-    starts = np.union1d(np.flatnonzero(np.diff(key)) + 1, bounds[:-1])
+    changes = np.flatnonzero(key[1:] != key[:-1]) + 1  # a bool array: nonzero scans it fastest
+    starts = np.union1d(changes, bounds[:-1])
     starts = starts[starts < len(source)]
     counts = np.diff(np.append(starts, len(source)))
     segments = np.stack([np.maximum(source[starts], -1), trained[starts], counts], axis=1)
     cut = np.searchsorted(starts, bounds)
-    # int32: a batch's token count fits (Arrow's list offsets are int32), and numpy's default
-    # int64 cumsum of a bool array is an order of magnitude slower
-    running = np.concatenate(([0], np.cumsum(trained, dtype=np.int32)))
+    # Every segment is trained throughout or not at all, and none crosses a sample's start, so a
+    # sample's trained tokens add up over its segments: a sum over segments, not over tokens.
+    running = np.concatenate(([0], np.cumsum(counts * trained[starts])))
     return [
         {
             "n": int(bounds[row + 1] - bounds[row]),
-            "trained": int(running[bounds[row + 1]] - running[bounds[row]]),
+            "trained": int(running[cut[row + 1]] - running[cut[row]]),
             "segs": segments[cut[row] : cut[row + 1]].tolist(),
         }
         for row in range(len(bounds) - 1)

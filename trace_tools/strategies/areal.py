@@ -138,8 +138,8 @@ class ArealStrategy(Strategy):
             # most of its ids are the last call's; a parent's short remainder encodes whole as before.
             encode = getattr(prepared.renderer, "encode_growing", prepared.renderer.encode)
             text_ids = encode(chatml(remaining))
-            base = [*call.parent.prompt_ids, *call.parent.output_ids] if call.parent else []
-            call.prompt_ids = [*base, *text_ids]
+            parent = call.parent
+            call.prompt_ids = [*parent.prompt_ids, *parent.output_ids, *text_ids] if parent else list(text_ids)
         else:
             call.prompt_ids = list(prepared.prompt_ids)
         turn = prepared.turn
