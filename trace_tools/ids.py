@@ -108,6 +108,8 @@ def _object_comparer() -> Callable[[list, list, int], int] | None:
 
     def same_objects(a: list, b: list, n: int) -> int:
         first, second = pointer_at(id(a) + items_at).value, pointer_at(id(b) + items_at).value
+        if not first or not second:  # no item array: an empty list, which the callers never pass
+            return 0
         if not memcmp(first, second, n * _WORD):
             return n
         low, high = 0, n  # the same objects in [0, low); the first different ones in [low, high)
