@@ -104,3 +104,4 @@ def test_long_lists_compare_by_their_objects_as_python_does():
         assert ids.common_prefix_len(a, b) == ids.common_prefix_len(b, a) == expected
         assert ids.starts_with(a, b) == (expected == len(b) <= len(a))
         assert ids.starts_with(b, a) == (expected == len(a) <= len(b))
+        assert ids.same_items(a, b) == ids.same_items(tuple(a), b) == (list(a) == list(b))

@@ -59,7 +59,11 @@ def common_prefix_len(a: Sequence, b: Sequence, hint: int | None = None) -> int:
 
 def same_items(a: Sequence, b: Sequence) -> bool:
     """`list(a) == list(b)` without the copies: long lists are compared by their objects first."""
-    return len(a) == len(b) and (a is b or common_prefix_len(a, b) == len(a))
+    if len(a) != len(b):
+        return False
+    if type(a) is not type(b):  # a tuple never equals a list: compare the items
+        return list(a) == list(b)
+    return a is b or common_prefix_len(a, b) == len(a)
 
 
 def _same(x: object, y: object) -> bool:
