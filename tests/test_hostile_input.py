@@ -262,17 +262,20 @@ def test_a_run_missing_a_table_is_named(command, small_run, tmp_path):
 
 def _workers(pid: int, spawned: bool = True) -> list[int]:
     """The multiprocessing workers among a process's children: forked ones (the parent's own
-    command line) and, unless `spawned` is false, spawned ones; not its plot helper or resource
-    tracker."""
+    command line, but not the report helper, forked too and named apart) and, unless `spawned` is
+    false, spawned ones; not its report helper or resource tracker."""
+    from trace_tools.report.finish import HELPER_NAME
+
     workers = []
     parent = Path(f"/proc/{pid}/cmdline").read_bytes()
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
         for child in task.read_text().split():
             try:
                 command = Path(f"/proc/{child}/cmdline").read_bytes()
+                name = Path(f"/proc/{child}/comm").read_text().strip()
             except OSError:
                 continue
-            if (spawned and b"spawn_main" in command) or command == parent:
+            if (spawned and b"spawn_main" in command) or (command == parent and name != HELPER_NAME):
                 workers.append(int(child))
     return workers
 

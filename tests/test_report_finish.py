@@ -65,6 +65,9 @@ def test_the_report_helper_writes_what_this_process_writes(sample_run, tmp_path,
     with _fresh_helper(start) as helper:
         kind = finish._ForkedHelper if start == "forked" else subprocess.Popen
         assert isinstance(helper._process, kind)  # a real helper process, not the fallback
+        if start == "forked":  # named apart from the replay, whose command line it shares
+            assert Path(f"/proc/{helper._process.pid}/comm").read_text().strip() == finish.HELPER_NAME
+            assert finish._process_name() != finish.HELPER_NAME
         summary = helper.report(_job(helped, sample_run))
     assert summary == write_run_report(_job(here, sample_run)) == sample_run.summary
     assert _written(helped) == _written(here)

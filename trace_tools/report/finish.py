@@ -13,6 +13,7 @@ Nothing at this module's top imports pandas or matplotlib.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import signal
@@ -27,6 +28,8 @@ from trace_tools.collector import off_for_good
 from trace_tools.render.renderer import verify_summary
 
 STOP_GRACE_S = 2.0  # how long an interrupted helper may take to end its drawers
+# The forked helper's process name (`ps`, /proc/PID/comm): its command line is the replay's own.
+HELPER_NAME = "tt-report"
 
 
 @dataclass(frozen=True)
@@ -181,12 +184,17 @@ class _ForkedHelper:
     def __init__(self) -> None:
         job_read, job_write = os.pipe()
         answer_read, answer_write = os.pipe()
+        named = _process_name()
+        _name_this_process(HELPER_NAME)  # before the fork: the child is never seen under the replay's name
         try:
             self.pid = os.fork()
         except OSError:
             for end in (job_read, job_write, answer_read, answer_write):
                 os.close(end)
             raise
+        finally:
+            if named is not None and getattr(self, "pid", None) != 0:
+                _name_this_process(named)
         if self.pid == 0:
             _forked_serve(job_read, answer_write, (job_write, answer_read))
         os.close(job_read)
@@ -255,6 +263,22 @@ def _forked_serve(job_read: int, answer_write: int, parents_ends: tuple[int, ...
         pass
     finally:
         os._exit(code)
+
+
+def _process_name() -> str | None:
+    """This thread's name as `ps` and /proc show it (Linux), None elsewhere."""
+    try:
+        return Path("/proc/thread-self/comm").read_text().rstrip("\n")
+    except OSError:
+        return None
+
+
+def _name_this_process(name: str) -> None:
+    """Name this thread as `ps` and /proc show it (Linux's PR_SET_NAME; elsewhere nothing changes)."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (AttributeError, OSError):
+        pass
 
 
 def _serve(jobs: BinaryIO, answers: BinaryIO) -> None:
