@@ -37,10 +37,8 @@ def common_prefix_len(a: Sequence, b: Sequence, hint: int | None = None) -> int:
     the work stays linear and runs at C speed; a Python loop over 50k-token prompts would
     dominate replay."""
     n = min(len(a), len(b))
-    if n >= _BY_OBJECTS_MIN and type(a) is list and type(b) is list and _same_objects is not None:
-        k = _same_objects(a, b, n)
-        if k == n or a[k] != b[k]:  # equal values in different objects: compared below
-            return k
+    if (decided := _prefix_by_objects(a, b, n)) is not None:
+        return decided
     if hint is not None and 0 < hint < n and not _same(a[hint], b[hint]) and a[:hint] == b[:hint]:
         return hint
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
@@ -76,10 +74,8 @@ def starts_with(seq: Sequence, prefix: Sequence) -> bool:
     n = len(prefix)
     if len(seq) < n:
         return False
-    if n >= _BY_OBJECTS_MIN and type(seq) is list and type(prefix) is list and _same_objects is not None:
-        k = _same_objects(seq, prefix, n)
-        if k == n or seq[k] != prefix[k]:
-            return k == n
+    if (decided := _prefix_by_objects(seq, prefix, n)) is not None:
+        return decided == n
     head = seq if len(seq) == n else seq[:n]
     return head == prefix if type(head) is type(prefix) else list(head) == list(prefix)
 
@@ -151,6 +147,16 @@ def _lays_out_lists_as_expected(same_objects: Callable, pointer_at: Callable, it
 
 
 _same_objects = _object_comparer()
+
+
+def _prefix_by_objects(a: Sequence, b: Sequence, n: int) -> int | None:
+    """The common prefix of the first n items of two long lists, found by their objects
+    (`same_objects`); None where that does not decide it (short lists, other sequences, another
+    interpreter, or equal values in different objects where the objects first differ)."""
+    if n < _BY_OBJECTS_MIN or type(a) is not list or type(b) is not list or _same_objects is None:
+        return None
+    k = _same_objects(a, b, n)
+    return k if k == n or a[k] != b[k] else None
 
 
 def suffix_prefix_overlap(a: Sequence, b: Sequence) -> int:
