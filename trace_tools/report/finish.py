@@ -188,15 +188,15 @@ class _ForkedHelper:
         _name_this_process(HELPER_NAME)  # before the fork: the child is never seen under the replay's name
         try:
             self.pid = os.fork()
+            if self.pid == 0:
+                _forked_serve(job_read, answer_write, (job_write, answer_read))
         except OSError:
             for end in (job_read, job_write, answer_read, answer_write):
                 os.close(end)
             raise
         finally:
-            if named is not None and getattr(self, "pid", None) != 0:
+            if named is not None:  # this process's own name back (the child never gets here)
                 _name_this_process(named)
-        if self.pid == 0:
-            _forked_serve(job_read, answer_write, (job_write, answer_read))
         os.close(job_read)
         os.close(answer_write)
         self.stdin = open(job_write, "wb")
