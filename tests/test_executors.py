@@ -282,7 +282,7 @@ class _WritesWhenFreed:
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_worker_process_exits_with_its_code_and_handlers_but_without_the_teardown(tmp_path, code):
     """Freeing a worker's caches object by object held the pool's shutdown (docs/performance.md)."""
-    from trace_tools.replay.local_pool import _QuietSpawn
+    from trace_tools.process_pool import _QuietSpawn
 
     log = tmp_path / "log"
     process = _QuietSpawn(hide_main=False).Process(target=_exiting_worker, args=(str(log), code))

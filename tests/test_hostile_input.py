@@ -330,7 +330,7 @@ def test_ctrl_c_between_the_forks_and_the_pools_manager_thread_stops_the_whole_p
         """
         import signal
         from concurrent.futures import process
-        from trace_tools.replay import local_pool
+        from trace_tools import process_pool
 
         start = process._ExecutorManagerThread.start
         def interrupted_start(thread):  # the workers are forked; the manager thread is not running
@@ -338,13 +338,13 @@ def test_ctrl_c_between_the_forks_and_the_pools_manager_thread_stops_the_whole_p
             start(thread)
         process._ExecutorManagerThread.start = interrupted_start
         made = []
-        class Remembered(local_pool._QuietFork):
+        class Remembered(process_pool._QuietFork):
             def __init__(self):
                 super().__init__()
                 made.append(self)
-        local_pool._QuietFork = Remembered
+        process_pool._QuietFork = Remembered
         try:
-            local_pool.WorkerPool(2)
+            process_pool.WorkerPool(2)
         except KeyboardInterrupt:
             workers = [worker.held_popen for worker in made[0].started]
             print("interrupted", len(workers), [worker.poll() is None for worker in workers])

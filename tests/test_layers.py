@@ -19,6 +19,7 @@ LAYERS = [
     "options",
     "arrow_pool",
     "collector",
+    "process_pool",
     "data",
     "families",
     "io",

@@ -30,6 +30,13 @@ def reconstruct_cmd(
     json_out: Annotated[bool, json_option("Print the summary as JSON instead of a table.")] = False,
     reference: ReferenceOpt = False,
     verify: VerifyOpt = False,
+    workers: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Processes reconstructing sessions (default: the machine's cores, 1 for a dump under 400 "
+            "turns, or 4,000 where workers are spawned; 1 = in this process). The result is the same."
+        ),
+    ] = None,
 ) -> None:
     """Re-render each turn (canonical messages + tools + generation prompt) and compare with prompt_ids.
 
@@ -50,6 +57,7 @@ def reconstruct_cmd(
             progress=advance,
             render_path=path,
             owns_process=True,
+            workers=workers,
         )
     if out is not None:
         result.save(out)

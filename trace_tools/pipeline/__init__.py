@@ -78,14 +78,23 @@ class RendererPool:
         if self.fixed is not None:
             return self.fixed
         spec = self.spec_for(session.meta)
-        if spec is None:
-            return None
+        return None if spec is None else self._renderer(spec)
+
+    def _renderer(self, spec: Any) -> Any:
         renderer = self._renderers.get(spec)
         if renderer is None:
             from trace_tools.render.renderer import Renderer
 
             renderer = self._renderers[spec] = Renderer.from_render_spec(spec)
         return renderer
+
+    def preload(self) -> None:
+        """Build the renderer of every spec resolved so far and its tokenizer's encoder
+        (`Renderer.preload`), before worker processes fork from this one."""
+        renderers = [self.fixed] if self.fixed is not None else [self._renderer(spec) for spec in self.specs()]
+        for renderer in renderers:
+            if hasattr(renderer, "preload"):  # a caller's own renderer may have nothing to load
+                renderer.preload()
 
     def spec_for(self, meta: DumpMeta) -> Any:
         """Every input the renderer of a recording with this metadata reads; None without a tokenizer."""

@@ -35,6 +35,7 @@ from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
 from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
+from trace_tools.process_pool import default_workers
 from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER, WorkerPool, can_fork
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
@@ -55,16 +56,6 @@ def ray_niceness() -> int:
     if not text.lstrip("-").isdigit() or not -20 <= int(text) <= 19:
         raise UsageError(f"TRACE_TOOLS_RAY_NICE={text} is not a niceness; set an integer from -20 to 19 (default 0)")
     return int(text)
-
-
-def default_workers() -> int:
-    """`$TRACE_TOOLS_WORKERS` when set, else the machine's cores (what this process may use)."""
-    if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit():
-        return max(1, int(os.environ["TRACE_TOOLS_WORKERS"]))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # A local dump whose replay is small replays in this process by default: starting the worker pool

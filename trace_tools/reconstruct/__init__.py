@@ -14,32 +14,26 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from trace_tools.collector import collector_off, session_done
-from trace_tools.data import Session, Turn
-from trace_tools.errors import TraceToolsError
-from trace_tools.ids import common_prefix_len
+from trace_tools.data import Session
+from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.io.write import write_json_atomic, write_parquet_atomic
-from trace_tools.pipeline import RendererPool
-from trace_tools.pipeline.prepared import prepare_session
-from trace_tools.render.canonical import canonicalize_messages
+from trace_tools.pipeline import Pipeline, RendererPool
+from trace_tools.reconstruct.rows import (  # noqa: F401 (divergence_context, first_divergence, render_turn, turn_fidelity: re-exported)
+    CONTEXT_TOKENS,
+    TURN_COLUMNS,
+    divergence_context,
+    first_divergence,
+    render_turn,
+    session_turn_rows,
+    turn_fidelity,
+)
 
 if TYPE_CHECKING:  # built when asked for: the command line prints its table without pandas
     import pandas as pd
 
-CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
-TURN_COLUMNS = [
-    "session_id",
-    "turn_index",
-    "rendered_len",
-    "recorded_len",
-    "exact",
-    "first_divergence",
-    "context",
-    "error",
-]
-# Nullable dtypes: "not recorded" stays <NA> instead of turning lengths into floats.
 TURN_DTYPES = {
     "turn_index": "Int64",
     "rendered_len": "Int64",
@@ -123,6 +117,7 @@ def reconstruct(
     tool_format: str | None = None,
     render_path: str = "fast",
     owns_process: bool = False,
+    workers: int | None = None,
 ) -> ReconstructResult:
     """Re-render every turn of a dump and compare with its recorded prompt ids.
 
@@ -134,43 +129,18 @@ def reconstruct(
     (`render.spec.RENDER_PATHS`); with verify, `summary["verify"]` counts what was checked and
     what differed. `owns_process`: the caller owns this process (the command line), so the
     sessions may render with Python's cyclic collector off (`trace_tools.collector`).
+    `workers`: processes reconstructing a dump path's sessions (`reconstruct.workers`; default
+    `$TRACE_TOOLS_WORKERS` or the machine's cores, 1 for a small dump; 1 = this process). The
+    rows, summary and identity are the same for any number.
     """
     if owns_process:
         from trace_tools.arrow_pool import arrow_without_pandas
 
         arrow_without_pandas()  # the command line builds no DataFrame (`ReconstructResult`)
-    sessions, quarantined, total, pool = _sessions(dump, tokenizer, chat_template, renderer, tool_format, render_path)
-    rows: list[dict[str, Any]] = []
-    identities: dict[str, Any] = {}
-    with collector_off(owns_process):
-        for done, session in enumerate(sessions, start=1):
-            rows += _session_rows(session, pool, canonicalization, identities)
-            session_done()
-            if progress:
-                progress(done, total)
-    summary = {**summarize(rows), "quarantined_sessions": len(quarantined)}
-    if render_path == "verify":
-        from trace_tools.render.renderer import verify_summary
-
-        summary["verify"] = verify_summary(pool.render_stats())
-    identity = next(iter(identities.values()), {}) if len(identities) <= 1 else {"renderers": list(identities.values())}
-    return ReconstructResult(rows, summary, identity)
-
-
-def _sessions(
-    dump: Any,
-    tokenizer: str | None,
-    chat_template: str | None,
-    renderer: Any,
-    tool_format: str | None,
-    render_path: str,
-) -> tuple[Iterator[Session], set, int, Any]:
-    """(valid sessions, quarantined session ids — filled while iterating for paths —, session count,
-    the renderer pool: for a path, the pipeline's, which resolved every file's renderer as it opened it)."""
-
-    quarantined: set[str] = set()
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be at least 1 (got {workers})")
     if isinstance(dump, (str, os.PathLike)):
-        from trace_tools.pipeline import Pipeline
+        from trace_tools.reconstruct.workers import auto_workers, reconstruct_in_workers
 
         pipeline = Pipeline(
             dump,
@@ -181,96 +151,70 @@ def _sessions(
             tool_format=tool_format,
             render_path=render_path,
         )
-        stream = pipeline.stream
+        workers = workers or auto_workers(pipeline.stream.rows)
+        if workers > 1:
+            done = reconstruct_in_workers(pipeline, workers, canonicalization, progress)
+            return _result(done.rows, done.quarantined, done.identities, done.render_stats, render_path)
+        sessions, quarantined, total, pool = _streamed(pipeline)
+    else:
+        sessions, quarantined, total, pool = _given(dump, tokenizer, chat_template, renderer, tool_format, render_path)
+    rows: list[dict[str, Any]] = []
+    identities: dict[str, Any] = {}
+    with collector_off(owns_process):
+        for done_count, session in enumerate(sessions, start=1):
+            rows += session_turn_rows(session, pool, canonicalization, identities)
+            session_done()
+            if progress:
+                progress(done_count, total)
+    return _result(rows, quarantined, identities, pool.render_stats(), render_path)
 
-        def valid() -> Iterator[Session]:
-            for item in pipeline:
-                if isinstance(item, Session):
-                    yield item
-                elif item.session_id is not None:
-                    quarantined.add(item.session_id)
 
-        return valid(), quarantined, stream.session_count, pipeline.renderers
+def _result(
+    rows: list[dict[str, Any]], quarantined: set[str], identities: dict[str, Any], stats: dict[str, int], path: str
+) -> ReconstructResult:
+    """The result from the turns' rows, the sessions quarantined, the renderers' identities and
+    their render counters (`summary["verify"]` on the verify path)."""
+    summary = {**summarize(rows), "quarantined_sessions": len(quarantined)}
+    if path == "verify":
+        from trace_tools.render.renderer import verify_summary
+
+        summary["verify"] = verify_summary(stats)
+    identity = next(iter(identities.values()), {}) if len(identities) <= 1 else {"renderers": list(identities.values())}
+    return ReconstructResult(rows, summary, identity)
+
+
+def _streamed(pipeline: Any) -> tuple[Iterator[Session], set, int, Any]:
+    """(valid sessions, quarantined session ids — filled while iterating —, session count, the
+    pipeline's renderer pool, which resolved every file's renderer as it opened it)."""
+    quarantined: set[str] = set()
+
+    def valid() -> Iterator[Session]:
+        for item in pipeline:
+            if isinstance(item, Session):
+                yield item
+            elif item.session_id is not None:
+                quarantined.add(item.session_id)
+
+    return valid(), quarantined, pipeline.stream.session_count, pipeline.renderers
+
+
+def _given(
+    dump: Any,
+    tokenizer: str | None,
+    chat_template: str | None,
+    renderer: Any,
+    tool_format: str | None,
+    render_path: str,
+) -> tuple[Iterator[Session], set, int, Any]:
+    """The same for a loaded dump or a list of sessions, with a renderer pool of its own."""
     pool = RendererPool(tokenizer, chat_template, renderer, tool_format, render_path)
     if hasattr(dump, "sessions"):
         quarantined = {entry.session_id for entry in getattr(dump, "quarantine", None) or ()}
         return iter(list(dump.sessions)), quarantined, len(dump.sessions), pool
     if isinstance(dump, Iterable):
         sessions = [s for s in dump if isinstance(s, Session)]
-        return iter(sessions), quarantined, len(sessions), pool
+        return iter(sessions), set(), len(sessions), pool
     raise TraceToolsError(f"cannot reconstruct {type(dump).__name__}; pass a dump path, a loaded dump or sessions")
-
-
-def _session_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
-    try:
-        renderer = pool.for_session(session)
-        prepared = prepare_session(session, renderer, canonicalization, "auto", responses=False)
-    except TraceToolsError as exc:
-        return [_row(turn, None, error=str(exc)) for turn in session.turns]
-    identity = dict(getattr(renderer, "identity", {}) or {})
-    identities.setdefault(repr(sorted(identity.items())), identity)
-    rows = [turn_fidelity(renderer, p) for p in prepared.turns]
-    if hasattr(renderer, "reset_caches"):
-        renderer.reset_caches()
-    return rows
-
-
-def turn_fidelity(renderer: Any, prepared: Any) -> dict[str, Any]:
-    """One row of the turns table (see TURN_COLUMNS) for a prepared turn."""
-    turn = prepared.turn
-    try:
-        rendered = prepared.rendered_prompt_ids()
-    except TraceToolsError as exc:
-        return _row(turn, None, error=str(exc))
-    return _row(turn, rendered, renderer=renderer)
-
-
-def _row(turn: Turn, rendered: Sequence[int] | None, renderer: Any = None, error: str | None = None) -> dict[str, Any]:
-    recorded = turn.prompt_ids
-    row: dict[str, Any] = {
-        "session_id": turn.session_id,
-        "turn_index": turn.turn_index,
-        "rendered_len": None if rendered is None else len(rendered),
-        "recorded_len": None if recorded is None else len(recorded),
-        "exact": None,
-        "first_divergence": None,
-        "context": None,
-        "error": error,
-    }
-    if recorded is None:
-        return row
-    if rendered is None:
-        row["exact"] = False
-        return row
-    row["exact"] = recorded == rendered
-    at = None if row["exact"] else first_divergence(recorded, rendered)
-    if at is not None:
-        row["first_divergence"] = at
-        row["context"] = divergence_context(renderer, recorded, rendered, at)
-    return row
-
-
-def render_turn(renderer: Any, turn: Turn, canonicalization: str = "slime") -> list[int]:
-    """The prompt ids a gateway with this renderer would have fed for `turn`."""
-    messages = canonicalize_messages(turn.messages, canonicalization)
-    return renderer.render(messages, turn.tools or None, True, **(turn.chat_template_kwargs or {}))
-
-
-def first_divergence(recorded: Sequence[int], rendered: Sequence[int]) -> int | None:
-    """Index of the first differing token; the shorter length when one is a prefix of the other."""
-
-    at = common_prefix_len(recorded, rendered)
-    return None if at == len(recorded) == len(rendered) else at
-
-
-def divergence_context(
-    renderer: Any, recorded: Sequence[int], rendered: Sequence[int], at: int, width: int = CONTEXT_TOKENS
-) -> str:
-    """`…shared text⟨recorded: '…' | rendered: '…'⟩` around token `at`."""
-    shared = renderer.decode(list(recorded[max(0, at - width) : at]))
-    theirs = renderer.decode(list(recorded[at : at + width]))
-    ours = renderer.decode(list(rendered[at : at + width]))
-    return f"…{shared}⟨recorded: {theirs!r} | rendered: {ours!r}⟩"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

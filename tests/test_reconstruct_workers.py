@@ -1,0 +1,154 @@
+"""`reconstruct` on worker processes gives the rows, summary and identity one process gives: on
+drifting sessions, two recordings in one directory, sessions interleaved across small row groups,
+and sessions quarantined in either pass; forked and spawned."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trace_tools.errors import UsageError
+from trace_tools.reconstruct import reconstruct
+from trace_tools.reconstruct.workers import SMALL_RECONSTRUCT, _batches, auto_workers
+
+# The module itself: `trace_tools.reconstruct` names the function on the package (`trace_tools.__init__`).
+WORKERS = importlib.import_module("trace_tools.reconstruct.workers")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def interleaved_dump(simulated_dump, tmp_path_factory) -> Path:
+    """The simulated dump's rows dealt out so that sessions interleave, in row groups of 5 rows
+    (each session spans many, most shared with other sessions), one session quarantined while its
+    rows are read (an out-of-vocabulary prompt id), one for a turn index it repeats, one whose
+    recorded prompts differ from the render half-way (every later turn diverges), and one whose
+    rows lie among the others' in the middle of the file (it starts after them and ends first)."""
+    table = pq.read_table(simulated_dump)
+    order = sorted(range(table.num_rows), key=lambda i: (i % 3, i))
+    table = table.take(order)
+    rows = table.to_pylist()
+    sessions = list(dict.fromkeys(row["session_id"] for row in rows))
+    bad_ids = next(row for row in rows if row["session_id"] == sessions[1])
+    bad_ids["prompt_ids"] = [*bad_ids["prompt_ids"][:-1], 10**9]
+    repeated = [row for row in rows if row["session_id"] == sessions[2]]
+    repeated[1]["turn_index"] = repeated[0]["turn_index"]
+    for row in rows:
+        if row["session_id"] == sessions[3] and len(row["prompt_ids"]) > 200:
+            row["prompt_ids"][200] = (row["prompt_ids"][200] + 1) % 1000
+    inside = [row for row in rows if row["session_id"] == sessions[4]]
+    rows = [row for row in rows if row["session_id"] != sessions[4]]
+    for k, row in enumerate(inside):  # every other row, sharing its row groups with the others
+        rows.insert(len(rows) // 3 + 2 * k, row)
+    path = tmp_path_factory.mktemp("interleaved") / "dump.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path, row_group_size=5)
+    return path
+
+
+def _same_in_workers(dump: Path, **options) -> dict:
+    one = reconstruct(dump, workers=1, **options)
+    for workers in (2, 3):
+        many = reconstruct(dump, workers=workers, **options)
+        assert many.rows == one.rows
+        assert many.summary == one.summary
+        assert many.renderer_identity == one.renderer_identity
+    return one.summary
+
+
+def test_two_recordings_in_a_directory_give_the_same_rows_and_identities_in_workers():
+    summary = _same_in_workers(ROOT / "sample_traces")
+    assert summary["sessions"] == 32 and summary["rate"] == 1.0
+
+
+@pytest.mark.parametrize("tasks_per_worker", [1, 4])  # 1: tasks of several sessions each
+def test_interleaved_sessions_quarantines_and_divergences_give_the_same_rows_in_workers(
+    interleaved_dump, monkeypatch, tasks_per_worker
+):
+    monkeypatch.setattr(WORKERS, "TASKS_PER_WORKER", tasks_per_worker)
+    summary = _same_in_workers(interleaved_dump)
+    assert summary["quarantined_sessions"] == 2
+    assert 0 < summary["exact"] < summary["turns_compared"]  # divergences and their contexts compared too
+
+
+def test_verify_counts_every_workers_checks(simulated_dump):
+    summary = _same_in_workers(simulated_dump, render_path="verify")
+    assert summary["verify"]["checked"] == summary["turns"]  # one render checked a turn, whichever worker ran it
+
+
+def test_progress_counts_every_session_once_in_workers(interleaved_dump):
+    seen: list[tuple[int, int]] = []
+    reconstruct(interleaved_dump, workers=2, progress=lambda done, total: seen.append((done, total)))
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and seen[-1] == (12, 12)
+
+
+def test_workers_must_be_at_least_one(simulated_dump):
+    with pytest.raises(UsageError, match="--workers must be at least 1"):
+        reconstruct(simulated_dump, workers=0)
+
+
+def test_a_small_dump_reconstructs_in_this_process_by_default(monkeypatch):
+    monkeypatch.delenv("TRACE_TOOLS_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    for method, small in SMALL_RECONSTRUCT.items():
+        monkeypatch.setattr(WORKERS, "can_fork", lambda method=method: method == "fork")
+        assert auto_workers(small - 1) == 1 and auto_workers(small) == 4
+    monkeypatch.setenv("TRACE_TOOLS_WORKERS", "3")
+    assert auto_workers(10) == 3
+
+
+def test_tasks_are_consecutive_sessions_within_a_share_of_the_turns(interleaved_dump):
+    from trace_tools.io.load import iter_sessions
+
+    slots = [slot for slot in iter_sessions(interleaved_dump).slots() if not slot.problems]
+    batches = list(_batches(slots, 2))
+    assert [slot for batch in batches for slot in batch] == slots
+    share = sum(slot.rows for slot in slots) // 8
+    assert all(len(batch) == 1 or sum(slot.rows for slot in batch) <= share for batch in batches)
+    assert len(batches) > 2  # every worker gets several: none idles while the last one runs
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_the_command_line_forks_its_workers_and_prints_what_one_process_does(interleaved_dump, start):
+    """In a fresh process (one thread) the workers fork, sharing the encoder built before; with
+    `$TRACE_TOOLS_WORKER_START=spawn` they are spawned and build their own. The summary is the
+    same either way, and as `--workers 1` prints it."""
+    code = (
+        "import importlib, sys; rw = importlib.import_module('trace_tools.reconstruct.workers'); made = rw.WorkerPool.__init__; "
+        "rw.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__, file=sys.stderr))[0]; "
+        "from trace_tools.cli.main import main; sys.argv = ['trace-tools', *sys.argv[1:]]; main()"
+    )
+    env = {**os.environ, "TRACE_TOOLS_WORKER_START": start}
+    runs = {
+        workers: subprocess.run(
+            [sys.executable, "-c", code, "reconstruct", str(interleaved_dump), "--json", "--workers", workers],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        for workers in ("1", "2")
+    }
+    assert all(run.returncode == 0 for run in runs.values()), runs
+    assert json.loads(runs["2"].stdout) == json.loads(runs["1"].stdout)
+    assert runs["2"].stderr.split() == ["_QuietFork" if start == "auto" else "_QuietSpawn"]
+    assert runs["1"].stderr.split() == []
+
+
+def test_a_task_reads_each_row_group_once_and_hands_each_session_its_rows_in_file_order(interleaved_dump):
+    from trace_tools.io.load import ROW_COLUMN, iter_sessions
+
+    stream = iter_sessions(interleaved_dump)
+    slots = [slot for slot in stream.slots() if not slot.problems]
+    parts = WORKERS._read_parts(stream.context(), slots)  # one task of every session
+    for slot in slots:
+        rows = [row for table in parts[slot.position] for row in table.column(ROW_COLUMN).to_pylist()]
+        assert rows == sorted(rows) and len(rows) == slot.rows

@@ -1,0 +1,100 @@
+"""One reconstructed session's turns as rows of the turns table (`TURN_COLUMNS`): each turn's
+prompt rendered as the gateway would have, compared with the recorded prompt ids, and where they
+differ the first differing token with the text around it."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from trace_tools.data import Session, Turn
+from trace_tools.errors import TraceToolsError
+from trace_tools.ids import common_prefix_len
+from trace_tools.pipeline.prepared import prepare_session
+from trace_tools.render.canonical import canonicalize_messages
+
+CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
+TURN_COLUMNS = [
+    "session_id",
+    "turn_index",
+    "rendered_len",
+    "recorded_len",
+    "exact",
+    "first_divergence",
+    "context",
+    "error",
+]
+# Nullable dtypes: "not recorded" stays <NA> instead of turning lengths into floats.
+
+
+def session_turn_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
+    """The turns' rows of one session (TURN_COLUMNS), rendered with its renderer from `pool`; its
+    renderer's identity is added to `identities`, and its render caches are dropped after it."""
+    try:
+        renderer = pool.for_session(session)
+        prepared = prepare_session(session, renderer, canonicalization, "auto", responses=False)
+    except TraceToolsError as exc:
+        return [_row(turn, None, error=str(exc)) for turn in session.turns]
+    identity = dict(getattr(renderer, "identity", {}) or {})
+    identities.setdefault(repr(sorted(identity.items())), identity)
+    rows = [turn_fidelity(renderer, p) for p in prepared.turns]
+    if hasattr(renderer, "reset_caches"):
+        renderer.reset_caches()
+    return rows
+
+
+def turn_fidelity(renderer: Any, prepared: Any) -> dict[str, Any]:
+    """One row of the turns table (see TURN_COLUMNS) for a prepared turn."""
+    turn = prepared.turn
+    try:
+        rendered = prepared.rendered_prompt_ids()
+    except TraceToolsError as exc:
+        return _row(turn, None, error=str(exc))
+    return _row(turn, rendered, renderer=renderer)
+
+
+def _row(turn: Turn, rendered: Sequence[int] | None, renderer: Any = None, error: str | None = None) -> dict[str, Any]:
+    recorded = turn.prompt_ids
+    row: dict[str, Any] = {
+        "session_id": turn.session_id,
+        "turn_index": turn.turn_index,
+        "rendered_len": None if rendered is None else len(rendered),
+        "recorded_len": None if recorded is None else len(recorded),
+        "exact": None,
+        "first_divergence": None,
+        "context": None,
+        "error": error,
+    }
+    if recorded is None:
+        return row
+    if rendered is None:
+        row["exact"] = False
+        return row
+    row["exact"] = recorded == rendered
+    at = None if row["exact"] else first_divergence(recorded, rendered)
+    if at is not None:
+        row["first_divergence"] = at
+        row["context"] = divergence_context(renderer, recorded, rendered, at)
+    return row
+
+
+def render_turn(renderer: Any, turn: Turn, canonicalization: str = "slime") -> list[int]:
+    """The prompt ids a gateway with this renderer would have fed for `turn`."""
+    messages = canonicalize_messages(turn.messages, canonicalization)
+    return renderer.render(messages, turn.tools or None, True, **(turn.chat_template_kwargs or {}))
+
+
+def first_divergence(recorded: Sequence[int], rendered: Sequence[int]) -> int | None:
+    """Index of the first differing token; the shorter length when one is a prefix of the other."""
+
+    at = common_prefix_len(recorded, rendered)
+    return None if at == len(recorded) == len(rendered) else at
+
+
+def divergence_context(
+    renderer: Any, recorded: Sequence[int], rendered: Sequence[int], at: int, width: int = CONTEXT_TOKENS
+) -> str:
+    """`…shared text⟨recorded: '…' | rendered: '…'⟩` around token `at`."""
+    shared = renderer.decode(list(recorded[max(0, at - width) : at]))
+    theirs = renderer.decode(list(recorded[at : at + width]))
+    ours = renderer.decode(list(rendered[at : at + width]))
+    return f"…{shared}⟨recorded: {theirs!r} | rendered: {ours!r}⟩"
