@@ -198,8 +198,8 @@ def test_ray_tasks_share_many_short_sessions_and_end_with_single_ones():
 
 
 def test_ray_tasks_start_at_most_a_window_after_the_oldest_unfinished_one():
+    from trace_tools.process_pool import IN_FLIGHT_PER_WORKER
     from trace_tools.replay.executors import REORDER_WINDOW_PER_CPU
-    from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER
 
     planner, _ = _ray_planner(1, [1])
     assert planner._room({}, 0)

@@ -108,7 +108,7 @@ def replay(
         render_path,
     )
     from trace_tools.io import storage
-    from trace_tools.replay.local_pool import can_fork
+    from trace_tools.process_pool import can_fork
     from trace_tools.report.finish import ReportHelper
     from trace_tools.report.sample_bars import GatheredBars
 

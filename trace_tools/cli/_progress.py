@@ -23,7 +23,7 @@ def progress_bar(
 ) -> Iterator[Callable[[int, int], None]]:
     """`still_until_first_call`: at a terminal, the bar is drawn once and stands still until the
     first call, with no thread redrawing it: `replay` forks its worker processes before any session
-    ends, and forks only from a process running one thread (`replay.local_pool.can_fork`)."""
+    ends, and forks only from a process running one thread (`process_pool.can_fork`)."""
     from trace_tools.cli._output import err_console
 
     if disable:

@@ -21,7 +21,7 @@ from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UsageError
 from trace_tools.io.write import write_json_atomic, write_parquet_atomic
 from trace_tools.pipeline import Pipeline, RendererPool
-from trace_tools.reconstruct.rows import (  # noqa: F401 (divergence_context, first_divergence, render_turn, turn_fidelity: re-exported)
+from trace_tools.reconstruct.rows import (  # noqa: F401 (the rows' helpers, re-exported: callers import them from here)
     CONTEXT_TOKENS,
     TURN_COLUMNS,
     divergence_context,
@@ -131,7 +131,8 @@ def reconstruct(
     sessions may render with Python's cyclic collector off (`trace_tools.collector`).
     `workers`: processes reconstructing a dump path's sessions (`reconstruct.workers`; default
     `$TRACE_TOOLS_WORKERS` or the machine's cores, 1 for a small dump; 1 = this process). The
-    rows, summary and identity are the same for any number.
+    rows, summary and identity are the same for any number. A `renderer` object is shared only
+    with forked workers: where they would be spawned, this process reconstructs.
     """
     if owns_process:
         from trace_tools.arrow_pool import arrow_without_pandas
@@ -140,6 +141,7 @@ def reconstruct(
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1 (got {workers})")
     if isinstance(dump, (str, os.PathLike)):
+        from trace_tools.process_pool import can_fork
         from trace_tools.reconstruct.workers import auto_workers, reconstruct_in_workers
 
         pipeline = Pipeline(
@@ -152,7 +154,7 @@ def reconstruct(
             render_path=render_path,
         )
         workers = workers or auto_workers(pipeline.stream.rows)
-        if workers > 1:
+        if workers > 1 and (renderer is None or can_fork()):
             done = reconstruct_in_workers(pipeline, workers, canonicalization, progress)
             return _result(done.rows, done.quarantined, done.identities, done.render_stats, render_path)
         sessions, quarantined, total, pool = _streamed(pipeline)

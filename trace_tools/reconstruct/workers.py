@@ -41,11 +41,11 @@ def auto_workers(rows: int) -> int:
 @dataclass(frozen=True)
 class _Setup:
     """What a worker builds its renderers from where it was spawned (a forked one has the calling
-    process's, encoders built: `_FORKED_POOL`), and how messages are canonicalized."""
+    process's, encoders built: `_FORKED_POOL`), and how messages are canonicalized. A caller's
+    own renderer object is not in it: only forked workers share one (`reconstruct`)."""
 
     tokenizer: str | None
     chat_template: str | None
-    renderer: Any
     tool_format: str | None
     render_path: str
     resolved: dict[tuple, Any]
@@ -56,7 +56,6 @@ class _Setup:
         return cls(
             pool.tokenizer,
             pool.chat_template,
-            pool.fixed,
             pool.tool_format,
             pool.render_path,
             pool.resolved,
@@ -64,9 +63,7 @@ class _Setup:
         )
 
     def pool(self) -> RendererPool:
-        return RendererPool(
-            self.tokenizer, self.chat_template, self.renderer, self.tool_format, self.render_path, self.resolved
-        )
+        return RendererPool(self.tokenizer, self.chat_template, None, self.tool_format, self.render_path, self.resolved)
 
 
 @dataclass
@@ -95,7 +92,8 @@ def reconstruct_in_workers(
     context = stream.context()
     gathered = Gathered([], {slot.session_id for slot in slots if slot.problems}, {}, {})
     done = len(gathered.quarantined)
-    pipeline.renderers.preload()
+    if can_fork():  # the workers will share what is built now; spawned ones build their own
+        pipeline.renderers.preload()
     setup = _Setup.of(pipeline.renderers, canonicalization)
     _FORKED_POOL = pipeline.renderers
     try:
@@ -120,16 +118,17 @@ def reconstruct_in_workers(
 
 
 def _batches(slots: list[SessionSlot], workers: int) -> Iterator[list[SessionSlot]]:
-    """Consecutive sessions, one task each: one session, and more while their turns stay within a
-    share of the dump's turns that gives every worker `TASKS_PER_WORKER` tasks (at most
-    `TASK_TURNS`). A row group two tasks share is read by both; bigger tasks would read fewer
-    twice but leave a worker idle at the end."""
-    size = min(TASK_TURNS, sum(slot.rows for slot in slots) // (workers * TASKS_PER_WORKER))
+    """Consecutive sessions, one task each: one session, and more while their turns stay within
+    the share of the turns left that gives every worker `TASKS_PER_WORKER` more tasks (and within
+    `TASK_TURNS`). So the tasks shrink towards the end, and the last are single sessions: no
+    worker waits long for another's last task. A row group two tasks share is read by both."""
+    left = sum(slot.rows for slot in slots)
     batch: list[SessionSlot] = []
     turns = 0
     for slot in slots:
-        if batch and turns + slot.rows > size:
+        if batch and turns + slot.rows > min(TASK_TURNS, left // (workers * TASKS_PER_WORKER)):
             yield batch
+            left -= turns
             batch, turns = [], 0
         batch.append(slot)
         turns += slot.rows

@@ -35,8 +35,8 @@ from trace_tools.data import Session
 from trace_tools.errors import TraceToolsError, UnusableInput, UsageError, install_hint
 from trace_tools.io.load import DumpContext, SessionSlot, read_row_group, read_session
 from trace_tools.io.rundir import SessionRows
-from trace_tools.process_pool import default_workers
-from trace_tools.replay.local_pool import IN_FLIGHT_PER_WORKER, WorkerPool, can_fork
+from trace_tools.process_pool import IN_FLIGHT_PER_WORKER, can_fork, default_workers
+from trace_tools.replay.local_pool import WorkerPool
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 EXECUTORS = ("local", "ray")
@@ -71,7 +71,7 @@ SMALL_REPLAY = {"fork": (2, 2_200), "spawn": (6, 8_500)}  # start method → (sh
 def auto_workers(dump: Any, strategies: int) -> int:
     """`default_workers()`, except 1 for a local dump whose replay of `strategies` strategies is
     small: `turns × (shared + strategies) < small` (turns: rows, read from the Parquet footers;
-    `SMALL_REPLAY` of the start method `local_pool.can_fork` picks), when `$TRACE_TOOLS_WORKERS`
+    `SMALL_REPLAY` of the start method `process_pool.can_fork` picks), when `$TRACE_TOOLS_WORKERS`
     does not say otherwise."""
     if os.environ.get("TRACE_TOOLS_WORKERS", "").isdigit() or not isinstance(dump, Path):
         return default_workers()

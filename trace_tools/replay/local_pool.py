@@ -16,7 +16,6 @@ from trace_tools.data import Session
 from trace_tools.io.cache import WARNED_VAR
 from trace_tools.io.load import materialize_ids
 from trace_tools.io.rundir import SessionRows
-from trace_tools.process_pool import IN_FLIGHT_PER_WORKER, can_fork  # noqa: F401 (re-exported)
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 _WORKER: SessionReplayer | None = None

@@ -116,7 +116,7 @@ class ReportHelper:
     helper.
 
     `fork`: fork the helper from this process, which the caller says is safe (the replay passes
-    `replay.local_pool.can_fork()`, as for its workers), so that it shares the modules imported
+    `process_pool.can_fork()`, as for its workers), so that it shares the modules imported
     here (pyarrow, numpy and trace_tools' own: about half of the 0.9 s of CPU a fresh interpreter
     spent to get ready); otherwise it is a fresh interpreter, `python -m trace_tools.report.finish`.
 
