@@ -114,7 +114,7 @@ def test_tasks_are_consecutive_sessions_within_a_share_of_the_turns_left(interle
     left = sum(slot.rows for slot in slots)
     for batch in batches:
         turns = sum(slot.rows for slot in batch)
-        assert len(batch) == 1 or turns <= left // 4  # 4 tasks a worker of what is left
+        assert len(batch) == 1 or turns <= left // WORKERS.TASKS_PER_WORKER  # one worker's share of what is left
         left -= turns
     assert len(batches[0]) > 1 and len(batches[-1]) == 1  # they shrink: no worker waits long at the end
 
@@ -155,3 +155,34 @@ def test_a_task_reads_each_row_group_once_and_hands_each_session_its_rows_in_fil
     for slot in slots:
         rows = [row for table in parts[slot.position] for row in table.column(ROW_COLUMN).to_pylist()]
         assert rows == sorted(rows) and len(rows) == slot.rows
+
+
+def test_a_callers_renderer_is_shared_with_forked_workers_only(interleaved_dump, monkeypatch):
+    """Forked workers inherit the caller's renderer object; where they would be spawned, which
+    could not rebuild it, this process reconstructs (no pool is made)."""
+    from trace_tools.io.load import read_dump_meta
+    from trace_tools.render.renderer import Renderer
+
+    code = (
+        "import importlib, json, sys; from pathlib import Path; from trace_tools.reconstruct import reconstruct; "
+        "from trace_tools.render.renderer import Renderer; from trace_tools.io.load import read_dump_meta; "
+        "rw = importlib.import_module('trace_tools.reconstruct.workers'); made = rw.WorkerPool.__init__; "
+        "rw.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__, file=sys.stderr))[0]; "
+        "meta = read_dump_meta(Path(sys.argv[1])); renderer = Renderer.from_spec(meta.tokenizer, dump_meta=meta); "
+        # workers first: a render in this process starts the template watchdog's thread, and a
+        # process running two threads spawns its workers
+        "print(json.dumps([reconstruct(sys.argv[1], renderer=renderer, workers=w).rows for w in (2, 1)]))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code, str(interleaved_dump)], capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.split() == ["_QuietFork"]
+    two, one = json.loads(ran.stdout)
+    assert two == one and any(row["exact"] is False for row in one)
+
+    monkeypatch.setattr("trace_tools.process_pool.can_fork", lambda: False)
+    monkeypatch.setattr(WORKERS, "WorkerPool", None)  # made, it would fail the test
+    meta = read_dump_meta(interleaved_dump)
+    renderer = Renderer.from_spec(meta.tokenizer, dump_meta=meta)
+    assert reconstruct(interleaved_dump, renderer=renderer, workers=2).rows == one

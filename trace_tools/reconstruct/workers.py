@@ -27,7 +27,7 @@ from trace_tools.reconstruct.rows import session_turn_rows
 # encoder again, were still slower at 1,185 turns (1.8 s against 1.6).
 SMALL_RECONSTRUCT = {"fork": 400, "spawn": 4_000}
 TASK_TURNS = 256  # the most turns a task holds once it holds more than one session
-TASKS_PER_WORKER = 4  # tasks are made small enough that each worker gets this many
+TASKS_PER_WORKER = 2  # tasks are made small enough that each worker gets this many more
 
 
 def auto_workers(rows: int) -> int:
