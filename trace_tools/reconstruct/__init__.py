@@ -5,6 +5,9 @@ with the tools, the generation prompt and the turn's own `chat_template_kwargs`,
 with `prompt_ids` when the gateway recorded them. A dump whose prompts were rendered with the
 same template and tokenizer reconstructs at 100 %; anything less locates the first diverging
 token and shows the text around it.
+
+`reconstruct.rows` turns one session into rows of the turns table; `reconstruct.workers` runs the
+sessions of a dump on worker processes (docs/pipeline.md#reconstruct-on-every-core).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from trace_tools.reconstruct.rows import (  # noqa: F401 (the rows' helpers, re-
 if TYPE_CHECKING:  # built when asked for: the command line prints its table without pandas
     import pandas as pd
 
+# Nullable dtypes: "not recorded" stays <NA> instead of turning lengths into floats.
 TURN_DTYPES = {
     "turn_index": "Int64",
     "rendered_len": "Int64",

@@ -23,7 +23,6 @@ TURN_COLUMNS = [
     "context",
     "error",
 ]
-# Nullable dtypes: "not recorded" stays <NA> instead of turning lengths into floats.
 
 
 def session_turn_rows(session: Session, pool: Any, canonicalization: str, identities: dict) -> list[dict[str, Any]]:
