@@ -186,3 +186,14 @@ def test_a_callers_renderer_is_shared_with_forked_workers_only(interleaved_dump,
     meta = read_dump_meta(interleaved_dump)
     renderer = Renderer.from_spec(meta.tokenizer, dump_meta=meta)
     assert reconstruct(interleaved_dump, renderer=renderer, workers=2).rows == one
+
+
+def test_no_more_workers_start_than_there_are_sessions(interleaved_dump, monkeypatch):
+    started = []
+    made = WORKERS.WorkerPool.__init__
+    monkeypatch.setattr(WORKERS.WorkerPool, "__init__", lambda self, n: (started.append(n), made(self, n))[1])
+    from trace_tools.io.load import iter_sessions
+
+    sessions = iter_sessions(interleaved_dump).session_count
+    summary = reconstruct(interleaved_dump, workers=64).summary
+    assert started == [sessions] == [summary["sessions"] + summary["quarantined_sessions"]]

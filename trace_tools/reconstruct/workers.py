@@ -92,6 +92,8 @@ def reconstruct_in_workers(
     context = stream.context()
     gathered = Gathered([], {slot.session_id for slot in slots if slot.problems}, {}, {})
     done = len(gathered.quarantined)
+    todo = [slot for slot in slots if not slot.problems]
+    workers = max(1, min(workers, len(todo)))  # a worker per session at most: many cores, few sessions
     if can_fork():  # the workers will share what is built now; spawned ones build their own
         pipeline.renderers.preload()
     setup = _Setup.of(pipeline.renderers, canonicalization)
@@ -101,7 +103,7 @@ def reconstruct_in_workers(
     finally:
         _FORKED_POOL = None
     stats: dict[int, dict[str, int]] = {}  # worker pid → its counters so far
-    tasks = ((context, batch, setup) for batch in _batches([s for s in slots if not s.problems], workers))
+    tasks = ((context, batch, setup) for batch in _batches(todo, workers))
     for task in pool.ordered(_reconstruct_slots, tasks, died="rerun with --workers 1, or fewer workers"):
         gathered.rows += task.rows
         gathered.quarantined.update(task.quarantined)
