@@ -75,7 +75,7 @@ def test_validate_and_reconstruct_read_the_dump_in_place(dumps):
     remote, here = validate(uri).to_dict(), validate(local).to_dict()
     assert remote.pop("files") == [f"{uri}/nested/part-1.parquet", f"{uri}/part-0.parquet"]
     assert (remote.pop("path"), here.pop("path"), here.pop("files")) and remote == here
-    assert reconstruct(uri).summary == reconstruct(local).summary
+    assert reconstruct(uri).summary == reconstruct(local).summary == reconstruct(uri, workers=2).summary
     runner = CliRunner()
     for argv in (["validate", uri, "--strict"], ["reconstruct", uri, "--json"]):
         result = runner.invoke(app, argv)
