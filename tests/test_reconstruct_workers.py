@@ -197,3 +197,14 @@ def test_no_more_workers_start_than_there_are_sessions(interleaved_dump, monkeyp
     sessions = iter_sessions(interleaved_dump).session_count
     summary = reconstruct(interleaved_dump, workers=64).summary
     assert started == [sessions] == [summary["sessions"] + summary["quarantined_sessions"]]
+
+
+def test_a_dump_whose_every_session_pass_1_quarantines_starts_no_worker(tmp_path, monkeypatch):
+    from io_support import baseline_table, write_dump
+
+    table = baseline_table()
+    dump = write_dump(tmp_path / "dump.parquet", table.drop_columns(["messages"]))  # condemns every session
+    monkeypatch.setattr(WORKERS, "WorkerPool", None)  # made, it would fail the test
+    summary = reconstruct(dump, workers=2).summary
+    assert summary["turns"] == 0 and summary["quarantined_sessions"] == len(set(table.column("session_id").to_pylist()))
+    assert summary == reconstruct(dump, workers=1).summary

@@ -11,6 +11,7 @@ Linux) they are spawned and build their own.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -93,7 +94,9 @@ def reconstruct_in_workers(
     gathered = Gathered([], {slot.session_id for slot in slots if slot.problems}, {}, {})
     done = len(gathered.quarantined)
     todo = [slot for slot in slots if not slot.problems]
-    workers = max(1, min(workers, len(todo)))  # a worker per session at most: many cores, few sessions
+    if not todo:  # every session quarantined by pass 1: nothing for a worker to do
+        return gathered
+    workers = min(workers, len(todo))  # a worker per session at most: many cores, few sessions
     if can_fork():  # the workers will share what is built now; spawned ones build their own
         pipeline.renderers.preload()
     setup = _Setup.of(pipeline.renderers, canonicalization)
@@ -102,7 +105,7 @@ def reconstruct_in_workers(
         pool = WorkerPool(workers)
     finally:
         _FORKED_POOL = None
-    stats: dict[int, dict[str, int]] = {}  # worker pid → its counters so far
+    stats: dict[int, dict[str, int]] = {}  # worker pid → its counters so far (each worker's run)
     tasks = ((context, batch, setup) for batch in _batches(todo, workers))
     for task in pool.ordered(_reconstruct_slots, tasks, died="rerun with --workers 1, or fewer workers"):
         gathered.rows += task.rows
@@ -113,9 +116,10 @@ def reconstruct_in_workers(
         done += task.sessions
         if progress:
             progress(done, stream.session_count)
+    total: Counter = Counter()  # summed as `RendererPool.render_stats` sums its renderers'
     for counters in stats.values():
-        for key, value in counters.items():
-            gathered.render_stats[key] = gathered.render_stats.get(key, 0) + value
+        total.update(counters)
+    gathered.render_stats = dict(total)
     return gathered
 
 
