@@ -33,13 +33,16 @@ def test_two_spawned_workers_give_the_same_run_directory(simulated_dump, tmp_pat
 
 
 def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
-    """A fresh process (one thread) forks its workers, before it opens the dump, and leaves no
-    process behind it (a forked pool starts no resource tracker, which would outlive it)."""
+    """A fresh process (one thread) forks its workers once it has built its tokenizer's encoder,
+    which they share (no worker builds one), and leaves no process behind it (a forked pool
+    starts no resource tracker, which would outlive it)."""
     code = (
-        "import sys; from pathlib import Path; from trace_tools.api import replay; "
+        "import os, sys; from pathlib import Path; from trace_tools.api import replay; "
         "from trace_tools.replay import local_pool; made = local_pool.WorkerPool.__init__; "
         "local_pool.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
-        f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2)"
+        "from trace_tools.render import fast_encoder; built = fast_encoder.FastEncoder.__init__; "
+        "fast_encoder.FastEncoder.__init__ = lambda self, *a: (built(self, *a), print(os.getpid(), file=sys.stderr, flush=True))[0]; "
+        f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2); print(os.getpid())"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -47,7 +50,9 @@ def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
     assert process_group(process.pid) == []
-    assert stdout.split() == ["_QuietFork"]
+    fork, driver = stdout.split()
+    assert fork == "_QuietFork"
+    assert stderr.split() == [driver]  # one encoder, built by the driver before the fork
     assert run_contents(tmp_path / "run") == single_process_run
 
 

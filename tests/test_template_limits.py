@@ -148,6 +148,35 @@ def test_real_templates_render_alike_with_and_without_the_checks():
     assert text == 'ababab|1024|00042|     r|ab|  x  |1, 2|a\n  b|{\n  "k": [\n    1\n  ]\n}|Hi'
 
 
+def test_the_loop_and_namespaces_read_as_jinjas_own_sandbox_reads_them():
+    """`loop.*` and `ns.*` are read directly for plain values (a shortcut past the sandbox's
+    checks); what they read is what Jinja's own sandbox reads, a `str.format` kept on a namespace
+    is still size-checked, and underscore names are still refused."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    template = (
+        "{% set ns = namespace(n=0, s='a', none=None, items=[1, 2], f='{}!'.format) %}"
+        "{% for m in messages %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}"
+        "{{ loop.revindex }}{{ loop.previtem }}{{ loop.cycle('x', 'y') }}{{ loop.changed(m.role) }}"
+        "{% set ns.n = ns.n + loop.index %}{% set ns.s = ns.s ~ m.role %}|{% endfor %}"
+        "{{ ns.n }}{{ ns.s }}{{ ns.none }}{{ ns.items }}{{ ns.f(3) }}"
+    )
+    messages = [{"role": role, "content": ""} for role in ("user", "assistant", "assistant")]
+    expected = ImmutableSandboxedEnvironment().from_string(template).render(messages=messages)
+    assert Renderer("qwen3", template, template_identity="state").render_text(messages) == expected
+    assert expected.endswith("6auserassistantassistantNone[1, 2]3!")
+
+    padded = "{% set ns = namespace(f='{:>10000000000}'.format) %}{{ ns.f(1) }}"
+    with pytest.raises(TemplateLimitHit):
+        Renderer("qwen3", padded, template_identity="padded").render_text(messages)
+    # `loop._length` holds a plain int once `loop.length` is read: still refused (undefined).
+    private = "{% for m in messages %}{{ loop.length }}{{ loop._length }}{% endfor %}"
+    sandbox = importlib.import_module("trace_tools.render.template_runner")._CheapSandbox()
+    sandbox.configure_limits(1000)
+    assert sandbox.from_string(private).render(messages=messages) == "333"
+    assert ImmutableSandboxedEnvironment().from_string(private).render(messages=messages) == "333"
+
+
 def test_limits_are_configurable_and_a_bad_setting_is_a_usage_error(monkeypatch, simulated_dump):
     monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_SECONDS", "0.5")
     monkeypatch.setenv("TRACE_TOOLS_TEMPLATE_OUTPUT", "2000")

@@ -41,6 +41,7 @@ from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.ext import Extension, loopcontrols
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace
 
@@ -56,6 +57,8 @@ _STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) 
     "format_map",
     *limits.SIZED_STR_METHODS,
 }
+_ABSENT = object()
+_PLAIN_VALUES = frozenset({int, bool, float, str, type(None)})
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 _CALL = [{"type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": [True, None, 2.5]}}}]
 _TEXT_ARGUMENTS = {"name": "f", "arguments": '{"x": 1}'}
@@ -179,6 +182,13 @@ class _CheapSandbox(_SizedSandbox):
                 return self.undefined(obj=obj, name=attribute)
         if type(obj) is str and attribute in _STR_METHODS:  # `content.startswith`: always safe
             return getattr(obj, attribute)
+        if type(obj) in _STATE_TYPES and attribute[:1] != "_":
+            # `loop.index0`, `ns.last_query_index`: the sandbox finds the public attributes of
+            # Jinja's loop and of a namespace safe, and wraps only `str.format` methods, so a
+            # number, string or None comes back as it is. Anything else takes the sandbox's path.
+            value = getattr(obj, attribute, _ABSENT)
+            if type(value) in _PLAIN_VALUES:
+                return value
         return super().getattr(obj, attribute)
 
     def is_safe_callable(self, obj: Any) -> bool:
@@ -262,6 +272,10 @@ class _SafeNamespace(Namespace):
     def _refuse_private(name: Any) -> None:
         if isinstance(name, str) and name.startswith("_"):
             raise SecurityError(f"a chat template cannot set the underscore name {name!r} on a namespace")
+
+
+# The objects a template keeps its state in: what `_CheapSandbox.getattr` reads directly.
+_STATE_TYPES = frozenset({LoopContext, _SafeNamespace})
 
 
 def _plain_json(value: Any) -> Any:

@@ -33,6 +33,7 @@ from trace_tools.io import rundir, sample_parts, shards, storage
 from trace_tools.io.bundled import sample_dir
 from trace_tools.io.storage import Location
 from trace_tools.pipeline import Pipeline
+from trace_tools.process_pool import can_fork
 from trace_tools.render.harness_identity import resolve_auto_profile
 from trace_tools.replay.executors import (
     RayStats,
@@ -128,18 +129,20 @@ def run(
     workers = workers or (auto_workers(dump_path, len(options.strategies)) if local else default_workers())
     check_executor(executor, workers)
     check_options(options)  # the one check of the strategy names and parameters, before any work
-    # Before the dump is opened or anything renders: forked workers start from one thread.
+    pipeline = Pipeline(
+        dump_path,
+        tokenizer=options.tokenizer,
+        chat_template=options.chat_template,
+        canonicalization=options.canonicalization,
+        prompt_source=options.prompt_source,
+        tool_format=options.tool_format,
+        id_arrays=workers > 1,
+        render_path=options.render_path,
+    )
+    if local and workers > 1 and can_fork():
+        pipeline.renderers.preload()
+    # Before anything renders: forked workers start from one thread.
     with started_workers(workers if local else 1) as pool:
-        pipeline = Pipeline(
-            dump_path,
-            tokenizer=options.tokenizer,
-            chat_template=options.chat_template,
-            canonicalization=options.canonicalization,
-            prompt_source=options.prompt_source,
-            tool_format=options.tool_format,
-            id_arrays=workers > 1,
-            render_path=options.render_path,
-        )
         options.chat_template = pipeline.renderers.chat_template  # a file, made absolute
         run_dir = Path(out) if out is not None else default_run_dir(dump_path)
         stream = pipeline.stream
