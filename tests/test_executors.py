@@ -33,15 +33,17 @@ def test_two_spawned_workers_give_the_same_run_directory(simulated_dump, tmp_pat
 
 
 def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path, single_process_run):
-    """A fresh process (one thread) forks its workers once it has built its tokenizer's encoder,
-    which they share (no worker builds one), and leaves no process behind it (a forked pool
-    starts no resource tracker, which would outlive it)."""
+    """A fresh process (one thread) forks its workers once it has built its tokenizer's encoder
+    and compiled its template, which they share (no worker builds or compiles either), and
+    leaves no process behind it (a forked pool starts no resource tracker, which would outlive it)."""
     code = (
         "import os, sys; from pathlib import Path; from trace_tools.api import replay; "
         "from trace_tools.replay import local_pool; made = local_pool.WorkerPool.__init__; "
         "local_pool.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
-        "from trace_tools.render import fast_encoder; built = fast_encoder.FastEncoder.__init__; "
-        "fast_encoder.FastEncoder.__init__ = lambda self, *a: (built(self, *a), print(os.getpid(), file=sys.stderr, flush=True))[0]; "
+        "from trace_tools.render import fast_encoder, template_runner as tr; built = fast_encoder.FastEncoder.__init__; "
+        "fast_encoder.FastEncoder.__init__ = lambda self, *a: (built(self, *a), print('encoder', os.getpid(), file=sys.stderr, flush=True))[0]; "
+        "tr._CheapSandbox.compile = lambda self, *a, **k: (print('compile', os.getpid(), file=sys.stderr, flush=True), "
+        "tr._SizedSandbox.compile(self, *a, **k))[1]; "
         f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2); print(os.getpid())"
     )
     process = subprocess.Popen(
@@ -52,7 +54,9 @@ def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path
     assert process_group(process.pid) == []
     fork, driver = stdout.split()
     assert fork == "_QuietFork"
-    assert stderr.split() == [driver]  # one encoder, built by the driver before the fork
+    built = [line.split() for line in stderr.splitlines()]
+    assert [pid for what, pid in built if what == "encoder"] == [driver]  # one, built before the fork
+    assert {pid for what, pid in built if what == "compile"} == {driver}
     assert run_contents(tmp_path / "run") == single_process_run
 
 

@@ -121,12 +121,17 @@ def test_tasks_are_consecutive_sessions_within_a_share_of_the_turns_left(interle
 
 @pytest.mark.parametrize("start", ["auto", "spawn"])
 def test_the_command_line_forks_its_workers_and_prints_what_one_process_does(interleaved_dump, start):
-    """In a fresh process (one thread) the workers fork, sharing the encoder built before; with
-    `$TRACE_TOOLS_WORKER_START=spawn` they are spawned and build their own. The summary is the
-    same either way, and as `--workers 1` prints it."""
+    """In a fresh process (one thread) the workers fork, sharing the encoder built and the template
+    compiled before (only this process compiles it); with `$TRACE_TOOLS_WORKER_START=spawn` they
+    are spawned and build their own (unseen here: a spawned worker does not run this patch). The
+    summary is the same either way, and as `--workers 1` prints it."""
     code = (
-        "import importlib, sys; rw = importlib.import_module('trace_tools.reconstruct.workers'); made = rw.WorkerPool.__init__; "
+        "import importlib, os, sys; rw = importlib.import_module('trace_tools.reconstruct.workers'); made = rw.WorkerPool.__init__; "
         "rw.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__, file=sys.stderr))[0]; "
+        "from trace_tools.render import template_runner as tr; "
+        "tr._CheapSandbox.compile = lambda self, *a, **k: (print('compile', os.getpid(), file=sys.stderr, flush=True), "
+        "tr._SizedSandbox.compile(self, *a, **k))[1]; "
+        "print('driver', os.getpid(), file=sys.stderr, flush=True); "
         "from trace_tools.cli.main import main; sys.argv = ['trace-tools', *sys.argv[1:]]; main()"
     )
     env = {**os.environ, "TRACE_TOOLS_WORKER_START": start}
@@ -142,8 +147,12 @@ def test_the_command_line_forks_its_workers_and_prints_what_one_process_does(int
     }
     assert all(run.returncode == 0 for run in runs.values()), runs
     assert json.loads(runs["2"].stdout) == json.loads(runs["1"].stdout)
-    assert runs["2"].stderr.split() == ["_QuietFork" if start == "auto" else "_QuietSpawn"]
-    assert runs["1"].stderr.split() == []
+    lines = {workers: [line.split() for line in run.stderr.splitlines()] for workers, run in runs.items()}
+    assert [line for line in lines["2"] if len(line) == 1] == [["_QuietFork" if start == "auto" else "_QuietSpawn"]]
+    if start == "auto":
+        for said in lines.values():
+            driver = next(line[1] for line in said if line[0] == "driver")
+            assert {line[1] for line in said if line[0] == "compile"} == {driver}
 
 
 def test_a_task_reads_each_row_group_once_and_hands_each_session_its_rows_in_file_order(interleaved_dump):

@@ -34,7 +34,7 @@ from trace_tools.render.incremental import IncrementalRenderer
 from trace_tools.render.limits import TemplateLimitHit, TemplateLimits, limited, not_counted
 from trace_tools.render.parser import parse_response_text
 from trace_tools.render.spec import RENDER_PATHS, RenderSpec
-from trace_tools.render.template_runner import TemplateRunner, build_runner, sized_transformers
+from trace_tools.render.template_runner import TemplateRunner, build_runner, precompile, sized_transformers
 from trace_tools.render.tokenizer import Tokenizer, import_transformers, load_tokenizer
 
 _PROBE = [{"role": "user", "content": "probe"}]
@@ -198,8 +198,10 @@ class Renderer:
     def preload(self) -> None:
         """Build the tokenizer's encoder now (0.15 s for a built-in tokenizer's), rendering nothing,
         so that no thread starts: worker processes forked afterwards share it instead of each
-        building their own (`reconstruct.workers`)."""
+        building their own (`reconstruct.workers`), and compile its template."""
         self.tokenizer.encode("")
+        if self.path != "reference":
+            precompile(self._rendered_template)
 
     def reset_caches(self) -> None:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""
