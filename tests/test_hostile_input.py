@@ -283,7 +283,7 @@ def _workers(pid: int, spawned: bool = True) -> list[int]:
 @pytest.mark.parametrize("start", ["auto", "spawn"])
 def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start):
     """SIGINT to the whole process group (what a terminal's Ctrl-C sends) while the workers start
-    (spawned ones import; forked ones, started before the run opens its dump, wait for their first
+    (spawned ones import; forked ones, started before the run renders, wait for their first
     session): the parent stops them and says how to resume; no worker prints a traceback. The
     signal goes out as soon as the workers exist, and once more a moment later, so it lands while
     they start however fast the machine is."""

@@ -140,7 +140,7 @@ def run(
         render_path=options.render_path,
     )
     if local and workers > 1 and can_fork():
-        pipeline.renderers.preload()
+        pipeline.renderers.preload()  # the encoders and templates the forked workers will share
     # Before anything renders: forked workers start from one thread.
     with started_workers(workers if local else 1) as pool:
         options.chat_template = pipeline.renderers.chat_template  # a file, made absolute

@@ -1,6 +1,6 @@
-"""The worker processes of a local replay (`process_pool.WorkerPool`, forked before the run opens
-its dump, or spawned), each building its replayer from the first session it is sent
-(docs/pipeline.md#every-core-and-many-machines).
+"""The worker processes of a local replay (`process_pool.WorkerPool`, forked once the run has
+preloaded its renderers and before it starts a thread, or spawned), each building its replayer
+from the first session it is sent (docs/pipeline.md#every-core-and-many-machines).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class _Setup:
 
 
 class WorkerPool(process_pool.WorkerPool):
-    """The worker processes of a local replay, made before the run opens its dump, renders or
-    reads ahead on a thread (`started_workers`), so that they fork. Either way the run directory
+    """The worker processes of a local replay, made before the run renders or reads ahead on a
+    thread (`started_workers`), so that they fork. Either way the run directory
     is the same."""
 
     def replay(
