@@ -148,6 +148,19 @@ def test_real_templates_render_alike_with_and_without_the_checks():
     assert text == 'ababab|1024|00042|     r|ab|  x  |1, 2|a\n  b|{\n  "k": [\n    1\n  ]\n}|Hi'
 
 
+def test_a_template_compiled_under_one_size_limit_is_compiled_again_under_another():
+    """Jinja calls filters on constant arguments while compiling, so code compiled under a larger
+    limit holds a constant that a smaller one refuses: the compiled code is kept per limit."""
+    template = "{{ 'x'|center(5000) }}"
+    message = [{"role": "user", "content": "u"}]
+    larger = Renderer("qwen3", template, template_identity="folds", limits=TemplateLimits(output=10_000))
+    larger.preload()  # compiles it, as before workers fork
+    assert len(larger.render_text(message)) == 5000
+    smaller = Renderer("qwen3", template, template_identity="folds", limits=TemplateLimits(output=1000))
+    with pytest.raises(TemplateLimitHit, match="asked `center` for more than 1,000 characters"):
+        smaller.render_text(message)
+
+
 def test_the_loop_and_namespaces_read_as_jinjas_own_sandbox_reads_them():
     """`loop.*` and `ns.*` are read directly for plain values (a shortcut past the sandbox's
     checks); what they read is what Jinja's own sandbox reads, a `str.format` kept on a namespace
@@ -199,6 +212,7 @@ BROKEN = {
     "does not parse": ("{% for m in messages %}{{ m.content }}", "Unexpected end of template"),
     "loops": (HOSTILE["a 10^10-step loop"], "ran past the 2 s CPU-time limit in one render"),
     "allocates": (HOSTILE["a 10 GB string"], "repeated a value past"),
+    "folds a huge constant": ("{{ 'x'|center(10**10) }}", "asked `center` for more than"),  # at compile time
 }
 
 
@@ -207,7 +221,10 @@ BROKEN = {
 def test_a_broken_template_stops_the_command_with_exit_2_naming_it(kind, command, simulated_dump, tmp_path):
     template, message = BROKEN[kind]
     dump = _with_template(simulated_dump, tmp_path / "d.parquet", template)
-    args = [command, str(dump)] + (["-s", "tree", "--out", str(tmp_path / "run")] if command == "replay" else [])
+    # Two workers: the replay compiles its template before they fork (`Renderer.preload`) too.
+    args = [command, str(dump)] + (
+        ["-s", "tree", "--workers", "2", "--out", str(tmp_path / "run")] if command == "replay" else []
+    )
     env = {**os.environ, "TRACE_TOOLS_TEMPLATE_SECONDS": "2", "COLUMNS": "400"}
     started = time.monotonic()
     done = subprocess.run(

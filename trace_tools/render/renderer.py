@@ -201,7 +201,10 @@ class Renderer:
         building their own (`reconstruct.workers`), and compile its template."""
         self.tokenizer.encode("")
         if self.path != "reference":
-            precompile(self._rendered_template)
+            try:
+                precompile(self._rendered_template, self.limits.output)
+            except (Exception, TemplateLimitHit):
+                pass  # compiled again where it is checked (`check_template`), which says what is wrong
 
     def reset_caches(self) -> None:
         """Drop the incremental render caches (the pipeline calls this between sessions)."""

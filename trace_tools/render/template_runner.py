@@ -431,7 +431,7 @@ class TemplateRunner:
         env = steps.environment(chat_template)
         env.filters["tojson"] = self._memoised_json(env.filters["tojson"])
         env.configure_limits(size_limit)
-        self._template = _compiled(env, chat_template, type(steps))
+        self._template = _compiled(env, chat_template, (type(steps), size_limit))
         self._variables = dict(variables)
         self.reset()
 
@@ -502,18 +502,20 @@ class TemplateRunner:
         return hit[1]
 
 
-# A template's compiled code by the steps whose environment compiled it and its source. Compiling
-# the Qwen3 template takes about 0.05 s, and each renderer of a process compiled it again (a
-# replay's workers, each on its first session); the code depends only on the environment's
-# settings, which the steps fix (`NativeSteps.environment`, transformers' overlay), and the source.
-_CODE: dict[tuple[type, str], Any] = {}
+# A template's compiled code, by its source and how its runner's environment was set. Compiling the
+# Qwen3 template takes about 0.05 s, and each renderer of a process compiled it again (a replay's
+# workers, each on its first session). The code depends on the environment's settings, which the
+# steps fix (`NativeSteps.environment`, transformers' overlay), and on its filters, which Jinja
+# calls at compile time on constant arguments: the size limit sets those (`configure_limits`),
+# so that a constant too large is refused at render time instead of built while compiling.
+_CODE: dict[tuple[Any, str], Any] = {}
 _CODE_ENTRIES = 16
 
 
-def _compiled(env: Any, source: str, steps: type) -> Any:
-    """`env.from_string(source)` for an environment of `steps`, its code compiled once per process
-    (and inherited by forked workers when compiled before the fork: `precompile`)."""
-    key = (steps, source)
+def _compiled(env: Any, source: str, setting: Any) -> Any:
+    """`env.from_string(source)`, compiled once per process for each `setting` (the steps' class and
+    the size limit) and inherited by workers forked afterwards (`precompile`)."""
+    key = (setting, source)
     code = _CODE.get(key)
     if code is None:
         code = env.compile(source)
@@ -523,10 +525,11 @@ def _compiled(env: Any, source: str, steps: type) -> Any:
     return env.template_class.from_code(env, code, env.make_globals(None), None)
 
 
-def precompile(chat_template: str) -> None:
-    """Compile `chat_template` as the fast runner compiles it, rendering nothing (so no thread
-    starts): worker processes forked afterwards find its code compiled."""
-    _compiled(NativeSteps.environment(chat_template), chat_template, NativeSteps)
+def precompile(chat_template: str, size_limit: int) -> None:
+    """Compile `chat_template` as the fast runner compiles it (`TemplateRunner`, the same
+    environment and limits), rendering nothing, so no thread starts: worker processes forked
+    afterwards find its code compiled."""
+    TemplateRunner(chat_template, {}, NativeSteps(), lambda *call: "", size_limit)
 
 
 def build_runner(
