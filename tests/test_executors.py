@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from io_support import run_contents
-from run_support import process_group
+from run_support import REPORT_COMPILES, process_group
 from trace_tools.api import replay
 from trace_tools.errors import UsageError
 from trace_tools.io import storage
@@ -40,11 +40,10 @@ def test_two_forked_workers_give_the_same_run_directory(simulated_dump, tmp_path
         "import os, sys; from pathlib import Path; from trace_tools.api import replay; "
         "from trace_tools.replay import local_pool; made = local_pool.WorkerPool.__init__; "
         "local_pool.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__))[0]; "
-        "from trace_tools.render import fast_encoder, template_runner as tr; built = fast_encoder.FastEncoder.__init__; "
+        "from trace_tools.render import fast_encoder; built = fast_encoder.FastEncoder.__init__; "
         "fast_encoder.FastEncoder.__init__ = lambda self, *a: (built(self, *a), print('encoder', os.getpid(), file=sys.stderr, flush=True))[0]; "
-        "tr._CheapSandbox.compile = lambda self, *a, **k: (print('compile', os.getpid(), file=sys.stderr, flush=True), "
-        "tr._SizedSandbox.compile(self, *a, **k))[1]; "
-        f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2); print(os.getpid())"
+        + REPORT_COMPILES
+        + f"replay(Path({str(simulated_dump)!r}), out=Path({str(tmp_path / 'run')!r}), workers=2); print(os.getpid())"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from run_support import REPORT_COMPILES
 from trace_tools.errors import UsageError
 from trace_tools.reconstruct import reconstruct
 from trace_tools.reconstruct.workers import SMALL_RECONSTRUCT, _batches, auto_workers
@@ -128,10 +129,8 @@ def test_the_command_line_forks_its_workers_and_prints_what_one_process_does(int
     code = (
         "import importlib, os, sys; rw = importlib.import_module('trace_tools.reconstruct.workers'); made = rw.WorkerPool.__init__; "
         "rw.WorkerPool.__init__ = lambda self, n: (made(self, n), print(type(self.context).__name__, file=sys.stderr))[0]; "
-        "from trace_tools.render import template_runner as tr; "
-        "tr._CheapSandbox.compile = lambda self, *a, **k: (print('compile', os.getpid(), file=sys.stderr, flush=True), "
-        "tr._SizedSandbox.compile(self, *a, **k))[1]; "
-        "print('driver', os.getpid(), file=sys.stderr, flush=True); "
+        + REPORT_COMPILES
+        + "print('driver', os.getpid(), file=sys.stderr, flush=True); "
         "from trace_tools.cli.main import main; sys.argv = ['trace-tools', *sys.argv[1:]]; main()"
     )
     env = {**os.environ, "TRACE_TOOLS_WORKER_START": start}

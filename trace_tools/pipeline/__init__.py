@@ -89,8 +89,8 @@ class RendererPool:
         return renderer
 
     def preload(self) -> None:
-        """Build the renderer of every spec resolved so far and its tokenizer's encoder
-        (`Renderer.preload`), before worker processes fork from this one."""
+        """Build the renderer of every spec resolved so far, its tokenizer's encoder and its compiled
+        template (`Renderer.preload`), before worker processes fork from this one."""
         renderers = [self.fixed] if self.fixed is not None else [self._renderer(spec) for spec in self.specs()]
         for renderer in renderers:
             if hasattr(renderer, "preload"):  # a caller's own renderer may have nothing to load

@@ -196,9 +196,10 @@ class Renderer:
         return self._on_path("text", self.engine.text, self._reference_text, arguments)
 
     def preload(self) -> None:
-        """Build the tokenizer's encoder now (0.15 s for a built-in tokenizer's), rendering nothing,
-        so that no thread starts: worker processes forked afterwards share it instead of each
-        building their own (`reconstruct.workers`), and compile its template."""
+        """Build the tokenizer's encoder (0.15 s for a built-in tokenizer's) and compile the template
+        (`template_runner.precompile`) now, rendering nothing, so that no thread starts: worker
+        processes forked afterwards (`replay.engine`, `reconstruct.workers`) share both instead of
+        each building its own."""
         self.tokenizer.encode("")
         if self.path != "reference":
             try:
