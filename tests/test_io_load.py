@@ -516,3 +516,33 @@ def test_stream_batches_hold_a_few_mib_of_rows_whatever_the_row_size():
     assert dump_files.batch_rows_within([(1000, 50_000)], 128) == 128  # narrow rows: the row cap
     assert dump_files.batch_rows_within([(2, 40 * limit)], 128) == 1  # one row past the limit: one at a time
     assert dump_files.batch_rows_within([], 128) == dump_files.batch_rows_within([(0, 0)], 128) == 128
+
+
+def test_a_files_footer_is_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """Workers read a file's row groups task by task: the footer indexing parsed is reused while
+    the file is the same (name, size, modification time, read off the opened handle), and a file
+    rewritten in between is read with its own footer, never the old one."""
+    import os
+
+    parsed = []
+    real = pq.ParquetFile
+
+    def counting(source, *args, metadata=None, **options):
+        parsed.append(metadata is None)
+        return real(source, *args, metadata=metadata, **options)
+
+    monkeypatch.setattr(dump_files.pq, "ParquetFile", counting)
+    monkeypatch.setattr(dump_files, "_FOOTERS", {})
+    path = write_dump(tmp_path / "d.parquet", baseline_table(), row_group_size=3)
+    stream = iter_sessions(path, vocab_size=VOCAB)
+    first = read_like_workers(stream)
+    assert parsed[0] is True and parsed.count(True) == 1 and len(parsed) > 3  # parsed at indexing only
+
+    table = with_cell(baseline_table(), "response", 0, None)  # same shape, other bytes
+    write_dump(path, table, row_group_size=4)
+    os.utime(path, ns=(1, 1))  # a modification time no earlier read saw, whatever the clock's resolution
+    parsed.clear()
+    stream = iter_sessions(path, vocab_size=VOCAB)
+    again = read_like_workers(stream)
+    assert parsed[0] is True and parsed.count(True) == 1
+    assert again == list(stream.positioned()) != first

@@ -216,3 +216,58 @@ def test_a_dump_whose_every_session_pass_1_quarantines_starts_no_worker(tmp_path
     summary = reconstruct(dump, workers=2).summary
     assert summary["turns"] == 0 and summary["quarantined_sessions"] == len(set(table.column("session_id").to_pylist()))
     assert summary == reconstruct(dump, workers=1).summary
+
+
+def _prompt_pairs(seed: int, turns: int = 40) -> list[tuple[list[int], list[int]]]:
+    """A session's (recorded, rendered) prompts, turn by turn, in the shapes a comparison meets:
+    both growing by appending, the render drifting at a token before, at or after the last
+    turn's divergence, history rewritten on either side, one prompt a prefix of the other,
+    either side shrinking, and both equal again after a drift."""
+    import random
+
+    rng = random.Random(seed)
+    recorded: list[int] = [rng.randrange(50) for _ in range(rng.randrange(0, 30))]
+    rendered = list(recorded)
+    pairs = []
+    for _ in range(turns):
+        grown = [rng.randrange(50) for _ in range(rng.randrange(0, 12))]
+        recorded, rendered = recorded + grown, rendered + grown
+        shape = rng.randrange(8)
+        if shape == 1 and rendered:  # the render drifts somewhere
+            at = rng.randrange(len(rendered))
+            rendered = [*rendered[:at], rendered[at] + 1, *rendered[at + 1 :]]
+        elif shape == 2 and recorded:  # the recording rewrites its history
+            at = rng.randrange(len(recorded))
+            recorded = [*recorded[:at], *(rng.randrange(50) for _ in range(rng.randrange(0, 8)))]
+        elif shape == 3:  # one ends before the other
+            cut = rng.randrange(len(rendered) + 1)
+            if rng.random() < 0.5:
+                rendered = rendered[:cut]
+            else:
+                recorded = recorded[:cut]
+        elif shape == 4:  # the two agree again
+            rendered = list(recorded)
+        elif shape == 5 and rendered:  # the render's own history changes (another template's choice)
+            rendered = [*rendered[: rng.randrange(len(rendered))], 7]
+        pairs.append((recorded, rendered))
+    return pairs
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_recorded_arrays_compare_as_lists_turn_by_turn(seed):
+    """A worker's recorded ids are int32 arrays, compared with each rendered list starting from
+    what the turn before decided (`Comparison`): every first divergence equals a plain list
+    comparison's, whatever the turns before looked like."""
+    import numpy as np
+
+    from trace_tools.ids import interned
+    from trace_tools.reconstruct.rows import Comparison
+
+    comparison, by_lists = Comparison(), Comparison()
+    for recorded, rendered in _prompt_pairs(seed):
+        expected = next(
+            (i for i, (a, b) in enumerate(zip(recorded, rendered)) if a != b), min(len(recorded), len(rendered))
+        )
+        shared_ints = interned(rendered, 64)  # as the renderer hands them out
+        assert comparison.common_prefix(np.array(recorded, dtype=np.int32), shared_ints) == expected
+        assert by_lists.common_prefix(recorded, shared_ints) == expected

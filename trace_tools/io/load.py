@@ -516,9 +516,12 @@ def _rows_at(table: pa.Table, rows: Any) -> pa.Table:
     return table.take(rows)
 
 
-def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table]) -> Session | list[QuarantineEntry]:
+def read_session(
+    context: DumpContext, slot: SessionSlot, parts: list[pa.Table], id_arrays: bool = False
+) -> Session | list[QuarantineEntry]:
     """A session from its rows as `read_row_group` split them (one table per `slot.row_groups`),
-    checked exactly as the stream checks them (same entries, same details)."""
+    checked exactly as the stream checks them (same entries, same details). `id_arrays`: token ids
+    in range as int32 arrays, not lists (`batch_records`), for a caller that reads them as such."""
     parser = HistoryParser()
     turns: list[Turn] = []
     for (number, _group), part in zip(slot.row_groups, parts):
@@ -529,7 +532,7 @@ def read_session(context: DumpContext, slot: SessionSlot, parts: list[pa.Table])
         batch, oversized = without_oversized(batch, context.cell_limit or max_cell_bytes())
         vocab = context.vocab[number]
         checked = batch_ids_ok(batch, vocab)
-        for index, (row, record) in enumerate(zip(rows, batch_records(utc_batch(batch), checked, False))):
+        for index, (row, record) in enumerate(zip(rows, batch_records(utc_batch(batch), checked, id_arrays))):
             where = f"{context.labels[number]} row {row}"
             item = row_turn(record, where, slot.session_id, vocab, parser, checked, oversized.get(index))
             if isinstance(item, QuarantineEntry):

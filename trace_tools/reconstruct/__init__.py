@@ -156,6 +156,7 @@ def reconstruct(
             renderer=renderer,
             tool_format=tool_format,
             render_path=render_path,
+            id_arrays=True,  # recorded ids compared as int32 arrays (`reconstruct.rows.Comparison`)
         )
         workers = workers or auto_workers(pipeline.stream.rows)
         if workers > 1 and (renderer is None or can_fork()):

@@ -164,7 +164,8 @@ def _reconstruct_slots(context: DumpContext, slots: list[SessionSlot], setup: _S
     task = _Task([], [], {}, len(slots), os.getpid(), {})
     parts = _read_parts(context, slots)
     for slot in slots:
-        item = read_session(context, slot, parts.pop(slot.position))
+        # Recorded ids stay int32 arrays: `reconstruct.rows.Comparison` compares them as such.
+        item = read_session(context, slot, parts.pop(slot.position), id_arrays=True)
         if isinstance(item, Session):
             task.rows += session_turn_rows(item, _WORKER_POOL, setup.canonicalization, task.identities)
             session_done()
