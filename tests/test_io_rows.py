@@ -149,3 +149,22 @@ def test_a_session_parser_reuses_the_previous_rows_messages_and_checks_only_the_
     appended = json.dumps([*first, {"content": "no role"}])  # the new message is still checked
     with pytest.raises(BadRow, match="messages\\[1\\] has no role"):
         turn_from_record({**record, "turn_index": 1, "messages": appended}, VOCAB, parser)
+
+
+def test_a_lone_surrogate_escape_is_searched_for_in_the_appended_text_only_and_still_found():
+    """The search for surrogate escapes starts where the text the parser reused ends (that text was
+    searched with its own row): a lone one in a new message still quarantines the row, a valid
+    pair in the history is still accepted."""
+    from trace_tools.io.rows import BadRow, HistoryParser, turn_from_record
+
+    paired = [{"role": "user", "content": "ship it \U0001f680"}]  # written as a pair of escapes
+    record = {"session_id": "s", "turn_index": 0, "messages": json.dumps(paired), "output_ids": [1]}
+    parser = HistoryParser()
+    turn_from_record(record, VOCAB, parser)
+    grown = [*paired, {"role": "assistant", "content": "ok"}]
+    turn_from_record({**record, "turn_index": 1, "messages": json.dumps(grown)}, VOCAB, parser)
+    assert parser.reused == 1 and 0 < parser.reused_chars < len(json.dumps(grown))
+    lone = json.dumps([*grown, {"role": "user", "content": "fix \ud800 it"}])
+    assert lone.index("\\ud800") > parser.reused_chars
+    with pytest.raises(BadRow, match="lone surrogate"):
+        turn_from_record({**record, "turn_index": 2, "messages": lone}, VOCAB, parser)

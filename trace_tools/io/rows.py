@@ -159,6 +159,7 @@ class HistoryParser:
         self._value: list[Any] = []
         self._tools: tuple[str, Any] | None = None
         self.reused = 0  # leading elements of the latest value that are the previous row's objects
+        self.reused_chars = 0  # leading characters of the latest text that are the previous row's
 
     def tools(self, text: str) -> Any:
         if self._tools is None or self._tools[0] != text:
@@ -166,11 +167,11 @@ class HistoryParser:
         return self._tools[1]
 
     def __call__(self, text: str) -> Any:
-        reused = len(self._value)
+        reused, reused_chars = len(self._value), len(self._body or "")
         value = self._extend(text)
         if value is None:
-            value, reused = parse_json(text), 0
-        self.reused = reused
+            value, reused, reused_chars = parse_json(text), 0, 0
+        self.reused, self.reused_chars = reused, reused_chars
         if isinstance(value, list):
             body = text.rstrip()
             self._body = body[:-1].rstrip() if body.endswith("]") else None
@@ -276,7 +277,8 @@ def _json_value(record: dict[str, Any], name: str, expected: type, parse: Callab
     if value is not None and not isinstance(value, expected):
         kind = "array" if expected is list else "object"
         raise BadRow("bad_json", f"{name} holds a JSON {type(value).__name__}, not a JSON {kind} or null")
-    if _SURROGATE_ESCAPE.search(text):
+    # Text a session's parser reused was searched with the row it came from (`_messages`).
+    if _SURROGATE_ESCAPE.search(text, getattr(parse, "reused_chars", 0)):
         _check_surrogates(value, name)
     return value
 
