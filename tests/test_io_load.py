@@ -546,3 +546,68 @@ def test_a_files_footer_is_parsed_once_per_version_of_the_file(tmp_path, monkeyp
     again = read_like_workers(stream)
     assert parsed[0] is True and parsed.count(True) == 1
     assert again == list(stream.positioned()) != first
+
+
+def _random_column(rng):
+    """A string, binary or list column of 0–11 rows, a fifth of them null, sliced half the time."""
+    kind = rng.choice([pa.string(), pa.large_string(), pa.binary(), pa.list_(pa.int32()), pa.large_list(pa.int64())])
+    cell = {pa.binary(): lambda k: b"y" * k}.get(
+        kind, lambda k: "x" * k if pa.types.is_string(kind) or pa.types.is_large_string(kind) else list(range(k))
+    )
+    column = pa.array([None if rng.random() < 0.2 else cell(rng.randrange(20)) for _ in range(rng.randrange(12))], kind)
+    if len(column) and rng.random() < 0.5:
+        start = rng.randrange(len(column))
+        column = column.slice(start, rng.randrange(len(column) - start + 1))
+    return column
+
+
+def test_cell_sizes_validity_and_list_values_read_off_the_buffers_match_pyarrow_compute():
+    """Reading a dump imports no `pyarrow.compute` (30 ms a process): cell sizes, validity and a list
+    column's values are read off Arrow's buffers. On random columns, sliced or not, with nulls, each
+    equals what `pyarrow.compute` (the oracle here) says."""
+    import random
+
+    import pyarrow.compute as pc
+
+    from trace_tools.io.id_columns import list_values, oversized_rows, validity
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        column, limit = _random_column(rng), rng.randrange(0, 40)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            lengths = pc.multiply(pc.list_value_length(column), column.type.value_type.bit_width // 8)
+            values, offsets = list_values(column)
+            assert values.to_pylist() == column.flatten().to_pylist()
+            rows = [values[a:b].to_pylist() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+            assert [
+                row if cell is not None else None for row, cell in zip(rows, column.to_pylist())
+            ] == column.to_pylist()
+        else:
+            lengths = pc.binary_length(column)
+        expected = {i: n for i, n in enumerate(lengths.to_pylist()) if n is not None and n > limit}
+        assert oversized_rows(column, limit) == expected
+        assert validity(column).tolist() == column.is_valid().to_pylist()
+
+
+def test_reading_and_reconstructing_a_dump_imports_neither_pyarrow_compute_nor_numpy_ma():
+    """Each costs a process that reads a dump tens of milliseconds before its first session (in
+    `reconstruct`, in the calling process before its workers fork or in every worker): the
+    stream, a worker's reading of its row groups and sessions, and the comparisons do without."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from trace_tools.reconstruct import RECONSTRUCT_COLUMNS, reconstruct
+from trace_tools.reconstruct.workers import _read_parts
+from trace_tools.io.load import iter_sessions, read_session
+assert reconstruct(sys.argv[1], workers=1, owns_process=True).summary["rate"] == 1.0
+stream = iter_sessions(sys.argv[1], columns=RECONSTRUCT_COLUMNS)
+slots = [slot for slot in stream.slots() if not slot.problems]
+parts = _read_parts(stream.context(), slots)
+assert all(type(read_session(stream.context(), s, parts[s.position], id_arrays=True)).__name__ == "Session" for s in slots)
+print(sorted(m for m in ("pyarrow.compute", "numpy.ma") if m in sys.modules))
+"""
+    dump = Path(__file__).resolve().parents[1] / "sample_traces" / "qwen3.parquet"
+    done = subprocess.run([sys.executable, "-c", script, str(dump)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

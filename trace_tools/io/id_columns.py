@@ -23,8 +23,6 @@ _UTC_US = pa.timestamp("us", tz="UTC")
 
 def batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str]:
     """Token-id columns of a batch whose every value is non-null and in range, checked at once."""
-    import pyarrow.compute as pc
-
     bound = vocab_size if vocab_size is not None else INT32_MAX + 1
     ok = []
     for name in ("output_ids", "prompt_ids"):
@@ -33,12 +31,11 @@ def batch_ids_ok(batch: pa.RecordBatch, vocab_size: int | None) -> frozenset[str
             pa.types.is_list(batch.column(index).type) or pa.types.is_large_list(batch.column(index).type)
         ):
             continue
-        values = batch.column(index).flatten()
+        values, _ = list_values(batch.column(index))
         if values.null_count or not pa.types.is_integer(values.type):
             continue
-        low_high = pc.min_max(values)
-        low, high = low_high["min"].as_py(), low_high["max"].as_py()
-        if low is None or (low >= 0 and high < bound):
+        ids = values.to_numpy()  # no nulls: a view of the values
+        if not len(ids) or (ids.min() >= 0 and ids.max() < bound):
             ok.append(name)
     return frozenset(ok)
 
@@ -59,11 +56,21 @@ def batch_records(batch: pa.RecordBatch, checked: frozenset[str], as_arrays: boo
 
 def _rows_of(column: pa.Array) -> tuple[Any, list[int], list[int], Any]:
     """(flat values, row starts, row ends, validity) of a list<int> column."""
-    flat = column.flatten().to_numpy(zero_copy_only=False)
-    offsets = column.offsets.to_numpy()
+    values, offsets = list_values(column)
+    return values.to_numpy(zero_copy_only=False), offsets[:-1].tolist(), offsets[1:].tolist(), validity(column)
+
+
+def list_values(column: pa.Array) -> tuple[pa.Array, Any]:
+    """(the child values a list column's rows span, each row's bounds in them: n + 1 offsets),
+    read off its buffers (`ListArray.flatten` imports `pyarrow.compute`; see `validity`)."""
+    import numpy as np
+
+    if not len(column):
+        return column.values.slice(0, 0), np.zeros(1, dtype=np.int64)
+    wide = np.int64 if pa.types.is_large_list(column.type) else np.int32
+    offsets = np.frombuffer(column.buffers()[1], dtype=wide)[column.offset : column.offset + len(column) + 1]
     base = int(offsets[0])
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    return flat, (offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist(), valid
+    return column.values.slice(base, int(offsets[-1]) - base), offsets.astype(np.int64) - base
 
 
 def _interned_lists(column: pa.Array) -> list[list[int] | None]:
@@ -154,31 +161,42 @@ def without_oversized(batch: pa.RecordBatch, limit: int) -> tuple[pa.RecordBatch
 
 def oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
     """Row position → size in bytes of the cells of `column` larger than `limit`, measured on
-    Arrow's buffers (nothing decoded)."""
-    import pyarrow.compute as pc
+    Arrow's buffers (nothing decoded): a string's bytes, a list's items times their width."""
+    import numpy as np
 
-    found: dict[int, int] = {}
     kind = column.type
-    if pa.types.is_dictionary(kind):
-        return found  # values shared through a dictionary are counted where they are stored
+    if not len(column) or pa.types.is_dictionary(kind):
+        return {}  # values shared through a dictionary are counted where they are stored
     if (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
         or pa.types.is_binary(kind)
         or (pa.types.is_large_binary(kind))
     ):
-        sizes = pc.binary_length(column)
+        width = 1
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        width = kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8
-        sizes = pc.multiply(pc.list_value_length(column), max(width, 1))
+        width = max(kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8, 1)
     else:
-        return found
-    largest = pc.max(sizes).as_py()
-    if largest is None or largest <= limit:
-        return found
-    for position in pc.indices_nonzero(pc.greater(sizes, limit)).to_pylist():
-        found[position] = sizes[position].as_py()
-    return found
+        return {}
+    large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_list(kind)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if large else np.int32)
+    sizes = np.diff(offsets[column.offset : column.offset + len(column) + 1]).astype(np.int64) * width
+    sizes[~validity(column)] = 0  # a null cell holds nothing
+    if not len(sizes) or sizes.max() <= limit:
+        return {}
+    return {position: int(sizes[position]) for position in np.flatnonzero(sizes > limit).tolist()}
+
+
+def validity(column: pa.Array) -> Any:
+    """A bool array: which rows of `column` are not null, read off its validity bitmap. (Not
+    `Array.is_valid()`: that imports `pyarrow.compute`, 30 ms that a command reading a dump pays
+    before its workers fork and in each of them.)"""
+    import numpy as np
+
+    if not column.null_count:
+        return np.ones(len(column), dtype=bool)
+    bits = np.frombuffer(column.buffers()[0], dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[column.offset : column.offset + len(column)].astype(bool)
 
 
 def null_rows(column: pa.Array, rows: dict[int, int]) -> pa.Array:
