@@ -503,7 +503,7 @@ def read_row_group(context: DumpContext, number: int, piece: int, session_ids: l
     table = table.append_column(ROW_COLUMN, pa.array(range(start, start + table.num_rows), pa.int64()))
     # Rows are told apart by the keys pass 1 gave them (`session_key`), not by `pyarrow.compute`:
     # importing it cost each worker 30 ms.
-    wanted = {session_id: code for code, session_id in enumerate(session_ids)}
+    wanted: dict[str | None, int] = {session_id: code for code, session_id in enumerate(session_ids)}
     ids = table.column("session_id").combine_chunks()
     keys = text_values(null_rows(ids, oversized_rows(ids, context.cell_limit or max_cell_bytes())))
     codes = np.array([wanted.get(session_key(value), -1) for value in keys], dtype=np.int64)
