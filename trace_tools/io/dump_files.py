@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 from collections import Counter
 from itertools import accumulate
 from pathlib import Path
@@ -193,6 +194,7 @@ MAX_PIECES = 32
 # calling process parsed while indexing the dump.
 _FOOTERS: dict[tuple[str, int, int], Any] = {}
 _FOOTERS_KEPT = 64
+_FOOTERS_LOCK = threading.Lock()  # the reading-ahead thread and the main thread both open files
 
 
 def _parquet_file(path: Location, handle: Any, **options: Any) -> pq.ParquetFile:
@@ -200,9 +202,10 @@ def _parquet_file(path: Location, handle: Any, **options: Any) -> pq.ParquetFile
     key = _version(path, handle)
     parquet = pq.ParquetFile(handle, metadata=_FOOTERS.get(key) if key else None, **options)
     if key and key not in _FOOTERS:
-        while len(_FOOTERS) >= _FOOTERS_KEPT:
-            _FOOTERS.pop(next(iter(_FOOTERS)), None)
-        _FOOTERS[key] = parquet.metadata
+        with _FOOTERS_LOCK:
+            while len(_FOOTERS) >= _FOOTERS_KEPT:
+                del _FOOTERS[next(iter(_FOOTERS))]  # the oldest
+            _FOOTERS[key] = parquet.metadata
     return parquet
 
 
