@@ -291,3 +291,38 @@ def test_run_json_names_each_renderer_by_its_spec(tmp_path, monkeypatch):
     renderers = json.loads((tmp_path / "run" / "run.json").read_text())["renderers"]
     assert sorted(r["render_date"] for r in renderers) == sorted(["2024-02-29", first_day])
     assert result.summary["prompt_fidelity"]["rate"] == 1.0
+
+
+def test_a_process_forked_after_a_render_renders_under_a_watchdog_of_its_own():
+    """The child of a fork inherits neither the parent's watchdog thread nor a usable CPU clock
+    (the cached one names the parent's thread): it renders, and its time limit still stops a loop."""
+    script = textwrap.dedent(
+        f"""
+        import os
+        import signal
+        from trace_tools.render.limits import TemplateLimitHit, TemplateLimits
+        from trace_tools.render.renderer import Renderer
+        template = "{{% if messages[0].content == 'loop' %}}" + {HOSTILE["a 10^10-step loop"]!r} + (
+            "{{% endif %}}{{% for m in messages %}}{{{{ m.content }}}}{{% endfor %}}"
+        )
+        renderer = Renderer("qwen3", template, template_identity="sometimes", limits=TemplateLimits(seconds=1.0))
+        assert renderer.render_text([{{"role": "user", "content": "fine"}}]) == "fine"  # the parent arms first
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a child without a watchdog would loop for hours
+            code = 1
+            try:
+                assert renderer.render_text([{{"role": "user", "content": "child"}}]) == "child"
+                try:
+                    renderer.render_text([{{"role": "user", "content": "loop"}}])
+                    code = 2
+                except TemplateLimitHit:
+                    code = 0
+            finally:
+                os._exit(code)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"

@@ -199,6 +199,10 @@ class _Watchdog:
     after a whole quiet time limit sleeps until the next `arm`."""
 
     def __init__(self) -> None:
+        self.start_afresh()
+
+    def start_afresh(self) -> None:
+        """No render armed, no thread yet (a forked child's state: its parent's thread is not in it)."""
         self._lock = threading.Condition()
         self._renders: dict[int, _Render] = {}  # thread id → its render
         self._fired: set[int] = set()  # tokens the watchdog raised into
@@ -304,6 +308,18 @@ def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
 
 WATCHDOG = _Watchdog()
 not_counted = WATCHDOG.not_counted
+
+
+def _start_afresh_in_child() -> None:
+    """A forked child has none of its parent's threads: its watchdog starts afresh (a new lock, no
+    renders, its own thread at the first `arm`), and its thread finds its own CPU clock (the
+    inherited one names the parent's thread, and reading it fails: EINVAL)."""
+    _LOCAL.__dict__.pop("clock", None)
+    WATCHDOG.start_afresh()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_start_afresh_in_child)
 
 
 def limited(render: Callable[..., str], limits: TemplateLimits, template: str) -> Callable[..., str]:
