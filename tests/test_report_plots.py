@@ -169,3 +169,44 @@ def test_interrupted_drawing_ends_and_reaps_its_drawers(sample_run, tmp_path, mo
         _forked(tmp_path, tables)
     assert len(drawers) == 2
     assert [pid for pid in drawers if Path(f"/proc/{pid}").exists()] == []
+
+
+def test_a_ctrl_c_between_two_forks_ends_the_drawers_forked_so_far(sample_run, tmp_path, monkeypatch):
+    """The helper forks its drawers one after another: interrupted after the first, before the
+    second, it still ends and reaps the first (it had been left to finish drawing on its own)."""
+    from trace_tools.report import plots
+
+    tables = plots.plot_tables(sample_run.run_dir)
+    here, draw_forked, drawers = os.getpid(), plots._draw_forked, []
+
+    def slow_drawer(figure, path):
+        if os.getpid() != here:
+            time.sleep(60)
+
+    def interrupted_after_the_first(path, draw, tables):
+        if drawers:
+            raise KeyboardInterrupt
+        drawers.append(draw_forked(path, draw, tables))
+        return drawers[-1]
+
+    monkeypatch.setattr(plots, "_save", slow_drawer)
+    monkeypatch.setattr(plots, "_draw_forked", interrupted_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        _forked(tmp_path, tables)
+    assert len(drawers) == 1 and not Path(f"/proc/{drawers[0]}").exists()
+
+
+def test_a_ctrl_c_during_a_fork_lands_once_the_drawers_pid_is_kept():
+    """SIGINT is held back while a drawer is forked and its pid recorded, then delivered: an
+    interrupt can never fall between the two and leave a drawer nobody ends."""
+    import signal
+
+    from trace_tools.report.plots import _interrupts_held
+
+    landed = []
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # a signal not held would have interrupted this sleep
+            landed.append("the pid kept")
+    assert landed == ["the pid kept"]
