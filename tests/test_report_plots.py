@@ -201,11 +201,11 @@ def test_a_ctrl_c_during_a_fork_lands_once_the_drawers_pid_is_kept():
     interrupt can never fall between the two and leave a drawer nobody ends."""
     import signal
 
-    from trace_tools.report.plots import _interrupts_held
+    from trace_tools.process_pool import interrupts_held
 
     landed = []
     with pytest.raises(KeyboardInterrupt):
-        with _interrupts_held():
+        with interrupts_held():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)  # a signal not held would have interrupted this sleep
             landed.append("the pid kept")

@@ -82,7 +82,7 @@ class WorkerPool:
             try:
                 # A fork context starts every worker, then its manager thread, at the first task.
                 # Ctrl-C is held until all of them run, so that `stop` finds a whole pool to end.
-                with _interrupts_held():
+                with interrupts_held():
                     self.executor.submit(_started)
             except BaseException:  # the Ctrl-C held back strikes here
                 self.stop()
@@ -171,13 +171,14 @@ def _main_hidden() -> Iterator[None]:
 
 
 @contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold Ctrl-C back while a worker process is started, then deliver it: the worker inherits a
-    blocked SIGINT, so a Ctrl-C reaches this process alone (which stops the workers) instead of
-    interrupting each worker's start-up with a traceback, and this process is not interrupted
-    half-way through sending a worker its arguments. Blocking the signal is not enough for the
-    latter: another thread of this process takes it, and Python raises KeyboardInterrupt in the
-    main thread all the same; so a handler records it meanwhile."""
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C back while a child process is started, then deliver it (a worker here, a drawer
+    in `report.plots`): the child inherits a blocked SIGINT, so a Ctrl-C reaches this process alone
+    (which stops the children) instead of interrupting each child's start-up with a traceback, and
+    this process is not interrupted half-way through sending a worker its arguments or recording a
+    drawer's pid. Blocking the signal is not enough for the latter: another thread of this
+    process takes it, and Python raises KeyboardInterrupt in the main thread all the same; so a
+    handler records it meanwhile."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets Ctrl-C
         yield
         return
@@ -194,7 +195,7 @@ def _interrupts_held() -> Iterator[None]:
 
 
 class _QuietProcess(multiprocessing.context.SpawnProcess):
-    """A spawned worker that never sees Ctrl-C (`_interrupts_held`), started without importing the
+    """A spawned worker that never sees Ctrl-C (`interrupts_held`), started without importing the
     program's main module where that would re-run it (`_main_not_reimportable`)."""
 
     hide_main = False
@@ -206,7 +207,7 @@ class _QuietProcess(multiprocessing.context.SpawnProcess):
         # SIGINT on its way out, which the worker would inherit: start it first. (A forked pool
         # needs no tracker: its locks are unlinked at once, never registered.)
         resource_tracker.ensure_running()
-        with _interrupts_held(), _main_hidden() if process_obj.hide_main else nullcontext():
+        with interrupts_held(), _main_hidden() if process_obj.hide_main else nullcontext():
             # Kept before the block ends: a Ctrl-C held back strikes right then, before
             # multiprocessing records the child, and `_stop` must still find it.
             process_obj.held_popen = multiprocessing.context.SpawnProcess._Popen(process_obj)
@@ -251,7 +252,7 @@ class _QuietSpawn(multiprocessing.context.SpawnContext):
 
 class _QuietForkProcess(multiprocessing.context.ForkProcess):
     """A forked worker that never sees Ctrl-C: a fork pool starts all its workers at its first task,
-    which `WorkerPool` submits with Ctrl-C held (`_interrupts_held`), so each inherits a blocked
+    which `WorkerPool` submits with Ctrl-C held (`interrupts_held`), so each inherits a blocked
     SIGINT. It ends as every forked child of multiprocessing does, with `os._exit` after its work:
     the exit handlers it inherited are this process's, and none of them may run there."""
 

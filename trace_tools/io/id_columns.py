@@ -67,8 +67,7 @@ def list_values(column: pa.Array) -> tuple[pa.Array, Any]:
 
     if not len(column):
         return column.values.slice(0, 0), np.zeros(1, dtype=np.int64)
-    wide = np.int64 if pa.types.is_large_list(column.type) else np.int32
-    offsets = np.frombuffer(column.buffers()[1], dtype=wide)[column.offset : column.offset + len(column) + 1]
+    offsets = _offsets(column)
     base = int(offsets[0])
     return column.values.slice(base, int(offsets[-1]) - base), offsets.astype(np.int64) - base
 
@@ -178,13 +177,21 @@ def oversized_rows(column: pa.Array, limit: int) -> dict[int, int]:
         width = max(kind.value_type.bit_width // 8 if pa.types.is_primitive(kind.value_type) else 8, 1)
     else:
         return {}
-    large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_list(kind)
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if large else np.int32)
-    sizes = np.diff(offsets[column.offset : column.offset + len(column) + 1]).astype(np.int64) * width
+    sizes = np.diff(_offsets(column)).astype(np.int64) * width
     sizes[~validity(column)] = 0  # a null cell holds nothing
-    if not len(sizes) or sizes.max() <= limit:
+    if sizes.max() <= limit:
         return {}
     return {position: int(sizes[position]) for position in np.flatnonzero(sizes > limit).tolist()}
+
+
+def _offsets(column: pa.Array) -> Any:
+    """The n + 1 offsets of a non-empty string, binary or list column's rows, off its buffer."""
+    import numpy as np
+
+    kind = column.type
+    large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_list(kind)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if large else np.int32)
+    return offsets[column.offset : column.offset + len(column) + 1]
 
 
 def validity(column: pa.Array) -> Any:

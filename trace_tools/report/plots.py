@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -36,10 +34,12 @@ class PendingPlots:
         self._dir, self._tables = plot_dir, tables
         self._children: dict[str, int | None] = {}
         forked = set(fork)
+        if forked:
+            from trace_tools.process_pool import interrupts_held
         try:
             for name, draw in FIGURES:
                 if name in forked:
-                    with _interrupts_held():  # a Ctrl-C lands once the drawer's pid is kept, not before
+                    with interrupts_held():  # a Ctrl-C lands once the drawer's pid is kept, not before
                         self._children[name] = _draw_forked(plot_dir / f"{name}.png", draw, tables)
         except BaseException:  # interrupted between two forks: end the drawers forked so far
             self.close()
@@ -67,25 +67,6 @@ class PendingPlots:
         for pid in self._children.values():
             _end(pid)
         self._children = {}
-
-
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """A Ctrl-C (SIGINT) that arrives while the block runs is held and handled as it ends, by the
-    handler there was before. Signal handlers run in the main thread only, and only it may set
-    them: elsewhere the block runs as it is. A drawer forked inside inherits the holding handler
-    and ignores a Ctrl-C; its parent ends it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)
 
 
 def _end(pid: int | None) -> None:
