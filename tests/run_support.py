@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-# Python statements for a `python -c` run: every template compile of the renderers' sandbox
-# prints "compile PID" on stderr, so a test can tell which processes compiled (forked workers
-# inherit the patch; spawned ones do not run it).
+# Python statements for a `python -c` run: every template a process compiles, or reads compiled
+# from the cache, prints "compile PID" on stderr, so a test can tell which processes did (forked
+# workers inherit the patch; spawned ones do not run it).
 REPORT_COMPILES = (
     "import os as _os, sys as _sys; from trace_tools.render import template_runner as _tr; "
-    "_tr._CheapSandbox.compile = lambda self, *a, **k: (print('compile', _os.getpid(), file=_sys.stderr, flush=True), "
-    "_tr._SizedSandbox.compile(self, *a, **k))[1]; "
+    "_tr._stored_code = (lambda stored: lambda *a: (print('compile', _os.getpid(), file=_sys.stderr, flush=True), "
+    "stored(*a))[1])(_tr._stored_code); "
 )
 
 

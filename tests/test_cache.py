@@ -155,7 +155,7 @@ def test_clear_in_a_shared_folder_deletes_only_what_trace_tools_wrote(cache_root
     assert result.exit_code == 0, result.output
     assert {relative: (cache_root / relative).read_text() for relative in theirs} == theirs
     assert not any(path.exists() for path in ours) and not (cache_root / "render-checks").exists()
-    assert shown == {"render-checks": 1, "tokenizers": 0, "models": 1, "bench": 1}  # what `info` counts
+    assert shown == {"render-checks": 1, "tokenizers": 0, "templates": 0, "models": 1, "bench": 1}  # what `info` counts
 
 
 def _one_warning(stderr: str, folder) -> None:

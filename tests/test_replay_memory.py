@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gc
 import importlib
+import pickle
+from dataclasses import fields
 
 import pytest
 
 from trace_tools.data import ReplayResult
+from trace_tools.io.id_columns import ShippedSession
 from trace_tools.pipeline import Pipeline
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 from trace_tools.strategies.base import ReplayContext, Strategy
@@ -202,6 +205,37 @@ def test_local_workers_run_with_the_collector_off():
     assert states == {(False, True)}
 
 
+def test_a_shipped_session_pickles_each_prompt_as_what_it_adds_and_arrives_unchanged(simulated_dump):
+    """Prompts that extend the one before, one that diverges from it (a rewound history), one with
+    no recorded prompt and the one after it all arrive as they left, in a fraction of the bytes."""
+    import numpy as np
+
+    session = next(s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns") and len(s.turns) >= 4)
+    turns = session.turns
+    turns[2].prompt_ids = np.concatenate((turns[1].prompt_ids[:3], np.array([7, 8, 9], dtype=np.int32)))
+    turns[3].prompt_ids = None
+    before = [None if t.prompt_ids is None else t.prompt_ids.copy() for t in turns]
+
+    data = pickle.dumps(ShippedSession(session))
+    received = pickle.loads(data).session
+    assert len(data) < len(pickle.dumps(session)) / 2
+    assert [None if t.prompt_ids is None else t.prompt_ids.tolist() for t in received.turns] == [
+        None if ids is None else ids.tolist() for ids in before
+    ]
+    assert all(t.prompt_ids is None or t.prompt_ids.dtype == np.int32 for t in received.turns)
+    assert [_plain_fields(t) for t in received.turns] == [_plain_fields(t) for t in turns]
+    assert (received.session_id, received.meta) == (session.session_id, session.meta)
+    assert all(a is None and b is None or np.array_equal(a, b) for a, b in zip(before, (t.prompt_ids for t in turns)))
+
+
+def _plain_fields(turn) -> list:
+    return [value.tolist() if hasattr(value, "tolist") else value for value in _fields_of(turn)]
+
+
+def _fields_of(turn) -> tuple:
+    return tuple(getattr(turn, field_.name) for field_ in fields(turn))
+
+
 def _collector_state() -> tuple[bool, bool]:
     return gc.isenabled(), gc.get_freeze_count() > 0
 
@@ -220,11 +254,14 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
     with pytest.raises(TypeError, match="materialize"):
         SessionReplayer(options)(shipped)
 
+    parcel = pickle.loads(pickle.dumps(ShippedSession(shipped)))  # as the worker receives it
     try:
-        rows = local_pool._replay_in_worker(shipped, local_pool._Setup.now(options, {}))
+        rows = local_pool._replay_in_worker(parcel, local_pool._Setup.now(options, {}))
     finally:
         local_pool._WORKER = None
-    assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in shipped.turns)
-    assert [t.prompt_ids for t in shipped.turns] == [t.prompt_ids for t in plain.turns]
+    received = parcel.session
+    assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in received.turns)
+    assert [t.prompt_ids for t in received.turns] == [t.prompt_ids for t in plain.turns]
+    assert isinstance(shipped.turns[0].prompt_ids, np.ndarray)  # the driver's session is left as it was
     # Its rows cross back as Arrow IPC streams (`SessionRows.pack`), holding what the plain replay holds.
     assert rows.turns == [] and rows.table("turns").equals(SessionReplayer(options)(plain).table("turns"))

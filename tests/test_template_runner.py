@@ -87,3 +87,26 @@ def test_once_the_verdict_is_stored_a_process_renders_without_transformers(tmp_p
     assert first[1:] == ["native", "True"]  # the first process checks against transformers
     assert second == [first[0], "native", "False"]
     assert len(list((tmp_path / "render-checks").glob("native-*.json"))) == 1
+
+
+def test_a_compiled_template_is_kept_in_the_cache_and_read_back_instead_of_compiled(tmp_path, monkeypatch):
+    from jinja2 import Environment
+
+    from trace_tools.render import template_runner
+
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path))
+    monkeypatch.setattr(template_runner, "_CODE", {})  # as a fresh process finds it
+    expected = Renderer.from_spec("qwen3", "qwen3")._apply_template(CONVERSATION, TOOLS, True, {})
+    (stored,) = (tmp_path / "templates").glob("code-*.marshal")
+
+    compiled = []
+    original = Environment.compile
+    monkeypatch.setattr(Environment, "compile", lambda *a, **k: compiled.append(1) or original(*a, **k))
+    monkeypatch.setattr(template_runner, "_CODE", {})
+    assert Renderer.from_spec("qwen3", "qwen3")._apply_template(CONVERSATION, TOOLS, True, {}) == expected
+    assert not compiled  # read back, not compiled
+
+    stored.write_bytes(b"not marshal data")  # damaged: compiled again, and stored again
+    monkeypatch.setattr(template_runner, "_CODE", {})
+    assert Renderer.from_spec("qwen3", "qwen3")._apply_template(CONVERSATION, TOOLS, True, {}) == expected
+    assert compiled and stored.read_bytes() != b"not marshal data"

@@ -14,16 +14,17 @@ from trace_tools import process_pool
 from trace_tools.collector import session_done
 from trace_tools.data import Session
 from trace_tools.io.cache import WARNED_VAR
-from trace_tools.io.load import materialize_ids
+from trace_tools.io.id_columns import ShippedSession, materialize_ids
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
 _WORKER: SessionReplayer | None = None
 
 
-def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
-    """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle), turned
-    into the data model's `list[int]` once, here, then replayed; its rows go back packed
+def _replay_in_worker(shipped: ShippedSession, setup: "_Setup") -> SessionRows:
+    """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle, each
+    prompt as what it adds to the one before, `ShippedSession`), turned into the data model's
+    `list[int]` once, here, then replayed; its rows go back packed
     (`SessionRows.pack`), the samples as the compressed IPC stream the shard stores as it is,
     about a hundredth of the table's size. The worker's replayer is built on its first session,
     from `setup` as the run settled it: a forked worker starts before the run has resolved its
@@ -32,7 +33,7 @@ def _replay_in_worker(session: Session, setup: "_Setup") -> SessionRows:
     if _WORKER is None:
         os.environ.update(setup.environment)
         _WORKER = SessionReplayer(setup.options, pause_gc=True, resolved=setup.resolved)
-    rows = _WORKER(materialize_ids(session)).pack()
+    rows = _WORKER(materialize_ids(shipped.session)).pack()
     session_done()
     return rows
 
@@ -63,7 +64,7 @@ class WorkerPool(process_pool.WorkerPool):
     ) -> Iterator[SessionRows]:
         """Rows of `sessions` in their order (`process_pool.WorkerPool.ordered`); the sessions'
         reader is closed at the end."""
-        tasks = ((session, _Setup.now(options, resolved)) for session in sessions)
+        tasks = ((ShippedSession(session), _Setup.now(options, resolved)) for session in sessions)
         died = "rerun with --workers 1, or fewer workers; finished shards are kept and the rerun resumes"
         return self.ordered(_replay_in_worker, tasks, died, source=sessions)
 
