@@ -138,7 +138,7 @@ class ShippedSession:
             values = [getattr(turn, name) for name in _TURN_FIELDS]
             ids = values[_PROMPT]
             if _is_array(ids) and _is_array(previous):
-                shared = _shared_prefix(previous, ids)
+                shared = array_prefix(previous, ids)
                 values[_PROMPT] = (shared, ids[shared:])
             previous = ids
             turns.append(values)
@@ -169,11 +169,13 @@ def _is_array(value: Any) -> bool:
     return type(value).__name__ == "ndarray"  # without importing numpy where no array is shipped
 
 
-def _shared_prefix(a: Any, b: Any) -> int:
-    """How many leading ids two int32 arrays share."""
+def array_prefix(a: Any, b: Any) -> int:
+    """How many leading values two numpy arrays share."""
+    import numpy as np
+
     n = min(len(a), len(b))
-    same = a[:n] == b[:n]
-    return n if same.all() else int(same.argmin())
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def materialize_ids(session: Session) -> Session:

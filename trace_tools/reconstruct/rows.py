@@ -11,6 +11,7 @@ import numpy as np
 from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
 from trace_tools.ids import common_prefix_len
+from trace_tools.io.id_columns import array_prefix
 from trace_tools.pipeline.prepared import prepare_session
 from trace_tools.render.canonical import canonicalize_messages
 
@@ -85,7 +86,7 @@ class Comparison:
         end = min(len(recorded), len(rendered))
         if not decided and agreed < end:
             rest = np.fromiter(rendered[agreed:end], dtype=np.int64, count=end - agreed)
-            agreed += _array_prefix(recorded[agreed:end], rest)
+            agreed += array_prefix(recorded[agreed:end], rest)
         self._last = (rendered, recorded, agreed)
         return agreed
 
@@ -96,16 +97,10 @@ class Comparison:
         last_rendered, last_recorded, last_agreed = self._last
         same = common_prefix_len(rendered, last_rendered)
         same = min(same, len(recorded), len(last_recorded))
-        same = _array_prefix(recorded[:same], last_recorded[:same])
+        same = array_prefix(recorded[:same], last_recorded[:same])
         # On [0, same) both prompts equal the previous turn's. A previous divergence inside that
         # range lies below both previous lengths, so it is a differing token, and it is this one's.
         return (last_agreed, True) if last_agreed < same else (same, False)
-
-
-def _array_prefix(a: Any, b: Any) -> int:
-    """The common prefix length of two arrays of one length."""
-    differ = np.flatnonzero(a != b)
-    return int(differ[0]) if len(differ) else len(a)
 
 
 def _ints(ids: Sequence[int]) -> list[int]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import marshal
 import threading
 from datetime import datetime
 from functools import lru_cache, partial, wraps
@@ -47,7 +46,7 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace
 
-from trace_tools.io.cache import CacheKey, code_digest, store
+from trace_tools.io.cache import CacheKey, code_digest, marshalled
 from trace_tools.memo import IdentityMemo
 from trace_tools.render import limits
 from trace_tools.render.canonical import FrozenDict, FrozenList
@@ -543,22 +542,7 @@ def _stored_code(env: Any, source: str, setting: tuple[type, int]) -> CodeType:
         code=code_digest("render/template_runner.py", "render/limits.py"),
         libraries=("python", "jinja2", "transformers"),
     )
-    path = key.path(".marshal")
-    try:
-        code = marshal.loads(path.read_bytes())
-        if isinstance(code, CodeType):
-            return code
-    except (OSError, ValueError, EOFError, TypeError):  # absent, or not marshal data: compile again
-        pass
-    code = env.compile(source)
-    from trace_tools.io.write import atomic_open  # pyarrow's import is not this module's to pay
-
-    def write(target: Path) -> None:
-        with atomic_open(target, "wb") as out:  # atomic: forked or spawned workers race to write it
-            out.write(marshal.dumps(code))
-
-    store(path, write)  # a read-only cache only costs compiling again
-    return code
+    return marshalled(key.path(".marshal"), CodeType, lambda: env.compile(source))
 
 
 def precompile(chat_template: str, size_limit: int) -> None:

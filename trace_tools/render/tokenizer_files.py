@@ -11,7 +11,6 @@ import base64
 import contextlib
 import hashlib
 import importlib.util
-import marshal
 import os
 import sys
 import tempfile
@@ -50,24 +49,12 @@ def mergeable_ranks(ranks: Path) -> dict[bytes, int]:
     150k base64 lines costs half a second in every process that encodes."""
     data = ranks.read_bytes()
     key = CacheKey("tokenizers", ranks.stem, inputs=(hashlib.sha256(data).hexdigest(),), libraries=("python",))
-    cached = key.path(".ranks.marshal")  # marshal's format is the Python version's
-    try:
-        loaded = marshal.loads(cached.read_bytes())
-        if isinstance(loaded, dict):
-            return loaded
-    except (OSError, ValueError, EOFError, TypeError):
-        pass
-    mergeable = {
-        base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)
-    }
-    from trace_tools.io.write import atomic_open  # atomic: worker processes race to write it
 
-    def write(path: Path) -> None:
-        with atomic_open(path, "wb") as out:
-            out.write(marshal.dumps(mergeable))
+    def decoded() -> dict[bytes, int]:
+        lines = (line.split() for line in data.splitlines() if line)
+        return {base64.b64decode(token): int(rank) for token, rank in lines}
 
-    cache.store(cached, write)  # a read-only cache only costs the decoding again
-    return mergeable
+    return cache.marshalled(key.path(".ranks.marshal"), dict, decoded)
 
 
 def _package_file(name: str, package: str, relative: str) -> Path:
