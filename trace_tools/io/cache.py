@@ -27,7 +27,6 @@ import atexit
 import functools
 import hashlib
 import json
-import marshal
 import os
 import platform
 import re
@@ -138,28 +137,6 @@ def store(target: Path, write: Callable[[Path], None]) -> bool:
     except (OSError, OutputFailed) as error:
         _warn_unusable(error)
         return False
-
-
-def marshalled(target: Path, expected: type, compute: Callable[[], Any]) -> Any:
-    """The value kept at `target` as marshal data when it is an `expected`; otherwise `compute()`,
-    kept there for the next process (atomically: worker processes race to write it; a cache that
-    cannot hold it only costs computing again). Marshal's format is the Python version's, so the
-    key of `target` names `"python"` among its libraries."""
-    try:
-        kept = marshal.loads(target.read_bytes())
-        if isinstance(kept, expected):
-            return kept
-    except (OSError, ValueError, EOFError, TypeError):  # absent, or not marshal data
-        pass
-    value = compute()
-    from trace_tools.io.write import atomic_open  # io.write imports this module
-
-    def write(path: Path) -> None:
-        with atomic_open(path, "wb") as out:
-            out.write(marshal.dumps(value))
-
-    store(target, write)
-    return value
 
 
 def _warn_unusable(error: Exception) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import errno
 import json
+import marshal
 import math
 import os
 import tempfile
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,6 +102,28 @@ def write_cached(path: Path | None, key: str, value: Any) -> None:
 
     if path is not None:
         cache.store(path, write)
+
+
+def marshalled(target: Path, expected: type, compute: Callable[[], Any]) -> Any:
+    """The value kept at `target` (a cache path, `CacheKey.path`) as marshal data when it is an
+    `expected`; otherwise `compute()`, kept there for the next process (atomically: worker
+    processes race to write it; a cache that cannot hold it only costs computing again).
+    Marshal's format is the Python version's, so the key of `target` names `"python"` among its
+    libraries."""
+    try:
+        kept = marshal.loads(target.read_bytes())
+        if isinstance(kept, expected):
+            return kept
+    except (OSError, ValueError, EOFError, TypeError):  # absent, or not marshal data
+        pass
+    value = compute()
+
+    def write(path: Path) -> None:
+        with atomic_open(path, "wb") as out:
+            out.write(marshal.dumps(value))
+
+    cache.store(target, write)
+    return value
 
 
 def plain_file_mode() -> int:

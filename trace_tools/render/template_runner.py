@@ -46,7 +46,7 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace
 
-from trace_tools.io.cache import CacheKey, code_digest, marshalled
+from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.memo import IdentityMemo
 from trace_tools.render import limits
 from trace_tools.render.canonical import FrozenDict, FrozenList
@@ -542,6 +542,8 @@ def _stored_code(env: Any, source: str, setting: tuple[type, int]) -> CodeType:
         code=code_digest("render/template_runner.py", "render/limits.py"),
         libraries=("python", "jinja2", "transformers"),
     )
+    from trace_tools.io.write import marshalled  # pyarrow's import is not this module's to pay
+
     return marshalled(key.path(".marshal"), CodeType, lambda: env.compile(source))
 
 

@@ -54,7 +54,9 @@ def mergeable_ranks(ranks: Path) -> dict[bytes, int]:
         lines = (line.split() for line in data.splitlines() if line)
         return {base64.b64decode(token): int(rank) for token, rank in lines}
 
-    return cache.marshalled(key.path(".ranks.marshal"), dict, decoded)
+    from trace_tools.io.write import marshalled  # pyarrow's import is not this module's to pay
+
+    return marshalled(key.path(".ranks.marshal"), dict, decoded)
 
 
 def _package_file(name: str, package: str, relative: str) -> Path:
