@@ -236,7 +236,8 @@ def test_report_never_replays(sample_run):
 def test_last_boundary_and_its_index_match_the_plain_search():
     """`_Boundaries.last` and `_nth_from_end` against their plain definitions (every token's
     `rfind`, a step-by-step walk back), on texts dense with tokens, with near-miss `<`, and
-    without any token, over every window a replay may search."""
+    without any token, over every window a replay may search; `_nth_from_end` also on ids that
+    are the start of a longer list (a text whose list a later text took over)."""
     import random
 
     from trace_tools.render.incremental import _Boundaries, _independent, _nth_from_end
@@ -260,6 +261,7 @@ def test_last_boundary_and_its_index_match_the_plain_search():
                 while left:
                     index -= 1
                     left -= ids[index] == token_id
-                assert _nth_from_end(ids, token_id, nth) == index
+                assert _nth_from_end(ids, len(ids), token_id, nth) == index
+                assert _nth_from_end(ids + [token_id, 0, token_id], len(ids), token_id, nth) == index
     long_ids = [9] * 5000 + [2] + [9] * 3000 + [2, 2] + [9] * 700  # windows double past several sizes
-    assert [_nth_from_end(long_ids, 2, n) for n in (1, 2, 3)] == [8002, 8001, 5000]
+    assert [_nth_from_end(long_ids, len(long_ids), 2, n) for n in (1, 2, 3)] == [8002, 8001, 5000]
