@@ -206,6 +206,41 @@ def test_cache_hits_return_independent_copies():
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
+def test_prompts_rendered_turn_by_turn_stay_exact_where_they_share_their_lists(name):
+    """Each turn's prompt takes over the list of its own plain render (one copy of the history a
+    turn): every prompt handed out stays as it was while later turns render, and the plain
+    renders asked for afterwards are the tokenizer's, not the longer list they share."""
+    renderer = _renderer(name)
+    turns = [end for end in range(2, len(CONVERSATION) + 1) if CONVERSATION[end - 1]["role"] != "assistant"]
+    handed = [(end, renderer.render(CONVERSATION[:end], TOOLS)) for end in turns]
+    kept = [list(ids) for _, ids in handed]
+    assert renderer.cache_info()["incremental"] > 0
+    for (end, ids), before in zip(handed, kept):
+        assert ids == before == _reference(name, CONVERSATION[:end], TOOLS, True)
+        assert renderer.render(CONVERSATION[:end], TOOLS, False) == _reference(name, CONVERSATION[:end], TOOLS, False)
+
+
+# No end-of-turn token: a plain render's last hard boundary is its last turn's opening token, the
+# token its generation prompt opens with again, so a render that took the shared list for the
+# plain render's own would cut the next turn's ids at the wrong occurrence.
+OPEN_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_prompt_that_repeats_the_last_boundary_leaves_the_next_turn_exact():
+    renderer = Renderer("qwen3", OPEN_TURNS)
+    conversation = [{"role": "user", "content": "Fix the failing test."}] + [
+        {"role": "tool" if i % 2 == 0 else "assistant", "content": f"message {i} " + "word " * i} for i in range(1, 12)
+    ]
+    for end in range(2, len(conversation) + 1, 2):
+        text = renderer.render_text(conversation[:end])
+        assert renderer.render(conversation[:end]) == renderer.encode(text)
+    assert renderer.cache_info()["incremental"] > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
 def test_encoding_a_growing_text_reuses_its_last_ids_and_equals_the_tokenizer(name):
     """AReaL's ChatML text grows by a turn each call: only what follows the last added token the
     two texts share is encoded again, and the ids are the tokenizer's whole-text ids, also where a
