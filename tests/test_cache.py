@@ -47,6 +47,32 @@ def test_a_library_version_is_part_of_the_key(cache_root, monkeypatch):
     assert key.digest() != before
 
 
+def test_library_versions_read_off_folder_names_are_what_importlib_metadata_says(tmp_path, monkeypatch):
+    """Every distribution installed here, by its own spelling of its name; then one found only
+    through importlib.metadata (an egg-info folder, no dist-info), and one not installed."""
+    from importlib.metadata import distributions
+
+    installed: dict[str, str] = {}
+    for dist in distributions():  # in sys.path order: the first of a name is the one imported
+        installed.setdefault(dist.metadata["Name"], dist.version)
+    assert len(installed) > 20
+    assert {name: cache.library_version(name) for name in installed} == installed
+    assert cache.library_version("Jinja2") == cache.library_version("jinja2") == cache.library_version("JINJA2")
+    egg = tmp_path / "old_style-1.2.3-py3.11.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old-style\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cache.library_version.cache_clear()
+    cache._dist_infos.cache_clear()
+    try:
+        assert "old-style" not in cache._dist_infos()
+        assert cache.library_version("old-style") == "1.2.3"
+        assert cache.library_version("no-such-distribution-here") == "absent"
+    finally:
+        cache.library_version.cache_clear()
+        cache._dist_infos.cache_clear()
+
+
 def test_the_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACE_TOOLS_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

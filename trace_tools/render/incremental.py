@@ -297,10 +297,11 @@ class IncrementalRenderer:
         copied: list[int] | None = None  # the list the last text encoded here copied, no one else's yet
         for item in reversed(pending):
             item.ids, copied = self._encode_after(item, copied)
-        if asked.size is not None:  # a text whose list a later one took over: its own copy, once asked
-            asked.ids, asked.size = asked.ids[: asked.size], None
-        assert asked.ids is not None, "every pending text was encoded above"
-        return asked.ids
+        ids, size = _span(asked)
+        if size < len(ids):  # a text whose list a later one took over: its own copy, once asked
+            ids = asked.ids = ids[:size]
+            asked.size = None
+        return ids
 
     def _encode_after(self, entry: _Text, fresh: list[int] | None) -> tuple[list[int], list[int] | None]:
         """`entry`'s ids, and the same list if it was copied here (no caller holds it yet). A
