@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 _SHARED_INTS: list[int] = []
 
@@ -53,6 +53,13 @@ def common_prefix_len(a: Sequence, b: Sequence, hint: int | None = None) -> int:
     while _same(a[low], b[low]):
         low += 1
     return low
+
+
+def array_prefix(a: Any, b: Any) -> int:
+    """How many leading values two numpy arrays share (the arrays' own methods: no import)."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()[0]
+    return int(differ[0]) if len(differ) else n
 
 
 def same_items(a: Sequence, b: Sequence) -> bool:

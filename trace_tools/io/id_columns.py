@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from trace_tools.data import Session, Turn
-from trace_tools.ids import shared_ints
+from trace_tools.ids import array_prefix, shared_ints
 from trace_tools.io.rows import (
     records,
 )
@@ -167,15 +167,6 @@ _PROMPT = _TURN_FIELDS.index("prompt_ids")
 
 def _is_array(value: Any) -> bool:
     return type(value).__name__ == "ndarray"  # without importing numpy where no array is shipped
-
-
-def array_prefix(a: Any, b: Any) -> int:
-    """How many leading values two numpy arrays share."""
-    import numpy as np
-
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
 
 
 def materialize_ids(session: Session) -> Session:

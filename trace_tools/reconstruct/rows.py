@@ -10,8 +10,7 @@ import numpy as np
 
 from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
-from trace_tools.ids import common_prefix_len
-from trace_tools.io.id_columns import array_prefix
+from trace_tools.ids import array_prefix, common_prefix_len
 from trace_tools.pipeline.prepared import prepare_session
 from trace_tools.render.canonical import canonicalize_messages
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_tools.trainer.audit_tokens import common_prefix
+from trace_tools.ids import array_prefix
 
 _AROUND = 6  # tokens shown on each side of a first difference
 
@@ -74,7 +74,7 @@ class _Comparison:
         expected = np.asarray(row["token_ids"], dtype=np.int64)
         source = view.source
         if len(expected) != len(view.tokens) or not np.array_equal(expected, view.tokens):
-            at = common_prefix(expected, view.tokens)
+            at = array_prefix(expected, view.tokens)
             return f"{source}: token {at}: {self._around(expected, at)} expected, {self._around(view.tokens, at)} given"
         if row["response_length"] != view.response_length:
             return f"{source}: response_length {view.response_length}, {row['response_length']} expected"

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from trace_tools.ids import array_prefix
 from trace_tools.trainer.audit_rules import Tally
-from trace_tools.trainer.audit_tokens import Region, TokenMarkers, common_prefix, spans
+from trace_tools.trainer.audit_tokens import Region, TokenMarkers, spans
 from trace_tools.trainer.records import TrainerSample
 
 
@@ -138,7 +139,7 @@ class SessionAudit:
         self.turns: dict[tuple[int, int], _Turn] = {}
 
     def add(self, view: SampleView) -> SampleStats:
-        prefixes = [common_prefix(earlier.tokens, view.tokens) for earlier in self.views]
+        prefixes = [array_prefix(earlier.tokens, view.tokens) for earlier in self.views]
         self._trained_once(view, prefixes)
         stats = SampleStats(len(view.tokens), int(view.trained.sum()), max(prefixes, default=0))
         self._regions(view, prefixes)

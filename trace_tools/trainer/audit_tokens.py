@@ -135,13 +135,6 @@ def spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
-
-
 def _openers(renderer: Any) -> list[np.ndarray]:
     """The ids after which the model writes: the generation prompt after a user message and after
     a tool message, or the last token the template wrote where it appends no prompt."""
