@@ -73,6 +73,22 @@ def test_library_versions_read_off_folder_names_are_what_importlib_metadata_says
         cache._dist_infos.cache_clear()
 
 
+def test_run_json_records_the_versions_importlib_metadata_reports():
+    """run.json's library versions, read as the cache keys read them: the same as
+    importlib.metadata's, a library not installed left out."""
+    import importlib.metadata as md
+
+    from trace_tools import api
+
+    expected = {}
+    for package in ("pandas", "pyarrow", "tokenizers", "transformers", "jinja2", "tiktoken"):
+        try:
+            expected[package] = md.version(package)
+        except md.PackageNotFoundError:
+            pass
+    assert api._versions() == expected and "pyarrow" in expected
+
+
 def test_the_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACE_TOOLS_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

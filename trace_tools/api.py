@@ -206,15 +206,13 @@ def _run_info(engine: Any, reconstruction: dict[str, Any]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
+    """The installed versions of the libraries a run's results depend on, read as the cache keys
+    read them (`io.cache.library_version`: off the dist-info folders, not `importlib.metadata`,
+    whose import and search the end of every replay paid); one not installed is left out."""
+    from trace_tools.io.cache import library_version
 
-    out = {}
-    for package in ("pandas", "pyarrow", "tokenizers", "transformers", "jinja2", "tiktoken"):
-        try:
-            out[package] = md.version(package)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    packages = ("pandas", "pyarrow", "tokenizers", "transformers", "jinja2", "tiktoken")
+    return {package: version for package in packages if (version := library_version(package)) != "absent"}
 
 
 @dataclass
