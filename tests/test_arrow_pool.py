@@ -66,3 +66,27 @@ def test_run_json_names_the_allocator_the_command_used(simulated_dump, tmp_path,
     command = [sys.executable, "-m", "trace_tools.cli.main", "replay", str(simulated_dump), "-s", "tree"]
     subprocess.run([*command, "--workers", "1", "--out", str(out)], env=env, check=True, capture_output=True)
     assert json.loads((out / "run.json").read_text())["arrow_memory_pool"] == (chosen or "jemalloc")
+
+
+ARROWS_OWN_ALLOCATIONS = """
+import sys
+from trace_tools.cli.main import _guard
+_guard(lambda: None)()  # what every command does first
+import pyarrow as pa, pyarrow.parquet as pq
+table = pa.table({"ids": pa.array([list(range(50_000))] * 8, pa.list_(pa.int32()))})
+pq.write_table(table, pa.BufferOutputStream(), compression="zstd")  # Parquet's own page buffers
+with pa.ipc.new_stream(pa.BufferOutputStream(), table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+    w.write_table(table)  # IPC compression's buffers
+print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory())
+"""
+
+
+@needs_jemalloc
+def test_a_command_sets_the_pool_before_arrow_loads_so_arrows_own_buffers_use_it_too():
+    """Arrow's C++ reads the variable once, as pyarrow loads: a command that set it afterwards had
+    Parquet's and IPC's internal buffers on mimalloc (docs/performance.md#arrows-allocator)."""
+    env = {key: value for key, value in os.environ.items() if key != POOL_VARIABLE}
+    done = subprocess.run(
+        [sys.executable, "-c", ARROWS_OWN_ALLOCATIONS], env=env, check=True, capture_output=True, text=True
+    )
+    assert done.stdout.split() == ["jemalloc", "0"]

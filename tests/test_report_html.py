@@ -115,6 +115,33 @@ def test_the_page_written_with_the_bars_gathered_during_replay_equals_one_built_
     assert (out / "report.html").read_text() == render_html(out)
 
 
+def test_the_page_templates_compile_once_and_later_processes_load_their_code(run, tmp_path, monkeypatch):
+    """The page's templates are compiled into trace-tools' cache once; a process that finds their
+    code there compiles nothing and writes the same page."""
+    import jinja2
+
+    import trace_tools.report.html as html
+
+    monkeypatch.setenv("TRACE_TOOLS_CACHE", str(tmp_path / "cache"))
+    compiled: list[str] = []
+    real_compile = jinja2.Environment.compile
+    monkeypatch.setattr(
+        jinja2.Environment,
+        "compile",
+        lambda env, source, name=None, *a, **k: compiled.append(name) or real_compile(env, source, name, *a, **k),
+    )
+    pages = []
+    for _ in range(2):
+        html._environment.cache_clear()  # a fresh process's environment
+        pages.append(html.render_html(run))
+    html._environment.cache_clear()
+    assert "report.html.j2" in compiled and len(compiled) == len(set(compiled))  # the first only
+    assert sorted(path.name.split("-")[0] for path in (tmp_path / "cache" / "templates").iterdir()) == ["page"] * len(
+        compiled
+    )
+    assert pages[0] == pages[1] == (run / "report.html").read_text()
+
+
 def test_bars_are_not_gathered_past_the_sessions_the_page_can_detail():
     import pyarrow as pa
 

@@ -43,7 +43,7 @@ from trace_tools.errors import OutputFailed, UnknownName
 KINDS = {
     "render-checks": "per-template verdicts: which render shortcuts reproduce transformers",
     "tokenizers": "tokenizer.json files converted from BPE ranks, and the ranks as marshal data",
-    "templates": "chat templates compiled to Python code, as marshal data",
+    "templates": "chat templates and report.html's templates compiled to Python code, as marshal data",
     "models": "the tiny randomly initialised model rescore tests and benchmarks use",
     "bench": "benchmark dumps (benchmarks/)",
 }

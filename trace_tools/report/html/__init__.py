@@ -8,13 +8,19 @@ per-session chunks (see `sessions.py`). The page reads only the run directory's 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from pathlib import Path
+from types import CodeType
 from typing import Any, Callable
 
+import jinja2
+
 from trace_tools.io.bundled import shown_dump
+from trace_tools.io.cache import CacheKey, code_digest
 from trace_tools.io.rundir import require_run
-from trace_tools.io.write import write_text_atomic
+from trace_tools.io.write import marshalled, write_text_atomic
 from trace_tools.report.escape import BIDI, visible_bidi
 from trace_tools.report.explain_view import CAUSE_TEXT
 from trace_tools.report.harness_profile import page_rows, title
@@ -143,11 +149,11 @@ def _visible(value: Any) -> Any:
     return value
 
 
-def _environment():
-    import jinja2
-
+@functools.cache
+def _environment() -> jinja2.Environment:
+    """The page's environment, one per process: it keeps the templates it loaded."""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("trace_tools.report.html", "templates"),
+        loader=_CompiledLoader("trace_tools.report.html", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         trim_blocks=True,
         lstrip_blocks=True,
@@ -156,6 +162,31 @@ def _environment():
     )
     env.filters.update(pct=_pct, num=_num, signed_pct=_signed_pct, count=count)
     return env
+
+
+class _CompiledLoader(jinja2.PackageLoader):
+    """The page's templates, their compiled code kept in trace-tools' cache (kind `templates`), as
+    the chat templates' are (`render.template_runner`): compiling the page and the templates it
+    includes took 0.13 s at the end of every run; loading their code takes about a millisecond."""
+
+    def load(self, environment: jinja2.Environment, name: str, globals: Any = None) -> jinja2.Template:
+        source, filename, uptodate = self.get_source(environment, name)
+        code = _stored_code(environment, name, source, filename)
+        return environment.template_class.from_code(environment, code, environment.make_globals(globals), uptodate)
+
+
+def _stored_code(environment: jinja2.Environment, name: str, source: str, filename: str | None) -> CodeType:
+    """`environment.compile(source)`, kept as marshal data. Keyed by the template's name and text,
+    the source of this module (the environment's settings shape the code) and the Python and
+    Jinja2 versions (the code's format, the compiler)."""
+    key = CacheKey(
+        "templates",
+        "page",
+        inputs=(name, hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()),
+        code=code_digest("report/html/__init__.py"),
+        libraries=("python", "jinja2"),
+    )
+    return marshalled(key.path(".marshal"), CodeType, lambda: environment.compile(source, name, filename))
 
 
 def _pct(value: float | None) -> str:
