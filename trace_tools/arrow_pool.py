@@ -19,16 +19,19 @@ def prefer_jemalloc() -> str | None:
     batch, and pyarrow's default allocator (mimalloc) puts them in fresh memory, which a virtual
     machine can be slow to hand out the first time. On the benchmark's dump the first full read
     took 0.5–2.1 s of wall time under mimalloc (up to 1.3 s of it in the kernel) and 0.5–0.7 s
-    under jemalloc, with a lower peak. Set before pyarrow loads (a process's first call), it also
-    holds for Arrow's own allocations: all strategies at `--workers 2` took 0.93× the wall time.
+    under jemalloc, with a lower peak. Called before pyarrow loads (the command line calls it first
+    thing, without importing pyarrow), it also holds for Arrow's own allocations: all strategies
+    at `--workers 2` took 0.92× the wall time.
     """
     if os.environ.get(POOL_VARIABLE):
         return None
     if "pyarrow" not in sys.modules and _built_with_jemalloc():
-        # Arrow's C++ reads the variable once, as pyarrow loads. Set only afterwards, it reaches
-        # the buffers pyarrow allocates (`set_memory_pool` below) but not Arrow's own: Parquet's
-        # page and level buffers, IPC compression, which stayed on mimalloc and its page faults.
+        # Arrow's C++ reads the variable once, as pyarrow loads, and pyarrow's calls then use the
+        # same pool. Set only afterwards, it reaches the buffers pyarrow allocates (`set_memory_pool`
+        # below) but not Arrow's own: Parquet's page and level buffers, IPC compression, which
+        # stayed on mimalloc and its page faults.
         os.environ[POOL_VARIABLE] = "jemalloc"
+        return "jemalloc"
     import pyarrow as pa
 
     if "jemalloc" not in pa.supported_memory_backends():

@@ -96,7 +96,8 @@ def _register() -> None:
 def _guard(command):
     """Turn library errors into a one-line message and the exit code of
     docs/commands.md#exit-codes-and-errors, never a traceback. The command owns its process, so
-    Arrow allocates with jemalloc there (`arrow_pool`)."""
+    Arrow allocates with jemalloc there (`arrow_pool`): `main` chose it before parsing anything,
+    this covers a command run in a process that loaded pyarrow already (typer's test runner)."""
 
     @functools.wraps(command)
     def guarded(*args, **kwargs):
@@ -144,6 +145,9 @@ def main() -> None:
     one-line `Error:` of every other usage error, exit 2, instead of typer's boxed panel."""
     import click
 
+    from trace_tools.arrow_pool import prefer_jemalloc
+
+    prefer_jemalloc()  # before anything loads pyarrow, an argument's callback included (`arrow_pool`)
     try:
         code = app(standalone_mode=False)
     except click.UsageError as exc:
