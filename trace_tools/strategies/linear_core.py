@@ -66,7 +66,10 @@ class UnknownNonlinearMode(UnknownName, ValueError):
 
 @dataclass(slots=True)
 class _State:
-    served_prefix: list[int]
+    # The served prefix is `fed + output`, kept as the two lists it is made of: joined only into
+    # the next healed prompt, so a turn copies the session's ids once, not twice.
+    fed: Sequence[int]
+    output: Sequence[int]
     prev_messages: list[dict]
     prev_tools: list[dict] | None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -141,13 +144,15 @@ class LinearHealer:
         """Advance the session after a turn was recorded: served ids and messages grow by one turn.
 
         Call it only for turns that are actually recorded, so the healer stays in lockstep with
-        the trajectory manager. A no-op for a session in passthrough.
+        the trajectory manager. A no-op for a session in passthrough. The two id lists are kept,
+        not copied: the caller must not change them afterwards.
         """
         if sid in self._disabled:
             return
         closing = response_message or {"role": "assistant", "content": ""}
         self._state[sid] = _State(
-            [*fed_prompt_ids, *output_ids],
+            fed_prompt_ids,
+            output_ids,
             [*messages, closing],
             _normalize_tools(tools),
             dict(template_kwargs),
@@ -227,11 +232,12 @@ class LinearHealer:
         # Trimmed against closer + tail, not the closer alone as upstream does: a template without a
         # closer (GLM) renders the served stop token again as the tail's first token. Identical
         # whenever the closer is non-empty (the served stop token is its head).
-        glue = trim_overlap(state.served_prefix, list(close) + list(tail))
+        pieces = [*close, *tail]
+        glue = trim_overlap(_served_tail(state, len(pieces)), pieces)
         self._bump(sid, "healed_turns")
-        self._bump(sid, "healed_prefix_tokens", len(state.served_prefix) + max(len(glue) - len(tail), 0))
+        self._bump(sid, "healed_prefix_tokens", len(state.fed) + len(state.output) + max(len(glue) - len(tail), 0))
         self.paths[path] += 1
-        return HealOutcome(state.served_prefix + glue, "healed", path)
+        return HealOutcome([*state.fed, *state.output, *glue], "healed", path)
 
     def _handle_nonlinear(self, sid: str, rendered: list[int], cause: str) -> HealOutcome:
         """A turn that cannot be healed; `cause` is "history" (not an append) or "template" (not a prefix)."""
@@ -344,6 +350,15 @@ def linear_delta(
     if _normalize_tools(tools) != state.prev_tools or dict(template_kwargs or {}) != state.template_kwargs:
         return None
     return list(messages[k:])
+
+
+def _served_tail(state: _State, n: int) -> list[int]:
+    """The last `n` served ids (all of them when fewer): all that `trim_overlap` reads of them."""
+    output = state.output
+    if len(output) >= n:
+        return list(output[len(output) - n :])
+    fed = state.fed
+    return [*fed[max(len(fed) - (n - len(output)), 0) :], *output]
 
 
 def trim_overlap(served: Sequence[int], close: Sequence[int]) -> list[int]:
