@@ -107,11 +107,11 @@ class ChainSession:
             prep = self._prepare_new_chain(messages, tools, hashes)
         else:
             prep = self._prepare_continuation(*selected, messages, tools, hashes, wants_logprobs)
-        prep.prompt_tokens = len(prep.context_ids)
+        prep.prompt_tokens = prep.buffer.length  # the context ids' length, without joining them
         if prep.capacity_exhausted:
             return prep
         if self.capacity:
-            prep.max_tokens = self.capacity - len(prep.context_ids)
+            prep.max_tokens = self.capacity - prep.prompt_tokens
         prep.new_last_assistant_start = LastAssistantStart(len(prep.buffer.response_ids), len(messages), hashes[-1])
         return prep
 

@@ -105,10 +105,6 @@ class Preparation:
     created_chain: bool = False
     prompt_tokens: int = 0
 
-    @property
-    def context_ids(self) -> list[int]:
-        return self.buffer.prompt_ids + self.buffer.response_ids
-
 
 @dataclass(frozen=True)
 class StepOutcome:
