@@ -76,17 +76,18 @@ def concat_sample(leaf: Interaction, trained: set[int], reward: float) -> Sample
         chain.append(node)
         node = node.parent
     tokens = [*leaf.prompt_ids, *leaf.output_ids]
-    mask, logprobs, source = [0] * len(tokens), [0.0] * len(tokens), [-1] * len(tokens)
+    first = len(chain[-1].prompt_ids)  # the root's prompt is the sample's prompt, and every call's prefix
+    size = len(tokens) - first  # mask and logprobs cover the response region only, built that long
+    mask, logprobs, source = [0] * size, [0.0] * size, [-1] * len(tokens)
     for call in chain:
         start = len(call.prompt_ids)
         end = start + len(call.output_ids)
-        logprobs[start:end] = call.logprobs
+        logprobs[start - first : end - first] = call.logprobs
         source[start:end] = [call.source] * len(call.output_ids)
         if id(call) not in trained:
             trained.add(id(call))
-            mask[start:end] = [1] * len(call.output_ids)
-    first = len(chain[-1].prompt_ids)  # the root's prompt is the sample's prompt
-    return Sample(tokens, len(tokens) - first, mask[first:], logprobs[first:], source, reward)
+            mask[start - first : end - first] = [1] * len(call.output_ids)
+    return Sample(tokens, size, mask, logprobs, source, reward)
 
 
 def individual_sample(call: Interaction, reward: float) -> Sample:
