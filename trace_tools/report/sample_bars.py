@@ -43,7 +43,7 @@ class GatheredBars:
         if self._bars is None or not table.num_rows:
             return
         batches = table.select(SAMPLE_COLUMNS).combine_chunks().to_batches()
-        sessions = set(table.column("session_id").unique().to_pylist())
+        sessions = set(table.column("session_id").to_pylist())  # `unique()` would import pyarrow.compute
         with self._lock:
             if self._bars is None:
                 return
