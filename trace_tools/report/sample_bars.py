@@ -72,12 +72,8 @@ class GatheredBars:
 
 def _batch_bars(batch) -> list[dict[str, Any]]:
     """Run-length segments of every sample of a record batch, computed on the flat token arrays."""
-    source_col, mask_col = batch.column("source_turn"), batch.column("loss_mask")
-    # flatten() and rebased offsets respect a batch that is a slice of a larger decoded array
-    source = source_col.flatten().to_numpy(zero_copy_only=False)
-    bounds = source_col.offsets.to_numpy() - source_col.offsets[0].as_py()
-    mask = mask_col.flatten().to_numpy(zero_copy_only=False)
-    mask_bounds = mask_col.offsets.to_numpy() - mask_col.offsets[0].as_py()
+    source, bounds = _flat(batch.column("source_turn"))
+    mask, mask_bounds = _flat(batch.column("loss_mask"))
     trained = np.zeros(len(source), dtype=bool)
     for row, response in enumerate(batch.column("response_length").to_numpy()):
         # loss_mask covers the last `response_length` tokens (slime's layout); guard short masks
@@ -105,3 +101,17 @@ def _batch_bars(batch) -> list[dict[str, Any]]:
         }
         for row in range(len(bounds) - 1)
     ]
+
+
+def _flat(column: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's values and its rebased offsets, respecting a batch that is a slice of a
+    larger array. The values between the first and last offsets, without `flatten()` (which
+    imports pyarrow.compute, 40 ms of the replaying process) unless a list is null (whose
+    values, if any, `flatten()` leaves out)."""
+    offsets = column.offsets.to_numpy()
+    first = int(offsets[0])
+    if column.null_count:
+        values = column.flatten()
+    else:
+        values = column.values.slice(first, int(offsets[-1]) - first)
+    return values.to_numpy(zero_copy_only=False), offsets - first
