@@ -21,7 +21,7 @@ def prefer_jemalloc() -> str | None:
     took 0.5–2.1 s of wall time under mimalloc (up to 1.3 s of it in the kernel) and 0.5–0.7 s
     under jemalloc, with a lower peak. Called before pyarrow loads (the command line calls it first
     thing, without importing pyarrow), it also holds for Arrow's own allocations: all strategies
-    at `--workers 2` took 0.92× the wall time.
+    at `--workers 2` took 0.915× the wall time.
     """
     if os.environ.get(POOL_VARIABLE):
         return None
