@@ -235,6 +235,10 @@ class CheckpointTree:
 
     def match(self, held: Any, incoming: Any, tools: Sequence[dict] | None) -> str | None:
         """`message_match` with this tree's rules: the schema defaults of `tools` and its harnesses."""
+        # Most messages stop at `message_match`'s first test: answered here, before the schema and
+        # the harness callback that only a deeper comparison reads are looked up and built.
+        if held is incoming or held == incoming:
+            return EQUAL
         defaults = self.schema(tools)
         harness = (lambda h, i: self._harness_echo(h, i, tools, defaults)) if self.harnesses else None
         return message_match(held, incoming, defaults, self.echo_rules, harness)
