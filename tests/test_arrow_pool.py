@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -88,7 +89,8 @@ def test_the_command_line_sets_the_pool_before_arrow_loads_so_arrows_own_buffers
     on mimalloc (docs/performance.md#arrows-allocator). `reconstruct`'s dump argument loads pyarrow
     while the arguments are parsed, before the command runs."""
     env = {key: value for key, value in os.environ.items() if key != POOL_VARIABLE}
-    command = [sys.executable, "-c", COMMAND_LINE_POOLS, "reconstruct", "sample_traces/", "--workers", "1"]
+    sample = Path(__file__).resolve().parents[1] / "sample_traces"
+    command = [sys.executable, "-c", COMMAND_LINE_POOLS, "reconstruct", str(sample), "--workers", "1"]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stderr.split()[-2:] == ["jemalloc", "0"]
