@@ -125,12 +125,12 @@ def find_drift(prepared: Any) -> list[DriftFinding]:
 
 def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any, cwd: str | None) -> DriftFinding | None:
     turn_n, turn_m = earlier.turn, later.turn
-    served = list(earlier.prompt_ids)
-    served += turn_n.output_ids  # in place: one copy of the prompt, not three
-    nxt = later.prompt_ids
-    lcp = common_prefix_len(served, nxt)
-    token_drift = lcp < len(served)
-    prompt_len = len(earlier.prompt_ids)
+    prompt, output, nxt = earlier.prompt_ids, turn_n.output_ids, later.prompt_ids
+    lcp = _served_prefix(prompt, output, nxt)
+    prompt_len, served_len = len(prompt), len(prompt) + len(output)
+    token_drift = lcp < served_len
+    # The served ids as one list only where the ids drifted, the only case `classify` reads them.
+    served = [*prompt, *output] if token_drift else []
     if changed is not None:
         causes, diff = _history_change(turn_n.messages[changed], turn_m.messages[changed], turn_n.tools, cwd)
     else:
@@ -156,12 +156,22 @@ def _finding(earlier: Any, later: Any, changed: int | None, renderer: Any, cwd: 
         turn_m.turn_index,
         token_drift,
         lcp if token_drift else None,
-        len(served),
+        served_len,
         prompt_len,
         causes[0] if causes else None,
         causes,
         diff,
     )
+
+
+def _served_prefix(prompt: Sequence[int], output: Sequence[int], nxt: Sequence[int]) -> int:
+    """How many leading ids the next prompt shares with `prompt + output` (the ids served for the
+    earlier turn), without joining them: the prompt is nearly all of them, and most turns share
+    all of it."""
+    lcp = common_prefix_len(prompt, nxt)
+    if lcp < len(prompt) or not output:
+        return lcp
+    return lcp + common_prefix_len(output, nxt[lcp : lcp + len(output)])
 
 
 def _history_change(before: dict, after: dict, tools, cwd: str | None) -> tuple[list[str], list[str]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_tools.ids import common_prefix_len
+from trace_tools.ids import common_prefix_len, same_items
 from trace_tools.pipeline.drift import DriftFinding, find_drift
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
 
@@ -53,7 +53,7 @@ def fidelity_row(prepared: PreparedTurn) -> dict[str, Any]:
     """Whether the canonical messages re-render to exactly the recorded prompt ids."""
     recorded, rendered = prepared.turn.prompt_ids, prepared.rendered_prompt_ids()
     assert recorded is not None, "fidelity compares only turns that recorded their prompt ids"
-    exact = recorded == rendered
+    exact = same_items(recorded, rendered)  # `==` at memory speed: both hold the shared ints
     return {
         "session_id": prepared.turn.session_id,
         "turn_index": prepared.turn.turn_index,
