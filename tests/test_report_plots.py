@@ -100,6 +100,45 @@ def test_drift_plot_agrees_with_the_drift_cause_table(sample_run):
     assert sum(heights) == sum(placed.values())
 
 
+def test_the_stacked_histogram_has_the_bars_of_matplotlibs_own():
+    """`_stacked_histogram` draws each series as one collection; its rectangles are the bars
+    `ax.hist(stacked=True)` draws for the same series (empty bars left out), and so are the limits."""
+    from matplotlib.figure import Figure
+
+    from trace_tools.report.plots import _stacked_histogram
+
+    rng = np.random.default_rng(7)
+    series = [rng.random(40), rng.random(9) ** 3, np.array([0.0, 1.0, 0.5])]
+    ours, theirs = Figure().add_subplot(), Figure().add_subplot()
+    _stacked_histogram(ours, series, ["red", "green", "blue"], ["a", "b", "c"])
+    theirs.hist(series, bins=20, range=(0, 1), stacked=True)
+    drawn = sorted(
+        tuple(np.round([p.vertices[:, 0].min(), p.vertices[:, 1].min(), np.ptp(p.vertices[:, 1])], 9))
+        for c in ours.collections
+        for p in c.get_paths()
+    )
+    expected = sorted(
+        tuple(np.round([bar.get_x(), bar.get_y(), bar.get_height()], 9)) for bar in theirs.patches if bar.get_height()
+    )
+    assert drawn == expected
+    assert ours.get_xlim() == pytest.approx(theirs.get_xlim()) and ours.get_ylim() == pytest.approx(theirs.get_ylim())
+
+
+def test_a_saved_figure_has_the_pixels_of_a_tight_savefig(sample_run, tmp_path):
+    """`_save` measures the cropped area itself, skipping the dry run of the drawing that
+    `savefig(bbox_inches="tight")` makes first; the PNG holds the same pixels, of the same size."""
+    import matplotlib.image
+
+    from trace_tools.report import plots
+
+    tables = plots.plot_tables(sample_run.run_dir)
+    for name, draw in plots.FIGURES:
+        plots._save(draw(tables), tmp_path / f"{name}.png")
+        draw(tables).savefig(tmp_path / f"{name}-tight.png", dpi=100, bbox_inches="tight")
+        ours, tight = (matplotlib.image.imread(tmp_path / f) for f in (f"{name}.png", f"{name}-tight.png"))
+        assert ours.shape == tight.shape and np.array_equal(ours, tight), name
+
+
 def _drawn(paths: list[str]) -> dict[str, bytes]:
     return {path.rsplit("/", 1)[1]: open(path, "rb").read() for path in paths}
 
