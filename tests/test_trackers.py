@@ -188,6 +188,7 @@ def test_a_wandb_run_the_caller_has_open_stays_open(stepped, tmp_path, monkeypat
         training.log({"loss": 0.5}, step=3)  # still open: an ended run refuses to log
     finally:
         training.finish()
+        wandb.teardown()  # finish() returns before wandb's service has written the last records
     [log] = (tmp_path / "training" / "wandb").glob("offline-run-*/run-*.wandb")
     rows = [_history_row(r) for r in _wandb_records(log) if r.WhichOneof("record_type") == "history"]
     assert rows == [{"_step": 3, "loss": 0.5}]
