@@ -309,7 +309,7 @@ def _save(figure: Any, path: Path) -> None:
     # that needs no tight_layout() before it, a third layout pass over every text (a quarter of
     # the time a figure took to save, and the end of a run waits for the plots). The area is
     # measured here, as `bbox_inches="tight"` measures it, but without the dry run of the whole
-    # drawing that savefig makes first for "tight": a fifth of each figure's time, the same pixels.
+    # drawing that savefig makes first for "tight": 15–25 % of a figure's save, the same pixels.
     renderer = FigureCanvasAgg(figure).get_renderer()
     area = figure.get_tightbbox(renderer).padded(rcParams["savefig.pad_inches"])
     figure.savefig(tmp, dpi=100, bbox_inches=area)
