@@ -280,13 +280,30 @@ def _workers(pid: int, spawned: bool = True) -> list[int]:
     return workers
 
 
+@pytest.fixture(scope="module")
+def long_dump(simulated_dump, tmp_path_factory):
+    """The simulated dump's sessions sixteen times over, each copy's session ids its own: a replay
+    of it runs for seconds after its workers start (the dump alone ended 0.6-0.7 s after its
+    forked workers appeared on the 2-core development machine, too close to a signal sent 0.5 s
+    after them for a faster host)."""
+    table = pq.read_table(simulated_dump)
+    ids = table.column("session_id")
+    copies = [
+        table.set_column(0, "session_id", pa.array([f"{sid}-copy{n}" for sid in ids.to_pylist()])) for n in range(16)
+    ]
+    path = tmp_path_factory.mktemp("long") / "long.parquet"
+    pq.write_table(pa.concat_tables(copies).replace_schema_metadata(table.schema.metadata), path)
+    return path
+
+
 @pytest.mark.parametrize("start", ["auto", "spawn"])
-def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start):
+def test_ctrl_c_while_workers_start_is_one_line(long_dump, tmp_path, start):
     """SIGINT to the whole process group (what a terminal's Ctrl-C sends) while the workers start
     (spawned ones import; forked ones, started before the run renders, wait for their first
     session): the parent stops them and says how to resume; no worker prints a traceback. The
     signal goes out as soon as the workers exist, and once more a moment later, so it lands while
-    they start however fast the machine is."""
+    they start however fast the machine is; the dump is long enough that the run is still going
+    then."""
     for delay in (0.0, 0.5):
         process = subprocess.Popen(
             [
@@ -294,7 +311,7 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start)
                 "-m",
                 "trace_tools.cli.main",
                 "replay",
-                str(simulated_dump),
+                str(long_dump),
                 "--workers",
                 "2",
                 "-s",
@@ -313,6 +330,7 @@ def test_ctrl_c_while_workers_start_is_one_line(simulated_dump, tmp_path, start)
             time.sleep(0.01)
         assert process.poll() is None, "the replay ended before its workers started"
         time.sleep(delay)
+        assert process.poll() is None, f"the replay ended within {delay} s of its workers starting"
         os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=120)
         # 130 is what a shell shows for both: exiting with 130, or dying of SIGINT

@@ -31,6 +31,7 @@ from trace_tools.errors import UsageError
 from trace_tools.record import open_recorder
 from trace_tools.record.checks import DEFAULT_MAX_BODY
 from trace_tools.record.script import ScriptBook
+from trace_tools.record.server import Recorder
 from trace_tools.record.sink import read_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,11 +322,23 @@ def test_a_render_past_the_template_limit_refuses_that_request_only(tmp_path, mo
     assert [t.session_id for t in _dump_turns(tmp_path / "rec")] == ["small"]
 
 
-def test_a_small_session_answers_within_5_s_while_a_12_mb_prompt_renders(recorder):
+def test_a_small_session_answers_within_5_s_while_a_12_mb_prompt_renders(recorder, monkeypatch):
+    """The small request goes out once the big prompt's render has begun (it takes seconds: about
+    1.4 s on the 2-core development machine), not after a fixed sleep, which a fast host could
+    outlast and a slow one could cut short of the render."""
     rng = random.Random(0)
     words = " ".join(rng.choice(["alpha", "beta", "gamma", "x1", "foo_bar", "(x)", "λ", "\n"]) for _ in range(300_000))
     text = (words * 100)[: 12 * 2**20]
     done: dict[str, float] = {}
+    rendering = threading.Event()
+    render = Recorder._render
+
+    def watched(self, messages, tools):
+        if len(messages[-1].get("content") or "") == len(text):
+            rendering.set()
+        return render(self, messages, tools)
+
+    monkeypatch.setattr(Recorder, "_render", watched)
 
     def big() -> None:
         assert _post(_port(recorder), "/s/big" + CHAT, _chat(text), timeout=300)[0] == 200
@@ -333,7 +346,7 @@ def test_a_small_session_answers_within_5_s_while_a_12_mb_prompt_renders(recorde
 
     thread = threading.Thread(target=big)
     thread.start()
-    time.sleep(1.0)  # the big body is in, its render under way
+    assert rendering.wait(120), "the big prompt never reached its render"
     started = time.monotonic()
     assert _post(_port(recorder), "/s/small" + CHAT, _chat())[0] == 200
     finished = time.monotonic()
