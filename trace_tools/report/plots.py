@@ -228,7 +228,6 @@ def _grouped_bars(ax: Any, table: pd.DataFrame, width: float = 0.85) -> None:
     draws it): matplotlib updates the axes' limits and draws artist by artist, and twelve
     strategies over forty sample counts made the run's slowest figure. A missing value draws no bar."""
     import numpy as np
-    from matplotlib.collections import PolyCollection
 
     groups, bars = len(table.index), len(table.columns)
     bar = width / max(bars, 1)
@@ -237,8 +236,8 @@ def _grouped_bars(ax: Any, table: pd.DataFrame, width: float = 0.85) -> None:
         heights = table[name].to_numpy(dtype=float)
         left = centres - width / 2 + n * bar
         drawn = ~np.isnan(heights)
-        corners = [[(x, 0.0), (x, h), (x + bar, h), (x + bar, 0.0)] for x, h in zip(left[drawn], heights[drawn])]
-        ax.add_collection(PolyCollection(corners, facecolors=[colour], edgecolors="none", label=str(name)))
+        boxes = [(x, x + bar, 0.0, h) for x, h in zip(left[drawn], heights[drawn])]
+        _add_boxes(ax, boxes, colour, str(name))
     ax.set_xticks(centres, [str(label) for label in table.index], rotation=90)
     ax.set_xlim(-0.5, groups - 0.5)
     top = np.nanmax(table.to_numpy(dtype=float), initial=0.0)  # 0 for an empty or all-missing table
@@ -250,22 +249,26 @@ def _stacked_histogram(ax: Any, values: list[Any], colours: list[Any], labels: l
     it, but each series one collection of rectangles (as `_grouped_bars`): the drift figure was
     the slowest of a `tree` run's three, its 80 patches laid out and drawn one by one."""
     import numpy as np
-    from matplotlib.collections import PolyCollection
 
     edges = np.linspace(0.0, 1.0, bins + 1)
     bottom = np.zeros(bins)
     for series, colour, label in zip(values, colours, labels):
         counts, _ = np.histogram(np.asarray(series, dtype=float), bins=edges)
         top = bottom + counts
-        corners = [
-            [(left, low), (left, high), (right, high), (right, low)]
-            for left, right, low, high in zip(edges[:-1], edges[1:], bottom, top)
-            if high > low
-        ]
-        ax.add_collection(PolyCollection(corners, facecolors=[colour], edgecolors="none", label=label))
+        boxes = [box for box in zip(edges[:-1], edges[1:], bottom, top) if box[3] > box[2]]
+        _add_boxes(ax, boxes, colour, label)
         bottom = top
     ax.set_xlim(-0.05, 1.05)  # hist's margins
     ax.set_ylim(0, (bottom.max() or 1.0) * 1.05)
+
+
+def _add_boxes(ax: Any, boxes: Any, colour: Any, label: str) -> None:
+    """Rectangles (left, right, bottom, top) of one colour as one collection, one legend entry:
+    matplotlib lays out and draws a collection at once, and a patch per bar one by one."""
+    from matplotlib.collections import PolyCollection
+
+    corners = [[(left, low), (left, high), (right, high), (right, low)] for left, right, low, high in boxes]
+    ax.add_collection(PolyCollection(corners, facecolors=[colour], edgecolors="none", label=label))
 
 
 FIGURES = (
