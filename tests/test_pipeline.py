@@ -265,3 +265,45 @@ def test_last_boundary_and_its_index_match_the_plain_search():
                 assert _nth_from_end(ids + [token_id, 0, token_id], len(ids), token_id, nth) == index
     long_ids = [9] * 5000 + [2] + [9] * 3000 + [2, 2] + [9] * 700  # windows double past several sizes
     assert [_nth_from_end(long_ids, len(long_ids), 2, n) for n in (1, 2, 3)] == [8002, 8001, 5000]
+
+
+def test_recorded_prompts_are_compared_as_arrays_and_become_their_render_where_equal():
+    """A recorded prompt read as an int32 array is compared with its render without becoming a
+    list first. Where the two are equal it becomes the render's own list; elsewhere a list of its
+    own ids. Either way the turn and the prepared turn that feeds it hold the list, and the
+    common prefix is what a plain list comparison finds, turn after turn of a session."""
+    import numpy as np
+
+    from trace_tools.data import Turn
+    from trace_tools.ids import common_prefix_len
+    from trace_tools.pipeline.prepared import PreparedTurn
+    from trace_tools.pipeline.recorded import RecordedPrompts
+
+    history = list(range(1000, 6000))
+    renders = [history + [7], history + [7, 8, 9], history + [7, 8, 9, 10, 11], history + [7, 8, 9, 10, 11, 12]]
+    served = [renders[0], renders[1], renders[2][:-1] + [99], renders[2][:-1] + [99, 12]]  # drifts at turn 2
+    prepared = []
+    for index, ids in enumerate(served):
+        turn = Turn("s", index, [], [1], prompt_ids=np.array(ids, dtype=np.int32))
+        origin = "recorded" if index != 1 else "rendered"
+        prepared.append(PreparedTurn(turn, [], None, None, turn.prompt_ids if index != 1 else renders[1], origin))
+    recorded = RecordedPrompts()
+    found = [recorded.compare(p, rendered) for p, rendered in zip(prepared, renders)]
+
+    assert found == [common_prefix_len(ids, rendered) for ids, rendered in zip(served, renders)]
+    assert found[2] == found[3] == len(renders[2]) - 1
+    assert [p.turn.prompt_ids for p in prepared] == served
+    assert all(type(p.turn.prompt_ids) is list for p in prepared)
+    assert prepared[0].turn.prompt_ids is renders[0] and prepared[0].prompt_ids is renders[0]
+    assert prepared[1].turn.prompt_ids is renders[1] and prepared[1].prompt_ids is renders[1]  # rendered origin kept
+    assert prepared[2].prompt_ids is prepared[2].turn.prompt_ids is not renders[2]
+    left = PreparedTurn(
+        Turn("s", 4, [], [1], prompt_ids=np.array(served[3], dtype=np.int32)), [], None, None, None, "recorded"
+    )
+    left.prompt_ids = left.turn.prompt_ids
+    recorded.materialize([left])  # not compared (no renderer): a list of its own ids all the same
+    assert (
+        type(left.turn.prompt_ids) is list
+        and left.turn.prompt_ids == served[3]
+        and left.prompt_ids is left.turn.prompt_ids
+    )

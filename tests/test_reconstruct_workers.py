@@ -261,7 +261,7 @@ def test_recorded_arrays_compare_as_lists_turn_by_turn(seed):
     import numpy as np
 
     from trace_tools.ids import interned
-    from trace_tools.reconstruct.rows import Comparison
+    from trace_tools.pipeline.recorded import Comparison
 
     comparison, by_lists = Comparison(), Comparison()
     for recorded, rendered in _prompt_pairs(seed):

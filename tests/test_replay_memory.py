@@ -4,6 +4,7 @@ walks every live token-id list)."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib
 import pickle
@@ -240,9 +241,13 @@ def _collector_state() -> tuple[bool, bool]:
     return gc.isenabled(), gc.get_freeze_count() > 0
 
 
-def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simulated_dump):
-    """A stream for worker processes hands out int32 arrays (cheap to send); the worker turns them
-    into `list[int]` once, and the replay itself refuses any other type instead of guessing."""
+def test_token_ids_reach_the_strategies_as_lists_and_recorded_prompts_equal_to_their_render_become_it(
+    simulated_dump,
+):
+    """A stream opened with id_arrays hands out int32 arrays (cheap to send to a worker). The replay
+    makes the output ids lists, compares each recorded prompt as an array with its render, and
+    makes it a list only then: the render's own list where they are equal. It refuses any other
+    type instead of guessing."""
     import numpy as np
 
     from trace_tools.replay import local_pool
@@ -251,8 +256,17 @@ def test_token_ids_reach_the_replay_as_lists_converted_once_at_the_executor(simu
     shipped = next(s for s in Pipeline(simulated_dump, id_arrays=True) if hasattr(s, "turns"))
     plain = next(s for s in Pipeline(simulated_dump) if hasattr(s, "turns"))
     assert isinstance(shipped.turns[0].prompt_ids, np.ndarray) and shipped.turns[0].prompt_ids.dtype == np.int32
-    with pytest.raises(TypeError, match="materialize"):
-        SessionReplayer(options)(shipped)
+    broken = copy.deepcopy(plain)
+    broken.turns[1].output_ids = tuple(broken.turns[1].output_ids)
+    with pytest.raises(TypeError, match="as tuple, not list"):
+        SessionReplayer(options)(broken)
+
+    in_place = copy.deepcopy(shipped)
+    replayed = SessionReplayer(options)(in_place)
+    assert all(type(t.prompt_ids) is list and type(t.output_ids) is list for t in in_place.turns)
+    assert [t.prompt_ids for t in in_place.turns] == [t.prompt_ids for t in plain.turns]
+    assert all(row["exact"] for row in replayed.fidelity)
+    assert replayed.table("turns").equals(SessionReplayer(options)(plain).table("turns"))
 
     parcel = pickle.loads(pickle.dumps(ShippedSession(shipped)))  # as the worker receives it
     try:

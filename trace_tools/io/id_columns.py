@@ -81,31 +81,49 @@ def _interned_lists(column: pa.Array) -> list[list[int] | None]:
 
 
 def _shared_lists(rows: list[Any]) -> list[list[int] | None]:
-    """Integer arrays as lists of the shared int objects (`_int_objects`).
+    """Integer arrays as lists of the shared int objects (`SharedLists`)."""
+    convert = SharedLists()
+    return [convert(row) for row in rows]
 
-    A row that starts with the row before it (a session's prompt repeats its history) copies that
-    row's list and converts only the rest: a list copy touches each element once, a conversion
-    three times, and the history is nearly all of a long prompt."""
-    import numpy as np
 
-    lists: list[list[int] | None] = []
-    previous: Any = None
-    previous_list: list[int] = []
-    for row in rows:
-        if row is None or isinstance(row, list):  # nothing to convert
-            lists.append(row)
-            previous = None
-            continue
+class SharedLists:
+    """Converts integer arrays, one after another, into lists of the shared int objects
+    (`_int_objects`); anything else (lists, None) passes unchanged.
+
+    An array that starts with the one before it (a session's prompt repeats its history) copies
+    that array's list and converts only the rest: a list copy touches each element once, a
+    conversion three times, and the history is nearly all of a long prompt. `follows` says which
+    list stands for an array that was not converted here (a prompt equal to its render becomes
+    the render's list: `pipeline.recorded`)."""
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._previous_list: list[int] = []
+
+    def __call__(self, row: Any) -> list[int] | None:
+        if not is_id_array(row):  # a list, or None: nothing to convert (and anything else is not ours to guess)
+            self._previous = None
+            return row
+        return self.listed(row)
+
+    def listed(self, row: Any) -> list[int]:
+        """The list of an integer array."""
+        import numpy as np
+
         objects = _int_objects(int(row.max()) + 1 if len(row) else 0)
+        previous = self._previous
         n = len(previous) if previous is not None else 0
         if 0 < n <= len(row) and np.array_equal(row[:n], previous):
-            ids = previous_list.copy()
+            ids = self._previous_list.copy()
             ids += objects[row[n:]].tolist()
         else:
             ids = objects[row].tolist()
-        lists.append(ids)
-        previous, previous_list = row, ids
-    return lists
+        self.follows(row, ids)
+        return ids
+
+    def follows(self, row: Any, ids: list[int]) -> None:
+        """`ids` is the list of the array `row`: the next array may extend it."""
+        self._previous, self._previous_list = row, ids
 
 
 def _id_arrays(column: pa.Array) -> list[Any]:
@@ -137,7 +155,7 @@ class ShippedSession:
         for turn in session.turns:
             values = [getattr(turn, name) for name in _TURN_FIELDS]
             ids = values[_PROMPT]
-            if _is_array(ids) and _is_array(previous):
+            if is_id_array(ids) and is_id_array(previous):
                 shared = array_prefix(previous, ids)
                 values[_PROMPT] = (shared, ids[shared:])
             previous = ids
@@ -165,15 +183,16 @@ _SESSION_FIELDS = tuple(field_.name for field_ in fields(Session) if field_.name
 _PROMPT = _TURN_FIELDS.index("prompt_ids")
 
 
-def _is_array(value: Any) -> bool:
+def is_id_array(value: Any) -> bool:
     return type(value).__name__ == "ndarray"  # without importing numpy where no array is shipped
 
 
-def materialize_ids(session: Session) -> Session:
+def materialize_ids(session: Session, prompts: bool = True) -> Session:
     """Turn the int32 id arrays that a stream opened with `id_arrays=True` hands out into lists of
-    shared ints, in place: the data model's `list[int]`, what strategies work on. Called once per
-    session, by the executor that received it (`replay.executors`)."""
-    for name in ("output_ids", "prompt_ids"):
+    shared ints, in place: the data model's `list[int]`, what strategies work on. `prompts=False`
+    leaves the recorded prompts as arrays, for the replay to compare with their renders before it
+    makes them lists (`pipeline.recorded`)."""
+    for name in ("output_ids", "prompt_ids") if prompts else ("output_ids",):
         for turn, ids in zip(session.turns, _shared_lists([getattr(turn, name) for turn in session.turns])):
             setattr(turn, name, ids)
     return session

@@ -192,7 +192,7 @@ class Pipeline:
         render_path: str = "fast",
     ):
         """`id_arrays`: sessions carry their token ids as int32 arrays, cheap to send to worker
-        processes, which call `io.load.materialize_ids` (the engine does this with workers).
+        processes; a replay makes them lists (`SessionReplayer`, `pipeline.recorded`).
         `render_path`: fast | reference | verify (`render.spec.RENDER_PATHS`)."""
 
         self.dump = storage.location(dump if isinstance(dump, str) else Path(dump))

@@ -463,7 +463,8 @@ def message_diff(a: Any, b: Any, path: str = "") -> list[str]:
                 out.append(f"{sub}: {_short(a[key])} → <missing>")
             elif key not in a:
                 out.append(f"{sub}: <missing> → {_short(b[key])}")
-            else:
+            elif a[key] is not b[key] and not (isinstance(a[key], str) and a[key] == b[key]):
+                # An equal string parses alike: no need to parse JSON arguments to find nothing.
                 out += message_diff(_parsed(a[key]), _parsed(b[key]), sub)
         if not out and list(a) != list(b):
             out.append(f"{path or '<message>'}: key order {list(a)} → {list(b)}")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_tools.ids import common_prefix_len, same_items
 from trace_tools.pipeline.drift import DriftFinding, find_drift
 from trace_tools.pipeline.prepared import PreparedSession, PreparedTurn
+from trace_tools.pipeline.recorded import RecordedPrompts
 
 WINDOW_BEFORE, WINDOW_AFTER = 16, 40  # tokens shown around a divergence (enough to show a filled-in argument)
 
@@ -37,8 +37,10 @@ def session_facts(prepared: PreparedSession, fidelity: bool = True, drift: bool 
         {p.turn.turn_index: tool_names(p) for p in prepared.turns},
         {p.turn.turn_index: len(p.prompt_ids) for p in prepared.turns},
     )
+    recorded = RecordedPrompts()
     if fidelity and prepared.renderer is not None:
-        facts.fidelity = [fidelity_row(p) for p in prepared.turns if p.turn.prompt_ids is not None]
+        facts.fidelity = [fidelity_row(p, recorded) for p in prepared.turns if p.turn.prompt_ids is not None]
+    recorded.materialize(prepared.turns)  # prompts read as arrays and not compared: lists from here on
     if drift:
         facts.drift = find_drift(prepared)
     return facts
@@ -49,16 +51,19 @@ def tool_names(prepared: PreparedTurn) -> list[str]:
     return [call.get("function", {}).get("name", "?") for call in message.get("tool_calls") or []]
 
 
-def fidelity_row(prepared: PreparedTurn) -> dict[str, Any]:
-    """Whether the canonical messages re-render to exactly the recorded prompt ids."""
-    recorded, rendered = prepared.turn.prompt_ids, prepared.rendered_prompt_ids()
-    assert recorded is not None, "fidelity compares only turns that recorded their prompt ids"
-    exact = same_items(recorded, rendered)  # `==` at memory speed: both hold the shared ints
+def fidelity_row(prepared: PreparedTurn, recorded: RecordedPrompts | None = None) -> dict[str, Any]:
+    """Whether the canonical messages re-render to exactly the recorded prompt ids. `recorded`:
+    the session's turns before this one, compared in order (a recorded prompt read as an array
+    becomes a list here: `pipeline.recorded`)."""
+    ids, rendered = prepared.turn.prompt_ids, prepared.rendered_prompt_ids()
+    assert ids is not None, "fidelity compares only turns that recorded their prompt ids"
+    at = (recorded or RecordedPrompts()).compare(prepared, rendered)
+    exact = at == len(ids) == len(rendered)
     return {
         "session_id": prepared.turn.session_id,
         "turn_index": prepared.turn.turn_index,
         "exact": exact,
-        "first_divergence": None if exact else common_prefix_len(recorded, rendered),
+        "first_divergence": None if exact else at,
     }
 
 

@@ -10,8 +10,9 @@ import numpy as np
 
 from trace_tools.data import Session, Turn
 from trace_tools.errors import TraceToolsError
-from trace_tools.ids import array_prefix, common_prefix_len
+from trace_tools.ids import common_prefix_len
 from trace_tools.pipeline.prepared import prepare_session
+from trace_tools.pipeline.recorded import Comparison
 from trace_tools.render.canonical import canonicalize_messages
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of a divergence
@@ -55,51 +56,6 @@ def turn_fidelity(renderer: Any, prepared: Any, comparison: "Comparison | None" 
         comparison.forget()
         return _row(turn, None, error=str(exc))
     return _row(turn, rendered, renderer=renderer, comparison=comparison)
-
-
-class Comparison:
-    """Each turn's rendered prompt against its recorded one, a session's turns in order: where
-    they first differ.
-
-    Recorded ids that a worker read as int32 arrays (`reconstruct.workers`) are compared without
-    becoming lists, which was a tenth of a worker's time. A session's prompts repeat its history,
-    so this turn's rendered and recorded prompts each share a prefix with the previous turn's
-    (the rendered lists, of shared ints, are compared at memory speed, the arrays by numpy).
-    Within the shorter of the two prefixes this turn's prompts agree where the previous turn's
-    did: they agree up to that turn's divergence, and differ there if it lies inside. Only the
-    rendered ids beyond are converted to an array and compared. Lists are compared as lists."""
-
-    def __init__(self) -> None:
-        self._last: tuple[Sequence[int], Any, int] | None = None  # (rendered, recorded, common prefix)
-
-    def forget(self) -> None:
-        """The next turn has no previous one to start from (this one was not compared)."""
-        self._last = None
-
-    def common_prefix(self, recorded: Sequence[int], rendered: Sequence[int]) -> int:
-        """The length of the longest common prefix of the two prompts."""
-        if not isinstance(recorded, np.ndarray):
-            self._last = None
-            return common_prefix_len(recorded, rendered)
-        agreed, decided = self._from_last(recorded, rendered)
-        end = min(len(recorded), len(rendered))
-        if not decided and agreed < end:
-            rest = np.fromiter(rendered[agreed:end], dtype=np.int64, count=end - agreed)
-            agreed += array_prefix(recorded[agreed:end], rest)
-        self._last = (rendered, recorded, agreed)
-        return agreed
-
-    def _from_last(self, recorded: Any, rendered: Sequence[int]) -> tuple[int, bool]:
-        """(a length over which the prompts agree, whether it is where they first differ)."""
-        if self._last is None:
-            return 0, False
-        last_rendered, last_recorded, last_agreed = self._last
-        same = common_prefix_len(rendered, last_rendered)
-        same = min(same, len(recorded), len(last_recorded))
-        same = array_prefix(recorded[:same], last_recorded[:same])
-        # On [0, same) both prompts equal the previous turn's. A previous divergence inside that
-        # range lies below both previous lengths, so it is a differing token, and it is this one's.
-        return (last_agreed, True) if last_agreed < same else (same, False)
 
 
 def _ints(ids: Sequence[int]) -> list[int]:

@@ -136,7 +136,7 @@ def run(
         canonicalization=options.canonicalization,
         prompt_source=options.prompt_source,
         tool_format=options.tool_format,
-        id_arrays=workers > 1,
+        id_arrays=True,  # recorded prompts compared as arrays, made lists after (`pipeline.recorded`)
         render_path=options.render_path,
     )
     if local and workers > 1 and can_fork():

@@ -14,7 +14,7 @@ from trace_tools import process_pool
 from trace_tools.collector import session_done
 from trace_tools.data import Session
 from trace_tools.io.cache import WARNED_VAR
-from trace_tools.io.id_columns import ShippedSession, materialize_ids
+from trace_tools.io.id_columns import ShippedSession
 from trace_tools.io.rundir import SessionRows
 from trace_tools.replay.session import ReplayOptions, SessionReplayer
 
@@ -23,8 +23,8 @@ _WORKER: SessionReplayer | None = None
 
 def _replay_in_worker(shipped: ShippedSession, setup: "_Setup") -> SessionRows:
     """A session as the driver sent it (token ids as int32 arrays: plain bytes to pickle, each
-    prompt as what it adds to the one before, `ShippedSession`), turned into the data model's
-    `list[int]` once, here, then replayed; its rows go back packed
+    prompt as what it adds to the one before, `ShippedSession`), replayed (which makes its ids the
+    data model's `list[int]`: `SessionReplayer`); its rows go back packed
     (`SessionRows.pack`), the samples as the compressed IPC stream the shard stores as it is,
     about a hundredth of the table's size. The worker's replayer is built on its first session,
     from `setup` as the run settled it: a forked worker starts before the run has resolved its
@@ -33,7 +33,7 @@ def _replay_in_worker(shipped: ShippedSession, setup: "_Setup") -> SessionRows:
     if _WORKER is None:
         os.environ.update(setup.environment)
         _WORKER = SessionReplayer(setup.options, pause_gc=True, resolved=setup.resolved)
-    rows = _WORKER(materialize_ids(shipped.session)).pack()
+    rows = _WORKER(shipped.session).pack()
     session_done()
     return rows
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from trace_tools.data import Session
 from trace_tools.errors import TemplateLimitExceeded, TraceToolsError
+from trace_tools.io.id_columns import is_id_array, materialize_ids
 from trace_tools.io.rundir import SessionRows, samples_table
 from trace_tools.io.session_checks import session_warnings
 from trace_tools.pipeline import RendererPool
@@ -86,6 +87,7 @@ class SessionReplayer:
 
     def _replay(self, session: Session) -> SessionRows:
         rows = SessionRows()
+        materialize_ids(session, prompts=False)  # recorded prompts stay arrays until compared (`session_facts`)
         _check_id_lists(session)
         rows.data_warnings = {kind: count for kind, (count, _example) in session_warnings(session).items()}
         try:
@@ -176,16 +178,14 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _check_id_lists(session: Session) -> None:
-    """Token ids are `list[int]` wherever a session is replayed (the data model's type); the int32
-    arrays a stream hands out for worker processes are turned into lists once, where they arrive
-    (`executors`, `io.load.materialize_ids`)."""
+    """Token ids are `list[int]` wherever a session is replayed (the data model's type), except
+    recorded prompts read as int32 arrays, which `session_facts` compares with their renders and
+    makes lists before anything else reads them (`pipeline.recorded`)."""
     for turn in session.turns:
-        for ids in (turn.prompt_ids, turn.output_ids):
-            if ids is not None and type(ids) is not list:
-                raise TypeError(
-                    f"session {session.session_id!r} carries token ids as {type(ids).__name__}, not list[int]; "
-                    "a stream opened with id_arrays=True is materialized by the executor (io.load.materialize_ids)"
-                )
+        for ids, arrays in ((turn.prompt_ids, True), (turn.output_ids, False)):
+            if ids is not None and type(ids) is not list and not (arrays and is_id_array(ids)):
+                kind = type(ids).__name__
+                raise TypeError(f"session {session.session_id!r} carries token ids as {kind}, not list[int]")
 
 
 def _quarantine(session_id: str, detail: str) -> dict[str, Any]:
