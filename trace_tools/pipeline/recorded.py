@@ -25,10 +25,10 @@ class Comparison:
     replay) are compared without becoming lists, which was a tenth of a reconstruct worker's
     time. A session's prompts repeat its history, so this turn's rendered and recorded prompts
     each share a prefix with the previous turn's (the rendered lists, of shared ints, are
-    compared at memory speed, the arrays by numpy).
-    Within the shorter of the two prefixes this turn's prompts agree where the previous turn's
-    did: they agree up to that turn's divergence, and differ there if it lies inside. Only the
-    rendered ids beyond are converted to an array and compared. Lists are compared as lists."""
+    compared at memory speed, the arrays by numpy). Within the shorter of the two prefixes this
+    turn's prompts agree where the previous turn's did: they agree up to that turn's divergence,
+    and differ there if it lies inside. Only the rendered ids beyond are converted to an array
+    and compared. Lists are compared as lists."""
 
     def __init__(self) -> None:
         self._last: tuple[Sequence[int], Any, int] | None = None  # (rendered, recorded, common prefix)
