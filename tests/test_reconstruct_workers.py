@@ -218,19 +218,21 @@ def test_a_dump_whose_every_session_pass_1_quarantines_starts_no_worker(tmp_path
     assert summary == reconstruct(dump, workers=1).summary
 
 
-def _prompt_pairs(seed: int, turns: int = 40) -> list[tuple[list[int], list[int]]]:
+def _prompt_pairs(
+    seed: int, turns: int = 40, grow: int = 12, vocab: int = 50
+) -> list[tuple[list[int], list[int]]]:
     """A session's (recorded, rendered) prompts, turn by turn, in the shapes a comparison meets:
-    both growing by appending, the render drifting at a token before, at or after the last
-    turn's divergence, history rewritten on either side, one prompt a prefix of the other,
-    either side shrinking, and both equal again after a drift."""
+    both growing by appending (up to `grow` ids of `vocab` a turn), the render drifting at a token
+    before, at or after the last turn's divergence, history rewritten on either side, one prompt a
+    prefix of the other, either side shrinking, and both equal again after a drift."""
     import random
 
     rng = random.Random(seed)
-    recorded: list[int] = [rng.randrange(50) for _ in range(rng.randrange(0, 30))]
+    recorded: list[int] = [rng.randrange(vocab) for _ in range(rng.randrange(0, 30))]
     rendered = list(recorded)
     pairs = []
     for _ in range(turns):
-        grown = [rng.randrange(50) for _ in range(rng.randrange(0, 12))]
+        grown = [rng.randrange(vocab) for _ in range(rng.randrange(0, grow))]
         recorded, rendered = recorded + grown, rendered + grown
         shape = rng.randrange(8)
         if shape == 1 and rendered:  # the render drifts somewhere
@@ -255,19 +257,29 @@ def _prompt_pairs(seed: int, turns: int = 40) -> list[tuple[list[int], list[int]
 
 @pytest.mark.parametrize("seed", range(60))
 def test_recorded_arrays_compare_as_lists_turn_by_turn(seed):
-    """A worker's recorded ids are int32 arrays, compared with each rendered list starting from
-    what the turn before decided (`Comparison`): every first divergence equals a plain list
-    comparison's, whatever the turns before looked like."""
+    """Recorded ids are int32 arrays, compared with each rendered list starting from what the
+    turn before decided (`Comparison`): every first divergence equals a plain list comparison's,
+    whatever the turns before looked like. Half the seeds grow by hundreds of ids of a large
+    vocabulary a turn (a real session's shape); a third comparison meets lists where some ids are
+    int objects of their own (a tokenizer's) rather than the shared ones."""
+    import random
+
     import numpy as np
 
     from trace_tools.ids import interned
     from trace_tools.pipeline.recorded import Comparison
 
-    comparison, by_lists = Comparison(), Comparison()
-    for recorded, rendered in _prompt_pairs(seed):
+    long = seed % 2 == 1
+    pairs = _prompt_pairs(seed, grow=700, vocab=150_000) if long else _prompt_pairs(seed)
+    comparison, by_lists, own_ints = Comparison(), Comparison(), Comparison()
+    rng = random.Random(seed)
+    for recorded, rendered in pairs:
         expected = next(
             (i for i, (a, b) in enumerate(zip(recorded, rendered)) if a != b), min(len(recorded), len(rendered))
         )
-        shared_ints = interned(rendered, 64)  # as the renderer hands them out
-        assert comparison.common_prefix(np.array(recorded, dtype=np.int32), shared_ints) == expected
+        shared_ints = interned(rendered, 150_000)  # as the renderer hands them out
+        array = np.array(recorded, dtype=np.int32)
+        assert comparison.common_prefix(array, shared_ints) == expected
         assert by_lists.common_prefix(recorded, shared_ints) == expected
+        mixed = [int(str(i)) if rng.random() < 0.01 else i for i in shared_ints]  # equal values, other objects
+        assert own_ints.common_prefix(array, mixed) == expected
