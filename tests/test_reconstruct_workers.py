@@ -218,9 +218,7 @@ def test_a_dump_whose_every_session_pass_1_quarantines_starts_no_worker(tmp_path
     assert summary == reconstruct(dump, workers=1).summary
 
 
-def _prompt_pairs(
-    seed: int, turns: int = 40, grow: int = 12, vocab: int = 50
-) -> list[tuple[list[int], list[int]]]:
+def _prompt_pairs(seed: int, turns: int = 40, grow: int = 12, vocab: int = 50) -> list[tuple[list[int], list[int]]]:
     """A session's (recorded, rendered) prompts, turn by turn, in the shapes a comparison meets:
     both growing by appending (up to `grow` ids of `vocab` a turn), the render drifting at a token
     before, at or after the last turn's divergence, history rewritten on either side, one prompt a
