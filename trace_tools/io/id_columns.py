@@ -1,7 +1,7 @@
 """Record batches made ready for rows (`io.load`): the token-id columns checked in range at once and
-turned into lists of the process's shared ints (or int32 arrays to ship to worker processes,
-turned into lists there by `materialize_ids`), oversized cells nulled before anything decodes
-them, timestamps read as UTC."""
+turned into lists of the process's shared ints (or int32 arrays, which a replay makes lists where
+it replays the session: `materialize_ids`, `pipeline.recorded`), oversized cells nulled before
+anything decodes them, timestamps read as UTC."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def batch_records(batch: pa.RecordBatch, checked: frozenset[str], as_arrays: boo
     """The batch's rows as dicts (`rows.records`). The token-id columns in `checked` (in range)
     become lists of shared int objects (a 50k-token prompt is then 400 kB of pointers, not 1.8 MB
     of ints), or with `as_arrays` int32 arrays, which cross to worker processes as plain bytes
-    (`materialize_ids` turns them into lists there)."""
+    and which a recorded prompt stays until it is compared with its render (`pipeline.recorded`)."""
     plain = batch.drop_columns(list(checked)) if checked else batch
     rows = records(plain)
     for name in checked:
